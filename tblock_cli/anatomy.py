@@ -1,0 +1,61 @@
+"""What a module is made of: its attention, FFN and norm parameters, found from the module tree."""
+
+from __future__ import annotations
+
+import re
+
+import torch.nn as nn
+
+GROUPS = ("attention", "ffn", "norm", "other")
+_ATTN = re.compile(r"attn|attention", re.I)
+_FFN = re.compile(r"^(ffn|mlp|ff|feed_?forward|fc\d*|linear\d*|w\d|ffn_.*|mlp_.*)$", re.I)
+
+
+def attention_modules(module: nn.Module) -> list[tuple[str, nn.MultiheadAttention]]:
+    return [(n, m) for n, m in module.named_modules() if isinstance(m, nn.MultiheadAttention)]
+
+
+def norm_modules(module: nn.Module) -> list[tuple[str, nn.Module]]:
+    """Modules that normalise with an `eps` floor: LayerNorm, RMSNorm and look-alikes by class name."""
+    return [
+        (n, m)
+        for n, m in module.named_modules()
+        if "norm" in type(m).__name__.lower() and isinstance(getattr(m, "eps", None), (int, float))
+    ]
+
+
+def classify(module: nn.Module) -> dict[str, str]:
+    """Each parameter's qualified name -> attention | ffn | norm | other (shared tensors once)."""
+    owners = dict(module.named_modules())
+    groups: dict[str, str] = {}
+    for pname, _ in module.named_parameters():  # named_parameters already yields a shared tensor once
+        path = pname.split(".")[:-1]
+        chain = [owners[".".join(path[:i])] for i in range(len(path) + 1)]
+        owner = chain[-1]
+        if any(isinstance(m, nn.MultiheadAttention) for m in chain) or any(_ATTN.search(p) for p in path):
+            groups[pname] = "attention"
+        elif "norm" in type(owner).__name__.lower() or any(p.startswith(("ln", "norm")) for p in path[-1:]):
+            groups[pname] = "norm"
+        elif isinstance(owner, nn.Linear) or any(_FFN.match(p) for p in path):
+            groups[pname] = "ffn"
+        else:
+            groups[pname] = "other"
+    return groups
+
+
+def group_counts(module: nn.Module) -> dict[str, int]:
+    params = dict(module.named_parameters())
+    counts = dict.fromkeys(GROUPS, 0)
+    for name, group in classify(module).items():
+        counts[group] += params[name].numel()
+    return counts
+
+
+def matrix_counts(module: nn.Module) -> dict[str, int]:
+    """Like group_counts, but only weight matrices (ndim >= 2): the 2/3 rule sets biases and norms aside."""
+    params = dict(module.named_parameters())
+    counts = dict.fromkeys(GROUPS, 0)
+    for name, group in classify(module).items():
+        if params[name].ndim >= 2:
+            counts[group] += params[name].numel()
+    return counts

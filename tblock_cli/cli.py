@@ -1,0 +1,133 @@
+"""The `tblock` command line: parse flags, hand off to one computation, render, exit with a code."""
+
+from __future__ import annotations
+
+import sys
+from contextlib import contextmanager
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+
+from tblock_cli import __version__
+from tblock_cli.errors import TBlockError
+
+app = typer.Typer(
+    name="tblock",
+    help="Diagnostics for Transformer blocks: is it correct (check), how big is it (params), what does it cost (bench)?",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+BLOCK = "Block (shared by every command)"
+RUN = "Input and device"
+
+# Shared flags. None means "not given", so a --preset's value can stand unless a flag overrides it.
+DModel = Annotated[Optional[int], typer.Option("--d-model", help="Width of the residual stream. [default: 512]", rich_help_panel=BLOCK, show_default=False)]
+NHeads = Annotated[Optional[int], typer.Option("--n-heads", help="Attention heads; must divide --d-model. [default: 8]", rich_help_panel=BLOCK, show_default=False)]
+DFF = Annotated[Optional[int], typer.Option("--d-ff", help="FFN hidden width. [default: 4 x d_model]", rich_help_panel=BLOCK, show_default=False)]
+Dropout = Annotated[Optional[float], typer.Option("--dropout", help="Dropout probability, in [0, 1). [default: 0.1]", rich_help_panel=BLOCK, show_default=False)]
+Norm = Annotated[Optional[str], typer.Option("--norm", help="LayerNorm placement: pre (x + f(LN(x))) or post (LN(x + f(x))). [default: pre]", rich_help_panel=BLOCK, show_default=False)]
+Activation = Annotated[Optional[str], typer.Option("--activation", help="FFN activation: gelu or relu. [default: gelu]", rich_help_panel=BLOCK, show_default=False)]
+Eps = Annotated[Optional[float], typer.Option("--eps", help="LayerNorm eps; 0 is allowed but warned (NaN on a constant token). [default: 1e-05]", rich_help_panel=BLOCK, show_default=False)]
+Bias = Annotated[Optional[bool], typer.Option("--bias/--no-bias", help="Biases in Linear and LayerNorm layers. [default: --bias]", rich_help_panel=BLOCK, show_default=False)]
+Causal = Annotated[Optional[bool], typer.Option("--causal/--no-causal", help="Causal attention mask. [default: --no-causal]", rich_help_panel=BLOCK, show_default=False)]
+Layers = Annotated[Optional[int], typer.Option("--layers", help="Blocks in the stack; a Pre-LN stack gets a final LayerNorm. [default: 1]", rich_help_panel=BLOCK, show_default=False)]
+Preset = Annotated[Optional[str], typer.Option("--preset", help="A well-known shape (see `tblock params --list-presets`); explicit flags override it.", rich_help_panel=BLOCK, show_default=False)]
+Batch = Annotated[Optional[int], typer.Option("--batch", help="Samples per input. [default: 2]", rich_help_panel=RUN, show_default=False)]
+Seq = Annotated[Optional[int], typer.Option("--seq", help="Tokens per sample. [default: 10]", rich_help_panel=RUN, show_default=False)]
+Dtype = Annotated[Optional[str], typer.Option("--dtype", help="float32, float16 or bfloat16. [default: float32]", rich_help_panel=RUN, show_default=False)]
+Device = Annotated[Optional[str], typer.Option("--device", help="auto, cpu, cuda, cuda:N or mps; auto = cuda when present. [default: auto]", rich_help_panel=RUN, show_default=False)]
+Seed = Annotated[Optional[int], typer.Option("--seed", help="Seeds weights and inputs. [default: 0]", rich_help_panel=RUN, show_default=False)]
+BlockSpec = Annotated[Optional[str], typer.Option("--block", help="Your own block: package.module:NAME or path/to/file.py:NAME (a class or a factory).", rich_help_panel=BLOCK, show_default=False)]
+Kwargs = Annotated[Optional[str], typer.Option("--kwargs", help="More constructor keywords for --block, as a JSON object.", rich_help_panel=BLOCK, show_default=False)]
+Json = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")]
+
+out = Console()
+err = Console(stderr=True)
+
+
+def _version(value: bool):
+    if value:
+        print(f"tblock {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")] = False,
+):
+    """Diagnostics for Transformer blocks."""
+
+
+@contextmanager
+def user_errors():
+    """The edge: a TBlockError (or running out of memory) becomes one line on stderr and its exit code."""
+    try:
+        yield
+    except TBlockError as e:
+        err.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
+        raise typer.Exit(e.exit_code) from None
+    except MemoryError:
+        err.print("[bold red]error:[/] out of memory; reduce --batch, --seq, --d-model or --layers", soft_wrap=True)
+        raise typer.Exit(2) from None
+    except RuntimeError as e:
+        if "out of memory" not in str(e).lower():
+            raise
+        err.print("[bold red]error:[/] the device ran out of memory; reduce --batch, --seq, --d-model or --layers", soft_wrap=True)
+        raise typer.Exit(2) from None
+
+
+def _setup(preset, block, kwargs, *, allow_mixed=False, same_shape=True, **flags):
+    """Flags -> validated config, device, dtype and the subject; warnings to stderr."""
+    from tblock_cli.config import build_config
+
+    cfg = build_config(preset, allow_mixed=allow_mixed, **flags)
+    for w in cfg.warnings:
+        err.print(f"[yellow]warning:[/] {w}", highlight=False, soft_wrap=True)
+    from tblock_cli import runtime
+    from tblock_cli.loading import make_subject
+
+    device = runtime.resolve_device(cfg.device)
+    dtype = runtime.resolve_dtype(cfg.dtype, device)
+    return cfg, device, dtype, (lambda: make_subject(cfg, device, dtype, block, kwargs, same_shape=same_shape))
+
+
+@app.command()
+def check(
+    d_model: DModel = None, n_heads: NHeads = None, d_ff: DFF = None, dropout: Dropout = None, norm: Norm = None,
+    activation: Activation = None, eps: Eps = None, bias: Bias = None, causal: Causal = None, layers: Layers = None,
+    preset: Preset = None, batch: Batch = None, seq: Seq = None, dtype: Dtype = None, device: Device = None,
+    seed: Seed = None, block: BlockSpec = None, kwargs: Kwargs = None,
+    strict: Annotated[bool, typer.Option("--strict", help="Treat warnings as failures.")] = False,
+    json_: Json = False,
+):
+    """Run the diagnostic battery on a block. Exit 0 when nothing fails, 1 when a check fails or errors, 2 on bad input."""
+    with user_errors():
+        cfg, dev, dt, make = _setup(
+            preset, block, kwargs, same_shape=False, d_model=d_model, n_heads=n_heads, d_ff=d_ff, dropout=dropout,
+            norm=norm, activation=activation, eps=eps, bias=bias, causal=causal, layers=layers, batch=batch, seq=seq,
+            dtype=dtype, device=device, seed=seed,
+        )
+        from tblock_cli import runtime
+        from tblock_cli.checks import run_checks
+
+        runtime.ensure_fits(runtime.estimate_bytes(cfg, copies=1), dev, "check")
+        subject = make()
+        with err.status("checking", spinner="dots") as status:
+            report = run_checks(subject, cfg, dev, dt, strict=strict, progress=lambda name: status.update(f"check: {name}"))
+    env = runtime.environment(dev, dt)
+    from tblock_cli import render
+
+    if json_:
+        config = {**cfg.as_dict(), "block": block or "built-in", "kwargs": kwargs}
+        print(render.dumps({"ok": report.ok, "config": config, "environment": env, "checks": report.checks}))
+    else:
+        out.print(render.check_view(report, subject.name, env))
+    raise typer.Exit(0 if report.ok else 1)
+
+
+def main():
+    app()

@@ -1,0 +1,206 @@
+"""A block under test: the built-in one from flags, or the user's own from a --block SPEC."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.nn as nn
+
+from tblock_cli.block import build_block
+from tblock_cli.config import BlockConfig
+from tblock_cli.errors import LoadError
+
+# Constructor keywords tblock fills from its flags, under the names blocks commonly use.
+ALIASES: dict[str, tuple[str, ...]] = {
+    "d_model": ("d_model", "embed_dim", "dim", "n_embd", "hidden_size", "model_dim", "emb_dim", "d_embed"),
+    "n_heads": ("n_heads", "nhead", "num_heads", "n_head", "nheads", "heads", "num_attention_heads"),
+    "d_ff": ("d_ff", "dim_feedforward", "ffn_dim", "ff_dim", "intermediate_size", "mlp_dim", "d_inner", "dim_ff"),
+    "dropout": ("dropout", "dropout_p", "p_dropout", "dropout_rate", "attn_dropout"),
+    "causal": ("causal", "is_causal"),
+}
+PAD_KEYWORDS = ("pad_mask", "key_padding_mask", "src_key_padding_mask", "padding_mask")
+
+
+@dataclass
+class Subject:
+    """A module and the one way tblock calls it: `subject(x, pad_mask)` -> (B, T, d) tensor."""
+
+    module: nn.Module
+    name: str  # what to call it in output: "built-in pre-LN block" or the SPEC
+    builtin: bool
+    pad_keyword: str | None  # the forward keyword that takes a (B, T) padding mask, if any
+    causal: bool  # whether the user said the block is causal (--causal)
+
+    def __call__(self, x: torch.Tensor, pad_mask: torch.Tensor | None = None) -> torch.Tensor:
+        if pad_mask is None:
+            out = self.module(x)
+        elif self.pad_keyword is None:
+            raise ValueError("this block's forward takes no padding mask")
+        else:
+            out = self.module(x, **{self.pad_keyword: pad_mask})
+        return first_tensor(out)
+
+
+def first_tensor(out) -> torch.Tensor:
+    if isinstance(out, torch.Tensor):
+        return out
+    if isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor):
+        return out[0]
+    raise TypeError(f"the forward returned {type(out).__name__}, not a tensor or a tuple/list starting with one")
+
+
+def builtin_subject(cfg: BlockConfig, device: torch.device, dtype: torch.dtype) -> Subject:
+    module = build_block(cfg, device, dtype)
+    kind = f"built-in {cfg.norm}-LN block" + (f" x{cfg.layers}" if cfg.layers > 1 else "")
+    return Subject(module, kind, True, "pad_mask", cfg.causal)
+
+
+def make_subject(
+    cfg: BlockConfig,
+    device: torch.device,
+    dtype: torch.dtype,
+    spec: str | None = None,
+    kwargs_json: str | None = None,
+    *,
+    same_shape: bool = True,
+) -> Subject:
+    """The built-in block, or the user's block loaded, built, moved and probed once.
+
+    `same_shape=False` lets a block whose output shape differs through (check reports it as a
+    failed `shape` check); params and bench need the shape kept and refuse it here.
+    """
+    if spec is None:
+        if kwargs_json is not None:
+            raise LoadError("--kwargs only applies with --block SPEC")
+        return builtin_subject(cfg, device, dtype)
+    factory = load_factory(spec)
+    extra = parse_kwargs(kwargs_json)
+    module = construct(spec, factory, cfg, extra)
+    try:
+        module = module.to(device=device, dtype=dtype)
+    except Exception as e:  # noqa: BLE001 - any failure here is the user's block
+        raise LoadError(f"--block {spec}: moving it to {device}/{dtype} failed: {one_line(e)}") from None
+    subject = Subject(module, spec, False, pad_keyword(module), cfg.causal)
+    probe(subject, cfg, device, dtype, same_shape=same_shape)
+    return subject
+
+
+def load_factory(spec: str) -> Callable:
+    """`package.module:NAME` or `path/to/file.py:NAME` -> the object NAME."""
+    target, sep, name = spec.rpartition(":")
+    if not sep or not target or not name:
+        raise LoadError(f"--block {spec!r}: expected package.module:NAME or path/to/file.py:NAME")
+    if target.endswith(".py") or "/" in target or "\\" in target:
+        path = Path(target).expanduser().resolve()
+        if not path.is_file():
+            raise LoadError(f"--block {spec}: file {target} not found")
+        folder = str(path.parent)
+        if folder not in sys.path:
+            sys.path.insert(0, folder)  # so the file can import its siblings
+        mod_name = f"tblock_user_{path.stem}"
+        try:
+            ispec = importlib.util.spec_from_file_location(mod_name, path)
+            module = importlib.util.module_from_spec(ispec)
+            sys.modules[mod_name] = module
+            ispec.loader.exec_module(module)
+        except Exception as e:  # noqa: BLE001
+            raise LoadError(f"--block {spec}: importing {target} failed: {one_line(e)}") from None
+    else:
+        try:
+            module = importlib.import_module(target)
+        except Exception as e:  # noqa: BLE001
+            raise LoadError(f"--block {spec}: cannot import module {target!r}: {one_line(e)}") from None
+    if not hasattr(module, name):
+        raise LoadError(f"--block {spec}: {target} has no attribute {name!r}")
+    obj = getattr(module, name)
+    if not callable(obj):
+        raise LoadError(f"--block {spec}: {name} is not a class or a factory function")
+    return obj
+
+
+def parse_kwargs(text: str | None) -> dict:
+    if text is None:
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise LoadError(f"--kwargs is not valid JSON: {e.msg} (at character {e.pos})") from None
+    if not isinstance(value, dict):
+        raise LoadError("--kwargs must be a JSON object, e.g. '{\"norm_first\": true}'")
+    return value
+
+
+def constructor_kwargs(factory: Callable, cfg: BlockConfig) -> dict:
+    """The flags the factory's signature accepts, under the first alias it names."""
+    try:
+        params = inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        return {}
+    values = {"d_model": cfg.d_model, "n_heads": cfg.n_heads, "d_ff": cfg.ffn_dim, "dropout": cfg.dropout, "causal": cfg.causal}
+    kwargs = {}
+    for canonical, names in ALIASES.items():
+        for n in names:
+            if n in params:
+                kwargs[n] = values[canonical]
+                break
+    if "batch_first" in params:
+        kwargs["batch_first"] = True
+    return kwargs
+
+
+def construct(spec: str, factory: Callable, cfg: BlockConfig, extra: dict) -> nn.Module:
+    kwargs = {**constructor_kwargs(factory, cfg), **extra}
+    torch.manual_seed(cfg.seed)
+    shown = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
+    try:
+        module = factory(**kwargs)
+    except Exception as e:  # noqa: BLE001
+        raise LoadError(f"--block {spec}: calling it with ({shown}) failed: {one_line(e)}") from None
+    if not isinstance(module, nn.Module):
+        raise LoadError(f"--block {spec}: calling it with ({shown}) returned {type(module).__name__}, not a torch.nn.Module")
+    return module
+
+
+def pad_keyword(module: nn.Module) -> str | None:
+    try:
+        params = inspect.signature(module.forward).parameters
+    except (TypeError, ValueError):
+        return None
+    return next((k for k in PAD_KEYWORDS if k in params), None)
+
+
+def probe(subject: Subject, cfg: BlockConfig, device: torch.device, dtype: torch.dtype, *, same_shape: bool) -> None:
+    """Call the block once on (B, T, d) input so a broken forward is a load error, not 14 errors."""
+    x = torch.randn(cfg.batch, cfg.seq, cfg.d_model, device=device, dtype=dtype)
+    was_training = subject.module.training
+    subject.module.eval()
+    try:
+        with torch.no_grad():
+            out = subject.module(x)
+    except Exception as e:  # noqa: BLE001
+        raise LoadError(f"--block {subject.name}: forward on x of shape {tuple(x.shape)} failed: {one_line(e)}") from None
+    finally:
+        subject.module.train(was_training)
+    try:
+        out = first_tensor(out)
+    except TypeError as e:
+        raise LoadError(f"--block {subject.name}: {e}") from None
+    if same_shape and out.shape != x.shape:
+        raise LoadError(
+            f"--block {subject.name}: output shape {tuple(out.shape)} differs from the input's {tuple(x.shape)}; "
+            f"tblock needs a block that maps (batch, seq, d_model) to the same shape"
+        )
+
+
+def one_line(e: BaseException) -> str:
+    text = str(e).strip()
+    first = text.splitlines()[0] if text else ""
+    return f"{type(e).__name__}: {first}" if first else type(e).__name__
