@@ -7,8 +7,11 @@ import re
 import torch.nn as nn
 
 GROUPS = ("attention", "ffn", "norm", "other")
-_ATTN = re.compile(r"attn|attention", re.I)
-_FFN = re.compile(r"^(ffn|mlp|ff|feed_?forward|fc\d*|linear\d*|w\d|ffn_.*|mlp_.*)$", re.I)
+# Module names that mark attention (anywhere in the path) or the FFN, after common code bases:
+# nanoGPT (attn, c_attn, mlp, c_fc), Llama (q_proj..o_proj, wq..wo, gate/up/down, w1..w3), BERT
+# (query, key, value, intermediate), PyTorch (self_attn, linear1, linear2).
+_ATTN = re.compile(r"attn|attention|^(q|k|v|o|qkv|kv|out)_?proj$|^w[qkvo]$|^(query|key|value)$", re.I)
+_FFN = re.compile(r"^(ffn|mlp|ff|feed_?forward|fc\d*|c_fc|linear\d*|w\d|gate(_proj)?|up(_proj)?|down(_proj)?|intermediate)$", re.I)
 
 
 def attention_modules(module: nn.Module) -> list[tuple[str, nn.MultiheadAttention]]:
@@ -32,10 +35,10 @@ def classify(module: nn.Module) -> dict[str, str]:
         path = pname.split(".")[:-1]
         chain = [owners[".".join(path[:i])] for i in range(len(path) + 1)]
         owner = chain[-1]
-        if any(isinstance(m, nn.MultiheadAttention) for m in chain) or any(_ATTN.search(p) for p in path):
-            groups[pname] = "attention"
-        elif "norm" in type(owner).__name__.lower() or any(p.startswith(("ln", "norm")) for p in path[-1:]):
+        if "norm" in type(owner).__name__.lower() or any(p.startswith(("ln", "norm")) for p in path[-1:]):
             groups[pname] = "norm"
+        elif any(isinstance(m, nn.MultiheadAttention) for m in chain) or any(_ATTN.search(p) for p in path):
+            groups[pname] = "attention"
         elif isinstance(owner, nn.Linear) or any(_FFN.match(p) for p in path):
             groups[pname] = "ffn"
         else:

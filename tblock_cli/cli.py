@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from contextlib import contextmanager
 from typing import Annotated, Optional
@@ -25,22 +26,22 @@ BLOCK = "Block (shared by every command)"
 RUN = "Input and device"
 
 # Shared flags. None means "not given", so a --preset's value can stand unless a flag overrides it.
-DModel = Annotated[Optional[int], typer.Option("--d-model", help="Width of the residual stream. [default: 512]", rich_help_panel=BLOCK, show_default=False)]
-NHeads = Annotated[Optional[int], typer.Option("--n-heads", help="Attention heads; must divide --d-model. [default: 8]", rich_help_panel=BLOCK, show_default=False)]
-DFF = Annotated[Optional[int], typer.Option("--d-ff", help="FFN hidden width. [default: 4 x d_model]", rich_help_panel=BLOCK, show_default=False)]
-Dropout = Annotated[Optional[float], typer.Option("--dropout", help="Dropout probability, in [0, 1). [default: 0.1]", rich_help_panel=BLOCK, show_default=False)]
-Norm = Annotated[Optional[str], typer.Option("--norm", help="LayerNorm placement: pre (x + f(LN(x))) or post (LN(x + f(x))). [default: pre]", rich_help_panel=BLOCK, show_default=False)]
-Activation = Annotated[Optional[str], typer.Option("--activation", help="FFN activation: gelu or relu. [default: gelu]", rich_help_panel=BLOCK, show_default=False)]
-Eps = Annotated[Optional[float], typer.Option("--eps", help="LayerNorm eps; 0 is allowed but warned (NaN on a constant token). [default: 1e-05]", rich_help_panel=BLOCK, show_default=False)]
-Bias = Annotated[Optional[bool], typer.Option("--bias/--no-bias", help="Biases in Linear and LayerNorm layers. [default: --bias]", rich_help_panel=BLOCK, show_default=False)]
-Causal = Annotated[Optional[bool], typer.Option("--causal/--no-causal", help="Causal attention mask. [default: --no-causal]", rich_help_panel=BLOCK, show_default=False)]
-Layers = Annotated[Optional[int], typer.Option("--layers", help="Blocks in the stack; a Pre-LN stack gets a final LayerNorm. [default: 1]", rich_help_panel=BLOCK, show_default=False)]
+DModel = Annotated[Optional[int], typer.Option("--d-model", help="Width of the residual stream. (default: 512)", rich_help_panel=BLOCK, show_default=False)]
+NHeads = Annotated[Optional[int], typer.Option("--n-heads", help="Attention heads; must divide --d-model. (default: 8)", rich_help_panel=BLOCK, show_default=False)]
+DFF = Annotated[Optional[int], typer.Option("--d-ff", help="FFN hidden width. (default: 4 x d_model)", rich_help_panel=BLOCK, show_default=False)]
+Dropout = Annotated[Optional[float], typer.Option("--dropout", help="Dropout probability, in [0, 1). (default: 0.1)", rich_help_panel=BLOCK, show_default=False)]
+Norm = Annotated[Optional[str], typer.Option("--norm", help="LayerNorm placement: pre (x + f(LN(x))) or post (LN(x + f(x))). (default: pre)", rich_help_panel=BLOCK, show_default=False)]
+Activation = Annotated[Optional[str], typer.Option("--activation", help="FFN activation: gelu or relu. (default: gelu)", rich_help_panel=BLOCK, show_default=False)]
+Eps = Annotated[Optional[float], typer.Option("--eps", help="LayerNorm eps; 0 is allowed but warned (NaN on a constant token). (default: 1e-05)", rich_help_panel=BLOCK, show_default=False)]
+Bias = Annotated[Optional[bool], typer.Option("--bias/--no-bias", help="Biases in Linear and LayerNorm layers. (default: --bias)", rich_help_panel=BLOCK, show_default=False)]
+Causal = Annotated[Optional[bool], typer.Option("--causal/--no-causal", help="Causal attention mask. (default: --no-causal)", rich_help_panel=BLOCK, show_default=False)]
+Layers = Annotated[Optional[int], typer.Option("--layers", help="Blocks in the stack; a Pre-LN stack gets a final LayerNorm. (default: 1)", rich_help_panel=BLOCK, show_default=False)]
 Preset = Annotated[Optional[str], typer.Option("--preset", help="A well-known shape (see `tblock params --list-presets`); explicit flags override it.", rich_help_panel=BLOCK, show_default=False)]
-Batch = Annotated[Optional[int], typer.Option("--batch", help="Samples per input. [default: 2]", rich_help_panel=RUN, show_default=False)]
-Seq = Annotated[Optional[int], typer.Option("--seq", help="Tokens per sample. [default: 10]", rich_help_panel=RUN, show_default=False)]
-Dtype = Annotated[Optional[str], typer.Option("--dtype", help="float32, float16 or bfloat16. [default: float32]", rich_help_panel=RUN, show_default=False)]
-Device = Annotated[Optional[str], typer.Option("--device", help="auto, cpu, cuda, cuda:N or mps; auto = cuda when present. [default: auto]", rich_help_panel=RUN, show_default=False)]
-Seed = Annotated[Optional[int], typer.Option("--seed", help="Seeds weights and inputs. [default: 0]", rich_help_panel=RUN, show_default=False)]
+Batch = Annotated[Optional[int], typer.Option("--batch", help="Samples per input. (default: 2)", rich_help_panel=RUN, show_default=False)]
+Seq = Annotated[Optional[int], typer.Option("--seq", help="Tokens per sample. (default: 10)", rich_help_panel=RUN, show_default=False)]
+Dtype = Annotated[Optional[str], typer.Option("--dtype", help="float32, float16 or bfloat16. (default: float32)", rich_help_panel=RUN, show_default=False)]
+Device = Annotated[Optional[str], typer.Option("--device", help="auto, cpu, cuda, cuda:N or mps; auto = cuda when present. (default: auto)", rich_help_panel=RUN, show_default=False)]
+Seed = Annotated[Optional[int], typer.Option("--seed", help="Seeds weights and inputs. (default: 0)", rich_help_panel=RUN, show_default=False)]
 BlockSpec = Annotated[Optional[str], typer.Option("--block", help="Your own block: package.module:NAME or path/to/file.py:NAME (a class or a factory).", rich_help_panel=BLOCK, show_default=False)]
 Kwargs = Annotated[Optional[str], typer.Option("--kwargs", help="More constructor keywords for --block, as a JSON object.", rich_help_panel=BLOCK, show_default=False)]
 Json = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")]
@@ -127,6 +128,62 @@ def check(
     else:
         out.print(render.check_view(report, subject.name, env))
     raise typer.Exit(0 if report.ok else 1)
+
+
+@app.command()
+def params(
+    d_model: DModel = None, n_heads: NHeads = None, d_ff: DFF = None, dropout: Dropout = None, norm: Norm = None,
+    activation: Activation = None, eps: Eps = None, bias: Bias = None, causal: Causal = None, layers: Layers = None,
+    preset: Preset = None, batch: Batch = None, seq: Seq = None, dtype: Dtype = None, device: Device = None,
+    seed: Seed = None, block: BlockSpec = None, kwargs: Kwargs = None,
+    depth: Annotated[int, typer.Option("--depth", min=1, help="With --block: how deep into the module tree the rows go.")] = 1,
+    list_presets: Annotated[bool, typer.Option("--list-presets", help="List the --preset shapes and exit.")] = False,
+    json_: Json = False,
+):
+    """Parameters, bytes and FLOPs per component (LayerNorms, attention projections, FFN), and the FFN's share."""
+    if list_presets:
+        from tblock_cli.config import PRESETS
+
+        if json_:
+            print(json.dumps(PRESETS, indent=2))
+        else:
+            from tblock_cli import render
+
+            out.print(render.presets_view(PRESETS))
+        raise typer.Exit(0)
+    with user_errors():
+        cfg, dev, dt, make = _setup(
+            preset, block, kwargs, d_model=d_model, n_heads=n_heads, d_ff=d_ff, dropout=dropout, norm=norm,
+            activation=activation, eps=eps, bias=bias, causal=causal, layers=layers, batch=batch, seq=seq,
+            dtype=dtype, device=device, seed=seed,
+        )
+        from tblock_cli import runtime
+        from tblock_cli.params import param_report
+
+        if block is not None:  # its FLOPs are counted by running it once
+            runtime.ensure_fits(runtime.estimate_bytes(cfg), dev, "params")
+        subject = make() if block is not None else _meta_free_subject(cfg, dev, dt)
+        report = param_report(subject, cfg, dt, depth)
+    from tblock_cli import render
+
+    if json_:
+        data = {
+            "components": [{"name": c.name, "group": c.group, "params": c.params, "bytes": c.bytes, "flops_per_token": c.flops_per_token}
+                           for c in report.components],
+            "total": report.total, "total_bytes": report.total_bytes, "layers": report.layers, "groups": report.groups,
+            "ffn_share": report.ffn_share, "ffn_note": report.ffn_note, "flops": report.flops, "flops_source": report.flops_source,
+            "config": {**cfg.as_dict(), "block": block or "built-in"},
+        }
+        print(render.dumps(data))
+    else:
+        out.print(render.params_view(report))
+
+
+def _meta_free_subject(cfg, dev, dt):
+    """The built-in block for counting: built on CPU (a gpt2-xl stack would not need the GPU for a count)."""
+    from tblock_cli.loading import builtin_subject
+
+    return builtin_subject(cfg, __import__("torch").device("cpu"), dt)
 
 
 def main():

@@ -138,32 +138,51 @@ def parse_kwargs(text: str | None) -> dict:
     return value
 
 
-def constructor_kwargs(factory: Callable, cfg: BlockConfig) -> dict:
-    """The flags the factory's signature accepts, under the first alias it names."""
+def constructor_kwargs(factory: Callable, cfg: BlockConfig) -> tuple[dict, bool]:
+    """The flags the factory's signature accepts, under the first alias it names.
+
+    The second value says whether the signature also takes **kwargs (a subclass passing its
+    arguments on): then the canonical names are worth a try for the flags it does not name.
+    """
     try:
         params = inspect.signature(factory).parameters
     except (TypeError, ValueError):
-        return {}
+        return {}, False
     values = {"d_model": cfg.d_model, "n_heads": cfg.n_heads, "d_ff": cfg.ffn_dim, "dropout": cfg.dropout, "causal": cfg.causal}
     kwargs = {}
     for canonical, names in ALIASES.items():
-        for n in names:
-            if n in params:
-                kwargs[n] = values[canonical]
-                break
+        named = next((n for n in names if n in params), None)
+        if named is not None:
+            kwargs[named] = values[canonical]
     if "batch_first" in params:
         kwargs["batch_first"] = True
-    return kwargs
+    var_kw = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    return kwargs, var_kw
 
 
 def construct(spec: str, factory: Callable, cfg: BlockConfig, extra: dict) -> nn.Module:
-    kwargs = {**constructor_kwargs(factory, cfg), **extra}
-    torch.manual_seed(cfg.seed)
-    shown = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
-    try:
-        module = factory(**kwargs)
-    except Exception as e:  # noqa: BLE001
-        raise LoadError(f"--block {spec}: calling it with ({shown}) failed: {one_line(e)}") from None
+    named, var_kw = constructor_kwargs(factory, cfg)
+    attempts = [{**named, **extra}]
+    if var_kw:  # try the canonical names through **kwargs first, then without them
+        canonical = {"d_model": cfg.d_model, "n_heads": cfg.n_heads, "d_ff": cfg.ffn_dim, "dropout": cfg.dropout}
+        if cfg.causal:
+            canonical["causal"] = True
+        aliased = {a for names in ALIASES.values() for a in names if a in named}
+        unnamed = {k: v for k, v in canonical.items() if not set(ALIASES[k]) & aliased}
+        if unnamed:
+            attempts.insert(0, {**unnamed, **named, **extra})
+    for i, kwargs in enumerate(attempts):
+        torch.manual_seed(cfg.seed)
+        shown = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
+        try:
+            module = factory(**kwargs)
+            break
+        except TypeError:
+            if i + 1 < len(attempts):
+                continue
+            raise LoadError(f"--block {spec}: calling it with ({shown}) failed: {one_line(sys.exc_info()[1])}") from None
+        except Exception as e:  # noqa: BLE001
+            raise LoadError(f"--block {spec}: calling it with ({shown}) failed: {one_line(e)}") from None
     if not isinstance(module, nn.Module):
         raise LoadError(f"--block {spec}: calling it with ({shown}) returned {type(module).__name__}, not a torch.nn.Module")
     return module

@@ -87,3 +87,60 @@ def check_view(report, subject_name: str, env: dict) -> Group:
     where = f"torch {env['torch']}, {env['device']}, {env['dtype']}, {env['threads']} threads"
     tail = Text.assemble(verdict, f"  {counts}" + ("  (--strict: warnings fail)" if report.strict else "") + f"  [{where}]")
     return Group(table, tail)
+
+
+GROUP_STYLE = {"attention": "cyan", "ffn": "magenta", "norm": "green", "other": "yellow", "mixed": "yellow"}
+
+
+def params_view(report) -> Group:
+    stack = report.layers > 1
+    title = f"tblock params: {report.subject}, {report.dtype}" + (f" (rows: one layer of {report.layers})" if stack else "")
+    table = Table(title=title, box=box.SIMPLE_HEAVY, title_justify="left", show_footer=False)
+    table.add_column("component", no_wrap=True)
+    table.add_column("group", no_wrap=True)
+    table.add_column("params", justify="right", no_wrap=True)
+    table.add_column("share", justify="right")
+    table.add_column("bytes", justify="right", no_wrap=True)
+    table.add_column("FLOPs/token", justify="right", no_wrap=True)
+    per_layer_rows = [c for c in report.components if c.name != "final_ln"]
+    for c in per_layer_rows:
+        flops = fmt_count(c.flops_per_token) + (" *" if c.grows_with_seq else "")
+        share = c.params * report.layers / report.total if report.total else 0
+        table.add_row(c.name, Text(c.group, style=GROUP_STYLE.get(c.group, "")), f"{c.params:,}", f"{share:.1%}", fmt_bytes(c.bytes), flops)
+    table.add_section()
+    if stack:
+        layer_params = sum(c.params for c in per_layer_rows)
+        table.add_row("one layer", "", f"{layer_params:,}", f"{layer_params / report.total:.1%}", fmt_bytes(sum(c.bytes for c in per_layer_rows)),
+                      fmt_count(sum(c.flops_per_token for c in per_layer_rows)))
+        for c in report.components:
+            if c.name == "final_ln":
+                table.add_row(c.name, Text(c.group, style=GROUP_STYLE["norm"]), f"{c.params:,}", f"{c.params / report.total:.1%}", fmt_bytes(c.bytes), "0")
+        table.add_section()
+    for g, n in report.groups.items():
+        if n:
+            table.add_row(Text(g, style=GROUP_STYLE.get(g, "")), "all layers" if stack else "subtotal", f"{n:,}", f"{n / report.total:.1%}",
+                          fmt_bytes(n * report.total_bytes / report.total), "")
+    table.add_section()
+    table.add_row(Text("total", style="bold"), "", Text(f"{report.total:,}", style="bold"), "100%", fmt_bytes(report.total_bytes), "")
+    f = report.flops
+    lines = [
+        Text(report.ffn_note, style="bold" if report.ffn_share is not None else "dim"),
+        Text(f"FLOPs at batch {report.batch} x seq {report.seq} ({report.flops_source}; a multiply-add = 2; matmuls only, "
+             f"norms, softmax and activations add O(d) per token): forward {fmt_count(f['forward'])}, "
+             f"training step (forward + backward) {fmt_count(f['train_step'])}"),
+    ]
+    if f.get("forward_seq_quadratic"):
+        lines.append(Text(f"* grows with seq^2 over the run: attn.scores and attn.mix, {fmt_count(f['forward_seq_quadratic'])} "
+                          f"of the forward ({f['forward_seq_quadratic'] / f['forward']:.1%} at seq {report.seq})"))
+    return Group(table, *lines)
+
+
+def presets_view(presets: dict) -> Table:
+    table = Table(title="presets (sources in tblock_cli/config.py)", box=box.SIMPLE_HEAVY, title_justify="left")
+    keys = ("d_model", "n_heads", "d_ff", "layers", "norm", "activation", "eps", "causal")
+    table.add_column("name", no_wrap=True)
+    for k, header in zip(keys, ("d_model", "heads", "d_ff", "layers", "norm", "act", "eps", "causal")):
+        table.add_column(header, justify="left" if k in ("norm", "activation", "causal") else "right", no_wrap=True)
+    for name, p in presets.items():
+        table.add_row(name, *(str(p.get(k, False if k == "causal" else "")) for k in keys))
+    return table

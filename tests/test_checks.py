@@ -1,0 +1,140 @@
+"""Each check on blocks that pass it and on blocks with a planted bug that it must catch."""
+
+import pytest
+import torch
+
+import zoo
+from conftest import zoo_spec
+from tblock_cli.checks import CHECK_NAMES, Status, run_checks
+from tblock_cli.config import build_config
+from tblock_cli.loading import make_subject
+
+CPU = torch.device("cpu")
+BAD = {Status.FAIL, Status.ERROR, Status.WARN}
+
+
+def battery(name=None, dtype=torch.float32, **flags):
+    cfg = build_config(**{"d_model": 32, "n_heads": 4, **flags})
+    spec = zoo_spec(name) if name else None
+    subject = make_subject(cfg, CPU, dtype, spec, same_shape=False)
+    report = run_checks(subject, cfg, CPU, dtype)
+    return report, {c.name: c for c in report.checks}
+
+
+def test_battery_names_match_the_issue():
+    assert CHECK_NAMES == ("shape", "finite", "grad_input", "grad_params", "residual", "batch", "padding", "causal",
+                           "determinism", "input_unchanged", "need_weights", "dtype", "ffn_share", "reference")
+
+
+@pytest.mark.parametrize("flags", [
+    {}, {"norm": "post"}, {"causal": True}, {"activation": "relu", "d_ff": 48}, {"bias": False},
+    {"layers": 3}, {"layers": 2, "norm": "post", "causal": True}, {"batch": 5, "seq": 5},
+])
+def test_builtin_block_passes_everything(flags):
+    report, by = battery(**flags)
+    assert report.ok
+    assert not [c for c in report.checks if c.status in BAD], report.checks
+    assert by["reference"].status == Status.PASS
+    assert by["causal"].status == (Status.PASS if flags.get("causal") else Status.SKIP)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_builtin_block_passes_in_half_precision(dtype):
+    report, _ = battery(dtype=dtype, norm="post")
+    assert not [c for c in report.checks if c.status in BAD], report.checks
+
+
+@pytest.mark.parametrize("name", sorted(zoo.CORRECT))
+def test_correct_user_blocks_raise_no_alarm(name):
+    report, by = battery(name, **zoo.CORRECT[name])
+    assert not [c for c in report.checks if c.status in BAD], report.checks
+    assert by["reference"].status == Status.SKIP  # a user block has no reference
+
+
+def test_no_pad_keyword_skips_padding():
+    _, by = battery("NoPadKeyword")
+    assert by["padding"].status == Status.SKIP and "pad_mask" in by["padding"].detail
+
+
+@pytest.mark.parametrize("name", sorted(zoo.PLANTED))
+def test_planted_bug_is_caught(name):
+    check, flags = zoo.PLANTED[name]
+    report, by = battery(name, **flags)
+    assert by[check].status == Status.FAIL, by[check]
+    assert not report.ok
+
+
+def test_need_weights_left_on_warns_with_the_bytes():
+    report, by = battery("NeedWeightsOn")
+    c = by["need_weights"]
+    assert c.status == Status.WARN
+    assert c.value == 2 * 10 * 10 * 4  # (B, L, S) float32, averaged over heads
+    assert report.ok and not run_checks(report_subject("NeedWeightsOn"), build_config(d_model=32, n_heads=4), CPU, torch.float32, strict=True).ok
+
+
+def report_subject(name):
+    return make_subject(build_config(d_model=32, n_heads=4), CPU, torch.float32, zoo_spec(name))
+
+
+def test_unused_layer_is_named():
+    _, by = battery("UnusedLayer")
+    assert "proj.weight" in by["grad_params"].detail and by["grad_params"].value == "12/14"
+
+
+def test_residual_gain_values():
+    _, pre = battery()
+    _, post = battery(norm="post")
+    _, none = battery("NoResidual")
+    assert 0.95 < pre["residual"].value < 1.05
+    assert 0.8 < post["residual"].value < 1.0
+    assert abs(none["residual"].value) < 0.2
+
+
+def test_residual_per_layer_names_the_bad_layer():
+    cfg = build_config(d_model=32, n_heads=4, layers=3)
+    subject = make_subject(cfg, CPU, torch.float32)
+    layer = subject.module.layers[1]
+    layer.forward = lambda x, pad_mask=None: layer.ffn(layer.ln2(x))  # plant: layer 1 loses both residuals
+    by = {c.name: c for c in run_checks(subject, cfg, CPU, torch.float32).checks}
+    assert by["residual"].status == Status.FAIL and "layer 1" in by["residual"].detail
+
+
+def test_reference_catches_a_weight_mismatch():
+    cfg = build_config(d_model=32, n_heads=4)
+    subject = make_subject(cfg, CPU, torch.float32)
+    subject.module.ffn.act = torch.nn.ReLU()  # plant: the module says gelu, computes relu
+    by = {c.name: c for c in run_checks(subject, cfg, CPU, torch.float32).checks}
+    assert by["reference"].status == Status.FAIL
+
+
+def test_fully_padded_sequence_is_reported_not_failed():
+    _, by = battery()
+    assert by["padding"].status == Status.PASS
+    assert "fully padded sequence gives" in by["padding"].detail
+
+
+def test_ffn_share_against_the_rule():
+    _, by = battery(d_model=64, n_heads=4)
+    assert by["ffn_share"].value == pytest.approx(2 / 3, abs=0.01)
+    _, by = battery(d_model=64, n_heads=4, d_ff=128)  # r = 2: 2r / (4 + 2r) = 1/2
+    assert by["ffn_share"].value == pytest.approx(0.5, abs=0.01) and "not 2" in by["ffn_share"].detail
+    _, by = battery("LlamaBlock", causal=True)  # SwiGLU of width 8/3 d: 3 * 8/3 d^2 = 8 d^2, 2/3 again
+    assert by["ffn_share"].value == pytest.approx(2 / 3, abs=0.01)
+
+
+def test_a_raising_check_becomes_error_and_others_run():
+    cfg = build_config(d_model=32, n_heads=4)
+    subject = make_subject(cfg, CPU, torch.float32)
+    calls = {"n": 0}
+    real = subject.module.forward
+
+    def flaky(x, pad_mask=None):
+        calls["n"] += 1
+        if pad_mask is not None:
+            raise RuntimeError("mask path broken")
+        return real(x)
+
+    subject.module.forward = flaky
+    by = {c.name: c for c in run_checks(subject, cfg, CPU, torch.float32).checks}
+    assert by["padding"].status == Status.ERROR and "mask path broken" in by["padding"].detail
+    assert by["determinism"].status == Status.PASS
