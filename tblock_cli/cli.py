@@ -179,6 +179,96 @@ def params(
         out.print(render.params_view(report))
 
 
+def _parse_seqs(text: str) -> list[int]:
+    from tblock_cli.errors import ConfigError
+
+    try:
+        seqs = [int(s) for s in text.replace(" ", "").split(",") if s]
+    except ValueError:
+        raise ConfigError(f"--seq takes a comma-separated list of integers, e.g. 128,512; got {text!r}") from None
+    if not seqs or any(s <= 0 for s in seqs):
+        raise ConfigError(f"--seq values must be > 0, got {text!r}")
+    return sorted(set(seqs))
+
+
+@app.command()
+def bench(
+    d_model: DModel = None, n_heads: NHeads = None, d_ff: DFF = None, dropout: Dropout = None, norm: Norm = None,
+    activation: Activation = None, eps: Eps = None, bias: Bias = None, causal: Causal = None, layers: Layers = None,
+    preset: Preset = None,
+    batch: Annotated[Optional[int], typer.Option("--batch", help="Samples per input. (default: 2)", rich_help_panel=RUN, show_default=False)] = None,
+    seq: Annotated[str, typer.Option("--seq", help="Sequence lengths to sweep, comma-separated.", rich_help_panel=RUN)] = "128,512",
+    dtype: Dtype = None, device: Device = None, seed: Seed = None, block: BlockSpec = None, kwargs: Kwargs = None,
+    need_weights: Annotated[bool, typer.Option("--need-weights", help="Measure every nn.MultiheadAttention with need_weights forced on and off.")] = False,
+    mode: Annotated[str, typer.Option("--mode", help="infer (eval, inference_mode, forward), train (forward + backward) or both.")] = "both",
+    baseline: Annotated[Optional[str], typer.Option("--baseline", help="torch: also time nn.TransformerEncoderLayer of the same shape, and print the ratio.", show_default=False)] = None,
+    min_time: Annotated[float, typer.Option("--min-time", help="Seconds of timed calls per measurement.")] = 0.5,
+    plot: Annotated[Optional[str], typer.Option("--plot", help="Save a chart to FILE.png or FILE.svg (needs pip install 'tblock[plot]').", show_default=False)] = None,
+    json_: Json = False,
+):
+    """Latency (median, IQR), peak memory and the attention kernel that ran; with --need-weights, both ways."""
+    with user_errors():
+        from tblock_cli.errors import ConfigError
+
+        seqs = _parse_seqs(seq)
+        if mode not in ("infer", "train", "both"):
+            raise ConfigError(f"--mode must be infer, train or both, got {mode!r}")
+        if baseline not in (None, "torch"):
+            raise ConfigError(f"--baseline takes 'torch', got {baseline!r}")
+        if min_time <= 0:
+            raise ConfigError(f"--min-time must be > 0, got {min_time}")
+        if plot is not None:
+            _check_plot_target(plot)
+        cfg, dev, dt, make = _setup(
+            preset, block, kwargs, d_model=d_model, n_heads=n_heads, d_ff=d_ff, dropout=dropout, norm=norm,
+            activation=activation, eps=eps, bias=bias, causal=causal, layers=layers, batch=batch, seq=seqs[0],
+            dtype=dtype, device=device, seed=seed,
+        )
+        from tblock_cli.bench import check_sizes, plan, run_bench
+
+        modes = ["infer", "train"] if mode == "both" else [mode]
+        check_sizes(cfg, seqs, modes, dev)
+        subject = make()
+        total = len(plan(cfg, seqs, modes, need_weights, baseline == "torch"))
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=err, transient=True) as bar:
+            task = bar.add_task("measuring", total=total)
+            seen = {"n": 0}
+
+            def step(desc):
+                bar.update(task, completed=seen["n"], description=f"measuring {desc}")
+                seen["n"] += 1
+
+            report = run_bench(subject, cfg, dev, dt, seqs=seqs, modes=modes, need_weights=need_weights,
+                               baseline=baseline == "torch", min_time=min_time, progress=step)
+            bar.update(task, completed=total)
+    from tblock_cli import render
+
+    if plot is not None:
+        render.save_plot(report, plot)
+        err.print(f"saved {plot}", highlight=False)
+    if json_:
+        print(render.dumps(render.bench_json(report)))
+    else:
+        out.print(render.bench_view(report))
+
+
+def _check_plot_target(path: str) -> None:
+    import importlib.util
+    from pathlib import Path
+
+    from tblock_cli.errors import ConfigError
+
+    if Path(path).suffix.lower() not in (".png", ".svg", ".pdf"):
+        raise ConfigError(f"--plot {path}: use a .png, .svg or .pdf file name")
+    if importlib.util.find_spec("matplotlib") is None:
+        raise ConfigError("--plot needs matplotlib: pip install 'tblock[plot]'")
+    if not Path(path).expanduser().resolve().parent.is_dir():
+        raise ConfigError(f"--plot {path}: folder {Path(path).parent} does not exist")
+
+
 def _meta_free_subject(cfg, dev, dt):
     """The built-in block for counting: built on CPU (a gpt2-xl stack would not need the GPU for a count)."""
     from tblock_cli.loading import builtin_subject

@@ -144,3 +144,120 @@ def presets_view(presets: dict) -> Table:
     for name, p in presets.items():
         table.add_row(name, *(str(p.get(k, False if k == "causal" else "")) for k in keys))
     return table
+
+
+def _run_label(r) -> str:
+    if r.target == "torch":
+        return "torch"
+    return {None: "as written", True: "on", False: "off"}[r.need_weights]
+
+
+def bench_view(report) -> Group:
+    parts: list = []
+    modes = [m for m in ("infer", "train") if any(r.mode == m for r in report.results)]
+    seqs = sorted({r.seq for r in report.results})
+    forced = any(r.need_weights is not None for r in report.results)
+    for mode in modes:
+        what = "eval + inference_mode, forward" if mode == "infer" else "train mode, forward + backward"
+        table = Table(title=f"tblock bench: {report.subject} - {mode} ({what})", box=box.SIMPLE_HEAVY, title_justify="left",
+                      pad_edge=False, caption="on/off: need_weights on / off latency ratio, and peak MiB saved by off" if forced else None,
+                      caption_justify="left")
+        for col, just in (("seq", "right"), ("need_w" if forced else "run", "left"), ("ms (IQR)", "right"),
+                          ("tok/s", "right"), ("GFLOP/s", "right"), ("peak MiB", "right"), ("kernel", "left")):
+            table.add_column(col, justify=just, no_wrap=col != "kernel", overflow="fold")
+        for seq in seqs:
+            rows = [r for r in report.results if r.mode == mode and r.seq == seq]
+            for r in rows:
+                lat = Text(f"{r.latency.median * 1e3:,.2f} ({r.latency.iqr * 1e3:,.2f})", style="yellow" if r.latency.noisy else "")
+                gflops = f"{r.flops_per_s / 1e9:,.1f}" if r.flops_per_s else "-"
+                peak = f"{r.peak_bytes / 2**20:,.1f}" if r.peak_bytes >= 0 else "-"
+                table.add_row(str(seq), _run_label(r), lat, f"{r.tokens_per_s:,.0f}", gflops, peak, r.attention_kernel)
+            pair = report.pair(mode, seq)
+            if pair:
+                off, on = pair
+                table.add_row("", Text("on/off", style="bold"), Text(f"{on.latency.median / off.latency.median:.2f}x", style="bold"), "", "",
+                              Text(f"{(on.peak_bytes - off.peak_bytes) / 2**20:+,.1f}", style="bold"), "")
+            base = next((r for r in rows if r.target == "torch"), None)
+            mine = next((r for r in rows if r.target == "block" and r.need_weights in (None, False)), None)
+            if base and mine:
+                table.add_row("", Text("vs torch", style="bold"), Text(f"{mine.latency.median / base.latency.median:.2f}x", style="bold"),
+                              "", "", "", f"({_run_label(mine)} / torch)")
+            table.add_section()
+        parts.append(table)
+    sizes = "; ".join(f"seq {s}: need_weights=True returns (B, L, L) = {fmt_bytes(v['weights_returned'])}, "
+                      f"one (B, H, L, L) matrix = {fmt_bytes(v['matrix_per_head'])}" for s, v in report.attention_bytes.items())
+    parts.append(Text(f"Analytic sizes at batch {report.batch}, {report.heads} heads: {sizes}", style="dim"))
+    for f in report.findings():
+        parts.append(Text(f"- {f}"))
+    noisy = [r for r in report.results if r.latency.noisy]
+    if noisy:
+        parts.append(Text(f"warning: {len(noisy)} measurement(s) have IQR > 10% of the median (yellow): the machine was busy "
+                          f"or --min-time is short; medians are still shown", style="yellow"))
+    parts.append(memory_bars(report))
+    env = report.environment
+    parts.append(Text(f"[torch {env['torch']}, {env['device']}, {env['dtype']}, {env['threads']} threads; "
+                      f"peak memory from {report.results[0].memory_source}]", style="dim"))
+    return Group(*parts)
+
+
+def memory_bars(report, width: int = 32) -> Group:
+    """A terminal bar chart of peak memory against seq, one bar per run."""
+    rows = [r for r in report.results if r.peak_bytes >= 0]
+    if not rows:
+        return Group()
+    top = max(r.peak_bytes for r in rows) or 1
+    lines = [Text("peak memory against seq", style="bold")]
+    for r in rows:
+        n = max(1, round(width * r.peak_bytes / top)) if r.peak_bytes > 0 else 0
+        label = f"{r.mode:5} {r.seq:>6} {_run_label(r):11} "
+        style = "red" if r.need_weights else ("cyan" if r.target == "block" else "magenta")
+        lines.append(Text.assemble(label, (("█" * n).ljust(width), style), f" {r.peak_bytes / 2**20:,.1f} MiB"))
+    return Group(*lines)
+
+
+def bench_json(report) -> dict:
+    return {
+        "subject": report.subject,
+        "results": [
+            {
+                "mode": r.mode, "seq": r.seq, "need_weights": r.need_weights, "target": r.target,
+                "latency_ms": {"median": r.latency.median * 1e3, "iqr": r.latency.iqr * 1e3,
+                               "samples": [s * 1e3 for s in r.latency.samples], "noisy": r.latency.noisy},
+                "peak_bytes": r.peak_bytes, "memory_source": r.memory_source,
+                "attention_kernel": r.attention_kernel, "materialises_attention": r.materialises,
+                "tokens_per_s": r.tokens_per_s, "flops": r.flops, "flops_per_s": r.flops_per_s,
+            }
+            for r in report.results
+        ],
+        "attention_bytes": report.attention_bytes,
+        "findings": report.findings(),
+        "environment": report.environment,
+    }
+
+
+def save_plot(report, path: str) -> None:
+    """Peak memory and median latency against seq, one line per run kind (matplotlib, optional)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_mem, ax_lat) = plt.subplots(1, 2, figsize=(10, 4))
+    kinds = sorted({(r.mode, r.target, r.need_weights) for r in report.results}, key=str)
+    for mode, target, nw in kinds:
+        rs = sorted((r for r in report.results if (r.mode, r.target, r.need_weights) == (mode, target, nw)), key=lambda r: r.seq)
+        label = f"{mode}, " + ("torch layer" if target == "torch" else f"need_weights {_run_label(rs[0])}")
+        style = "--" if mode == "train" else "-"
+        ax_mem.plot([r.seq for r in rs], [r.peak_bytes / 2**20 for r in rs], style, marker="o", label=label)
+        ax_lat.plot([r.seq for r in rs], [r.latency.median * 1e3 for r in rs], style, marker="o", label=label)
+    for ax, ylabel in ((ax_mem, "peak memory (MiB)"), (ax_lat, "median latency (ms)")):
+        ax.set_xlabel("seq")
+        ax.set_ylabel(ylabel)
+        ax.set_xscale("log", base=2)
+        ax.grid(alpha=0.3)
+    ax_mem.legend(fontsize=7)
+    env = report.environment
+    fig.suptitle(f"tblock bench: {report.subject} (batch {report.batch}, {env['device']}, {env['dtype']})", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
