@@ -69,16 +69,23 @@ def user_errors():
     try:
         yield
     except TBlockError as e:
-        err.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
+        _say("error", str(e))
         raise typer.Exit(e.exit_code) from None
     except MemoryError:
-        err.print("[bold red]error:[/] out of memory; reduce --batch, --seq, --d-model or --layers", soft_wrap=True)
+        _say("error", "out of memory; reduce --batch, --seq, --d-model or --layers")
         raise typer.Exit(2) from None
     except RuntimeError as e:
         if "out of memory" not in str(e).lower():
             raise
-        err.print("[bold red]error:[/] the device ran out of memory; reduce --batch, --seq, --d-model or --layers", soft_wrap=True)
+        _say("error", "the device ran out of memory; reduce --batch, --seq, --d-model or --layers")
         raise typer.Exit(2) from None
+
+
+def _say(kind: str, message: str) -> None:
+    """One line on stderr; the message is plain text (no markup or emoji codes: specs contain colons)."""
+    from rich.text import Text
+
+    err.print(Text.assemble((f"{kind}: ", "bold red" if kind == "error" else "yellow"), message), soft_wrap=True)
 
 
 def _setup(preset, block, kwargs, *, allow_mixed=False, same_shape=True, **flags):
@@ -87,7 +94,7 @@ def _setup(preset, block, kwargs, *, allow_mixed=False, same_shape=True, **flags
 
     cfg = build_config(preset, allow_mixed=allow_mixed, **flags)
     for w in cfg.warnings:
-        err.print(f"[yellow]warning:[/] {w}", highlight=False, soft_wrap=True)
+        _say("warning", w)
     from tblock_cli import runtime
     from tblock_cli.loading import make_subject
 

@@ -93,6 +93,21 @@ def make_subject(
     return subject
 
 
+def user_layers(cfg: BlockConfig, device: torch.device, dtype: torch.dtype, spec: str, kwargs_json: str | None, n: int) -> list[Subject]:
+    """n independent instances of the user's block (seeds seed, seed+1, ...), for a stack of copies."""
+    from dataclasses import replace
+
+    factory, extra = load_factory(spec), parse_kwargs(kwargs_json)
+    layers = []
+    for i in range(n):
+        module = construct(spec, factory, replace(cfg, seed=cfg.seed + i), extra).to(device=device, dtype=dtype)
+        subject = Subject(module, spec, False, pad_keyword(module), cfg.causal)
+        if i == 0:
+            probe(subject, cfg, device, dtype, same_shape=True)
+        layers.append(subject)
+    return layers
+
+
 def load_factory(spec: str) -> Callable:
     """`package.module:NAME` or `path/to/file.py:NAME` -> the object NAME."""
     target, sep, name = spec.rpartition(":")

@@ -177,20 +177,21 @@ def user_report(subject: Subject, cfg: BlockConfig, dtype: torch.dtype, depth: i
                 add(f"{qualname}.{cname}" if qualname else cname, child, level + 1)
             own = [(n, p) for n, p in mod.named_parameters(recurse=False)]
             child_flops = sum(flops_of(f"{qualname}.{c}" if qualname else c) for c, _ in children)
+            inside = {groups_of[f"{qualname}.{n}" if qualname else n] for n, _ in mod.named_parameters()}
             add_row(f"{qualname}.(own)" if qualname else "(own)", [(f"{qualname}.{n}" if qualname else n, p) for n, p in own],
-                    flops_of(qualname) - child_flops)
+                    flops_of(qualname) - child_flops, inside.pop() if len(inside) == 1 else "other")
         else:
             named = [(f"{qualname}.{n}" if qualname else n, p) for n, p in mod.named_parameters()]
             add_row(qualname, named, flops_of(qualname))
 
-    def add_row(name: str, named: list, flops: int):
+    def add_row(name: str, named: list, flops: int, fallback: str = "other"):
         fresh = [(n, p) for n, p in named if id(p) not in seen]
         seen.update(id(p) for _, p in fresh)
         params = sum(p.numel() for _, p in fresh)
         if not params and not flops:
             return
         groups = {groups_of.get(n, "other") for n, _ in fresh}
-        group = groups.pop() if len(groups) == 1 else ("mixed" if groups else "other")
+        group = groups.pop() if len(groups) == 1 else ("mixed" if groups else fallback)
         rows.append(Component(name, group, params, params * item, round(flops / tokens)))
 
     add("", module, 0)

@@ -1,0 +1,45 @@
+"""An example of your own block for `tblock --block examples/my_block.py:MyBlock`.
+
+A GPT-style Pre-LN block with its own attention (fused QKV projection and
+scaled_dot_product_attention) and a GELU MLP. tblock reads the constructor's
+signature and fills `d_model`, `n_heads`, `dropout` and `causal` from its flags;
+the padding mask reaches `forward` as `pad_mask` (True = padding).
+"""
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, d_model: int, n_heads: int, dropout: float, causal: bool):
+        super().__init__()
+        self.n_heads, self.dropout, self.causal = n_heads, dropout, causal
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.proj = nn.Linear(d_model, d_model)
+
+    def forward(self, x, pad_mask=None):
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).split(C, dim=2)
+        q, k, v = (t.view(B, T, self.n_heads, C // self.n_heads).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hs)
+        allowed = torch.ones(T, T, dtype=torch.bool, device=x.device)
+        if self.causal:
+            allowed = allowed.tril()
+        allowed = allowed[None, None]
+        if pad_mask is not None:
+            allowed = allowed & ~pad_mask[:, None, None, :]
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=self.dropout if self.training else 0.0)
+        return self.proj(y.transpose(1, 2).reshape(B, T, C))
+
+
+class MyBlock(nn.Module):
+    def __init__(self, d_model: int = 256, n_heads: int = 4, dropout: float = 0.0, causal: bool = True):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(d_model)
+        self.attn = CausalSelfAttention(d_model, n_heads, dropout, causal)
+        self.ln_2 = nn.LayerNorm(d_model)
+        self.mlp = nn.Sequential(nn.Linear(d_model, 4 * d_model), nn.GELU(), nn.Linear(4 * d_model, d_model), nn.Dropout(dropout))
+
+    def forward(self, x, pad_mask=None):
+        x = x + self.attn(self.ln_1(x), pad_mask)
+        return x + self.mlp(self.ln_2(x))

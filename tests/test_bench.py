@@ -1,0 +1,176 @@
+"""bench: the memory figure against known allocations, the need_weights hook, kernel naming, CLI."""
+
+import json
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from conftest import zoo_spec
+from tblock_cli import profiling, runtime
+from tblock_cli.bench import Latency, forced_need_weights, run_bench, step_fn
+from tblock_cli.cli import app
+from tblock_cli.config import build_config
+from tblock_cli.errors import ConfigError
+from tblock_cli.loading import make_subject
+
+CPU = torch.device("cpu")
+runner = CliRunner()
+
+
+def test_cpu_peak_is_exact_for_known_allocations():
+    def work():
+        a = torch.empty(1_000_000, dtype=torch.uint8)
+        b = torch.empty(5_000_000, dtype=torch.uint8)
+        del a
+        c = torch.empty(250_000, dtype=torch.float32)  # 1,000,000 bytes
+        return b, c
+
+    p = profiling.profile_call(work, CPU)
+    assert p.peak_bytes == 6_000_000  # a + b, then a freed and c (same size) takes its place
+    assert "aten::empty" in p.ops
+
+
+def test_cpu_peak_ignores_what_existed_before():
+    keep = torch.empty(10_000_000, dtype=torch.uint8)
+    p = profiling.profile_call(lambda: torch.empty(3_000_000, dtype=torch.uint8), CPU)
+    assert p.peak_bytes == 3_000_000 and keep.numel()
+
+
+def test_cuda_peak_logic(monkeypatch):
+    """The CUDA path subtracts what was allocated before and reads the peak after a synchronised run."""
+    calls = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: calls.append("sync"))
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 1000)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device=None: calls.append("reset"))
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: 5096)
+    p = profiling.profile_call(lambda: calls.append("run"), torch.device("cuda", 0))
+    assert p.peak_bytes == 4096 and p.source == "torch.cuda.max_memory_allocated"
+    assert calls == ["run", "sync", "sync", "reset", "run", "sync"]
+
+
+def test_latency_statistics_from_samples():
+    lat = Latency((1.0, 2.0, 3.0, 4.0, 100.0))
+    assert lat.median == 3.0
+    assert lat.iqr == pytest.approx(4.0 - 2.0)
+    assert lat.noisy  # IQR 2.0 > 10 % of the median 3.0
+    assert Latency((1.0, 1.01, 0.99, 1.0)).noisy is False
+
+
+def _seen_need_weights(module, x):
+    seen = []
+    mhas = [m for m in module.modules() if isinstance(m, torch.nn.MultiheadAttention)]
+    hooks = [m.register_forward_hook(lambda m, a, kw, out: seen.append(out[1] is not None), with_kwargs=True) for m in mhas]
+    module(x)
+    for h in hooks:
+        h.remove()
+    return seen
+
+
+@pytest.mark.parametrize("spec", [None, "NeedWeightsOn", "TorchPreLN"])
+def test_forced_need_weights_reaches_every_mha(spec):
+    cfg = build_config(d_model=32, n_heads=4, layers=1 if spec else 2)
+    subject = make_subject(cfg, CPU, torch.float32, zoo_spec(spec) if spec else None)
+    subject.module.train()  # weights come back as a tensor exactly when need_weights is on
+    x = torch.randn(2, 6, 32)
+    for value in (True, False):
+        with forced_need_weights(subject.module, value):
+            seen = _seen_need_weights(subject.module, x)
+        assert seen and all(s == value for s in seen)
+    assert _seen_need_weights(subject.module, x) == [spec == "NeedWeightsOn"] * len(seen)  # hooks removed
+
+
+def test_need_weights_on_a_block_without_mha_is_a_clear_error():
+    cfg = build_config(d_model=32, n_heads=4)
+    subject = make_subject(cfg, CPU, torch.float32, zoo_spec("LlamaBlock"))
+    with pytest.raises(ConfigError, match="need_weights is its option"):
+        run_bench(subject, cfg, CPU, torch.float32, seqs=[8], modes=["infer"], need_weights=True, baseline=False, min_time=0.01)
+
+
+def _profile(cfg, mode, need_weights):
+    subject = make_subject(cfg, CPU, torch.float32)
+    subject.module.train(mode == "train")
+    x = torch.randn(cfg.batch, cfg.seq, cfg.d_model)
+    with forced_need_weights(subject.module, need_weights):
+        fn = step_fn(subject, subject.module, x, mode)
+        fn()
+        return profiling.profile_call(fn, CPU)
+
+
+def test_acceptance_train_mode_saves_the_attention_matrix():
+    """d_model 256, 8 heads, batch 2, seq 512, train: off saves at least B H L^2 4 bytes; kernels differ."""
+    cfg = build_config(d_model=256, n_heads=8, batch=2, seq=512, dropout=0.0)
+    off, on = _profile(cfg, "train", False), _profile(cfg, "train", True)
+    assert on.peak_bytes - off.peak_bytes >= 2 * 8 * 512 * 512 * 4
+    k_off, k_on = profiling.attention_kernel(off.ops), profiling.attention_kernel(on.ops)
+    assert k_off != k_on and k_off == ("SDPA flash-cpu", False) and k_on == ("bmm+softmax", True)
+
+
+def test_attention_dropout_sends_cpu_sdpa_to_math():
+    cfg = build_config(d_model=64, n_heads=4, batch=2, seq=64, dropout=0.1)
+    assert profiling.attention_kernel(_profile(cfg, "train", False).ops) == ("SDPA math", True)
+
+
+def test_infer_fast_path_materialises_either_way():
+    cfg = build_config(d_model=64, n_heads=4, batch=2, seq=64)
+    for nw in (False, True):
+        kernel, materialises = profiling.attention_kernel(_profile(cfg, "infer", nw).ops)
+        assert kernel == "fastpath bmm+softmax" and materialises
+
+
+def test_bench_report_and_findings():
+    cfg = build_config(d_model=64, n_heads=4, batch=2, seq=64, dropout=0.0)
+    subject = make_subject(cfg, CPU, torch.float32)
+    r = run_bench(subject, cfg, CPU, torch.float32, seqs=[32, 64], modes=["infer", "train"], need_weights=True, baseline=True, min_time=0.01)
+    assert len(r.results) == 2 * 2 * 3
+    assert all(len(x.latency.samples) >= 1 and x.latency.median > 0 for x in r.results)
+    assert r.attention_bytes[64] == {"weights_returned": 2 * 64 * 64 * 4, "matrix_per_head": 2 * 4 * 64 * 64 * 4}
+    text = " ".join(r.findings())
+    assert "infer, seq 64" in text and "still materialises" in text
+    assert "train, seq 64: need_weights=False runs SDPA flash-cpu" in text
+    train_off = r.pair("train", 64)[0]
+    assert train_off.flops == 3 * 2 * 64 * (8 * 64 * 64 + 4 * 64 * 64 + 4 * 64 * 256)
+
+
+def test_cli_bench_json():
+    res = runner.invoke(app, ["bench", "--d-model", "32", "--n-heads", "4", "--seq", "8,16", "--mode", "train",
+                              "--need-weights", "--min-time", "0.01", "--json"])
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert len(data["results"]) == 4
+    r0 = data["results"][0]
+    assert {"mode", "seq", "need_weights", "latency_ms", "peak_bytes", "attention_kernel"} <= set(r0)
+    assert {"median", "iqr", "samples"} <= set(r0["latency_ms"])
+    assert data["environment"]["torch"] == torch.__version__
+
+
+def test_cli_bench_table_and_plot(tmp_path):
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "b.png"
+    res = runner.invoke(app, ["bench", "--d-model", "32", "--n-heads", "4", "--seq", "8", "--min-time", "0.01",
+                              "--baseline", "torch", "--plot", str(png)])
+    assert res.exit_code == 0, res.output
+    assert "vs torch" in res.stdout and "peak memory against seq" in res.stdout
+    assert png.stat().st_size > 1000
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--seq", "12,abc"], "comma-separated"),
+    (["--seq", "0"], "> 0"),
+    (["--mode", "fly"], "--mode"),
+    (["--baseline", "jax"], "--baseline"),
+    (["--plot", "out.txt"], ".png"),
+    (["--plot", "/no/such/dir/x.png"], "does not exist"),
+    (["--seq", "2000000", "--batch", "64"], "MiB"),
+    (["--block", zoo_spec("LlamaBlock"), "--need-weights"], "need_weights is its option"),
+])
+def test_cli_bench_bad_input(args, words):
+    res = runner.invoke(app, ["bench", "--d-model", "32", "--n-heads", "4", "--min-time", "0.01", *args])
+    assert res.exit_code == 2, res.output
+    assert words in res.stderr and "Traceback" not in res.output
+
+
+def test_memory_estimate_grows_quadratically_with_seq():
+    cfg = build_config(d_model=64, n_heads=4, batch=1)
+    a, b = runtime.estimate_bytes(cfg, seq=4096), runtime.estimate_bytes(cfg, seq=8192)
+    assert 3.5 < b / a < 4.1
