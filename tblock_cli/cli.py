@@ -276,6 +276,59 @@ def _check_plot_target(path: str) -> None:
         raise ConfigError(f"--plot {path}: folder {Path(path).parent} does not exist")
 
 
+@app.command()
+def depth(
+    d_model: DModel = None, n_heads: NHeads = None, d_ff: DFF = None, dropout: Dropout = None,
+    norm: Annotated[Optional[str], typer.Option("--norm", help="pre, post or mixed (alternating, starting with pre). (default: pre)", rich_help_panel=BLOCK, show_default=False)] = None,
+    activation: Activation = None, eps: Eps = None, bias: Bias = None, causal: Causal = None,
+    layers: Annotated[int, typer.Option("--layers", help="Blocks in the stack.", rich_help_panel=BLOCK)] = 12,
+    final_norm: Annotated[bool, typer.Option("--final-norm/--no-final-norm", help="A final LayerNorm after a Pre-LN last layer.", rich_help_panel=BLOCK)] = True,
+    preset: Preset = None, batch: Batch = None, seq: Seq = None, dtype: Dtype = None, device: Device = None,
+    seed: Seed = None, block: BlockSpec = None, kwargs: Kwargs = None,
+    compare: Annotated[bool, typer.Option("--compare", help="Run pre, post and mixed stacks of the same depth side by side.")] = False,
+    strict: Annotated[bool, typer.Option("--strict", help="Warnings (mixed placement, no final norm) fail: exit 1.")] = False,
+    plot: Annotated[Optional[str], typer.Option("--plot", help="Save per-layer charts to FILE.png or FILE.svg (needs matplotlib).", show_default=False)] = None,
+    json_: Json = False,
+):
+    """A stack of N blocks at init: per-layer activation scale, gradient norms, residual gain and detected norm placement."""
+    with user_errors():
+        from tblock_cli.errors import ConfigError
+
+        if compare and (block is not None or norm is not None):
+            raise ConfigError("--compare runs the built-in pre, post and mixed stacks; drop --norm and --block")
+        if plot is not None:
+            _check_plot_target(plot)
+        norms = ["pre", "post", "mixed"] if compare else [norm]
+        configs = []
+        for n in norms:
+            cfg, dev, dt, _ = _setup(
+                preset, None, None, allow_mixed=True, d_model=d_model, n_heads=n_heads, d_ff=d_ff, dropout=dropout,
+                norm=n, activation=activation, eps=eps, bias=bias, causal=causal, layers=layers, batch=batch, seq=seq,
+                dtype=dtype, device=device, seed=seed, final_norm=final_norm,
+            )
+            configs.append(cfg)
+        from tblock_cli import runtime
+        from tblock_cli.depth import run_depth
+
+        runtime.ensure_fits(runtime.estimate_bytes(configs[0]), dev, "depth")
+        with err.status("measuring the stack", spinner="dots"):
+            reports = [run_depth(c, dev, dt, spec=block, kwargs_json=kwargs, strict=strict) for c in configs]
+    from tblock_cli import render
+
+    if plot is not None:
+        render.save_depth_plot(reports, plot)
+        err.print(f"saved {plot}", highlight=False)
+    ok = all(r.ok for r in reports)
+    if json_:
+        data = render.depth_json(reports[0]) if not compare else {"compare": [render.depth_json(r) for r in reports], "ok": ok}
+        print(render.dumps(data))
+    elif compare:
+        out.print(render.depth_compare_view(reports))
+    else:
+        out.print(render.depth_view(reports[0]))
+    raise typer.Exit(0 if ok else 1)
+
+
 def _meta_free_subject(cfg, dev, dt):
     """The built-in block for counting: built on CPU (a gpt2-xl stack would not need the GPU for a count)."""
     from tblock_cli.loading import builtin_subject

@@ -261,3 +261,104 @@ def save_plot(report, path: str) -> None:
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
+
+
+SPARK = "▁▂▃▄▅▆▇█"
+
+
+def sparkline(values: list[float]) -> str:
+    """Heights from zero to the largest value, so equal values look equal and noise stays small."""
+    hi = max(max(values), 0.0)
+    if hi <= 0:
+        return SPARK[0] * len(values)
+    return "".join(SPARK[max(0, min(7, round(v / hi * 8) - 1))] for v in values)
+
+
+FINDING_STYLE = {"info": "", "warn": "yellow"}
+
+
+def depth_view(report, width: int = 16) -> Group:
+    table = Table(title=f"tblock depth: {report.subject} (forward + backward at init, dropout off)", box=box.SIMPLE_HEAVY,
+                  title_justify="left", pad_edge=False)
+    for col in ("layer", "norm", "act RMS", "grad in", "grad par", "gain", "grad in"):
+        table.add_column(col, justify="left" if col == "norm" or col == "grad in" and table.columns and table.columns[-1].header == "gain" else "right", no_wrap=True)
+    top = max(s.grad_input_norm for s in report.layers) or 1.0
+    prev = None
+    for s in report.layers:
+        changed = prev is not None and s.placement != prev
+        placement = Text(s.placement + (" <" if changed else ""), style="yellow" if changed else "")
+        bar = "█" * max(1, round(width * s.grad_input_norm / top))
+        table.add_row(str(s.index), placement, f"{s.act_rms:.3f}", f"{s.grad_input_norm:.4g}", f"{s.grad_param_norm:.4g}",
+                      f"{s.residual_gain:.3f}", Text(bar, style="cyan"))
+        prev = s.placement
+    if report.final_norm:
+        table.add_section()
+        table.add_row("final", "LayerNorm", f"{report.final_rms:.3f}", "", "", "", "")
+    lines = [table]
+    for f in report.findings:
+        lines.append(Text(f"{'!' if f.status == 'warn' else '-'} {f.text}", style=FINDING_STYLE[f.status]))
+    if not report.ok:
+        lines.append(Text("FAILED (--strict: warnings fail)", style="bold red"))
+    return Group(*lines)
+
+
+def depth_compare_view(reports: list) -> Group:
+    n = len(reports[0].layers)
+    table = Table(title=f"tblock depth --compare: {n} layers at init (act RMS / grad-in norm per layer)", box=box.SIMPLE_HEAVY,
+                  title_justify="left", pad_edge=False)
+    table.add_column("layer", justify="right")
+    for r in reports:
+        table.add_column(f"{r.norm} act", justify="right", no_wrap=True)
+        table.add_column(f"{r.norm} grad", justify="right", no_wrap=True)
+    for i in range(n):
+        cells = []
+        for r in reports:
+            s = r.layers[i]
+            cells += [f"{s.act_rms:.3f}" + ("*" if s.placement == "post" else " "), f"{s.grad_input_norm:.4g}"]
+        table.add_row(str(i), *cells)
+    table.add_section()
+    table.add_row("final", *[c for r in reports for c in ((f"{r.final_rms:.3f} " if r.final_norm else "-"), "")])
+    lines = [table, Text("* the layer's output is normalised (detected Post-LN)", style="dim")]
+    for r in reports:
+        lines.append(Text(f"{r.norm:>6}: act {sparkline([s.act_rms for s in r.layers])}  grad {sparkline([s.grad_input_norm for s in r.layers])}"))
+    for r in reports:
+        lines.append(Text(f"{r.norm}:", style="bold"))
+        for f in r.findings:
+            lines.append(Text(f"  {'!' if f.status == 'warn' else '-'} {f.text}", style=FINDING_STYLE[f.status]))
+    return Group(*lines)
+
+
+def depth_json(report) -> dict:
+    return {
+        "subject": report.subject,
+        "norm": report.norm,
+        "layers": [{"index": s.index, "placement": s.placement, "act_rms": s.act_rms, "grad_input_norm": s.grad_input_norm,
+                    "grad_param_norm": s.grad_param_norm, "residual_gain": s.residual_gain,
+                    "token_mean": s.token_mean, "token_std_dev": s.token_std_dev} for s in report.layers],
+        "final_norm": report.final_norm,
+        "final_rms": report.final_rms,
+        "findings": [{"status": f.status, "text": f.text} for f in report.findings],
+        "ok": report.ok,
+    }
+
+
+def save_depth_plot(reports: list, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.6))
+    for r in reports:
+        idx = [s.index for s in r.layers]
+        axes[0].plot(idx, [s.act_rms for s in r.layers], marker="o", label=r.norm)
+        axes[1].plot(idx, [s.grad_input_norm for s in r.layers], marker="o", label=r.norm)
+        axes[2].plot(idx, [s.grad_param_norm for s in r.layers], marker="o", label=r.norm)
+    for ax, title in zip(axes, ("activation RMS", "gradient norm at layer input", "parameter gradient norm")):
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel("layer")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
