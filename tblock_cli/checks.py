@@ -154,7 +154,7 @@ def check_shape(ctx: Context) -> CheckResult:
     out = eval_forward(ctx, x)
     ctx.shape_ok = out.shape == x.shape
     if ctx.shape_ok:
-        return CheckResult("shape", Status.PASS, list(out.shape), f"output keeps the input's shape (B, T, d) = {tuple(x.shape)}")
+        return CheckResult("shape", Status.PASS, list(out.shape), f"output keeps the input's shape (B, T, d)")
     return CheckResult("shape", Status.FAIL, list(out.shape), f"input {tuple(x.shape)} came out as {tuple(out.shape)}")
 
 
@@ -163,9 +163,9 @@ def check_finite(ctx: Context) -> CheckResult:
     scale = LARGE_SCALE[ctx.dtype]
     inputs = {
         "random": ctx.x(),
-        "constant token": ctx.randn(B, T, 1).expand(B, T, d).contiguous(),  # zero variance per token
-        "zeros": torch.zeros(B, T, d, device=ctx.device, dtype=ctx.dtype),
-        f"large (x{scale:g})": ctx.x() * scale,
+        "constant-token": ctx.randn(B, T, 1).expand(B, T, d).contiguous(),  # zero variance per token
+        "zero": torch.zeros(B, T, d, device=ctx.device, dtype=ctx.dtype),
+        f"x{scale:g}": ctx.x() * scale,
     }
     bad = []
     for label, x in inputs.items():
@@ -185,7 +185,7 @@ def check_finite(ctx: Context) -> CheckResult:
             bad.append(f"{name} ({type(norm).__name__}, eps={norm.eps:g}) gives NaN on a zero-variance input")
     if bad:
         return CheckResult("finite", Status.FAIL, len(bad), "; ".join(bad))
-    return CheckResult("finite", Status.PASS, len(inputs), f"finite on {', '.join(inputs)} inputs")
+    return CheckResult("finite", Status.PASS, len(inputs), f"outputs finite on {', '.join(inputs)} inputs")
 
 
 def _nonfinite_kind(t: torch.Tensor) -> str:
@@ -223,7 +223,7 @@ def check_grad_input(ctx: Context) -> CheckResult:
     norm = g.double().norm().item()
     if norm == 0:
         return CheckResult("grad_input", Status.FAIL, 0.0, "the gradient at x is exactly zero")
-    return CheckResult("grad_input", Status.PASS, norm, "a train-mode loss's gradient reaches x, finite and non-zero (value: its norm)")
+    return CheckResult("grad_input", Status.PASS, norm, "a loss's gradient reaches x: finite, non-zero (value: its norm)")
 
 
 def check_grad_params(ctx: Context) -> CheckResult:
@@ -288,7 +288,7 @@ def check_residual(ctx: Context) -> CheckResult:
         return CheckResult("residual", Status.FAIL, round(gains[worst], 4),
                            f"{where}tr(J)/n = {gains[worst]:.3f} < {RESIDUAL_MIN}: no identity path from input to output (missing x + ...?)")
     return CheckResult("residual", Status.PASS, round(gains[worst], 4),
-                       f"tr(J)/n = {shown} (Pre-LN ~1.0, Post-LN ~0.9, no residual ~0): the identity path is there")
+                       f"tr(J)/n = {shown}: identity path present (Pre-LN ~1, Post-LN ~0.9, none ~0)")
 
 
 def check_batch(ctx: Context) -> CheckResult:
@@ -303,7 +303,7 @@ def check_batch(ctx: Context) -> CheckResult:
     if g is not None and g[1:].any():
         leak = g[1:].double().abs().max().item()
         return CheckResult("batch", Status.FAIL, leak, f"in train mode sample 0's output has gradient {leak:.2e} w.r.t. other samples: samples leak")
-    return CheckResult("batch", Status.PASS, worst, f"each sample alone equals its output in the batch (max rel. diff {worst:.1e}); no cross-sample gradient in train mode")
+    return CheckResult("batch", Status.PASS, worst, f"a sample alone = its output in the batch (max rel. diff {worst:.1e}); no cross-sample gradient")
 
 
 def padding_mask(ctx: Context, B: int, T: int) -> torch.Tensor:
@@ -329,7 +329,7 @@ def check_padding(ctx: Context) -> CheckResult:
     if g is not None and g[mask].any():
         return CheckResult("padding", Status.FAIL, g[mask].double().abs().max().item(),
                            f"in train mode unpadded outputs have a gradient w.r.t. padded inputs; {full}")
-    return CheckResult("padding", Status.PASS, diff, f"padded inputs do not reach unpadded outputs (max rel. diff {diff:.1e}); {full}")
+    return CheckResult("padding", Status.PASS, diff, f"padded inputs reach no unpadded output; {full}")
 
 
 def _fully_padded(ctx: Context, x: torch.Tensor, T: int) -> str:
@@ -346,12 +346,12 @@ def _fully_padded(ctx: Context, x: torch.Tensor, T: int) -> str:
         what = "zeros"
     else:
         what = "finite values"
-    return f"a fully padded sequence gives {what} (eval)"
+    return f"a fully padded row gives {what} (eval)"
 
 
 def check_causal(ctx: Context) -> CheckResult:
     if not ctx.cfg.causal:
-        return CheckResult("causal", Status.SKIP, None, "not asked for: pass --causal for a causal block")
+        return CheckResult("causal", Status.SKIP, None, "not asked for (--causal)")
     T = max(ctx.cfg.seq, 3)
     x = ctx.x(seq=T)
     out = eval_forward(ctx, x)
@@ -369,14 +369,14 @@ def check_causal(ctx: Context) -> CheckResult:
     if g is not None and g[:, t + 1 :].any():
         return CheckResult("causal", Status.FAIL, g[:, t + 1 :].double().abs().max().item(),
                            f"in train mode outputs up to t={t} have a gradient w.r.t. later positions: the future leaks")
-    return CheckResult("causal", Status.PASS, worst, "outputs up to t ignore positions after t (eval values, train gradients)")
+    return CheckResult("causal", Status.PASS, worst, "outputs up to t ignore inputs after t (values and gradients)")
 
 
 def check_determinism(ctx: Context) -> CheckResult:
     x = ctx.x()
     a, b = eval_forward(ctx, x), eval_forward(ctx, x)
     if torch.equal(a, b):
-        return CheckResult("determinism", Status.PASS, 0.0, "two eval-mode forwards are bit-identical")
+        return CheckResult("determinism", Status.PASS, 0.0, "two eval forwards are bit-identical")
     diff = rel_diff(a, b)
     if diff <= ctx.tol:
         return CheckResult("determinism", Status.WARN, diff, f"two eval forwards differ by {diff:.1e}, within rounding: non-deterministic kernels")
@@ -394,7 +394,7 @@ def check_input_unchanged(ctx: Context) -> CheckResult:
         ctx.subject(x)
     if not torch.equal(x, before):
         return CheckResult("input_unchanged", Status.FAIL, rel_diff(x, before), "a train forward changed the caller's tensor in place")
-    return CheckResult("input_unchanged", Status.PASS, 0.0, "the caller's tensor is unchanged after eval and train forwards")
+    return CheckResult("input_unchanged", Status.PASS, 0.0, "caller's tensor unchanged by eval and train forwards")
 
 
 def mha_call_arguments(mha: nn.MultiheadAttention, args: tuple, kwargs: dict) -> inspect.BoundArguments:
@@ -440,7 +440,7 @@ def check_need_weights(ctx: Context) -> CheckResult:
         names = ", ".join(sorted({n or "(root)" for n, _ in on}))
         return CheckResult("need_weights", Status.WARN, wasted,
                            f"{names} called with need_weights=True: {_fmt_bytes(wasted)} of attention weights computed and thrown away per forward; pass need_weights=False")
-    return CheckResult("need_weights", Status.PASS, 0, f"all {len(calls)} nn.MultiheadAttention call(s) use need_weights=False")
+    return CheckResult("need_weights", Status.PASS, 0, f"{len(calls)} nn.MultiheadAttention call(s), all need_weights=False")
 
 
 def check_dtype(ctx: Context) -> CheckResult:
@@ -460,7 +460,7 @@ def check_dtype(ctx: Context) -> CheckResult:
     limit = DTYPE_TOLERANCE[ctx.dtype]
     if err > limit:
         return CheckResult("dtype", Status.FAIL, err, f"{name} differs from a float64 copy by relative RMS {err:.2e} > {limit:g}")
-    return CheckResult("dtype", Status.PASS, err, f"{name} agrees with a float64 copy: relative RMS error {err:.1e} (limit {limit:g})")
+    return CheckResult("dtype", Status.PASS, err, f"{name} vs a float64 copy: relative RMS error (limit {limit:g})")
 
 
 def check_ffn_share(ctx: Context) -> CheckResult:
@@ -476,8 +476,8 @@ def check_ffn_share(ctx: Context) -> CheckResult:
     # 2/3 at r = 4. In general the matrices alone predict ffn / (ffn + attention).
     predicted = mats["ffn"] / (mats["ffn"] + mats["attention"]) if mats["attention"] else 1.0
     other = counts["other"] / total
-    why = f"matrices alone predict {predicted:.1%}" + (" = the 2/3 rule" if abs(predicted - 2 / 3) < 5e-4 else f" (FFN/attention = {ratio_attn:.2f}, not 2)")
-    detail = f"FFN holds {share:.1%} of parameters; {why}; biases and norms: {share - predicted:+.1%}"
+    why = "the 2/3 rule" if abs(predicted - 2 / 3) < 5e-4 else f"FFN/attention matrices = {ratio_attn:.2f}, not 2"
+    detail = f"FFN share; matrices predict {predicted:.1%} ({why}); biases and norms {(share - predicted) * 100:+.1f} pt"
     if other > OTHER_SHARE_MAX:
         return CheckResult("ffn_share", Status.WARN, round(share, 4), f"{detail}; {other:.1%} of parameters sit outside attention, FFN and norms")
     return CheckResult("ffn_share", Status.PASS, round(share, 4), detail)
@@ -496,7 +496,7 @@ def check_reference(ctx: Context) -> CheckResult:
     diff = (ours - theirs).abs().max().item()
     if not diff <= 1e-5:
         return CheckResult("reference", Status.FAIL, diff, f"differs from nn.TransformerEncoderLayer with the same weights by {diff:.2e} (> 1e-5, float32)")
-    return CheckResult("reference", Status.PASS, diff, f"matches nn.TransformerEncoderLayer with copied weights: max |diff| {diff:.1e} (float32, eval)")
+    return CheckResult("reference", Status.PASS, diff, "max |diff| to nn.TransformerEncoderLayer with copied weights (float32, eval)")
 
 
 BATTERY: tuple[Callable[[Context], CheckResult], ...] = (

@@ -44,7 +44,7 @@ def fmt_value(v) -> str:
             return "0"
         if not math.isfinite(v):
             return str(v)
-        return f"{v:.3g}" if 1e-3 <= abs(v) < 1e5 else f"{v:.2e}"
+        return f"{v:#.4g}" if 1e-3 <= abs(v) < 1e5 else f"{v:.2e}"
     if isinstance(v, list):
         return "(" + ", ".join(map(str, v)) + ")"
     return str(v)

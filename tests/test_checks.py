@@ -110,7 +110,7 @@ def test_reference_catches_a_weight_mismatch():
 def test_fully_padded_sequence_is_reported_not_failed():
     _, by = battery()
     assert by["padding"].status == Status.PASS
-    assert "fully padded sequence gives" in by["padding"].detail
+    assert "fully padded row gives" in by["padding"].detail
 
 
 def test_ffn_share_against_the_rule():
