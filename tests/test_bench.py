@@ -132,6 +132,14 @@ def test_bench_report_and_findings():
     assert train_off.flops == 3 * 2 * 64 * (8 * 64 * 64 + 4 * 64 * 64 + 4 * 64 * 256)
 
 
+def test_dropout_fallback_is_a_finding():
+    cfg = build_config(d_model=32, n_heads=4, batch=2, seq=16, dropout=0.1)
+    subject = make_subject(cfg, CPU, torch.float32)
+    r = run_bench(subject, cfg, CPU, torch.float32, seqs=[16], modes=["train"], need_weights=False, baseline=False, min_time=0.01)
+    assert len(r.results[0].latency.samples) >= 5
+    assert any("math kernel" in f and "dropout 0.1" in f for f in r.findings())
+
+
 def test_cli_bench_json():
     res = runner.invoke(app, ["bench", "--d-model", "32", "--n-heads", "4", "--seq", "8,16", "--mode", "train",
                               "--need-weights", "--min-time", "0.01", "--json"])
