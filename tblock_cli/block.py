@@ -78,7 +78,14 @@ class Stack(nn.Module):
 
 
 def build_block(cfg: BlockConfig, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> nn.Module:
-    """A Block for one layer, a Stack for several, initialised from cfg.seed."""
+    """A Block for one layer, a Stack for several, initialised from cfg.seed.
+
+    Built on the CPU and moved, so a seed gives the same weights on every device; the meta device
+    (shapes without storage, for counting) is built in place.
+    """
     torch.manual_seed(cfg.seed)
-    module = Block(cfg) if cfg.layers == 1 and cfg.norm != "mixed" else Stack(cfg)
-    return module.to(device=device, dtype=dtype)
+    kind = Block if cfg.layers == 1 and cfg.norm != "mixed" else Stack
+    if torch.device(device).type == "meta":
+        with torch.device("meta"):
+            return kind(cfg).to(dtype=dtype)
+    return kind(cfg).to(device=device, dtype=dtype)

@@ -169,19 +169,12 @@ def params(
 
         if block is not None:  # its FLOPs are counted by running it once
             runtime.ensure_fits(runtime.estimate_bytes(cfg), dev, "params")
-        subject = make() if block is not None else _meta_free_subject(cfg, dev, dt)
+        subject = make() if block is not None else _counting_subject(cfg, dt)
         report = param_report(subject, cfg, dt, depth)
     from tblock_cli import render
 
     if json_:
-        data = {
-            "components": [{"name": c.name, "group": c.group, "params": c.params, "bytes": c.bytes, "flops_per_token": c.flops_per_token}
-                           for c in report.components],
-            "total": report.total, "total_bytes": report.total_bytes, "layers": report.layers, "groups": report.groups,
-            "ffn_share": report.ffn_share, "ffn_note": report.ffn_note, "flops": report.flops, "flops_source": report.flops_source,
-            "config": {**cfg.as_dict(), "block": block or "built-in"},
-        }
-        print(render.dumps(data))
+        print(render.dumps({**render.params_json(report), "config": {**cfg.as_dict(), "block": block or "built-in"}}))
     else:
         out.print(render.params_view(report))
 
@@ -329,11 +322,13 @@ def depth(
     raise typer.Exit(0 if ok else 1)
 
 
-def _meta_free_subject(cfg, dev, dt):
-    """The built-in block for counting: built on CPU (a gpt2-xl stack would not need the GPU for a count)."""
+def _counting_subject(cfg, dt):
+    """The built-in block on the meta device: shapes without storage, so counting gpt2-xl allocates nothing."""
+    import torch
+
     from tblock_cli.loading import builtin_subject
 
-    return builtin_subject(cfg, __import__("torch").device("cpu"), dt)
+    return builtin_subject(cfg, torch.device("meta"), dt)
 
 
 def main():

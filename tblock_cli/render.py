@@ -135,6 +135,15 @@ def params_view(report) -> Group:
     return Group(table, *lines)
 
 
+def params_json(report) -> dict:
+    return {
+        "components": [{"name": c.name, "group": c.group, "params": c.params, "bytes": c.bytes, "flops_per_token": c.flops_per_token}
+                       for c in report.components],
+        "total": report.total, "total_bytes": report.total_bytes, "layers": report.layers, "groups": report.groups,
+        "ffn_share": report.ffn_share, "ffn_note": report.ffn_note, "flops": report.flops, "flops_source": report.flops_source,
+    }
+
+
 def presets_view(presets: dict) -> Table:
     table = Table(title="presets (sources in tblock_cli/config.py)", box=box.SIMPLE_HEAVY, title_justify="left")
     keys = ("d_model", "n_heads", "d_ff", "layers", "norm", "activation", "eps", "causal")

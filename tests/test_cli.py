@@ -106,3 +106,28 @@ def test_non_number_flag_is_usage_error():
 def test_python_m_entry_point():
     r = subprocess.run([sys.executable, "-m", "tblock_cli", "--version"], capture_output=True, text=True)
     assert r.returncode == 0 and __version__ in r.stdout
+
+
+def test_cuda_index_beyond_the_devices_is_a_clear_error(monkeypatch):
+    from tblock_cli.errors import ConfigError
+    from tblock_cli.runtime import resolve_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    assert resolve_device("cuda:0") == torch.device("cuda", 0)
+    assert resolve_device("auto") == torch.device("cuda", 0)
+    with pytest.raises(ConfigError, match="has 1 CUDA device"):
+        resolve_device("cuda:7")
+
+
+def test_unsupported_dtype_on_device_is_a_config_error(monkeypatch):
+    from tblock_cli.errors import ConfigError
+    from tblock_cli import runtime
+
+    def broken(*a, **k):
+        raise RuntimeError('"addmm_impl_cpu_" not implemented for \'Half\'')
+
+    monkeypatch.setattr(torch.nn.functional, "layer_norm", broken)
+    with pytest.raises(ConfigError, match="does not run on cpu"):
+        runtime.resolve_dtype("float16", torch.device("cpu"))

@@ -159,3 +159,11 @@ def test_cli_json_and_presets():
     assert res.exit_code == 0 and "gpt2-medium" in res.stdout and "bert-large" in res.stdout
     res = runner.invoke(app, ["params", "--preset", "nope"])
     assert res.exit_code == 2 and "unknown preset" in res.stderr
+
+
+def test_large_presets_are_counted_without_allocating():
+    """gpt2-xl: 48 x (12 d^2 + 13 d) + 2 d with d = 1600, counted on the meta device."""
+    res = CliRunner().invoke(app, ["params", "--preset", "gpt2-xl", "--json"])
+    assert res.exit_code == 0, res.output
+    d = 1600
+    assert json.loads(res.stdout)["total"] == 48 * (12 * d * d + 13 * d) + 2 * d == 1_475_561_600
