@@ -88,6 +88,15 @@ def _say(kind: str, message: str) -> None:
     err.print(Text.assemble((f"{kind}: ", "bold red" if kind == "error" else "yellow"), message), soft_wrap=True)
 
 
+FLAGS = ("d_model", "n_heads", "d_ff", "dropout", "norm", "activation", "eps", "bias", "causal", "layers", "batch",
+         "seq", "dtype", "device", "seed")
+
+
+def _flags(values: dict, **override) -> dict:
+    """The shared block flags out of a command's arguments (its locals()), with overrides."""
+    return {**{k: values[k] for k in FLAGS if k in values}, **override}
+
+
 def _setup(preset, block, kwargs, *, allow_mixed=False, same_shape=True, **flags):
     """Flags -> validated config, device, dtype and the subject; warnings to stderr."""
     from tblock_cli.config import build_config
@@ -114,11 +123,7 @@ def check(
 ):
     """Run the diagnostic battery on a block. Exit 0 when nothing fails, 1 when a check fails or errors, 2 on bad input."""
     with user_errors():
-        cfg, dev, dt, make = _setup(
-            preset, block, kwargs, same_shape=False, d_model=d_model, n_heads=n_heads, d_ff=d_ff, dropout=dropout,
-            norm=norm, activation=activation, eps=eps, bias=bias, causal=causal, layers=layers, batch=batch, seq=seq,
-            dtype=dtype, device=device, seed=seed,
-        )
+        cfg, dev, dt, make = _setup(preset, block, kwargs, same_shape=False, **_flags(locals()))
         from tblock_cli import runtime
         from tblock_cli.checks import run_checks
 
@@ -159,11 +164,7 @@ def params(
             out.print(render.presets_view(PRESETS))
         raise typer.Exit(0)
     with user_errors():
-        cfg, dev, dt, make = _setup(
-            preset, block, kwargs, d_model=d_model, n_heads=n_heads, d_ff=d_ff, dropout=dropout, norm=norm,
-            activation=activation, eps=eps, bias=bias, causal=causal, layers=layers, batch=batch, seq=seq,
-            dtype=dtype, device=device, seed=seed,
-        )
+        cfg, dev, dt, make = _setup(preset, block, kwargs, **_flags(locals()))
         from tblock_cli import runtime
         from tblock_cli.params import param_report
 
@@ -219,11 +220,7 @@ def bench(
             raise ConfigError(f"--min-time must be > 0, got {min_time}")
         if plot is not None:
             _check_plot_target(plot)
-        cfg, dev, dt, make = _setup(
-            preset, block, kwargs, d_model=d_model, n_heads=n_heads, d_ff=d_ff, dropout=dropout, norm=norm,
-            activation=activation, eps=eps, bias=bias, causal=causal, layers=layers, batch=batch, seq=seqs[0],
-            dtype=dtype, device=device, seed=seed,
-        )
+        cfg, dev, dt, make = _setup(preset, block, kwargs, **_flags(locals(), seq=seqs[0]))
         from tblock_cli.bench import check_sizes, plan, run_bench
 
         modes = ["infer", "train"] if mode == "both" else [mode]
@@ -292,13 +289,10 @@ def depth(
         if plot is not None:
             _check_plot_target(plot)
         norms = ["pre", "post", "mixed"] if compare else [norm]
+        flags = _flags(locals(), final_norm=final_norm)
         configs = []
         for n in norms:
-            cfg, dev, dt, _ = _setup(
-                preset, None, None, allow_mixed=True, d_model=d_model, n_heads=n_heads, d_ff=d_ff, dropout=dropout,
-                norm=n, activation=activation, eps=eps, bias=bias, causal=causal, layers=layers, batch=batch, seq=seq,
-                dtype=dtype, device=device, seed=seed, final_norm=final_norm,
-            )
+            cfg, dev, dt, _ = _setup(preset, None, None, allow_mixed=True, **_flags(flags, norm=n))
             configs.append(cfg)
         from tblock_cli import runtime
         from tblock_cli.depth import run_depth
