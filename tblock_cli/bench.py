@@ -77,6 +77,7 @@ class BenchReport:
     heads: int
     dropout: float
     environment: dict
+    encoder_layers: bool = False  # the block contains nn.TransformerEncoderLayer (a fused path hooks switch off)
 
     def pair(self, mode: str, seq: int) -> tuple[BenchResult, BenchResult] | None:
         """(need_weights=False, need_weights=True) for one point, when both were measured."""
@@ -92,6 +93,9 @@ class BenchReport:
     def findings(self) -> list[str]:
         """Sentences computed from the measurements: where need_weights=False saves, and where not."""
         out = []
+        if any(r.need_weights is not None for r in self.results) and self.encoder_layers:
+            out.append("the pre-hook that forces need_weights keeps nn.TransformerEncoderLayer off its fused encoder-layer "
+                       "path (it falls back to nn.MultiheadAttention's own path); without --need-weights it runs the fused path")
         math = sorted({r.seq for r in self.results if r.mode == "train" and r.target == "block" and r.need_weights is not True
                        and "SDPA math" in r.attention_kernel})
         if math and self.dropout > 0 and self.environment["device"] == "cpu":
@@ -122,22 +126,28 @@ class BenchReport:
 
 @contextmanager
 def forced_need_weights(module: nn.Module, value: bool | None):
-    """Every nn.MultiheadAttention inside is called with need_weights=value (None: untouched)."""
+    """Every nn.MultiheadAttention inside is called with need_weights=value (None: untouched).
+
+    Yields a list that grows by one per hooked call, so a caller can tell when no MHA forward ran
+    (a fused path that bypasses the module would make the forcing a no-op).
+    """
+    calls: list[str] = []
     if value is None:
-        yield
+        yield calls
         return
     mhas = anatomy.attention_modules(module)
     if not mhas:
         raise ConfigError("--need-weights needs an nn.MultiheadAttention inside the block: need_weights is its option")
 
     def hook(mha, args, kwargs):
+        calls.append(type(mha).__name__)
         bound = inspect.signature(mha.forward).bind(*args, **kwargs)
         bound.arguments["need_weights"] = value
         return bound.args, bound.kwargs
 
     handles = [m.register_forward_pre_hook(hook, with_kwargs=True) for _, m in mhas]
     try:
-        yield
+        yield calls
     finally:
         for h in handles:
             h.remove()
@@ -241,10 +251,12 @@ def run_bench(subject: Subject, cfg: BlockConfig, device: torch.device, dtype: t
         was = module.training
         module.train(mode == "train")
         try:
-            with forced_need_weights(module, nw):
+            with forced_need_weights(module, nw) as hooked:
                 fn = step_fn(call, module, x, mode)
                 latency = time_call(fn, min_time)
                 prof = profile_call(fn, device)
+            if nw is not None and not hooked:
+                raise ConfigError(f"--need-weights: no nn.MultiheadAttention forward ran in {subject.name}; a fused path bypassed it")
         finally:
             module.zero_grad(set_to_none=True)
             module.train(was)
@@ -260,4 +272,5 @@ def run_bench(subject: Subject, cfg: BlockConfig, device: torch.device, dtype: t
                                    flops, cfg.batch * seq))
     item = torch.empty((), dtype=dtype).element_size()
     sizes = {s: {"weights_returned": cfg.batch * s * s * item, "matrix_per_head": cfg.batch * cfg.n_heads * s * s * item} for s in seqs}
-    return BenchReport(subject.name, tuple(results), sizes, cfg.batch, cfg.n_heads, cfg.dropout, runtime.environment(device, dtype))
+    has_tel = any(isinstance(m, nn.TransformerEncoderLayer) for m in subject.module.modules())
+    return BenchReport(subject.name, tuple(results), sizes, cfg.batch, cfg.n_heads, cfg.dropout, runtime.environment(device, dtype), has_tel)

@@ -80,6 +80,20 @@ def test_forced_need_weights_reaches_every_mha(spec):
     assert _seen_need_weights(subject.module, x) == [spec == "NeedWeightsOn"] * len(seen)  # hooks removed
 
 
+def test_hooks_switch_the_encoder_layer_off_its_fused_path_and_say_so():
+    cfg = build_config(d_model=32, n_heads=4, seq=16)
+    subject = make_subject(cfg, CPU, torch.float32, "torch.nn:TransformerEncoderLayer")
+    x = torch.randn(2, 16, 32)
+    subject.module.eval()
+    fn = step_fn(subject, subject.module, x, "infer")
+    assert profiling.attention_kernel(profiling.profile_call(fn, CPU).ops)[0] == "TEL fastpath bmm+softmax"
+    with forced_need_weights(subject.module, False) as hooked:
+        kernel = profiling.attention_kernel(profiling.profile_call(fn, CPU).ops)[0]
+    assert kernel == "fastpath bmm+softmax" and hooked == ["MultiheadAttention"]
+    r = run_bench(subject, cfg, CPU, torch.float32, seqs=[16], modes=["infer"], need_weights=True, baseline=False, min_time=0.01)
+    assert any("off its fused encoder-layer path" in f for f in r.findings())
+
+
 def test_need_weights_on_a_block_without_mha_is_a_clear_error():
     cfg = build_config(d_model=32, n_heads=4)
     subject = make_subject(cfg, CPU, torch.float32, zoo_spec("LlamaBlock"))
