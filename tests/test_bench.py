@@ -196,3 +196,12 @@ def test_memory_estimate_grows_quadratically_with_seq():
     cfg = build_config(d_model=64, n_heads=4, batch=1)
     a, b = runtime.estimate_bytes(cfg, seq=4096), runtime.estimate_bytes(cfg, seq=8192)
     assert 3.5 < b / a < 4.1
+
+
+def test_plot_without_matplotlib_is_a_clear_error(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else real(name, *a))
+    res = runner.invoke(app, ["bench", "--seq", "8", "--plot", "x.png"])
+    assert res.exit_code == 2 and "pip install 'tblock[plot]'" in res.stderr

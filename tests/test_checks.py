@@ -5,7 +5,7 @@ import torch
 
 import zoo
 from conftest import zoo_spec
-from tblock_cli.checks import CHECK_NAMES, Status, run_checks
+from tblock_cli.checks import CHECK_NAMES, CheckReport, Status, run_checks
 from tblock_cli.config import build_config
 from tblock_cli.loading import make_subject
 
@@ -62,6 +62,15 @@ def test_planted_bug_is_caught(name):
     report, by = battery(name, **flags)
     assert by[check].status == Status.FAIL, by[check]
     assert not report.ok
+
+
+@pytest.mark.parametrize("name", sorted(zoo.WARNED))
+def test_warned_bug_is_a_warning_and_fails_under_strict(name):
+    check = zoo.WARNED[name]
+    report, by = battery(name)
+    assert by[check].status == Status.WARN, by[check]
+    assert [c.name for c in report.checks if c.status != Status.PASS and c.status != Status.SKIP] == [check]
+    assert report.ok and not CheckReport(report.checks, strict=True).ok
 
 
 def test_need_weights_left_on_warns_with_the_bytes():

@@ -267,6 +267,24 @@ class SoftmaxOverQueries(LlamaBlock):
         return self.o_proj((w @ v).transpose(1, 2).reshape(B, T, C))
 
 
+class PrecisionLoss(Good):
+    """Adds and removes a large offset: exact in float64, ~1e-3 absolute error in float32."""
+
+    def forward(self, x, pad_mask=None):
+        return (super().forward(x, pad_mask) + 1e4) - 1e4  # bug: catastrophic cancellation
+
+
+class ExtraParams(Good):
+    """A learned position table (512 x d) outside attention, FFN and norms: the FFN share is off."""
+
+    def __init__(self, d_model=64, *a, **k):
+        super().__init__(d_model, *a, **k)
+        self.pos = nn.Parameter(torch.randn(512, d_model) * 0.02)
+
+    def forward(self, x, pad_mask=None):
+        return super().forward(x + self.pos[: x.shape[1]], pad_mask)
+
+
 class NoPadKeyword(nn.Module):
     """Correct, but its forward takes no padding mask: the padding check must skip, not fail."""
 
@@ -323,7 +341,9 @@ PLANTED = {
     "NotCausal": ("causal", {"causal": True}),
     "CausalOffByOne": ("causal", {"causal": True}),
     "SoftmaxOverQueries": ("causal", {"causal": True}),
+    "PrecisionLoss": ("dtype", {}),
 }
-# need_weights left on is a warning (issue #2), a failure only under --strict.
-WARNED = {"NeedWeightsOn": "need_weights"}
+# Warnings, failures only under --strict: need_weights left on (issue #2 asks for a warning), and
+# parameters outside attention, FFN and norms (not wrong in itself, but the 2/3 rule no longer reads).
+WARNED = {"NeedWeightsOn": "need_weights", "ExtraParams": "ffn_share"}
 CORRECT = {"Good": {}, "LlamaBlock": {"causal": True}, "TorchPreLN": {}, "TorchPostLN": {}, "NoPadKeyword": {}}
