@@ -166,6 +166,8 @@ def constructor_kwargs(factory: Callable, cfg: BlockConfig) -> tuple[dict, bool]
     values = {"d_model": cfg.d_model, "n_heads": cfg.n_heads, "d_ff": cfg.ffn_dim, "dropout": cfg.dropout, "causal": cfg.causal}
     kwargs = {}
     for canonical, names in ALIASES.items():
+        if canonical == "causal" and not cfg.causal:
+            continue  # without --causal the block keeps its own default (a causal-by-default block stays causal)
         named = next((n for n in names if n in params), None)
         if named is not None:
             kwargs[named] = values[canonical]

@@ -147,3 +147,11 @@ def test_a_raising_check_becomes_error_and_others_run():
     by = {c.name: c for c in run_checks(subject, cfg, CPU, torch.float32).checks}
     assert by["padding"].status == Status.ERROR and "mask path broken" in by["padding"].detail
     assert by["determinism"].status == Status.PASS
+
+
+def test_causal_skip_still_says_what_the_block_does():
+    _, llama = battery("LlamaBlock")  # causal by its own default; no --causal given
+    _, builtin = battery()
+    assert llama["causal"].status == builtin["causal"].status == Status.SKIP
+    assert "ignore later positions" in llama["causal"].detail
+    assert "depend on later positions" in builtin["causal"].detail
