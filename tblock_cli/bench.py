@@ -201,16 +201,16 @@ class TorchBaseline(nn.Module):
         return self.final_ln(x) if self.final_ln is not None else x
 
 
-def flops_for(subject: Subject, cfg: BlockConfig, dtype: torch.dtype, seq: int, mode: str) -> int | None:
+def flops_at(subject: Subject, cfg: BlockConfig, dtype: torch.dtype, seq: int) -> dict:
+    """{"forward": ..., "train_step": ...} per call at this seq: analytic, or counted for a user block."""
     from dataclasses import replace
 
     from tblock_cli.params import param_report
 
     try:
-        report = param_report(subject, replace(cfg, seq=seq), dtype)
+        return param_report(subject, replace(cfg, seq=seq), dtype).flops
     except Exception:  # noqa: BLE001 - FLOPs are a bonus; latency and memory still stand
-        return None
-    return report.flops["forward" if mode == "infer" else "train_step"]
+        return {}
 
 
 def plan(cfg: BlockConfig, seqs: list[int], modes: list[str], need_weights: bool, baseline: bool) -> list[tuple]:
@@ -261,13 +261,9 @@ def run_bench(subject: Subject, cfg: BlockConfig, device: torch.device, dtype: t
             module.zero_grad(set_to_none=True)
             module.train(was)
         kernel, materialises = attention_kernel(prof.ops)
-        if target == "block":
-            key = (seq, mode)
-            if key not in flops_cache:
-                flops_cache[key] = flops_for(subject, cfg, dtype, seq, mode)
-            flops = flops_cache[key]
-        else:
-            flops = flops_cache.get((seq, mode))
+        if seq not in flops_cache:
+            flops_cache[seq] = flops_at(subject, cfg, dtype, seq)
+        flops = flops_cache[seq].get("forward" if mode == "infer" else "train_step")
         results.append(BenchResult(mode, seq, nw, target, latency, prof.peak_bytes, prof.source, kernel, materialises,
                                    flops, cfg.batch * seq))
     item = torch.empty((), dtype=dtype).element_size()

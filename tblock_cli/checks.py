@@ -15,6 +15,7 @@ import torch.nn as nn
 from tblock_cli import anatomy
 from tblock_cli.config import BlockConfig
 from tblock_cli.loading import Subject, one_line
+from tblock_cli.units import fmt_bytes
 
 # Largest |difference| between two computations that should agree, relative to max(1, |reference|).
 # float32 sums of a few hundred products carry ~1e-6 relative error; 1e-5 leaves a margin and is
@@ -82,6 +83,7 @@ class Context:
     dtype: torch.dtype
     gen: torch.Generator = field(init=False)
     shape_ok: bool = True
+    backward: tuple | None = None  # (x.grad, {name: grad}) of one train-mode backward, once computed
 
     def __post_init__(self):
         self.gen = torch.Generator().manual_seed(self.cfg.seed)
@@ -135,14 +137,6 @@ def input_grad(ctx: Context, x: torch.Tensor, loss_of: Callable, train: bool = T
     return g
 
 
-def _fmt_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
-        n /= 1024
-    return f"{n} B"
-
-
 # --------------------------------------------------------------------------- the checks
 
 
@@ -154,7 +148,7 @@ def check_shape(ctx: Context) -> CheckResult:
     out = eval_forward(ctx, x)
     ctx.shape_ok = out.shape == x.shape
     if ctx.shape_ok:
-        return CheckResult("shape", Status.PASS, list(out.shape), f"output keeps the input's shape (B, T, d)")
+        return CheckResult("shape", Status.PASS, list(out.shape), "output keeps the input's shape (B, T, d)")
     return CheckResult("shape", Status.FAIL, list(out.shape), f"input {tuple(x.shape)} came out as {tuple(out.shape)}")
 
 
@@ -194,7 +188,16 @@ def _nonfinite_kind(t: torch.Tensor) -> str:
 
 
 def _train_backward(ctx: Context) -> tuple[torch.Tensor | None, dict[str, torch.Tensor | None]]:
-    """One train-mode backward of a random projection of the output; grads of x and of each parameter."""
+    """One train-mode backward of a random projection of the output; grads of x and of each parameter.
+
+    Computed once and shared by grad_input and grad_params.
+    """
+    if ctx.backward is None:
+        ctx.backward = _run_train_backward(ctx)
+    return ctx.backward
+
+
+def _run_train_backward(ctx: Context) -> tuple[torch.Tensor | None, dict[str, torch.Tensor | None]]:
     module = ctx.subject.module
     x = ctx.x().requires_grad_(True)
     saved = {n: p.grad for n, p in module.named_parameters()}
@@ -442,7 +445,7 @@ def check_need_weights(ctx: Context) -> CheckResult:
         wasted = sum(b for _, b in on)
         names = ", ".join(sorted({n or "(root)" for n, _ in on}))
         return CheckResult("need_weights", Status.WARN, wasted,
-                           f"{names} called with need_weights=True: {_fmt_bytes(wasted)} of attention weights computed and thrown away per forward; pass need_weights=False")
+                           f"{names} called with need_weights=True: {fmt_bytes(wasted)} of attention weights computed and thrown away per forward; pass need_weights=False")
     return CheckResult("need_weights", Status.PASS, 0, f"{len(calls)} nn.MultiheadAttention call(s), all need_weights=False")
 
 

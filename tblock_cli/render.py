@@ -12,6 +12,8 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from tblock_cli.units import fmt_bytes
+
 STATUS_STYLE = {"pass": "green", "warn": "yellow", "fail": "bold red", "skip": "dim", "error": "bold magenta"}
 
 
@@ -48,17 +50,6 @@ def fmt_value(v) -> str:
     if isinstance(v, list):
         return "(" + ", ".join(map(str, v)) + ")"
     return str(v)
-
-
-def fmt_bytes(n: float | None) -> str:
-    if n is None:
-        return "-"
-    sign, n = ("-" if n < 0 else ""), abs(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{sign}{n:,.0f} {unit}" if unit == "B" else f"{sign}{n:,.1f} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
 
 
 def fmt_count(n: float) -> str:

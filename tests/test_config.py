@@ -48,7 +48,7 @@ def test_explicit_flags_override_preset():
 
 
 def test_presets_are_valid_and_use_four_times_d_ff():
-    for name, values in PRESETS.items():
+    for name in PRESETS:
         cfg = build_config(name)
         assert cfg.ffn_dim == 4 * cfg.d_model, name
         assert cfg.d_model % cfg.n_heads == 0, name

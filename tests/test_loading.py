@@ -7,7 +7,6 @@ from typer.testing import CliRunner
 from conftest import TESTS, zoo_spec
 from tblock_cli.cli import app
 from tblock_cli.config import build_config
-from tblock_cli.errors import LoadError
 from tblock_cli.loading import constructor_kwargs, make_subject
 
 CPU = torch.device("cpu")
