@@ -13,7 +13,7 @@ import torch.nn as nn
 
 from tblock_cli import anatomy, runtime
 from tblock_cli.config import BlockConfig
-from tblock_cli.errors import ConfigError
+from tblock_cli.errors import ConfigError, reraise_as_measure_error
 from tblock_cli.loading import Subject
 from tblock_cli.profiling import attention_kernel, profile_call
 
@@ -213,6 +213,10 @@ def flops_at(subject: Subject, cfg: BlockConfig, dtype: torch.dtype, seq: int) -
         return {}
 
 
+def call_name(target: str, subject: Subject) -> str:
+    return "nn.TransformerEncoderLayer baseline" if target == "torch" else subject.name
+
+
 def plan(cfg: BlockConfig, seqs: list[int], modes: list[str], need_weights: bool, baseline: bool) -> list[tuple]:
     points = []
     for mode in modes:
@@ -253,8 +257,11 @@ def run_bench(subject: Subject, cfg: BlockConfig, device: torch.device, dtype: t
         try:
             with forced_need_weights(module, nw) as hooked:
                 fn = step_fn(call, module, x, mode)
-                latency = time_call(fn, min_time)
-                prof = profile_call(fn, device)
+                try:
+                    latency = time_call(fn, min_time)
+                    prof = profile_call(fn, device)
+                except Exception as e:  # noqa: BLE001 - the block under test raised
+                    reraise_as_measure_error(e, f"{call_name(target, subject)} raised in {mode} mode at seq {seq}")
             if nw is not None and not hooked:
                 raise ConfigError(f"--need-weights: no nn.MultiheadAttention forward ran in {subject.name}; a fused path bypassed it")
         finally:

@@ -325,4 +325,8 @@ def _counting_subject(cfg, dt):
 
 
 def main():
-    app()
+    try:
+        app()
+    except KeyboardInterrupt:
+        err.print("interrupted")
+        raise SystemExit(130) from None

@@ -11,6 +11,7 @@ import torch.nn as nn
 
 from tblock_cli.checks import residual_gain
 from tblock_cli.config import BlockConfig
+from tblock_cli.errors import reraise_as_measure_error
 
 # A Post-LN layer ends in LayerNorm: at the default affine init (weight 1, bias 0) every output
 # token has mean 0 and (biased) std sqrt(var / (var + eps)) ~ 1. A Pre-LN layer's output is x + f(...),
@@ -161,6 +162,9 @@ def run_depth(cfg: BlockConfig, device: torch.device, dtype: torch.dtype, *, spe
         def final_norm(last_placement):  # same rule as the built-in Stack: only after a Pre-LN layer
             return ln if cfg.final_norm and last_placement == "pre" else None
     x = torch.randn(cfg.batch, cfg.seq, cfg.d_model, generator=gen).to(device=device, dtype=dtype)
-    stats, applied, final_rms, input_rms = measure_stack(layers, blocks, x, final_norm, gen)
+    try:
+        stats, applied, final_rms, input_rms = measure_stack(layers, blocks, x, final_norm, gen)
+    except Exception as e:  # noqa: BLE001 - the block under test raised
+        reraise_as_measure_error(e, f"{name} raised during the forward/backward")
     return DepthReport(name, cfg.norm if spec is None else "user", tuple(stats), applied, final_rms, input_rms,
                        tuple(findings(stats, applied, final_rms, input_rms)), strict)

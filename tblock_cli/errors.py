@@ -17,3 +17,17 @@ class ResourceError(TBlockError):
 
 class LoadError(TBlockError):
     """A --block SPEC that cannot be imported, built or called."""
+
+
+class MeasureError(TBlockError):
+    """The block raised while being measured (bench, depth, params of a user block): a failure, exit 1."""
+
+    exit_code = 1
+
+
+def reraise_as_measure_error(e: Exception, what: str) -> None:
+    """Turn an exception from the user's block into a MeasureError; out-of-memory passes through."""
+    if isinstance(e, (TBlockError, MemoryError)) or "out of memory" in str(e).lower():
+        raise e
+    text = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    raise MeasureError(f"{what}: {type(e).__name__}" + (f": {text}" if text else "")) from e

@@ -11,6 +11,7 @@ import torch.nn as nn
 from tblock_cli import anatomy
 from tblock_cli.block import Block, Stack
 from tblock_cli.config import BlockConfig
+from tblock_cli.errors import reraise_as_measure_error
 from tblock_cli.loading import Subject
 
 # A backward pass costs two matmuls per forward matmul (one for the input's gradient, one for the
@@ -160,7 +161,10 @@ def user_report(subject: Subject, cfg: BlockConfig, dtype: torch.dtype, depth: i
     item = torch.empty((), dtype=dtype).element_size()
     x = torch.randn(cfg.batch, cfg.seq, cfg.d_model, generator=torch.Generator().manual_seed(cfg.seed)).to(
         device=next(module.parameters(), torch.empty(0)).device, dtype=dtype)
-    per_module, forward, step = counted_flops(subject, x)
+    try:
+        per_module, forward, step = counted_flops(subject, x)
+    except Exception as e:  # noqa: BLE001 - the block under test raised
+        reraise_as_measure_error(e, f"{subject.name} raised while its FLOPs were counted")
     root_key = type(module).__name__
     groups_of = anatomy.classify(module)
     tokens = cfg.batch * cfg.seq

@@ -89,3 +89,13 @@ def test_example_file_runs():
     spec = f"{TESTS.parent / 'examples' / 'my_block.py'}:MyBlock"
     res = runner.invoke(app, ["check", "--block", spec, "--d-model", "64", "--n-heads", "4", "--causal"])
     assert res.exit_code == 0, res.output
+
+
+def test_a_block_raising_while_measured_is_one_line_exit_one():
+    spec = zoo_spec("FailsWithGrad")
+    for args in (["bench", "--seq", "8", "--min-time", "0.01", "--mode", "train"], ["depth", "--layers", "2"]):
+        res = runner.invoke(app, [*args, "--block", spec, *SMALL])
+        assert res.exit_code == 1, res.output
+        assert "grad path broken" in res.stderr and "Traceback" not in res.output
+    res = runner.invoke(app, ["check", "--block", spec, *SMALL, "--json"])
+    assert res.exit_code == 1  # the battery reports it as errors, the other checks still run

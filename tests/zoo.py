@@ -306,6 +306,15 @@ class BrokenForward(Good):
         raise RuntimeError("boom")
 
 
+class FailsWithGrad(Good):
+    """Loads fine (the probe runs under no_grad) but raises when autograd records: a measuring failure."""
+
+    def forward(self, x, pad_mask=None):
+        if torch.is_grad_enabled():
+            raise RuntimeError("grad path broken")
+        return super().forward(x, pad_mask)
+
+
 def factory_raises(d_model=64):
     raise ValueError("bad width")
 
