@@ -14,7 +14,7 @@ from tblock_cli.errors import TBlockError
 
 app = typer.Typer(
     name="tblock",
-    help="Diagnostics for Transformer blocks: is it correct (check), how big is it (params), what does it cost (bench)?",
+    help="Diagnostics for Transformer blocks: is it correct (check), how big is it (params), what does it cost (bench), how does it stack (depth)?",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
