@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 import statistics
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -141,7 +140,7 @@ def forced_need_weights(module: nn.Module, value: bool | None):
 
     def hook(mha, args, kwargs):
         calls.append(type(mha).__name__)
-        bound = inspect.signature(mha.forward).bind(*args, **kwargs)
+        bound = anatomy.mha_call_arguments(mha, args, kwargs)
         bound.arguments["need_weights"] = value
         return bound.args, bound.kwargs
 

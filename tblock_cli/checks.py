@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 import enum
-import inspect
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable
@@ -403,23 +402,6 @@ def check_input_unchanged(ctx: Context) -> CheckResult:
     return CheckResult("input_unchanged", Status.PASS, 0.0, "caller's tensor unchanged by eval and train forwards")
 
 
-def mha_call_arguments(mha: nn.MultiheadAttention, args: tuple, kwargs: dict) -> inspect.BoundArguments:
-    bound = inspect.signature(mha.forward).bind(*args, **kwargs)
-    bound.apply_defaults()
-    return bound
-
-
-def attention_weights_bytes(mha: nn.MultiheadAttention, bound: inspect.BoundArguments) -> int:
-    """Bytes of the attention weights one call returns: (B, L, S), or (B, H, L, S) unaveraged."""
-    q, k = bound.arguments["query"], bound.arguments["key"]
-    batched = q.dim() == 3
-    B = (q.shape[0] if mha.batch_first else q.shape[1]) if batched else 1
-    L = q.shape[-2] if (mha.batch_first or not batched) else q.shape[0]
-    S = k.shape[-2] if (mha.batch_first or not batched) else k.shape[0]
-    heads = 1 if bound.arguments["average_attn_weights"] else mha.num_heads
-    return B * heads * L * S * q.element_size()
-
-
 def check_need_weights(ctx: Context) -> CheckResult:
     mhas = anatomy.attention_modules(ctx.subject.module)
     if not mhas:
@@ -428,8 +410,8 @@ def check_need_weights(ctx: Context) -> CheckResult:
 
     def recorder(name):
         def hook(mha, args, kwargs):
-            bound = mha_call_arguments(mha, args, kwargs)
-            calls.append((name, bool(bound.arguments["need_weights"]), attention_weights_bytes(mha, bound)))
+            bound = anatomy.mha_call_arguments(mha, args, kwargs)
+            calls.append((name, bool(bound.arguments["need_weights"]), anatomy.attention_weights_bytes(mha, bound)))
         return hook
 
     hooks = [m.register_forward_pre_hook(recorder(n), with_kwargs=True) for n, m in mhas]

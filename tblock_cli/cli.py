@@ -96,10 +96,23 @@ def _flags(values: dict, **override) -> dict:
     return {**{k: values[k] for k in FLAGS if k in values}, **override}
 
 
+# Flags that shape only the built-in block: a user block gets d_model, n_heads, d_ff, dropout and
+# causal through its constructor's signature, and anything else through --kwargs.
+BUILTIN_ONLY = ("norm", "activation", "eps", "bias")
+
+
+def _warn_builtin_only(block, flags: dict, *, layers_apply: bool = False) -> None:
+    given = [k for k in BUILTIN_ONLY + (() if layers_apply else ("layers",)) if flags.get(k) is not None]
+    if block is not None and given:
+        names = ", ".join("--" + k.replace("_", "-") for k in given)
+        _say("warning", f"{names} shape(s) only the built-in block; {block} is built from its own code (pass its arguments with --kwargs)")
+
+
 def _setup(preset, block, kwargs, *, allow_mixed=False, same_shape=True, **flags):
     """Flags -> validated config, device, dtype and the subject; warnings to stderr."""
     from tblock_cli.config import build_config
 
+    _warn_builtin_only(block, flags)
     cfg = build_config(preset, allow_mixed=allow_mixed, **flags)
     for w in cfg.warnings:
         _say("warning", w)
@@ -289,6 +302,7 @@ def depth(
             _check_plot_target(plot)
         norms = ["pre", "post", "mixed"] if compare else [norm]
         flags = _flags(locals(), final_norm=final_norm)
+        _warn_builtin_only(block, flags, layers_apply=True)
         configs = []
         for n in norms:
             cfg, dev, dt, _ = _setup(preset, None, None, allow_mixed=True, **_flags(flags, norm=n))

@@ -99,3 +99,11 @@ def test_a_block_raising_while_measured_is_one_line_exit_one():
         assert "grad path broken" in res.stderr and "Traceback" not in res.output
     res = runner.invoke(app, ["check", "--block", spec, *SMALL, "--json"])
     assert res.exit_code == 1  # the battery reports it as errors, the other checks still run
+
+
+def test_builtin_only_flags_are_warned_with_a_user_block():
+    res = runner.invoke(app, ["params", "--block", "torch.nn:TransformerEncoderLayer", *SMALL, "--norm", "post", "--layers", "3"])
+    assert res.exit_code == 0
+    assert "warning: --norm, --layers shape(s) only the built-in block" in res.stderr
+    res = runner.invoke(app, ["params", "--block", "torch.nn:TransformerEncoderLayer", *SMALL])
+    assert "warning" not in res.stderr
