@@ -167,3 +167,11 @@ def test_large_presets_are_counted_without_allocating():
     assert res.exit_code == 0, res.output
     d = 1600
     assert json.loads(res.stdout)["total"] == 48 * (12 * d * d + 13 * d) + 2 * d == 1_475_561_600
+
+
+def test_user_block_without_ffn_omits_the_share():
+    _, _, r = report_for(spec=zoo_spec("AttentionOnly"), d_model=32, n_heads=4)
+    assert r.ffn_share is None and "FFN share omitted" in r.ffn_note
+    assert r.groups["attention"] == 4 * 32 * 32 + 4 * 32 and r.groups["norm"] == 64
+    res = CliRunner().invoke(app, ["params", "--block", zoo_spec("AttentionOnly"), "--d-model", "32", "--n-heads", "4", "--json"])
+    assert res.exit_code == 0 and json.loads(res.stdout)["ffn_share"] is None

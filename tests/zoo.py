@@ -315,6 +315,19 @@ class FailsWithGrad(Good):
         return super().forward(x, pad_mask)
 
 
+class AttentionOnly(nn.Module):
+    """A residual attention layer and no FFN: params must omit the FFN share, with a note."""
+
+    def __init__(self, d_model=64, n_heads=4):
+        super().__init__()
+        self.norm = nn.LayerNorm(d_model)
+        self.attn = nn.MultiheadAttention(d_model, n_heads, batch_first=True)
+
+    def forward(self, x, key_padding_mask=None):
+        h = self.norm(x)
+        return x + self.attn(h, h, h, key_padding_mask=key_padding_mask, need_weights=False)[0]
+
+
 def factory_raises(d_model=64):
     raise ValueError("bad width")
 
