@@ -110,9 +110,14 @@ def mode(module: nn.Module, train: bool):
         module.train(was)
 
 
+def f64(t: torch.Tensor) -> torch.Tensor:
+    """A float64 copy on the CPU, where every comparison is made (MPS has no float64)."""
+    return t.detach().to(device="cpu", dtype=torch.float64)
+
+
 def rel_diff(a: torch.Tensor, ref: torch.Tensor) -> float:
     """max|a - ref| / max(1, max|ref|), in float64; inf if either is not finite."""
-    a, ref = a.double(), ref.double()
+    a, ref = f64(a), f64(ref)
     if not (torch.isfinite(a).all() and torch.isfinite(ref).all()):
         return float("inf")
     scale = max(1.0, ref.abs().max().item()) if ref.numel() else 1.0
@@ -222,7 +227,7 @@ def check_grad_input(ctx: Context) -> CheckResult:
         return CheckResult("grad_input", Status.FAIL, None, "no gradient reaches x: the output is cut off from the input (detach? no_grad?)")
     if not torch.isfinite(g).all():
         return CheckResult("grad_input", Status.FAIL, _nonfinite_kind(g), "the gradient at x is not finite")
-    norm = g.double().norm().item()
+    norm = f64(g).norm().item()
     if norm == 0:
         return CheckResult("grad_input", Status.FAIL, 0.0, "the gradient at x is exactly zero")
     return CheckResult("grad_input", Status.PASS, norm, "a loss's gradient reaches x: finite, non-zero (value: its norm)")
@@ -258,7 +263,7 @@ def residual_gain(f: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, ge
             (g,) = torch.autograd.grad(out, x, v, retain_graph=k < probes - 1, allow_unused=True)
             if g is None:
                 return 0.0
-            total += (v.double() * g.double()).sum().item()
+            total += (f64(v) * f64(g)).sum().item()
     return total / probes / x.numel()
 
 
@@ -303,7 +308,7 @@ def check_batch(ctx: Context) -> CheckResult:
     # Train mode too (dropout, batch statistics): sample 0's output must not depend on the others.
     g = input_grad(ctx, x, lambda out: (out[0].float() * ctx.x(1)[0].float()).sum())
     if g is not None and g[1:].any():
-        leak = g[1:].double().abs().max().item()
+        leak = f64(g[1:]).abs().max().item()
         return CheckResult("batch", Status.FAIL, leak, f"in train mode sample 0's output has gradient {leak:.2e} w.r.t. other samples: samples leak")
     return CheckResult("batch", Status.PASS, worst, f"a sample alone = its output in the batch (max rel. diff {worst:.1e}); no cross-sample gradient")
 
@@ -329,7 +334,7 @@ def check_padding(ctx: Context) -> CheckResult:
         return CheckResult("padding", Status.FAIL, diff, f"changing padded inputs moved unpadded outputs by {diff:.2e}: the mask is ignored or inverted; {full}")
     g = input_grad(ctx, x, lambda out: (out[keep].float() * ctx.randn(int(keep.sum()), ctx.cfg.d_model).float()).sum(), pad_mask=mask)
     if g is not None and g[mask].any():
-        return CheckResult("padding", Status.FAIL, g[mask].double().abs().max().item(),
+        return CheckResult("padding", Status.FAIL, f64(g[mask]).abs().max().item(),
                            f"in train mode unpadded outputs have a gradient w.r.t. padded inputs; {full}")
     return CheckResult("padding", Status.PASS, diff, f"padded inputs reach no unpadded output; {full}")
 
@@ -372,7 +377,7 @@ def check_causal(ctx: Context) -> CheckResult:
     t = T // 2
     g = input_grad(ctx, x, lambda o: (o[:, : t + 1].float() * ctx.randn(x.shape[0], t + 1, ctx.cfg.d_model).float()).sum())
     if g is not None and g[:, t + 1 :].any():
-        return CheckResult("causal", Status.FAIL, g[:, t + 1 :].double().abs().max().item(),
+        return CheckResult("causal", Status.FAIL, f64(g[:, t + 1 :]).abs().max().item(),
                            f"in train mode outputs up to t={t} have a gradient w.r.t. later positions: the future leaks")
     return CheckResult("causal", Status.PASS, worst, "outputs up to t ignore inputs after t (values and gradients)")
 
@@ -444,7 +449,7 @@ def check_dtype(ctx: Context) -> CheckResult:
     name = str(ctx.dtype).replace("torch.", "")
     if not torch.isfinite(out).all():
         return CheckResult("dtype", Status.FAIL, None, f"{name} output is not finite where float64 is" if torch.isfinite(ref).all() else "not finite in float64 either")
-    err = ((out.double().to(ref_device) - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+    err = ((f64(out) - f64(ref)).norm() / f64(ref).norm().clamp_min(1e-30)).item()
     limit = DTYPE_TOLERANCE[ctx.dtype]
     if err > limit:
         return CheckResult("dtype", Status.FAIL, err, f"{name} differs from a float64 copy by relative RMS {err:.2e} > {limit:g}")

@@ -9,7 +9,7 @@ from typing import Callable
 import torch
 import torch.nn as nn
 
-from tblock_cli.checks import residual_gain
+from tblock_cli.checks import f64, residual_gain
 from tblock_cli.config import BlockConfig
 from tblock_cli.errors import reraise_as_measure_error
 
@@ -56,14 +56,14 @@ class DepthReport:
 
 def detect_placement(out: torch.Tensor) -> tuple[str, float, float]:
     """post when every output token is normalised (mean ~ 0, std ~ 1), else pre."""
-    o = out.detach().double()
+    o = f64(out)
     mean = o.mean(-1).abs().mean().item()
     std_dev = (o.std(-1, unbiased=False) - 1).abs().max().item()
     return ("post" if mean < POST_MEAN_MAX and std_dev < POST_STD_DEV_MAX else "pre"), mean, std_dev
 
 
 def token_rms(t: torch.Tensor) -> float:
-    return t.detach().double().pow(2).mean(-1).sqrt().mean().item()
+    return f64(t).pow(2).mean(-1).sqrt().mean().item()
 
 
 def measure_stack(layers: list[Callable[[torch.Tensor], torch.Tensor]], modules: list[nn.Module], x: torch.Tensor,
@@ -93,10 +93,10 @@ def measure_stack(layers: list[Callable[[torch.Tensor], torch.Tensor]], modules:
         loss.backward()
     stats = []
     for i, (layer, module) in enumerate(zip(layers, modules)):
-        grads = [p.grad.double().pow(2).sum() for p in module.parameters() if p.grad is not None]
+        grads = [f64(p.grad).pow(2).sum() for p in module.parameters() if p.grad is not None]
         gain = residual_gain(layer, ins[i].detach(), gen)
         placement, mean, std_dev = placements[i]
-        stats.append(LayerStats(i, placement, token_rms(outs[i]), ins[i].grad.double().norm().item(),
+        stats.append(LayerStats(i, placement, token_rms(outs[i]), f64(ins[i].grad).norm().item(),
                                 math.sqrt(sum(g.item() for g in grads)), gain, mean, std_dev))
     final_rms = token_rms(y) if final is not None else None
     for m in modules:
