@@ -55,6 +55,14 @@ def group_counts(module: nn.Module) -> dict[str, int]:
     return counts
 
 
+def predicted_ffn_share(mats: dict[str, int]) -> float:
+    """The FFN share its weight matrices alone predict: ffn / (ffn + attention).
+
+    With attention holding 4 d^2 and the FFN 2 d d_ff this is 2r / (4 + 2r), r = d_ff / d: 2/3 at r = 4.
+    """
+    return mats["ffn"] / (mats["ffn"] + mats["attention"]) if mats["attention"] else 1.0
+
+
 def matrix_counts(module: nn.Module) -> dict[str, int]:
     """Like group_counts, but only weight matrices (ndim >= 2): the 2/3 rule sets biases and norms aside."""
     params = dict(module.named_parameters())

@@ -185,16 +185,17 @@ class TorchBaseline(nn.Module):
 
     def __init__(self, cfg: BlockConfig):
         super().__init__()
-        from tblock_cli.block import layer_norms
+        from tblock_cli.block import has_final_norm, layer_norms
         from tblock_cli.reference import encoder_layer
 
-        norms = layer_norms(cfg)
-        self.layers = nn.ModuleList(encoder_layer(cfg, n) for n in norms)
-        self.final_ln = nn.LayerNorm(cfg.d_model, eps=cfg.eps, bias=cfg.bias) if cfg.layers > 1 and norms[-1] == "pre" and cfg.final_norm else None
+        self.layers = nn.ModuleList(encoder_layer(cfg, n) for n in layer_norms(cfg))
+        self.final_ln = nn.LayerNorm(cfg.d_model, eps=cfg.eps, bias=cfg.bias) if has_final_norm(cfg) else None
         self.causal = cfg.causal
 
     def forward(self, x):
-        mask = torch.ones(x.shape[1], x.shape[1], dtype=torch.bool, device=x.device).triu(1) if self.causal else None
+        from tblock_cli.block import causal_mask
+
+        mask = causal_mask(x.shape[1], x.device) if self.causal else None
         for layer in self.layers:
             x = layer(x, src_mask=mask, is_causal=self.causal)
         return self.final_ln(x) if self.final_ln is not None else x

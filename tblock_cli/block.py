@@ -61,15 +61,22 @@ def layer_norms(cfg: BlockConfig) -> list[str]:
     return [cfg.norm] * cfg.layers
 
 
+def is_stack(cfg: BlockConfig) -> bool:
+    return cfg.layers > 1 or cfg.norm == "mixed"
+
+
+def has_final_norm(cfg: BlockConfig) -> bool:
+    """A stack ends with a LayerNorm when its last layer is Pre-LN (that output is not normalised)."""
+    return is_stack(cfg) and cfg.final_norm and layer_norms(cfg)[-1] == "pre"
+
+
 class Stack(nn.Module):
     """N blocks; a final LayerNorm when the last block is Pre-LN (its output is not normalised)."""
 
     def __init__(self, cfg: BlockConfig):
         super().__init__()
-        norms = layer_norms(cfg)
-        self.layers = nn.ModuleList(Block(cfg, norm) for norm in norms)
-        needs_final = norms[-1] == "pre" and cfg.final_norm
-        self.final_ln = nn.LayerNorm(cfg.d_model, eps=cfg.eps, bias=cfg.bias) if needs_final else None
+        self.layers = nn.ModuleList(Block(cfg, norm) for norm in layer_norms(cfg))
+        self.final_ln = nn.LayerNorm(cfg.d_model, eps=cfg.eps, bias=cfg.bias) if has_final_norm(cfg) else None
 
     def forward(self, x: torch.Tensor, pad_mask: torch.Tensor | None = None) -> torch.Tensor:
         for layer in self.layers:
@@ -84,7 +91,7 @@ def build_block(cfg: BlockConfig, device: torch.device | str = "cpu", dtype: tor
     (shapes without storage, for counting) is built in place.
     """
     torch.manual_seed(cfg.seed)
-    kind = Block if cfg.layers == 1 and cfg.norm != "mixed" else Stack
+    kind = Stack if is_stack(cfg) else Block
     if torch.device(device).type == "meta":
         with torch.device("meta"):
             return kind(cfg).to(dtype=dtype)

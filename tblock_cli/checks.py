@@ -129,6 +129,11 @@ def eval_forward(ctx: Context, x: torch.Tensor, pad_mask: torch.Tensor | None = 
         return ctx.subject(x.clone(), pad_mask)  # a clone: a block that mutates its input spoils no other check
 
 
+def projected(ctx: Context, part: torch.Tensor) -> torch.Tensor:
+    """A scalar loss from part of an output: its dot product with a fresh random tensor of its shape."""
+    return (part.float() * ctx.randn(*part.shape).float()).sum()
+
+
 def input_grad(ctx: Context, x: torch.Tensor, loss_of: Callable, train: bool = True, pad_mask=None) -> torch.Tensor | None:
     """d loss_of(out) / d x, in train (or eval) mode with grad enabled."""
     x = x.detach().clone().requires_grad_(True)
@@ -306,7 +311,7 @@ def check_batch(ctx: Context) -> CheckResult:
     if worst > ctx.tol:
         return CheckResult("batch", Status.FAIL, worst, f"a sample alone differs from itself in the batch by {worst:.2e} (> {ctx.tol:g}): samples leak (eval)")
     # Train mode too (dropout, batch statistics): sample 0's output must not depend on the others.
-    g = input_grad(ctx, x, lambda out: (out[0].float() * ctx.x(1)[0].float()).sum())
+    g = input_grad(ctx, x, lambda out: projected(ctx, out[0]))
     if g is not None and g[1:].any():
         leak = f64(g[1:]).abs().max().item()
         return CheckResult("batch", Status.FAIL, leak, f"in train mode sample 0's output has gradient {leak:.2e} w.r.t. other samples: samples leak")
@@ -332,7 +337,7 @@ def check_padding(ctx: Context) -> CheckResult:
     full = _fully_padded(ctx, x, T)
     if diff > ctx.tol:
         return CheckResult("padding", Status.FAIL, diff, f"changing padded inputs moved unpadded outputs by {diff:.2e}: the mask is ignored or inverted; {full}")
-    g = input_grad(ctx, x, lambda out: (out[keep].float() * ctx.randn(int(keep.sum()), ctx.cfg.d_model).float()).sum(), pad_mask=mask)
+    g = input_grad(ctx, x, lambda out: projected(ctx, out[keep]), pad_mask=mask)
     if g is not None and g[mask].any():
         return CheckResult("padding", Status.FAIL, f64(g[mask]).abs().max().item(),
                            f"in train mode unpadded outputs have a gradient w.r.t. padded inputs; {full}")
@@ -356,13 +361,18 @@ def _fully_padded(ctx: Context, x: torch.Tensor, T: int) -> str:
     return f"a fully padded row gives {what} (eval)"
 
 
+def future_grad(ctx: Context, x: torch.Tensor, t: int, train: bool) -> torch.Tensor | None:
+    """Gradient of the outputs up to t w.r.t. the inputs after t: exactly zero in a causal block."""
+    g = input_grad(ctx, x, lambda o: projected(ctx, o[:, : t + 1]), train=train)
+    return None if g is None else g[:, t + 1 :]
+
+
 def check_causal(ctx: Context) -> CheckResult:
     T = max(ctx.cfg.seq, 3)
     x = ctx.x(seq=T)
     if not ctx.cfg.causal:  # not asked for; say what the block does, as information
-        t = T // 2
-        g = input_grad(ctx, x, lambda o: (o[:, : t + 1].float() * ctx.randn(x.shape[0], t + 1, ctx.cfg.d_model).float()).sum(), train=False)
-        seen = "outputs depend on later positions" if g is not None and g[:, t + 1 :].any() else "outputs ignore later positions already"
+        g = future_grad(ctx, x, T // 2, train=False)
+        seen = "outputs depend on later positions" if g is not None and g.any() else "outputs ignore later positions already"
         return CheckResult("causal", Status.SKIP, None, f"not asked for (--causal); {seen}")
     out = eval_forward(ctx, x)
     worst, worst_t = 0.0, None
@@ -375,9 +385,9 @@ def check_causal(ctx: Context) -> CheckResult:
     if worst > ctx.tol:
         return CheckResult("causal", Status.FAIL, worst, f"changing positions after t={worst_t} moved outputs up to t by {worst:.2e}: the future leaks")
     t = T // 2
-    g = input_grad(ctx, x, lambda o: (o[:, : t + 1].float() * ctx.randn(x.shape[0], t + 1, ctx.cfg.d_model).float()).sum())
-    if g is not None and g[:, t + 1 :].any():
-        return CheckResult("causal", Status.FAIL, f64(g[:, t + 1 :]).abs().max().item(),
+    g = future_grad(ctx, x, t, train=True)
+    if g is not None and g.any():
+        return CheckResult("causal", Status.FAIL, f64(g).abs().max().item(),
                            f"in train mode outputs up to t={t} have a gradient w.r.t. later positions: the future leaks")
     return CheckResult("causal", Status.PASS, worst, "outputs up to t ignore inputs after t (values and gradients)")
 
@@ -465,9 +475,7 @@ def check_ffn_share(ctx: Context) -> CheckResult:
     share = counts["ffn"] / total
     mats = anatomy.matrix_counts(module)
     ratio_attn = mats["ffn"] / mats["attention"] if mats["attention"] else float("inf")
-    # With attention holding 4 d^2 and the FFN 2 d d_ff, the FFN share is 2r / (4 + 2r), r = d_ff / d:
-    # 2/3 at r = 4. In general the matrices alone predict ffn / (ffn + attention).
-    predicted = mats["ffn"] / (mats["ffn"] + mats["attention"]) if mats["attention"] else 1.0
+    predicted = anatomy.predicted_ffn_share(mats)
     other = counts["other"] / total
     why = "the 2/3 rule" if abs(predicted - 2 / 3) < 5e-4 else f"FFN/attention matrices = {ratio_attn:.2f}, not 2"
     detail = f"FFN share; matrices predict {predicted:.1%} ({why}); biases and norms {(share - predicted) * 100:+.1f} pt"

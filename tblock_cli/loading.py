@@ -163,11 +163,11 @@ def constructor_kwargs(factory: Callable, cfg: BlockConfig) -> tuple[dict, bool]
         params = inspect.signature(factory).parameters
     except (TypeError, ValueError):
         return {}, False
-    values = {"d_model": cfg.d_model, "n_heads": cfg.n_heads, "d_ff": cfg.ffn_dim, "dropout": cfg.dropout, "causal": cfg.causal}
+    values = flag_values(cfg)
     kwargs = {}
     for canonical, names in ALIASES.items():
-        if canonical == "causal" and not cfg.causal:
-            continue  # without --causal the block keeps its own default (a causal-by-default block stays causal)
+        if canonical not in values:
+            continue
         named = next((n for n in names if n in params), None)
         if named is not None:
             kwargs[named] = values[canonical]
@@ -177,15 +177,21 @@ def constructor_kwargs(factory: Callable, cfg: BlockConfig) -> tuple[dict, bool]
     return kwargs, var_kw
 
 
+def flag_values(cfg: BlockConfig) -> dict:
+    """The flags a user block's constructor may take, by canonical name. causal only with --causal:
+    without it the block keeps its own default (a causal-by-default block stays causal)."""
+    values = {"d_model": cfg.d_model, "n_heads": cfg.n_heads, "d_ff": cfg.ffn_dim, "dropout": cfg.dropout}
+    if cfg.causal:
+        values["causal"] = True
+    return values
+
+
 def construct(spec: str, factory: Callable, cfg: BlockConfig, extra: dict) -> nn.Module:
     named, var_kw = constructor_kwargs(factory, cfg)
     attempts = [{**named, **extra}]
     if var_kw:  # try the canonical names through **kwargs first, then without them
-        canonical = {"d_model": cfg.d_model, "n_heads": cfg.n_heads, "d_ff": cfg.ffn_dim, "dropout": cfg.dropout}
-        if cfg.causal:
-            canonical["causal"] = True
         aliased = {a for names in ALIASES.values() for a in names if a in named}
-        unnamed = {k: v for k, v in canonical.items() if not set(ALIASES[k]) & aliased}
+        unnamed = {k: v for k, v in flag_values(cfg).items() if not set(ALIASES[k]) & aliased}
         if unnamed:
             attempts.insert(0, {**unnamed, **named, **extra})
     for i, kwargs in enumerate(attempts):

@@ -103,7 +103,7 @@ def ffn_share_note(module: nn.Module, groups: dict, total: int, cfg: BlockConfig
         return None, "no FFN recognised (Linear -> activation -> Linear outside attention): FFN share omitted"
     share = groups["ffn"] / total
     mats = anatomy.matrix_counts(module)
-    predicted = mats["ffn"] / (mats["ffn"] + mats["attention"]) if mats["attention"] else 1.0
+    predicted = anatomy.predicted_ffn_share(mats)
     reasons = []
     if cfg is not None and cfg.ffn_dim != 4 * cfg.d_model:
         r = cfg.ffn_dim / cfg.d_model
