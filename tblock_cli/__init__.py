@@ -1,4 +1,48 @@
-"""tblock: diagnostics for Transformer blocks: is it correct, how big is it, what does it cost?"""
+"""tblock: diagnostics for Transformer blocks: is it correct, how big is it, what does it cost?
 
-__version__ = "0.1.0"
-__all__ = ["__version__"]
+The Python API (the `tblock` command is a client of it). Importing this package imports no torch;
+each function imports it when called.
+
+    import tblock_cli
+    tblock_cli.assert_ok(tblock_cli.check(MyBlock(), d_model=64))
+"""
+
+__version__ = "0.2.0"
+__all__ = ["__version__", "check", "params", "bench", "depth", "assert_ok"]
+
+
+def check(block=None, **options):
+    """Run the check battery on `block` (an nn.Module, a zero-argument factory, a SPEC string, or None for the
+    built-in block) with the CLI's option names (d_model, n_heads, seq, batch, causal, dtype, strict, ...).
+    Returns a CheckReport: `.ok`, `.checks`, `.to_dict()` (what `tblock check --json` prints)."""
+    from tblock_cli import api
+
+    return api.check(block, **options)
+
+
+def params(block=None, **options):
+    """Parameters, bytes and FLOPs per component by dataflow role (tree_depth=N for the module tree); a ParamReport."""
+    from tblock_cli import api
+
+    return api.params(block, **options)
+
+
+def bench(block=None, **options):
+    """Latency, peak memory and attention kernel (seq, mode, need_weights, decode, breakdown, ...); a BenchReport."""
+    from tblock_cli import api
+
+    return api.bench(block, **options)
+
+
+def depth(block=None, **options):
+    """A stack of `layers` copies at init: per-layer scale, gradients, residual gain, norm placement; a DepthReport."""
+    from tblock_cli import api
+
+    return api.depth(block, **options)
+
+
+def assert_ok(report) -> None:
+    """Raise AssertionError listing the failing checks (or warnings, under strict) of a report."""
+    from tblock_cli import api
+
+    api.assert_ok(report)

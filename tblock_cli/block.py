@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from tblock_cli.config import BlockConfig
 
@@ -53,6 +54,35 @@ class Block(nn.Module):
             x = self.ln2(x + self.ffn(x))
         return x
 
+    def _sa_cached(self, h: torch.Tensor, cache: tuple | None) -> tuple[torch.Tensor, tuple]:
+        """Causal self-attention of n new tokens over the cached keys and values, with the same weights as _sa."""
+        B, n, C = h.shape
+        H = self.attn.num_heads
+        q, k, v = F.linear(h, self.attn.in_proj_weight, self.attn.in_proj_bias).split(C, dim=-1)
+        q, k, v = (t.view(B, n, H, C // H).transpose(1, 2) for t in (q, k, v))  # (B, nh, n, hs)
+        if cache is not None:
+            k, v = torch.cat([cache[0], k], dim=2), torch.cat([cache[1], v], dim=2)  # (B, nh, T, hs)
+        T = k.shape[2]
+        allowed = torch.ones(n, T, dtype=torch.bool, device=h.device).tril(T - n)  # new token i sits at T - n + i
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
+        return self.attn.out_proj(y.transpose(1, 2).reshape(B, n, C)), (k, v)
+
+    def decode(self, x: torch.Tensor, cache: tuple | None = None) -> tuple[torch.Tensor, tuple]:
+        """Incremental causal decoding: x (B, n, C) new tokens -> their outputs and the grown (k, v) cache.
+
+        Prefill is one call with the whole prompt; then one call per generated token. Equals forward()
+        of the whole sequence at every position (tblock check --causal verifies it: kv_cache).
+        """
+        if not self.causal:
+            raise ValueError("decode needs a causal block (--causal): a bidirectional block's outputs change as tokens arrive")
+        if self.norm == "pre":
+            a, cache = self._sa_cached(self.ln1(x), cache)
+            x = x + a
+            return x + self.ffn(self.ln2(x)), cache
+        a, cache = self._sa_cached(x, cache)
+        x = self.ln1(x + a)
+        return self.ln2(x + self.ffn(x)), cache
+
 
 def layer_norms(cfg: BlockConfig) -> list[str]:
     """Norm placement of each layer: all `cfg.norm`, or pre/post alternating for 'mixed'."""
@@ -82,6 +112,15 @@ class Stack(nn.Module):
         for layer in self.layers:
             x = layer(x, pad_mask)
         return self.final_ln(x) if self.final_ln is not None else x
+
+    def decode(self, x: torch.Tensor, cache: list | None = None) -> tuple[torch.Tensor, list]:
+        """Incremental decoding through every layer; the cache is one (k, v) per layer."""
+        cache = cache if cache is not None else [None] * len(self.layers)
+        new = []
+        for layer, c in zip(self.layers, cache):
+            x, c = layer.decode(x, c)
+            new.append(c)
+        return (self.final_ln(x) if self.final_ln is not None else x), new
 
 
 def build_block(cfg: BlockConfig, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> nn.Module:

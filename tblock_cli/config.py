@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 
 from tblock_cli.errors import ConfigError
 
 NORMS = ("pre", "post", "mixed")
+PAD_MEANS = ("pad", "keep")
+# Upper bounds that keep every size product inside int64 and every seed inside torch's range; the
+# free-memory gate refuses anything that would not fit long before these.
+MAX_WIDTH = 2**20  # d_model and d_ff
+MAX_COUNT = {"layers": 4096, "batch": 2**20, "seq": 2**22, "n_heads": 2**16}
+MAX_SEED = 2**63 - 1
 ACTIVATIONS = ("gelu", "relu")
 DTYPES = ("float32", "float16", "bfloat16")
 
@@ -30,6 +37,10 @@ class BlockConfig:
     dtype: str = "float32"  # parameter and activation dtype
     device: str = "auto"  # auto = cuda when present, else cpu
     seed: int = 0  # seeds the weights and the random inputs, so runs repeat
+    threads: int | None = None  # torch intra-op threads; None keeps torch's default (contention shows in bench)
+    positional: bool = False  # the block has positions inside (RoPE, ALiBi, relative bias): token order matters
+    pad_keyword: str | None = None  # forward keyword that takes the padding mask; None = detect a known name
+    pad_means: str = "pad"  # what True means in the block's mask: pad (PyTorch's key_padding_mask) or keep (HF's)
     warnings: tuple[str, ...] = field(default=(), compare=False)  # filled by validate()
 
     @property
@@ -64,7 +75,7 @@ PRESETS: dict[str, dict] = {
 }
 
 
-def build_config(preset: str | None = None, *, allow_mixed: bool = False, **flags) -> BlockConfig:
+def build_config(preset: str | None = None, *, allow_mixed: bool = False, builtin: bool = True, **flags) -> BlockConfig:
     """Defaults, then the preset, then the flags the user gave (None = not given); validated."""
     values: dict = {}
     if preset is not None:
@@ -76,16 +87,27 @@ def build_config(preset: str | None = None, *, allow_mixed: bool = False, **flag
     if unknown:  # an internal slip, not a user's
         raise TypeError(f"unknown config fields: {sorted(unknown)}")
     cfg = BlockConfig(**values)
-    return validate(cfg, allow_mixed=allow_mixed)
+    return validate(cfg, allow_mixed=allow_mixed, builtin=builtin)
 
 
-def validate(cfg: BlockConfig, *, allow_mixed: bool = False) -> BlockConfig:
+def validate(cfg: BlockConfig, *, allow_mixed: bool = False, builtin: bool = True) -> BlockConfig:
     """Raise ConfigError naming the flag to change; return cfg with its warnings filled in."""
-    for name in ("d_model", "n_heads", "layers", "batch", "seq"):
-        if getattr(cfg, name) <= 0:
-            raise ConfigError(f"--{name.replace('_', '-')} must be > 0, got {getattr(cfg, name)}")
-    if cfg.d_ff is not None and cfg.d_ff <= 0:
-        raise ConfigError(f"--d-ff must be > 0, got {cfg.d_ff}")
+    limits = {"d_model": MAX_WIDTH, "d_ff": MAX_WIDTH, **MAX_COUNT}
+    for name, top in limits.items():
+        value = getattr(cfg, name)
+        if value is None:
+            continue
+        if value <= 0:
+            raise ConfigError(f"--{name.replace('_', '-')} must be > 0, got {value}")
+        if value > top:
+            raise ConfigError(f"--{name.replace('_', '-')} must be at most {top:,}, got {value:,}")
+    if not 0 <= cfg.seed <= MAX_SEED:
+        raise ConfigError(f"--seed must be in [0, 2**63 - 1], got {cfg.seed}")
+    if cfg.threads is not None and not 1 <= cfg.threads <= 1024:
+        raise ConfigError(f"--threads must be in [1, 1024], got {cfg.threads}")
+    for name in ("dropout", "eps"):
+        if not math.isfinite(getattr(cfg, name)):
+            raise ConfigError(f"--{name} must be a finite number, got {getattr(cfg, name)}")
     if cfg.d_model % cfg.n_heads:
         raise ConfigError(
             f"--d-model {cfg.d_model} is not divisible by --n-heads {cfg.n_heads}; "
@@ -93,8 +115,12 @@ def validate(cfg: BlockConfig, *, allow_mixed: bool = False) -> BlockConfig:
         )
     if not 0.0 <= cfg.dropout < 1.0:
         raise ConfigError(f"--dropout must be in [0, 1), got {cfg.dropout}")
-    if cfg.eps < 0:
-        raise ConfigError(f"--eps must be >= 0, got {cfg.eps}")
+    if not 0 <= cfg.eps < 1:
+        raise ConfigError(f"--eps must be in [0, 1), got {cfg.eps}")
+    if cfg.pad_means not in PAD_MEANS:
+        raise ConfigError(f"--pad-means must be pad or keep, got {cfg.pad_means!r}")
+    if cfg.pad_keyword is not None and not cfg.pad_keyword.isidentifier():
+        raise ConfigError(f"--pad-keyword must be a Python keyword name, got {cfg.pad_keyword!r}")
     norms = NORMS if allow_mixed else NORMS[:2]
     if cfg.norm not in norms:
         raise ConfigError(f"--norm must be one of {', '.join(norms)}, got {cfg.norm!r}")
@@ -103,6 +129,6 @@ def validate(cfg: BlockConfig, *, allow_mixed: bool = False) -> BlockConfig:
     if cfg.dtype not in DTYPES:
         raise ConfigError(f"--dtype must be one of {', '.join(DTYPES)}, got {cfg.dtype!r}")
     warnings = []
-    if cfg.eps == 0:
+    if cfg.eps == 0 and builtin:  # a user block builds its own norms; --eps does not reach them
         warnings.append("--eps 0: LayerNorm divides by the raw standard deviation; a constant token gives NaN")
     return dataclasses.replace(cfg, warnings=tuple(warnings))

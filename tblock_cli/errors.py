@@ -25,9 +25,26 @@ class MeasureError(TBlockError):
     exit_code = 1
 
 
+class CompareError(TBlockError):
+    """bench --compare found a point slower beyond the noise or bigger in memory: a failure, exit 1."""
+
+    exit_code = 1
+
+
+OOM_HINT = "reduce --batch, --seq, --d-model or --layers"
+
+
+def is_out_of_memory(e: BaseException) -> bool:
+    """CUDA's 'out of memory', the CPU allocator's "can't allocate memory", or Python's MemoryError."""
+    if isinstance(e, MemoryError):
+        return True
+    text = str(e).lower()
+    return isinstance(e, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text)
+
+
 def reraise_as_measure_error(e: Exception, what: str) -> None:
     """Turn an exception from the user's block into a MeasureError; out-of-memory passes through."""
-    if isinstance(e, (TBlockError, MemoryError)) or "out of memory" in str(e).lower():
+    if isinstance(e, TBlockError) or is_out_of_memory(e):
         raise e
     text = str(e).strip().splitlines()[0] if str(e).strip() else ""
     raise MeasureError(f"{what}: {type(e).__name__}" + (f": {text}" if text else "")) from e

@@ -38,15 +38,21 @@ class Subject:
     builtin: bool
     pad_keyword: str | None  # the forward keyword that takes a (B, T) padding mask, if any
     causal: bool  # whether the user said the block is causal (--causal)
+    pad_means: str = "pad"  # what True means in the block's own mask: pad, or keep (HF, x-transformers)
 
     def __call__(self, x: torch.Tensor, pad_mask: torch.Tensor | None = None) -> torch.Tensor:
+        # pad_mask: (B, T) bool, True = padding, always; converted to the block's own convention here
         if pad_mask is None:
             out = self.module(x)
         elif self.pad_keyword is None:
             raise ValueError("this block's forward takes no padding mask")
         else:
-            out = self.module(x, **{self.pad_keyword: pad_mask})
+            out = self.module(x, **{self.pad_keyword: pad_mask if self.pad_means == "pad" else ~pad_mask})
         return first_tensor(out)
+
+    def like(self, module: nn.Module) -> "Subject":
+        """The same calling convention around another module (a float64 copy, a dropout-free copy)."""
+        return Subject(module, self.name, self.builtin, self.pad_keyword, self.causal, self.pad_means)
 
 
 def first_tensor(out) -> torch.Tensor:
@@ -68,7 +74,7 @@ def make_subject(
     device: torch.device,
     dtype: torch.dtype,
     spec: str | None = None,
-    kwargs_json: str | None = None,
+    kwargs_json: str | dict | None = None,
     *,
     same_shape: bool = True,
 ) -> Subject:
@@ -82,26 +88,31 @@ def make_subject(
             raise LoadError("--kwargs only applies with --block SPEC")
         return builtin_subject(cfg, device, dtype)
     factory = load_factory(spec)
-    extra = parse_kwargs(kwargs_json)
-    module = construct(spec, factory, cfg, extra)
+    extra = kwargs_json if isinstance(kwargs_json, dict) else parse_kwargs(kwargs_json)
+    return user_subject(construct(spec, factory, cfg, extra), spec, cfg, device, dtype, same_shape=same_shape)
+
+
+def user_subject(module: nn.Module, name: str, cfg: BlockConfig, device: torch.device, dtype: torch.dtype, *,
+                 same_shape: bool = True) -> Subject:
+    """A user's module moved to the device and dtype, its padding keyword found, probed once."""
     try:
         module = module.to(device=device, dtype=dtype)
     except Exception as e:  # noqa: BLE001 - any failure here is the user's block
-        raise LoadError(f"--block {spec}: moving it to {device}/{dtype} failed: {one_line(e)}") from None
-    subject = Subject(module, spec, False, pad_keyword(module), cfg.causal)
+        raise LoadError(f"--block {name}: moving it to {device}/{dtype} failed: {one_line(e)}") from None
+    subject = Subject(module, name, False, pad_keyword(module, cfg.pad_keyword, name), cfg.causal, cfg.pad_means)
     probe(subject, cfg, device, dtype, same_shape=same_shape)
     return subject
 
 
-def user_layers(cfg: BlockConfig, device: torch.device, dtype: torch.dtype, spec: str, kwargs_json: str | None, n: int) -> list[Subject]:
+def user_layers(cfg: BlockConfig, device: torch.device, dtype: torch.dtype, spec: str, extra: dict, n: int) -> list[Subject]:
     """n independent instances of the user's block (seeds seed, seed+1, ...), for a stack of copies."""
     from dataclasses import replace
 
-    factory, extra = load_factory(spec), parse_kwargs(kwargs_json)
+    factory = load_factory(spec)
     layers = []
     for i in range(n):
         module = construct(spec, factory, replace(cfg, seed=cfg.seed + i), extra).to(device=device, dtype=dtype)
-        subject = Subject(module, spec, False, pad_keyword(module), cfg.causal)
+        subject = Subject(module, spec, False, pad_keyword(module, cfg.pad_keyword, spec), cfg.causal, cfg.pad_means)
         if i == 0:
             probe(subject, cfg, device, dtype, same_shape=True)
         layers.append(subject)
@@ -126,12 +137,14 @@ def load_factory(spec: str) -> Callable:
             module = importlib.util.module_from_spec(ispec)
             sys.modules[mod_name] = module
             ispec.loader.exec_module(module)
-        except Exception as e:  # noqa: BLE001
+        except (Exception, SystemExit) as e:  # noqa: BLE001 - a file that calls sys.exit() is a load error too
             raise LoadError(f"--block {spec}: importing {target} failed: {one_line(e)}") from None
     else:
+        if "" not in sys.path and str(Path.cwd()) not in sys.path:
+            sys.path.insert(0, str(Path.cwd()))  # as `python -m` would: `examples.my_block` from the repo root
         try:
             module = importlib.import_module(target)
-        except Exception as e:  # noqa: BLE001
+        except (Exception, SystemExit) as e:  # noqa: BLE001
             raise LoadError(f"--block {spec}: cannot import module {target!r}: {one_line(e)}") from None
     if not hasattr(module, name):
         raise LoadError(f"--block {spec}: {target} has no attribute {name!r}")
@@ -194,28 +207,36 @@ def construct(spec: str, factory: Callable, cfg: BlockConfig, extra: dict) -> nn
         unnamed = {k: v for k, v in flag_values(cfg).items() if not set(ALIASES[k]) & aliased}
         if unnamed:
             attempts.insert(0, {**unnamed, **named, **extra})
-    for i, kwargs in enumerate(attempts):
+    if extra and attempts[-1] != extra:
+        attempts.append(dict(extra))  # a constructor that rejects the injected flag names: the user's kwargs alone
+    tried = []
+    for kwargs in attempts:
         torch.manual_seed(cfg.seed)
         shown = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
         try:
             module = factory(**kwargs)
             break
-        except TypeError:
-            if i + 1 < len(attempts):
-                continue
-            raise LoadError(f"--block {spec}: calling it with ({shown}) failed: {one_line(sys.exc_info()[1])}") from None
-        except Exception as e:  # noqa: BLE001
-            raise LoadError(f"--block {spec}: calling it with ({shown}) failed: {one_line(e)}") from None
+        except (Exception, SystemExit) as e:  # noqa: BLE001 - any rejection: try the next way, then report all
+            tried.append(f"({shown}): {one_line(e)}")
+    else:
+        raise LoadError(f"--block {spec}: calling it failed " + "; then ".join(tried)) from None
     if not isinstance(module, nn.Module):
         raise LoadError(f"--block {spec}: calling it with ({shown}) returned {type(module).__name__}, not a torch.nn.Module")
     return module
 
 
-def pad_keyword(module: nn.Module) -> str | None:
+def pad_keyword(module: nn.Module, asked: str | None = None, name: str = "") -> str | None:
+    """The forward keyword for the padding mask: the one asked for (--pad-keyword), else a known name."""
     try:
         params = inspect.signature(module.forward).parameters
     except (TypeError, ValueError):
-        return None
+        params = {}
+    if asked is not None:
+        takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+        if asked not in params and not takes_any:
+            raise LoadError(f"--pad-keyword {asked}: {name or type(module).__name__}.forward takes no such keyword "
+                            f"(it takes {', '.join(params) or 'nothing'})")
+        return asked
     return next((k for k in PAD_KEYWORDS if k in params), None)
 
 
@@ -227,7 +248,7 @@ def probe(subject: Subject, cfg: BlockConfig, device: torch.device, dtype: torch
     try:
         with torch.no_grad():
             out = subject.module(x)
-    except Exception as e:  # noqa: BLE001
+    except (Exception, SystemExit) as e:  # noqa: BLE001
         raise LoadError(f"--block {subject.name}: forward on x of shape {tuple(x.shape)} failed: {one_line(e)}") from None
     finally:
         subject.module.train(was_training)

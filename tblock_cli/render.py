@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-import enum
-import json
 import math
 
 from rich import box
@@ -15,25 +12,6 @@ from rich.text import Text
 from tblock_cli.units import fmt_bytes
 
 STATUS_STYLE = {"pass": "green", "warn": "yellow", "fail": "bold red", "skip": "dim", "error": "bold magenta"}
-
-
-def jsonable(obj):
-    """Dataclasses, enums, tuples and non-finite floats turned into plain JSON values."""
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj) if not f.name.startswith("_")}
-    if isinstance(obj, enum.Enum):
-        return obj.value
-    if isinstance(obj, dict):
-        return {str(k): jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [jsonable(v) for v in obj]
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return str(obj)  # "inf" / "nan": JSON has no such numbers
-    return obj
-
-
-def dumps(obj) -> str:
-    return json.dumps(jsonable(obj), indent=2)
 
 
 def fmt_value(v) -> str:
@@ -65,12 +43,13 @@ def status_text(status) -> Text:
     return Text(value, style=STATUS_STYLE.get(value, ""))
 
 
-def check_view(report, subject_name: str, env: dict) -> Group:
-    table = Table(title=f"tblock check: {subject_name}", box=box.SIMPLE_HEAVY, title_justify="left")
-    table.add_column("check", no_wrap=True)
-    table.add_column("status", no_wrap=True)
-    table.add_column("value", justify="right", no_wrap=True)
-    table.add_column("what it means", overflow="fold")
+def check_view(report) -> Group:
+    env = report.run.environment
+    table = Table(title=f"tblock check: {report.run.subject}", box=box.SIMPLE_HEAVY, title_justify="left")
+    table.add_column("check", no_wrap=True, min_width=15)
+    table.add_column("status", no_wrap=True, min_width=6)
+    table.add_column("value", justify="right", no_wrap=True, min_width=9)
+    table.add_column("what it means", overflow="fold", ratio=1)
     for c in report.checks:
         table.add_row(c.name, status_text(c.status), fmt_value(c.value), c.detail)
     counts = ", ".join(f"{n} {s}" for s, n in report.counts().items() if n)
@@ -86,53 +65,56 @@ GROUP_STYLE = {"attention": "cyan", "ffn": "magenta", "norm": "green", "other": 
 def params_view(report) -> Group:
     stack = report.layers > 1
     title = f"tblock params: {report.subject}, {report.dtype}" + (f" (rows: one layer of {report.layers})" if stack else "")
-    table = Table(title=title, box=box.SIMPLE_HEAVY, title_justify="left", show_footer=False)
-    table.add_column("component", no_wrap=True)
-    table.add_column("group", no_wrap=True)
-    table.add_column("params", justify="right", no_wrap=True)
-    table.add_column("share", justify="right")
-    table.add_column("bytes", justify="right", no_wrap=True)
-    table.add_column("FLOPs/token", justify="right", no_wrap=True)
-    per_layer_rows = [c for c in report.components if c.name != "final_ln"]
+    table = Table(title=title, box=box.SIMPLE_HEAVY, title_justify="left", pad_edge=False)
+    table.add_column("component", overflow="fold", ratio=1)
+    table.add_column("role", overflow="fold", min_width=6)
+    table.add_column("params", justify="right", no_wrap=True, min_width=len(f"{report.total:,}"))
+    table.add_column("share", justify="right", no_wrap=True, min_width=6)
+    table.add_column("bytes", justify="right", no_wrap=True, min_width=9)
+    table.add_column("FLOPs/tok", justify="right", no_wrap=True, min_width=8)
+    table.add_column("out shape", overflow="fold", min_width=9)
+    per_layer_rows = [c for c in report.components if c.name != "final_ln" or not stack]
     for c in per_layer_rows:
         flops = fmt_count(c.flops_per_token) + (" *" if c.grows_with_seq else "")
         share = c.params * report.layers / report.total if report.total else 0
-        table.add_row(c.name, Text(c.group, style=GROUP_STYLE.get(c.group, "")), f"{c.params:,}", f"{share:.1%}", fmt_bytes(c.bytes), flops)
+        shape = "(" + ", ".join(map(str, c.out_shape)) + ")" if c.out_shape else "-"
+        table.add_row(c.name, Text(c.role or c.group, style=GROUP_STYLE.get(c.group, "")), f"{c.params:,}", f"{share:.1%}",
+                      fmt_bytes(c.bytes), flops, shape)
     table.add_section()
     if stack:
-        layer_params = sum(c.params for c in per_layer_rows)
-        table.add_row("one layer", "", f"{layer_params:,}", f"{layer_params / report.total:.1%}", fmt_bytes(sum(c.bytes for c in per_layer_rows)),
-                      fmt_count(sum(c.flops_per_token for c in per_layer_rows)))
+        layer_rows = [c for c in report.components if c.name != "final_ln"]
+        layer_params = sum(c.params for c in layer_rows)
+        table.add_row("one layer", "", f"{layer_params:,}", f"{layer_params / report.total:.1%}", fmt_bytes(sum(c.bytes for c in layer_rows)),
+                      fmt_count(sum(c.flops_per_token for c in layer_rows)), "")
         for c in report.components:
             if c.name == "final_ln":
-                table.add_row(c.name, Text(c.group, style=GROUP_STYLE["norm"]), f"{c.params:,}", f"{c.params / report.total:.1%}", fmt_bytes(c.bytes), "0")
+                table.add_row(c.name, Text("norm", style=GROUP_STYLE["norm"]), f"{c.params:,}", f"{c.params / report.total:.1%}",
+                              fmt_bytes(c.bytes), "0", "")
         table.add_section()
     for g, n in report.groups.items():
         if n:
             table.add_row(Text(g, style=GROUP_STYLE.get(g, "")), "all layers" if stack else "subtotal", f"{n:,}", f"{n / report.total:.1%}",
-                          fmt_bytes(n * report.total_bytes / report.total), "")
+                          fmt_bytes(n * report.total_bytes / report.total), "", "")
     table.add_section()
-    table.add_row(Text("total", style="bold"), "", Text(f"{report.total:,}", style="bold"), "100%", fmt_bytes(report.total_bytes), "")
+    table.add_row(Text("total", style="bold"), "", Text(f"{report.total:,}", style="bold"), "100%", fmt_bytes(report.total_bytes), "", "")
     f = report.flops
-    lines = [
-        Text(report.ffn_note, style="bold" if report.ffn_share is not None else "dim"),
-        Text(f"FLOPs at batch {report.batch} x seq {report.seq} ({report.flops_source}; a multiply-add = 2; matmuls only, "
-             f"norms, softmax and activations add O(d) per token): forward {fmt_count(f['forward'])}, "
-             f"training step (forward + backward) {fmt_count(f['train_step'])}"),
-    ]
+    lines = [Text(report.ffn_note, style="bold" if report.ffn_share is not None else "dim")]
+    for chain in report.linear_chains:
+        a, b = chain.split(" -> ")
+        lines.append(Text(f"warning: `{a}` and `{b}` compose to one linear map: no nonlinearity between the FFN's projections",
+                          style="yellow"))
+    lines.append(Text(f"FLOPs at batch {report.batch} x seq {report.seq} ({report.flops_source}; a multiply-add = 2; matmuls only, "
+                      f"norms, softmax and activations add O(d) per token): forward {fmt_count(f['forward'])}, "
+                      f"training step (forward + backward) {fmt_count(f['train_step'])}"))
     if f.get("forward_seq_quadratic"):
-        lines.append(Text(f"* grows with seq^2 over the run: attn.scores and attn.mix, {fmt_count(f['forward_seq_quadratic'])} "
+        lines.append(Text(f"* grows with seq^2: attention scores and mix, {fmt_count(f['forward_seq_quadratic'])} "
                           f"of the forward ({f['forward_seq_quadratic'] / f['forward']:.1%} at seq {report.seq})"))
+    kv = report.kv_cache
+    if kv:
+        lines.append(Text(f"KV cache for decoding: {fmt_bytes(kv['bytes_per_token'])} per token per sequence "
+                          f"({kv['bytes_per_token']:,} bytes); {fmt_bytes(kv['bytes_at_seq'])} at batch {kv['batch']} x seq {kv['seq']}, "
+                          f"beside {fmt_bytes(report.total_bytes)} of parameters"))
     return Group(table, *lines)
-
-
-def params_json(report) -> dict:
-    return {
-        "components": [{"name": c.name, "group": c.group, "params": c.params, "bytes": c.bytes, "flops_per_token": c.flops_per_token}
-                       for c in report.components],
-        "total": report.total, "total_bytes": report.total_bytes, "layers": report.layers, "groups": report.groups,
-        "ffn_share": report.ffn_share, "ffn_note": report.ffn_note, "flops": report.flops, "flops_source": report.flops_source,
-    }
 
 
 def presets_view(presets: dict) -> Table:
@@ -149,22 +131,29 @@ def presets_view(presets: dict) -> Table:
 def _run_label(r) -> str:
     if r.target == "torch":
         return "torch"
+    if r.mode == "decode":
+        return "cached" if r.kv_cache else "recompute"
     return {None: "as written", True: "on", False: "off"}[r.need_weights]
+
+
+def finding_line(f, indent: str = "") -> Text:
+    status = getattr(f.status, "value", f.status)
+    return Text(f"{indent}{'!' if status == 'warn' else '-'} {f.text}", style=FINDING_STYLE.get(status, ""))
 
 
 def bench_view(report) -> Group:
     parts: list = []
     modes = [m for m in ("infer", "train") if any(r.mode == m for r in report.results)]
-    seqs = sorted({r.seq for r in report.results})
+    seqs = sorted({r.seq for r in report.results if r.mode != "decode"})
     forced = any(r.need_weights is not None for r in report.results)
     for mode in modes:
-        what = "eval + inference_mode, forward" if mode == "infer" else "train mode, forward + backward"
+        what = "eval + inference_mode, forward" if mode == "infer" else "train mode, forward + backward from grads = None"
         table = Table(title=f"tblock bench: {report.subject} - {mode} ({what})", box=box.SIMPLE_HEAVY, title_justify="left",
                       pad_edge=False, caption="on/off: need_weights on / off latency ratio, and peak MiB saved by off" if forced else None,
                       caption_justify="left")
-        for col, just in (("seq", "right"), ("need_w" if forced else "run", "left"), ("ms (IQR)", "right"),
-                          ("tok/s", "right"), ("GFLOP/s", "right"), ("peak MiB", "right"), ("kernel", "left")):
-            table.add_column(col, justify=just, no_wrap=col != "kernel", overflow="fold")
+        for col, just, width in (("seq", "right", 5), ("need_w" if forced else "run", "left", 6), ("ms (IQR)", "right", 13),
+                                 ("tok/s", "right", 7), ("GFLOP/s", "right", 7), ("peak MiB", "right", 8), ("kernel", "left", 10)):
+            table.add_column(col, justify=just, no_wrap=col != "kernel", overflow="fold", min_width=width)
         for seq in seqs:
             rows = [r for r in report.results if r.mode == mode and r.seq == seq]
             for r in rows:
@@ -184,20 +173,92 @@ def bench_view(report) -> Group:
                               "", "", "", f"({_run_label(mine)} / torch)")
             table.add_section()
         parts.append(table)
-    sizes = "; ".join(f"seq {s}: need_weights=True returns (B, L, L) = {fmt_bytes(v['weights_returned'])}, "
-                      f"one (B, H, L, L) matrix = {fmt_bytes(v['matrix_per_head'])}" for s, v in report.attention_bytes.items())
-    parts.append(Text(f"Analytic sizes at batch {report.batch}, {report.heads} heads: {sizes}", style="dim"))
+    if seqs:
+        sizes = "; ".join(f"seq {s}: need_weights=True returns (B, L, L) = {fmt_bytes(v['weights_returned'])}, "
+                          f"one (B, H, L, L) matrix = {fmt_bytes(v['matrix_per_head'])}" for s, v in report.attention_bytes.items())
+        parts.append(Text(f"Analytic sizes at batch {report.batch}, {report.heads} heads: {sizes}", style="dim"))
+    decode = report.decode_pair()
+    if decode:
+        parts.append(decode_view(report, *decode))
+    for b in report.breakdowns:
+        parts.append(breakdown_view(b))
+    if report.comparisons is not None:
+        parts.append(comparison_view(report))
     for f in report.findings():
-        parts.append(Text(f"- {f}"))
-    noisy = [r for r in report.results if r.latency.noisy]
-    if noisy:
-        parts.append(Text(f"warning: {len(noisy)} measurement(s) have IQR > 10% of the median (yellow): the machine was busy "
-                          f"or --min-time is short; medians are still shown", style="yellow"))
-    parts.append(memory_bars(report))
+        parts.append(finding_line(f))
+    if any(r.peak_bytes >= 0 for r in report.results):
+        parts.append(memory_bars(report))
     env = report.environment
-    parts.append(Text(f"[torch {env['torch']}, {env['device']}, {env['dtype']}, {env['threads']} threads; "
-                      f"peak memory from {report.results[0].memory_source}]", style="dim"))
+    source = next((r.memory_source for r in report.results if r.peak_bytes >= 0), "-")
+    parts.append(Text(f"[torch {env['torch']}, {env['device']}, {env['dtype']}, {env['threads']} threads; peak memory from {source}; "
+                      f"{report.timed_s:.1f} s of {report.wall_s:.1f} s spent in timed samples]", style="dim"))
     return Group(*parts)
+
+
+def decode_view(report, cached, full) -> Group:
+    table = Table(title=f"decode: {len(cached.per_position)} tokens after a {cached.seq}-token prompt, batch {report.batch}",
+                  box=box.SIMPLE_HEAVY, title_justify="left", pad_edge=False)
+    for col, width in (("run", 9), ("ms/token (IQR)", 14), ("tok/s", 8), ("growth", 6), ("cache", 10)):
+        table.add_column(col, justify="left" if col == "run" else "right", no_wrap=True, min_width=width)
+    from tblock_cli.benchmark import growth
+
+    for r in (cached, full):
+        table.add_row(_run_label(r), f"{r.latency.median * 1e3:,.3f} ({r.latency.iqr * 1e3:,.3f})", f"{r.tokens_per_s:,.0f}",
+                      f"x{growth(r.per_position):.2f}", fmt_bytes(r.cache_bytes) if r.cache_bytes is not None else "-")
+    lines = [table, Text("per-token time against position (cached / recompute, same scale):", style="bold")]
+    top = max(max(cached.per_position), max(full.per_position))
+    for r in (cached, full):
+        lines.append(Text(f"{_run_label(r):>9} {sparkline_scaled(_bucket(r.per_position), top)}"))
+    if report.decode_analytic_bytes:
+        lines.append(Text(f"analytic cache: 2 x layers x batch x positions x d_model x bytes = {report.decode_analytic_bytes:,} bytes",
+                          style="dim"))
+    return Group(*lines)
+
+
+def _bucket(values, n: int = 48) -> list[float]:
+    """At most n points: the median of each run of consecutive values."""
+    import statistics
+
+    if len(values) <= n:
+        return list(values)
+    size = len(values) / n
+    return [statistics.median(values[int(i * size): max(int(i * size) + 1, int((i + 1) * size))]) for i in range(n)]
+
+
+def sparkline_scaled(values: list[float], top: float) -> str:
+    return "".join(SPARK[max(0, min(7, round(v / top * 8) - 1))] for v in values) if top > 0 else ""
+
+
+def breakdown_view(b, width: int = 24) -> Group:
+    table = Table(title=f"breakdown at seq {b.seq} ({b.conditions})", box=box.SIMPLE_HEAVY, title_justify="left", pad_edge=False)
+    for col, just, w in (("component", "left", 10), ("ms", "right", 8), ("share", "right", 6), ("peak", "right", 9),
+                         ("calls", "right", 5), ("", "left", width)):
+        table.add_column(col, justify=just, no_wrap=col != "component", overflow="fold", min_width=w)
+    top = max((t for _, t, _, _ in b.parts), default=0) or 1
+    for comp, t, peak, calls in b.parts:
+        bar = "█" * max(1, round(width * t / top)) if t > 0 else ""
+        table.add_row(comp, f"{t * 1e3:,.2f}", f"{t / b.whole.median:.1%}", fmt_bytes(peak) if peak >= 0 else "-", str(calls),
+                      Text(bar, style="cyan"))
+    table.add_section()
+    table.add_row("sum of parts", f"{b.parts_sum * 1e3:,.2f}", f"{b.parts_sum / b.whole.median:.1%}", "", "", "")
+    table.add_row("whole forward", f"{b.whole.median * 1e3:,.2f}", "100%", "", "", "")
+    note = Text("the rest of the sum against the whole: the per-call clock's synchronisation and Python overhead; "
+                "'other' is views, dropout and elementwise glue between the components", style="dim")
+    return Group(table, note)
+
+
+def comparison_view(report) -> Table:
+    table = Table(title="against the saved run", box=box.SIMPLE_HEAVY, title_justify="left", pad_edge=False)
+    for col, w in (("point", 12), ("latency", 8), ("verdict", 10), ("peak delta", 10)):
+        table.add_column(col, justify="left" if col in ("point", "verdict") else "right", overflow="fold", min_width=w)
+    for c in report.comparisons:
+        verdict = "slower" if c.slower else "faster" if c.faster else "same (noise)"
+        if c.memory_grew:
+            verdict += ", bigger"
+        style = "bold red" if c.slower or c.memory_grew else "green"
+        table.add_row(c.label, f"{c.ratio:.2f}x" if c.ratio else "-", Text(verdict, style=style),
+                      f"{c.memory_delta:+,} B" if c.memory_delta is not None else "-")
+    return table
 
 
 def memory_bars(report, width: int = 32) -> Group:
@@ -215,49 +276,45 @@ def memory_bars(report, width: int = 32) -> Group:
     return Group(*lines)
 
 
-def bench_json(report) -> dict:
-    return {
-        "subject": report.subject,
-        "results": [
-            {
-                "mode": r.mode, "seq": r.seq, "need_weights": r.need_weights, "target": r.target,
-                "latency_ms": {"median": r.latency.median * 1e3, "iqr": r.latency.iqr * 1e3,
-                               "samples": [s * 1e3 for s in r.latency.samples], "noisy": r.latency.noisy},
-                "peak_bytes": r.peak_bytes, "memory_source": r.memory_source,
-                "attention_kernel": r.attention_kernel, "materialises_attention": r.materialises,
-                "tokens_per_s": r.tokens_per_s, "flops": r.flops, "flops_per_s": r.flops_per_s,
-            }
-            for r in report.results
-        ],
-        "attention_bytes": report.attention_bytes,
-        "findings": report.findings(),
-        "environment": report.environment,
-    }
-
-
 def save_plot(report, path: str) -> None:
-    """Peak memory and median latency against seq, one line per run kind (matplotlib, optional)."""
+    """Peak memory and median latency against seq, one line per run kind; decode: per-token time against position."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax_mem, ax_lat) = plt.subplots(1, 2, figsize=(10, 4))
-    kinds = sorted({(r.mode, r.target, r.need_weights) for r in report.results}, key=str)
-    for mode, target, nw in kinds:
-        rs = sorted((r for r in report.results if (r.mode, r.target, r.need_weights) == (mode, target, nw)), key=lambda r: r.seq)
-        label = f"{mode}, " + ("torch layer" if target == "torch" else f"need_weights {_run_label(rs[0])}")
-        style = "--" if mode == "train" else "-"
-        ax_mem.plot([r.seq for r in rs], [r.peak_bytes / 2**20 for r in rs], style, marker="o", label=label)
-        ax_lat.plot([r.seq for r in rs], [r.latency.median * 1e3 for r in rs], style, marker="o", label=label)
-    for ax, ylabel in ((ax_mem, "peak memory (MiB)"), (ax_lat, "median latency (ms)")):
-        ax.set_xlabel("seq")
-        ax.set_ylabel(ylabel)
-        ax.set_xscale("log", base=2)
+    sweep = [r for r in report.results if r.mode != "decode"]
+    decode = report.decode_pair()
+    axes_n = (2 if sweep else 0) + (1 if decode else 0)
+    fig, axes = plt.subplots(1, axes_n, figsize=(5 * axes_n, 4), squeeze=False)
+    axes = list(axes[0])
+    if sweep:
+        ax_mem, ax_lat = axes[0], axes[1]
+        kinds = sorted({(r.mode, r.target, r.need_weights) for r in sweep}, key=str)
+        for mode, target, nw in kinds:
+            rs = sorted((r for r in sweep if (r.mode, r.target, r.need_weights) == (mode, target, nw)), key=lambda r: r.seq)
+            label = f"{mode}, " + ("torch layer" if target == "torch" else f"need_weights {_run_label(rs[0])}")
+            style = "--" if mode == "train" else "-"
+            ax_mem.plot([r.seq for r in rs], [r.peak_bytes / 2**20 for r in rs], style, marker="o", label=label)
+            ax_lat.plot([r.seq for r in rs], [r.latency.median * 1e3 for r in rs], style, marker="o", label=label)
+        for ax, ylabel in ((ax_mem, "peak memory (MiB)"), (ax_lat, "median latency (ms)")):
+            ax.set_xlabel("seq")
+            ax.set_ylabel(ylabel)
+            ax.set_xscale("log", base=2)
+            ax.grid(alpha=0.3)
+        ax_mem.legend(fontsize=7)
+    if decode:
+        ax = axes[-1]
+        for r in decode:
+            ax.plot(range(r.seq, r.seq + len(r.per_position)), [t * 1e3 for t in r.per_position], label=_run_label(r))
+        ax.set_xlabel("position")
+        ax.set_ylabel("ms per token")
+        ax.set_title("decode: per-token latency", fontsize=9)
         ax.grid(alpha=0.3)
-    ax_mem.legend(fontsize=7)
+        ax.legend(fontsize=7)
     env = report.environment
-    fig.suptitle(f"tblock bench: {report.subject} (batch {report.batch}, {env['device']}, {env['dtype']})", fontsize=9)
+    fig.suptitle(f"tblock bench: {report.subject} (batch {report.batch}, {env['device']}, {env['dtype']}, {env['threads']} threads)",
+                 fontsize=9)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
@@ -296,7 +353,7 @@ def depth_view(report, width: int = 16) -> Group:
         table.add_row("final", "LayerNorm", f"{report.final_rms:.3f}", "", "", "", "")
     lines = [table]
     for f in report.findings:
-        lines.append(Text(f"{'!' if f.status == 'warn' else '-'} {f.text}", style=FINDING_STYLE[f.status]))
+        lines.append(finding_line(f))
     if not report.ok:
         lines.append(Text("FAILED (--strict: warnings fail)", style="bold red"))
     return Group(*lines)
@@ -324,22 +381,8 @@ def depth_compare_view(reports: list) -> Group:
     for r in reports:
         lines.append(Text(f"{r.norm}:", style="bold"))
         for f in r.findings:
-            lines.append(Text(f"  {'!' if f.status == 'warn' else '-'} {f.text}", style=FINDING_STYLE[f.status]))
+            lines.append(finding_line(f, "  "))
     return Group(*lines)
-
-
-def depth_json(report) -> dict:
-    return {
-        "subject": report.subject,
-        "norm": report.norm,
-        "layers": [{"index": s.index, "placement": s.placement, "act_rms": s.act_rms, "grad_input_norm": s.grad_input_norm,
-                    "grad_param_norm": s.grad_param_norm, "residual_gain": s.residual_gain,
-                    "token_mean": s.token_mean, "token_std_dev": s.token_std_dev} for s in report.layers],
-        "final_norm": report.final_norm,
-        "final_rms": report.final_rms,
-        "findings": [{"status": f.status, "text": f.text} for f in report.findings],
-        "ok": report.ok,
-    }
 
 
 def save_depth_plot(reports: list, path: str) -> None:

@@ -7,10 +7,19 @@ import torch
 TESTS = Path(__file__).parent
 sys.path.insert(0, str(TESTS))  # so tests can `import zoo`
 
+# One intra-op thread: on a shared 2-core machine two OpenMP threads fight for the cores and the suite
+# runs 5-6x slower (measured 150-180 s against 27 s); nothing here measures speed.
+torch.set_num_threads(1)
+
+
+def pytest_addoption(parser):
+    parser.addoption("--update-golden", action="store_true", help="rewrite tests/golden/*.out from the current renderer")
+
 
 @pytest.fixture(autouse=True)
-def _small_threads():
+def _seeded_one_thread():
     torch.manual_seed(0)
+    torch.set_num_threads(1)
     yield
 
 

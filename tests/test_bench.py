@@ -6,13 +6,22 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from conftest import zoo_spec
 from tblock_cli import profiling, runtime
-from tblock_cli.bench import Latency, forced_need_weights, run_bench, step_fn
+from tblock_cli.benchmark import (
+    BenchReport,
+    BenchResult,
+    Latency,
+    forced_need_weights,
+    run_bench,
+    step_fn,
+    time_samples,
+)
 from tblock_cli.cli import app
 from tblock_cli.config import build_config
 from tblock_cli.errors import ConfigError
 from tblock_cli.loading import make_subject
+
+from conftest import zoo_spec
 
 CPU = torch.device("cpu")
 runner = CliRunner()
@@ -57,6 +66,48 @@ def test_latency_statistics_from_samples():
     assert Latency((1.0, 1.01, 0.99, 1.0)).noisy is False
 
 
+def test_contention_shows_as_a_slow_tail():
+    """A median far above the fastest sample is noisy even when the IQR is tight (threads fighting for cores)."""
+    tail = Latency((1.0, 2.0, 2.0, 2.01, 2.02, 2.0, 2.01))  # IQR ~0.5 % of the median, median 2x the minimum
+    assert tail.iqr < 0.1 * tail.median and tail.noisy
+    report = BenchReport("b", (BenchResult("infer", 8, None, "block", tail, 0, "x", "k", False, None, 8),), {8: {}}, 2, 4, 0.0,
+                         {"device": "cpu", "threads": 2})
+    warn = [f for f in report.findings() if f.status.value == "warn"]
+    assert warn and "--threads 1" in warn[0].text
+
+
+def test_latency_difference_needs_non_overlapping_iqrs():
+    from tblock_cli.benchmark import latency_sentence
+
+    a, b = Latency((1.0, 1.1, 1.2, 1.3)), Latency((1.15, 1.2, 1.3, 1.4))  # IQRs 1.075-1.225 and 1.19-1.325
+    assert "no measurable latency difference" in latency_sentence(a, b, "off", "on")
+    c = Latency((2.0, 2.1, 2.2, 2.3))
+    assert "faster" in latency_sentence(a, c, "off", "on") and "1.8" in latency_sentence(a, c, "off", "on")
+
+
+def test_sampling_batches_fast_calls_and_spends_its_time_measuring():
+    calls = []
+    clock = []
+    lat = time_samples(lambda: calls.append(1), CPU, 0.05, clock)
+    assert lat.number_per_sample > 1 and len(lat.samples) >= 5
+    assert len(calls) == 1 + lat.number_per_sample * (len(lat.samples) - (1 if lat.number_per_sample == 1 else 0))
+    assert clock[0] >= 0.05
+
+
+def test_train_peak_starts_from_no_gradients():
+    """A bias-free Linear, train step: the output (n d) and the weight's gradient (d d) are the only tensors, with
+    or without a gradient left from an earlier step (zero_grad(set_to_none=True) is part of the step)."""
+    n, d = 64, 32
+    lin = torch.nn.Linear(d, d, bias=False)
+    x = torch.randn(n, d)
+    fn = step_fn(lin, lin, x, "train")
+    lin.zero_grad(set_to_none=True)
+    first = profiling.profile_call(fn, CPU).peak_bytes
+    assert first == 4 * (n * d + d * d)
+    assert lin.weight.grad is not None  # left by that step; the next step frees it before it allocates a new one
+    assert profiling.profile_call(fn, CPU).peak_bytes <= first
+
+
 def _seen_need_weights(module, x):
     seen = []
     mhas = [m for m in module.modules() if isinstance(m, torch.nn.MultiheadAttention)]
@@ -91,7 +142,7 @@ def test_hooks_switch_the_encoder_layer_off_its_fused_path_and_say_so():
         kernel = profiling.attention_kernel(profiling.profile_call(fn, CPU).ops)[0]
     assert kernel == "fastpath bmm+softmax" and hooked == ["MultiheadAttention"]
     r = run_bench(subject, cfg, CPU, torch.float32, seqs=[16], modes=["infer"], need_weights=True, baseline=False, min_time=0.01)
-    assert any("off its fused encoder-layer path" in f for f in r.findings())
+    assert any("off its fused encoder-layer path" in f for f in [x.text for x in r.findings()])
 
 
 def test_need_weights_on_a_block_without_mha_is_a_clear_error():
@@ -139,7 +190,7 @@ def test_bench_report_and_findings():
     assert len(r.results) == 2 * 2 * 3
     assert all(len(x.latency.samples) >= 1 and x.latency.median > 0 for x in r.results)
     assert r.attention_bytes[64] == {"weights_returned": 2 * 64 * 64 * 4, "matrix_per_head": 2 * 4 * 64 * 64 * 4}
-    text = " ".join(r.findings())
+    text = " ".join(f.text for f in r.findings())
     assert "infer, seq 64" in text and "still materialises" in text
     assert "train, seq 64: need_weights=False runs SDPA flash-cpu" in text
     train_off = r.pair("train", 64)[0]
@@ -151,7 +202,7 @@ def test_dropout_fallback_is_a_finding():
     subject = make_subject(cfg, CPU, torch.float32)
     r = run_bench(subject, cfg, CPU, torch.float32, seqs=[16], modes=["train"], need_weights=False, baseline=False, min_time=0.01)
     assert len(r.results[0].latency.samples) >= 5
-    assert any("math kernel" in f and "dropout 0.1" in f for f in r.findings())
+    assert any("math kernel" in f and "dropout 0.1" in f for f in [x.text for x in r.findings()])
 
 
 def test_cli_bench_json():
@@ -185,6 +236,14 @@ def test_cli_bench_table_and_plot(tmp_path):
     (["--plot", "/no/such/dir/x.png"], "does not exist"),
     (["--seq", "2000000", "--batch", "64"], "MiB"),
     (["--block", zoo_spec("LlamaBlock"), "--need-weights"], "need_weights is its option"),
+    (["--min-time", "nan"], "--min-time"),
+    (["--min-time", "inf"], "--min-time"),
+    (["--seq", " "], "comma-separated"),
+    (["--plot", "/proc/x.png"], "cannot write"),
+    (["--plot", "/tmp"], "is a folder"),
+    (["--threads", "0"], "--threads"),
+    (["--decode", "0"], "--decode"),
+    (["--block", zoo_spec("Good"), "--decode", "4"], "no decode"),
 ])
 def test_cli_bench_bad_input(args, words):
     res = runner.invoke(app, ["bench", "--d-model", "32", "--n-heads", "4", "--min-time", "0.01", *args])
@@ -205,3 +264,62 @@ def test_plot_without_matplotlib_is_a_clear_error(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else real(name, *a))
     res = runner.invoke(app, ["bench", "--seq", "8", "--plot", "x.png"])
     assert res.exit_code == 2 and "pip install 'tblock[plot]'" in res.stderr
+
+
+def test_threads_flag_runs_with_that_many_and_says_so():
+    torch.set_num_threads(2)
+    res = runner.invoke(app, ["bench", "--d-model", "32", "--n-heads", "4", "--seq", "8", "--mode", "infer", "--min-time", "0.01",
+                              "--threads", "1", "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["environment"]["threads"] == 1
+    assert torch.get_num_threads() == 2  # restored after the run
+
+
+def test_save_then_compare(tmp_path):
+    saved = tmp_path / "base.json"
+    args = ["bench", "--d-model", "32", "--n-heads", "4", "--seq", "8", "--mode", "infer", "--min-time", "0.02"]
+    res = runner.invoke(app, [*args, "--save", str(saved)])
+    assert res.exit_code == 0, res.output
+    data = json.loads(saved.read_text())
+    assert data["schema_version"] == 1 and data["command"] == "bench"
+    res = runner.invoke(app, [*args, "--compare", str(saved), "--json"])
+    out = json.loads(res.stdout)
+    assert [c["point"] for c in out["comparison"]] == ["infer seq 8"]
+    assert res.exit_code == (1 if out["comparison"][0]["slower"] else 0), res.output  # same config: slower only by noise
+    data["results"][0]["peak_bytes"] = data["results"][0]["peak_bytes"] // 2  # the saved run used less memory
+    data["results"][0]["latency_ms"]["samples"] = [1e6] * 5  # and was far slower, so latency cannot fail here
+    smaller = tmp_path / "smaller.json"
+    smaller.write_text(json.dumps(data))
+    res = runner.invoke(app, [*args, "--compare", str(smaller)])
+    assert res.exit_code == 1 and "bigger" in res.stdout
+    other = runner.invoke(app, [*args[:-2], "--min-time", "0.02", "--batch", "3", "--compare", str(saved)])
+    assert other.exit_code == 2 and "another config" in other.stderr and "batch" in other.stderr
+    junk = tmp_path / "junk.json"
+    junk.write_text('{"hello": 1}')
+    res = runner.invoke(app, [*args, "--compare", str(junk)])
+    assert res.exit_code == 2 and "not a tblock bench run" in res.stderr
+
+
+def test_breakdown_parts_sum_to_the_whole():
+    cfg = build_config(d_model=64, n_heads=4, batch=2, seq=64, dropout=0.0)
+    subject = make_subject(cfg, CPU, torch.float32)
+    r = run_bench(subject, cfg, CPU, torch.float32, seqs=[64], modes=[], need_weights=False, baseline=False, min_time=0.05,
+                  breakdown=True)
+    b = r.breakdowns[0]
+    names = [p[0] for p in b.parts]
+    assert {"attention projections", "attention kernel", "FFN", "norms", "residual adds"} <= set(names)
+    calls = {p[0]: p[3] for p in b.parts}
+    assert calls["attention projections"] == 4 and calls["norms"] == 2 and calls["residual adds"] == 2
+    assert b.parts_sum > 0 and b.whole.median > 0
+
+
+def test_decode_reports_cached_and_recomputed_with_exact_cache_bytes():
+    res = runner.invoke(app, ["bench", "--d-model", "32", "--n-heads", "4", "--seq", "6", "--decode", "10", "--min-time", "0.01",
+                              "--layers", "2", "--json"])
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    dec = [r for r in data["results"] if r["mode"] == "decode"]
+    assert [r["kv_cache"] for r in dec] == [True, False]
+    assert all(len(r["per_position_ms"]) == 10 and r["tokens_per_s"] > 0 for r in dec)
+    assert dec[0]["cache_bytes"] == 2 * 2 * 2 * (6 + 10) * 32 * 4 == data["decode_analytic_cache_bytes"]
+    assert data["config"]["causal"] is True

@@ -3,11 +3,12 @@
 import pytest
 import torch
 
-import zoo
-from conftest import zoo_spec
 from tblock_cli.checks import CHECK_NAMES, CheckReport, Status, run_checks
 from tblock_cli.config import build_config
 from tblock_cli.loading import make_subject
+
+import zoo
+from conftest import zoo_spec
 
 CPU = torch.device("cpu")
 BAD = {Status.FAIL, Status.ERROR, Status.WARN}
@@ -21,9 +22,19 @@ def battery(name=None, dtype=torch.float32, **flags):
     return report, {c.name: c for c in report.checks}
 
 
-def test_battery_names_match_the_issue():
-    assert CHECK_NAMES == ("shape", "finite", "grad_input", "grad_params", "residual", "batch", "padding", "causal",
-                           "determinism", "input_unchanged", "need_weights", "dtype", "ffn_share", "reference")
+def test_registry_declares_every_check_once():
+    assert sorted(CHECK_NAMES) == sorted({"shape", "finite", "grad_input", "grad_params", "residual", "batch", "padding", "causal",
+                                          "determinism", "input_unchanged", "need_weights", "dtype", "ffn_share", "reference",
+                                          "order", "train_eval", "attention", "kv_cache"})
+    assert len(set(CHECK_NAMES)) == len(CHECK_NAMES)
+    # every need is established by a check that runs before the checks needing it
+    from tblock_cli.checks import ESTABLISHES, REGISTRY
+
+    order = {c.name: i for i, c in enumerate(REGISTRY)}
+    setter = {**{need: name for name, need in ESTABLISHES.items()}, "finite": "finite", "deterministic": "determinism"}
+    for c in REGISTRY:
+        for need in c.needs:
+            assert order[setter[need]] < order[c.name], (c.name, need)
 
 
 @pytest.mark.parametrize("flags", [
@@ -45,10 +56,85 @@ def test_builtin_block_passes_in_half_precision(dtype):
 
 
 @pytest.mark.parametrize("name", sorted(zoo.CORRECT))
-def test_correct_user_blocks_raise_no_alarm(name):
-    report, by = battery(name, **zoo.CORRECT[name])
+@pytest.mark.parametrize("d_model", [32, 64])
+def test_correct_user_blocks_raise_no_alarm(name, d_model):
+    report, by = battery(name, d_model=d_model, **zoo.CORRECT[name])
     assert not [c for c in report.checks if c.status in BAD], report.checks
     assert by["reference"].status == Status.SKIP  # a user block has no reference
+
+
+@pytest.mark.parametrize("name", sorted(zoo.PLANTED_2))
+@pytest.mark.parametrize("size", [{}, {"d_model": 64, "n_heads": 4, "d_ff": 256}])
+def test_second_generation_bug_is_caught_under_strict(name, size):
+    """Each class of issue 11 fails, or warns (so --strict fails), whether or not the block takes a mask."""
+    check, flags = zoo.PLANTED_2[name]
+    report, by = battery(name, **{**size, **flags})
+    assert by[check].status in (Status.FAIL, Status.WARN), by[check]
+    assert not CheckReport(report.checks, strict=True).ok
+
+
+def test_heads_merged_without_transpose_is_caught_without_a_mask():
+    _, by = battery("HeadsNoTransposeNoMask")
+    assert by["padding"].status == Status.SKIP and by["order"].status == Status.WARN
+    assert "--positional" in by["order"].detail
+
+
+def test_unscaled_scores_at_512_and_8_heads():
+    _, by = battery("Unscaled", d_model=512, n_heads=8)
+    assert by["attention"].status == Status.WARN and 6 < by["attention"].value < 11  # sqrt(64) = 8 when unscaled
+    _, ok = battery("HandSoftmax", d_model=512, n_heads=8)
+    assert ok["attention"].status == Status.PASS and 0.7 < ok["attention"].value < 1.4
+
+
+def test_positional_declared_or_found_skips_order():
+    _, by = battery("Good", positional=True)
+    assert by["order"].status == Status.SKIP and "--positional" in by["order"].detail
+    _, rope = battery("RoPEBlock")
+    assert rope["order"].status == Status.SKIP and "rotary" in rope["order"].detail
+
+
+def test_pad_keyword_and_pad_means_reach_the_block():
+    _, skipped = battery("XKeepMask")
+    assert skipped["padding"].status == Status.SKIP and "--pad-keyword" in skipped["padding"].detail
+    _, wrong = battery("XKeepMask", pad_keyword="mask")  # True = keep read as True = pad
+    assert wrong["padding"].status == Status.FAIL
+    _, right = battery("XKeepMask", pad_keyword="mask", pad_means="keep")
+    assert right["padding"].status == Status.PASS
+
+
+def test_one_cause_one_failure():
+    """Random eval outputs fail determinism only; the checks comparing two forwards skip and say why."""
+    _, by = battery("DropoutInEval")
+    assert by["determinism"].status == Status.FAIL
+    for name in ("batch", "padding", "dtype", "order", "train_eval"):
+        assert by[name].status == Status.SKIP and "random in eval" in by[name].detail, by[name]
+    _, nan = battery("NaNForward")
+    assert nan["finite"].status == Status.FAIL
+    for name in ("residual", "batch", "padding", "determinism", "dtype", "grad_input"):
+        assert nan[name].status == Status.SKIP and "not finite" in nan[name].detail, nan[name]
+    assert not [c for c in nan.values() if c.status == Status.PASS and c.name in ("residual", "batch", "padding")]
+
+
+@pytest.mark.parametrize("name", zoo.CACHED_CORRECT)
+def test_correct_cached_blocks_pass_kv_cache(name):
+    _, by = battery(name, causal=True)
+    assert by["kv_cache"].status == Status.PASS, by["kv_cache"]
+
+
+@pytest.mark.parametrize("name", zoo.CACHE_BUGS)
+def test_cache_bugs_fail_kv_cache(name):
+    _, by = battery(name, causal=True)
+    assert by["kv_cache"].status == Status.FAIL, by["kv_cache"]
+
+
+def test_builtin_block_decodes_like_its_forward():
+    for flags in ({"causal": True}, {"causal": True, "norm": "post"}, {"causal": True, "layers": 3}):
+        _, by = battery(**flags)
+        assert by["kv_cache"].status == Status.PASS, (flags, by["kv_cache"])
+    _, by = battery()
+    assert by["kv_cache"].status == Status.SKIP and "--causal" in by["kv_cache"].detail
+    _, by = battery("Good", causal=True)
+    assert by["kv_cache"].status == Status.SKIP and "decode" in by["kv_cache"].detail
 
 
 def test_no_pad_keyword_skips_padding():
@@ -122,11 +208,18 @@ def test_fully_padded_sequence_is_reported_not_failed():
     assert "fully padded row gives" in by["padding"].detail
 
 
+def test_linear_ffn_names_both_modules():
+    _, by = battery("LinearFFN")
+    assert by["ffn_share"].status == Status.WARN and "`ffn.0` and `ffn.2` compose to one linear map" in by["ffn_share"].detail
+
+
 def test_ffn_share_against_the_rule():
     _, by = battery(d_model=64, n_heads=4)
     assert by["ffn_share"].value == pytest.approx(2 / 3, abs=0.01)
     _, by = battery(d_model=64, n_heads=4, d_ff=128)  # r = 2: 2r / (4 + 2r) = 1/2
     assert by["ffn_share"].value == pytest.approx(0.5, abs=0.01) and "not 2" in by["ffn_share"].detail
+    _, by = battery("AttentionOnly")
+    assert by["ffn_share"].status == Status.SKIP and "no FFN" in by["ffn_share"].detail
     _, by = battery("LlamaBlock", causal=True)  # SwiGLU of width 8/3 d: 3 * 8/3 d^2 = 8 d^2, 2/3 again
     assert by["ffn_share"].value == pytest.approx(2 / 3, abs=0.01)
 

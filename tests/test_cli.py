@@ -8,9 +8,10 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from conftest import zoo_spec
 from tblock_cli import __version__
 from tblock_cli.cli import app
+
+from conftest import zoo_spec
 
 runner = CliRunner()
 SMALL = ["--d-model", "32", "--n-heads", "4"]
@@ -43,7 +44,8 @@ def test_check_json_shape_and_exit_zero():
     assert data["config"]["d_model"] == 32 and data["config"]["d_ff"] == 128
     assert set(data["environment"]) >= {"torch", "device", "dtype", "threads"}
     assert data["environment"]["torch"] == torch.__version__
-    assert [c["name"] for c in data["checks"]][:3] == ["shape", "finite", "grad_input"]
+    assert [c["name"] for c in data["checks"]][:3] == ["shape", "finite", "determinism"]
+    assert data["schema_version"] == 1 and data["command"] == "check" and data["subject"] == "built-in pre-LN block"
     assert {c["status"] for c in data["checks"]} <= {"pass", "skip"}
     assert all(set(c) == {"name", "status", "value", "detail"} for c in data["checks"])
 
@@ -122,8 +124,8 @@ def test_cuda_index_beyond_the_devices_is_a_clear_error(monkeypatch):
 
 
 def test_unsupported_dtype_on_device_is_a_config_error(monkeypatch):
-    from tblock_cli.errors import ConfigError
     from tblock_cli import runtime
+    from tblock_cli.errors import ConfigError
 
     def broken(*a, **k):
         raise RuntimeError('"addmm_impl_cpu_" not implemented for \'Half\'')

@@ -7,11 +7,12 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from conftest import zoo_spec
 from tblock_cli.block import build_block
 from tblock_cli.cli import app
 from tblock_cli.config import build_config
-from tblock_cli.depth import detect_placement, run_depth
+from tblock_cli.stacking import detect_placement, run_depth
+
+from conftest import zoo_spec
 
 CPU = torch.device("cpu")
 runner = CliRunner()
@@ -35,11 +36,25 @@ def test_placement_detected_from_outputs(norm, expected):
 
 
 def test_placement_on_user_blocks():
-    cfg = build_config(d_model=32, n_heads=4, seq=6, layers=3)
-    pre = run_depth(cfg, CPU, torch.float32, spec="torch.nn:TransformerEncoderLayer", kwargs_json='{"norm_first": true}')
-    post = run_depth(cfg, CPU, torch.float32, spec="torch.nn:TransformerEncoderLayer")
+    import tblock_cli
+
+    small = dict(d_model=32, n_heads=4, seq=6, layers=3)
+    pre = tblock_cli.depth("torch.nn:TransformerEncoderLayer", kwargs={"norm_first": True}, **small)
+    post = tblock_cli.depth("torch.nn:TransformerEncoderLayer", **small)
     assert [s.placement for s in pre.layers] == ["pre"] * 3 and pre.final_norm
     assert [s.placement for s in post.layers] == ["post"] * 3 and not post.final_norm
+    layer = torch.nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True, norm_first=True)
+    copies = tblock_cli.depth(layer, layers=3, seq=6)  # a module instance: copied and re-initialised per layer
+    assert [s.placement for s in copies.layers] == ["pre"] * 3
+    assert len({round(s.grad_param_norm, 6) for s in copies.layers}) == 3  # three different initialisations
+
+
+def test_depth_layers_follow_the_preset():
+    import tblock_cli
+
+    cfg = build_config(preset="bert-large")
+    assert cfg.layers == 24
+    assert len(tblock_cli.depth(preset="bert-base", d_model=32, n_heads=4, d_ff=64, seq=4).layers) == 12
 
 
 def test_detect_placement_thresholds():

@@ -4,10 +4,11 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from conftest import TESTS, zoo_spec
 from tblock_cli.cli import app
 from tblock_cli.config import build_config
 from tblock_cli.loading import constructor_kwargs, make_subject
+
+from conftest import TESTS, zoo_spec
 
 CPU = torch.device("cpu")
 runner = CliRunner()

@@ -8,20 +8,42 @@ import torch
 from rich.console import Console
 from typer.testing import CliRunner
 
-from conftest import zoo_spec
 from tblock_cli import render
 from tblock_cli.cli import app
 from tblock_cli.config import build_config
+from tblock_cli.counting import param_report
 from tblock_cli.loading import make_subject
-from tblock_cli.params import counted_flops, param_report
+
+from conftest import zoo_spec
 
 CPU = torch.device("cpu")
 
 
-def report_for(dtype=torch.float32, spec=None, depth=1, **flags):
+def report_for(dtype=torch.float32, spec=None, depth=None, **flags):
     cfg = build_config(**flags)
     subject = make_subject(cfg, CPU, dtype, spec)
     return cfg, subject, param_report(subject, cfg, dtype, depth)
+
+
+def counted_flops(subject, x):
+    """FlopCounterMode over one forward and one forward + backward, where it sees every matmul: grad on,
+    the MHA fast path off, math attention (an independent count for the analytic one)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils.flop_counter import FlopCounterMode
+
+    fast = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(False)
+    subject.module.eval()
+    try:
+        with sdpa_kernel(SDPBackend.MATH), torch.enable_grad():
+            with FlopCounterMode(display=False) as fwd:
+                subject(x)
+            with FlopCounterMode(display=False) as step:
+                out = subject(x.detach().clone().requires_grad_(True))
+                out.backward(torch.ones_like(out))
+    finally:
+        torch.backends.mha.set_fastpath_enabled(fast)
+    return None, int(fwd.get_total_flops()), int(step.get_total_flops())
 
 
 def expected_layer_params(d, f, bias):
@@ -100,16 +122,23 @@ def test_user_block_rows_and_flops():
     assert r.total == sum(p.numel() for p in subject.module.parameters())
     hidden = int(8 * 64 / 3)
     assert r.groups["ffn"] == 3 * 64 * hidden and r.groups["attention"] == 4 * 64 * 64 and r.groups["norm"] == 128
-    assert r.flops_source == "FlopCounterMode"
+    assert r.flops_source == "dataflow trace"
     N, L, d = cfg.batch * cfg.seq, cfg.seq, 64
     assert r.flops["forward"] == N * 2 * (4 * d * d + 3 * d * hidden) + 4 * N * L * d
+    roles = {c.name: c.role for c in r.components}
+    assert roles["q_proj"] == "attn.q" and roles["gate"] == "ffn.gate" and roles["up"] == "ffn.in" and roles["down"] == "ffn.out"
+    assert {c.name: c.out_shape for c in r.components}["gate"] == (cfg.batch, cfg.seq, hidden)
 
 
-def test_user_block_depth_and_shared_parameters_counted_once():
+def test_user_block_tree_depth_and_shared_parameters_counted_once():
     _, subject, r = report_for(spec=zoo_spec("TorchPreLN"), d_model=32, n_heads=4, depth=2)
-    names = [c.name for c in r.components]
-    assert "self_attn.out_proj" in names and "self_attn.(own)" in names
+    by = {c.name: c for c in r.components}
+    assert "self_attn.out_proj" in by and "self_attn (own)" in by and "linear1" in by
+    assert by["self_attn (own)"].params == 3 * 32 * 32 + 3 * 32  # in_proj weight and bias
+    assert all(c.params >= 0 and c.flops_per_token >= 0 for c in r.components)
     assert sum(c.params for c in r.components) == r.total
+    _, _, roles = report_for(spec=zoo_spec("TorchPreLN"), d_model=32, n_heads=4)
+    assert sum(c.flops_per_token for c in r.components) == sum(c.flops_per_token for c in roles.components)
 
 
 def test_tied_weights_counted_once():
@@ -150,7 +179,8 @@ def test_cli_json_and_presets():
     assert res.exit_code == 0, res.output
     data = json.loads(res.stdout)
     assert data["total"] == 85_056_000  # GPT-2 small without embeddings: 12 x 7,087,872 + ln_f 1,536
-    assert {"name", "group", "params", "bytes", "flops_per_token"} == set(data["components"][0])
+    assert {"name", "group", "role", "params", "bytes", "flops_per_token", "grows_with_seq", "out_shape"} == set(data["components"][0])
+    assert data["schema_version"] == 1 and data["command"] == "params" and data["kv_cache"]["bytes_per_token"] == 2 * 12 * 768 * 4
     assert set(data["flops"]) >= {"forward", "train_step"}
     assert 0.66 < data["ffn_share"] < 0.67
     res = runner.invoke(app, ["params", "--preset", "bert-base", "--json"])

@@ -369,3 +369,425 @@ PLANTED = {
 # parameters outside attention, FFN and norms (not wrong in itself, but the 2/3 rule no longer reads).
 WARNED = {"NeedWeightsOn": "need_weights", "ExtraParams": "ffn_share"}
 CORRECT = {"Good": {}, "LlamaBlock": {"causal": True}, "TorchPreLN": {}, "TorchPostLN": {}, "NoPadKeyword": {}}
+
+
+# ----------------------------------------------------------------------------- second generation
+# Correct blocks written the ways people write them: opaque names, hand-written attention, nesting,
+# GPT-2's Conv1D. Each takes a padding mask under some name (or none) and, where it can, `causal`.
+
+
+def heads(t, n):  # (B, T, C) -> (B, nh, T, hs)
+    B, T, C = t.shape
+    return t.view(B, T, n, C // n).transpose(1, 2)
+
+
+def merge(t):  # (B, nh, T, hs) -> (B, T, C)
+    B, H, T, D = t.shape
+    return t.transpose(1, 2).reshape(B, T, H * D)
+
+
+def allowed_mask(T, device, causal, pad_mask=None):
+    """(B or 1, 1, T, T) bool, True = may attend."""
+    a = torch.ones(T, T, dtype=torch.bool, device=device)
+    if causal:
+        a = a.tril()
+    a = a[None, None]
+    if pad_mask is not None:
+        a = a & ~pad_mask[:, None, None, :]
+    return a
+
+
+class OpaqueNames(nn.Module):
+    """Pre-LN with projections called w_a..w_d, SDPA attention, an MLP called f/g."""
+
+    def __init__(self, d_model=64, n_heads=4, d_ff=None, causal=False):
+        super().__init__()
+        d_ff = d_ff or 4 * d_model
+        self.n, self.causal = n_heads, causal
+        self.n1, self.n2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
+        self.w_a, self.w_b, self.w_c, self.w_d = (nn.Linear(d_model, d_model) for _ in range(4))
+        self.f, self.g = nn.Linear(d_model, d_ff), nn.Linear(d_ff, d_model)
+
+    def forward(self, x, pad_mask=None):
+        h = self.n1(x)
+        q, k, v = heads(self.w_a(h), self.n), heads(self.w_b(h), self.n), heads(self.w_c(h), self.n)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed_mask(x.shape[1], x.device, self.causal, pad_mask))
+        x = x + self.w_d(merge(y))
+        return x + self.g(F.gelu(self.f(self.n2(x))))
+
+
+class HandSoftmax(nn.Module):
+    """Pre-LN with a fused qkv, softmax(QK^T / sqrt(d_head)) V written out, a ReLU MLP called net."""
+
+    def __init__(self, d_model=64, n_heads=4, d_ff=None, causal=False, prescale=False):
+        super().__init__()
+        self.n, self.causal, self.prescale = n_heads, causal, prescale
+        self.norm_a, self.norm_b = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.o = nn.Linear(d_model, d_model)
+        self.net = nn.Sequential(nn.Linear(d_model, d_ff or 4 * d_model), nn.ReLU(), nn.Linear(d_ff or 4 * d_model, d_model))
+
+    def scores(self, q, k):
+        if self.prescale:
+            return (q * q.shape[-1] ** -0.5) @ k.transpose(-2, -1)
+        return q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+
+    def attend(self, h, mask):
+        q, k, v = (heads(t, self.n) for t in self.qkv(h).chunk(3, dim=-1))
+        s = self.scores(q, k).masked_fill(~allowed_mask(h.shape[1], h.device, self.causal, mask), float("-inf"))
+        return merge(s.softmax(dim=-1) @ v)
+
+    def forward(self, x, mask=None):
+        x = x + self.o(self.attend(self.norm_a(x), mask))
+        return x + self.net(self.norm_b(x))
+
+
+def HandSoftmaxPrescaled(d_model=64, n_heads=4, d_ff=None, causal=False):
+    """q scaled by d_head^-1/2 before the product (as many code bases do): as correct as scaling after."""
+    return HandSoftmax(d_model, n_heads, d_ff, causal, prescale=True)
+
+
+class XAttention(nn.Module):
+    def __init__(self, dim, heads_):
+        super().__init__()
+        self.heads = heads_
+        self.to_q = nn.Linear(dim, dim, bias=False)
+        self.to_k = nn.Linear(dim, dim, bias=False)
+        self.to_v = nn.Linear(dim, dim, bias=False)
+        self.to_out = nn.Linear(dim, dim)
+
+    def forward(self, x, mask=None):  # mask: True = keep (x-transformers' convention)
+        q, k, v = (heads(f(x), self.heads) for f in (self.to_q, self.to_k, self.to_v))
+        s = torch.einsum("bhid,bhjd->bhij", q, k) * q.shape[-1] ** -0.5
+        if mask is not None:
+            s = s.masked_fill(~mask[:, None, None, :], -torch.finfo(s.dtype).max)
+        out = torch.einsum("bhij,bhjd->bhid", s.softmax(dim=-1), v)
+        return self.to_out(merge(out))
+
+
+class XFeedForward(nn.Module):
+    def __init__(self, dim, mult=4):
+        super().__init__()
+        self.net = nn.Sequential(nn.Sequential(nn.Linear(dim, dim * mult), nn.GELU()), nn.Dropout(0.0), nn.Linear(dim * mult, dim))
+
+    def forward(self, x):
+        return self.net(x)
+
+
+class XEncoder(nn.Module):
+    """x-transformers' layout: layers = ModuleList of [norm, block] pairs, to_q/to_k/to_v/to_out, mask True = keep."""
+
+    def __init__(self, dim=64, heads=4, depth=1):
+        super().__init__()
+        self.layers = nn.ModuleList()
+        for _ in range(depth):
+            self.layers.append(nn.ModuleList([nn.LayerNorm(dim), XAttention(dim, heads)]))
+            self.layers.append(nn.ModuleList([nn.LayerNorm(dim), XFeedForward(dim)]))
+        self.final_norm = nn.LayerNorm(dim)
+
+    def forward(self, x, mask=None):
+        for norm, fn in self.layers:
+            x = x + (fn(norm(x), mask=mask) if isinstance(fn, XAttention) else fn(norm(x)))
+        return self.final_norm(x)
+
+
+class Conv1D(nn.Module):
+    """GPT-2's Conv1D: a Linear with its weight transposed, computed with addmm."""
+
+    def __init__(self, nf, nx):
+        super().__init__()
+        self.nf = nf
+        self.weight = nn.Parameter(torch.randn(nx, nf) * 0.02)
+        self.bias = nn.Parameter(torch.zeros(nf))
+
+    def forward(self, x):
+        out = torch.addmm(self.bias, x.view(-1, x.size(-1)), self.weight)
+        return out.view(x.size()[:-1] + (self.nf,))
+
+
+class GPT2Style(nn.Module):
+    """GPT-2's block: ln_1, c_attn (fused, Conv1D), c_proj, ln_2, mlp.c_fc/c_proj with tanh-GELU; causal."""
+
+    def __init__(self, d_model=64, n_heads=4, causal=True):
+        super().__init__()
+        self.n, self.causal = n_heads, causal
+        self.ln_1, self.ln_2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
+        self.c_attn, self.c_proj = Conv1D(3 * d_model, d_model), Conv1D(d_model, d_model)
+        self.mlp = nn.ModuleDict({"c_fc": Conv1D(4 * d_model, d_model), "c_proj": Conv1D(d_model, 4 * d_model)})
+
+    def forward(self, x, attention_mask=None):  # attention_mask: 1 = keep (HF's convention)
+        h = self.ln_1(x)
+        q, k, v = (heads(t, self.n) for t in self.c_attn(h).split(x.shape[-1], dim=2))
+        pad = None if attention_mask is None else ~attention_mask.bool()
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed_mask(x.shape[1], x.device, self.causal, pad))
+        x = x + self.c_proj(merge(y))
+        return x + self.mlp["c_proj"](F.gelu(self.mlp["c_fc"](self.ln_2(x)), approximate="tanh"))
+
+
+class Rotary(nn.Module):
+    """Rotary position embedding (RoPE) of (B, nh, T, hs) queries and keys."""
+
+    def __init__(self, dim, base=10000.0):
+        super().__init__()
+        self.register_buffer("inv_freq", 1.0 / base ** (torch.arange(0, dim, 2).float() / dim), persistent=False)
+
+    def forward(self, t):
+        T = t.shape[-2]
+        freqs = torch.outer(torch.arange(T, device=t.device, dtype=self.inv_freq.dtype), self.inv_freq)
+        cos, sin = freqs.cos().to(t.dtype), freqs.sin().to(t.dtype)
+        t1, t2 = t[..., 0::2], t[..., 1::2]
+        return torch.stack((t1 * cos - t2 * sin, t1 * sin + t2 * cos), dim=-1).flatten(-2)
+
+
+class RoPEBlock(LlamaBlock):
+    """Llama-style with rotary positions: token order matters by design (order skips: positions inside)."""
+
+    def __init__(self, d_model=64, n_heads=4, causal=False):
+        super().__init__(d_model, n_heads, causal)
+        self.rotary = Rotary(d_model // n_heads)
+
+    def attention(self, h, pad_mask):
+        B, T, C = h.shape
+        q, k, v = (heads(p(h), self.n_heads) for p in (self.q_proj, self.k_proj, self.v_proj))
+        q, k = self.rotary(q), self.rotary(k)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed_mask(T, h.device, self.causal, pad_mask))
+        return self.o_proj(merge(y))
+
+
+class XKeepMask(XEncoder):
+    """x-transformers-style, mask True = keep, padded query rows zeroed: correct with --pad-keyword mask --pad-means keep."""
+
+    def forward(self, x, mask=None):
+        out = super().forward(x, mask)
+        return out if mask is None else out * mask[..., None]
+
+
+# ---- planted bugs, second generation: each is a correct block above with one thing changed
+
+
+class HeadsNoTranspose(OpaqueNames):
+    def forward(self, x, pad_mask=None):
+        h = self.n1(x)
+        q, k, v = heads(self.w_a(h), self.n), heads(self.w_b(h), self.n), heads(self.w_c(h), self.n)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed_mask(x.shape[1], x.device, self.causal, pad_mask))
+        x = x + self.w_d(y.reshape(x.shape))  # bug: (B, nh, T, hs) reshaped without transposing back
+        return x + self.g(F.gelu(self.f(self.n2(x))))
+
+
+class HeadsNoTransposeNoMask(HeadsNoTranspose):
+    def forward(self, x):
+        return super().forward(x)
+
+
+class TokenShift(OpaqueNames):
+    def forward(self, x, pad_mask=None):
+        h = self.n1(x)
+        q, k, v = heads(self.w_a(h), self.n), heads(self.w_b(h), self.n), heads(self.w_c(h), self.n)
+        x = x + self.w_d(merge(F.scaled_dot_product_attention(q, k, v, attn_mask=allowed_mask(x.shape[1], x.device, self.causal, pad_mask))))
+        return x + self.g(F.gelu(self.f(self.n2(x).roll(1, dims=1))))  # bug: tokens shifted in the FFN path
+
+
+class TokenShiftNoMask(TokenShift):
+    def forward(self, x):
+        return super().forward(x)
+
+
+class Unscaled(HandSoftmax):
+    def scores(self, q, k):
+        return q @ k.transpose(-2, -1)  # bug: no 1/sqrt(d_head)
+
+
+class UnscaledSDPA(OpaqueNames):
+    def forward(self, x, pad_mask=None):
+        h = self.n1(x)
+        q, k, v = heads(self.w_a(h), self.n), heads(self.w_b(h), self.n), heads(self.w_c(h), self.n)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed_mask(x.shape[1], x.device, self.causal, pad_mask), scale=1.0)  # bug
+        x = x + self.w_d(merge(y))
+        return x + self.g(F.gelu(self.f(self.n2(x))))
+
+
+class EvalSkipsFFN(Good):
+    def forward(self, x, pad_mask=None):
+        x = x + self.sa(self.ln1(x), pad_mask)
+        if not self.training:
+            return x  # bug: the FFN only runs in training
+        return x + self.ffn(self.ln2(x))
+
+
+class MaskPolarityZeroRows(XEncoder):
+    """Documents pad_mask as True = padding but reads it as True = keep, and zeroes 'masked' query rows."""
+
+    def forward(self, x, pad_mask=None):
+        keep = pad_mask  # bug: wrong polarity
+        out = super().forward(x, keep)
+        if keep is None:
+            return out
+        return x + (out - x) * keep[..., None]
+
+
+class CausalIgnoresPadding(Good):
+    """Causal, takes pad_mask, drops it: right padding cannot show it, left padding does."""
+
+    def forward(self, x, pad_mask=None):
+        return super().forward(x, None)  # bug
+
+
+class LinearFFN(Good):
+    def __init__(self, *a, **k):
+        super().__init__(*a, **k)
+        self.ffn[1] = nn.Identity()  # bug: no nonlinearity: the two Linears compose to one
+
+
+class LinearFFNOpaque(OpaqueNames):
+    def forward(self, x, pad_mask=None):
+        h = self.n1(x)
+        q, k, v = heads(self.w_a(h), self.n), heads(self.w_b(h), self.n), heads(self.w_c(h), self.n)
+        x = x + self.w_d(merge(F.scaled_dot_product_attention(q, k, v, attn_mask=allowed_mask(x.shape[1], x.device, self.causal, pad_mask))))
+        return x + self.g(F.dropout(self.f(self.n2(x)), 0.0, self.training))  # bug: dropout where the activation was
+
+
+class PadMaskOnQueries(LlamaBlock):
+    def attention(self, h, pad_mask):
+        B, T, C = h.shape
+        q, k, v = (heads(p(h), self.n_heads) for p in (self.q_proj, self.k_proj, self.v_proj))
+        allowed = torch.ones(T, T, dtype=torch.bool, device=h.device).tril()[None, None] if self.causal else None
+        if pad_mask is not None:
+            rows = ~pad_mask[:, None, :, None]  # bug: masks query rows, not keys
+            allowed = rows if allowed is None else allowed & rows
+            allowed = allowed | ~rows.any(-2, keepdim=True)  # keep the row non-empty
+        return self.o_proj(merge(F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)))
+
+
+# The second generation: check that must flag each (fail, or warn that --strict fails) and its flags.
+PLANTED_2 = {
+    "HeadsNoTranspose": ("padding", {}),
+    "HeadsNoTransposeNoMask": ("order", {}),
+    "TokenShift": ("padding", {}),
+    "TokenShiftNoMask": ("order", {}),
+    "Unscaled": ("attention", {"d_model": 512, "n_heads": 8}),
+    "UnscaledSDPA": ("attention", {}),
+    "EvalSkipsFFN": ("train_eval", {}),
+    "MaskPolarityZeroRows": ("padding", {}),
+    "CausalIgnoresPadding": ("padding", {"causal": True}),
+    "LinearFFN": ("ffn_share", {}),
+    "LinearFFNOpaque": ("ffn_share", {}),
+    "PadMaskOnQueries": ("padding", {}),
+}
+CORRECT.update({
+    "OpaqueNames": {}, "HandSoftmax": {}, "HandSoftmaxPrescaled": {}, "XEncoder": {}, "GPT2Style": {"causal": True},
+    "RoPEBlock": {}, "XKeepMask": {"pad_keyword": "mask", "pad_means": "keep"},
+})
+
+
+# ----------------------------------------------------------------------------- cached decoding
+# decode(x_t, cache) -> (y_t, cache): x_t holds n >= 1 new tokens; cache is None at the start.
+
+
+class CachedLlama(LlamaBlock):
+    """Llama-style, causal, with a KV cache: the cache is (k, v) of shape (B, nh, T, hs)."""
+
+    def qkv(self, h):
+        return (heads(p(h), self.n_heads) for p in (self.q_proj, self.k_proj, self.v_proj))
+
+    def extend(self, cache, k, v):
+        return (k, v) if cache is None else (torch.cat([cache[0], k], 2), torch.cat([cache[1], v], 2))
+
+    def allowed(self, n, T, device):
+        return torch.ones(n, T, dtype=torch.bool, device=device).tril(T - n)  # new token i sits at T - n + i
+
+    def attend_cached(self, h, cache):
+        q, k, v = self.qkv(h)
+        k, v = self.extend(cache, k, v)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=self.allowed(h.shape[1], k.shape[2], h.device))
+        return self.o_proj(merge(y)), (k, v)
+
+    def decode(self, x, cache=None):
+        a, cache = self.attend_cached(self.attn_norm(x), cache)
+        x = x + a
+        h = self.ffn_norm(x)
+        return x + self.down(F.silu(self.gate(h)) * self.up(h)), cache
+
+
+class CachedRoPE(RoPEBlock):
+    """RoPE with a cache: new tokens are rotated at their absolute positions (the cache length)."""
+
+    def __init__(self, d_model=64, n_heads=4, causal=True):
+        super().__init__(d_model, n_heads, causal)
+
+    def rotate(self, t, start):
+        T = t.shape[-2]
+        pos = torch.arange(start, start + T, device=t.device, dtype=self.rotary.inv_freq.dtype)
+        freqs = torch.outer(pos, self.rotary.inv_freq)
+        cos, sin = freqs.cos().to(t.dtype), freqs.sin().to(t.dtype)
+        t1, t2 = t[..., 0::2], t[..., 1::2]
+        return torch.stack((t1 * cos - t2 * sin, t1 * sin + t2 * cos), dim=-1).flatten(-2)
+
+    def offset(self, cache):
+        return 0 if cache is None else cache[0].shape[2]
+
+    def decode(self, x, cache=None):
+        h = self.attn_norm(x)
+        q, k, v = (heads(p(h), self.n_heads) for p in (self.q_proj, self.k_proj, self.v_proj))
+        start = self.offset(cache)
+        q, k = self.rotate(q, start), self.rotate(k, start)
+        if cache is not None:
+            k, v = torch.cat([cache[0], k], 2), torch.cat([cache[1], v], 2)
+        n, T = x.shape[1], k.shape[2]
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=torch.ones(n, T, dtype=torch.bool, device=x.device).tril(T - n))
+        x = x + self.o_proj(merge(y))
+        h = self.ffn_norm(x)
+        return x + self.down(F.silu(self.gate(h)) * self.up(h)), (k, v)
+
+
+class CacheWindow(CachedLlama):
+    def extend(self, cache, k, v):
+        k, v = super().extend(cache, k, v)
+        return k[:, :, -8:], v[:, :, -8:]  # bug: a sliding window of 8 nobody asked for
+
+
+class CacheKeyTwice(CachedLlama):
+    def extend(self, cache, k, v):
+        if cache is None:
+            return k, v
+        return torch.cat([cache[0], k, k], 2), torch.cat([cache[1], v, v], 2)  # bug: the new key and value appended twice
+
+    def allowed(self, n, T, device):
+        return torch.ones(n, T, dtype=torch.bool, device=device).tril(T - n)
+
+
+class CacheRoPEOffByOne(CachedRoPE):
+    def offset(self, cache):
+        return 0 if cache is None else cache[0].shape[2] - 1  # bug: positions off by one after the prefill
+
+
+class CacheShared(CachedLlama):
+    """Keeps its cache on the module: two sequences decoded in turns see each other's keys."""
+
+    def decode(self, x, cache=None):
+        if cache is None:
+            self.store = None
+        y, self.store = super().decode(x, getattr(self, "store", None))  # bug: the module's cache, not the caller's
+        return y, ("token", self.store[0].shape[2])
+
+
+class CacheChunkSeesFuture(CachedLlama):
+    def allowed(self, n, T, device):
+        return torch.ones(n, T, dtype=torch.bool, device=device)  # bug: a chunk's tokens see the chunk's later tokens
+
+
+class CacheGrowsGraph(CachedLlama):
+    def decode(self, x, cache=None):
+        with torch.enable_grad():  # bug: builds an autograd graph across steps even under no_grad
+            return super().decode(x.requires_grad_(True) if not x.requires_grad else x, cache)
+
+
+class CacheForgetsPrefill(CachedLlama):
+    def extend(self, cache, k, v):
+        if cache is not None and cache[0].shape[2] > 1 and k.shape[2] == 1:
+            cache = (cache[0][:, :, -1:], cache[1][:, :, -1:])  # bug: only the prompt's last token is kept
+        return super().extend(cache, k, v)
+
+
+CACHE_BUGS = ["CacheWindow", "CacheKeyTwice", "CacheRoPEOffByOne", "CacheShared", "CacheChunkSeesFuture", "CacheGrowsGraph",
+              "CacheForgetsPrefill"]
+CACHED_CORRECT = ["CachedLlama", "CachedRoPE"]

@@ -9,9 +9,10 @@ from typing import Callable
 import torch
 import torch.nn as nn
 
-from tblock_cli.checks import f64, residual_gain
 from tblock_cli.config import BlockConfig
 from tblock_cli.errors import reraise_as_measure_error
+from tblock_cli.probes import f64, residual_gain
+from tblock_cli.report import Finding, RunInfo, Status
 
 # A Post-LN layer ends in LayerNorm: at the default affine init (weight 1, bias 0) every output
 # token has mean 0 and (biased) std sqrt(var / (var + eps)) ~ 1. A Pre-LN layer's output is x + f(...),
@@ -33,12 +34,6 @@ class LayerStats:
 
 
 @dataclass(frozen=True)
-class Finding:
-    status: str  # "info" or "warn"
-    text: str
-
-
-@dataclass(frozen=True)
 class DepthReport:
     subject: str
     norm: str  # what was asked: pre | post | mixed | user
@@ -48,10 +43,38 @@ class DepthReport:
     input_rms: float
     findings: tuple[Finding, ...]
     strict: bool
+    run: RunInfo | None = None
 
     @property
     def ok(self) -> bool:
-        return not (self.strict and any(f.status == "warn" for f in self.findings))
+        return not (self.strict and any(f.status is Status.WARN for f in self.findings))
+
+    def body(self) -> dict:
+        return {"norm": self.norm, "layers": self.layers, "final_norm": self.final_norm, "final_rms": self.final_rms,
+                "input_rms": self.input_rms, "findings": self.findings}
+
+    def to_dict(self) -> dict:
+        return (self.run or RunInfo(self.subject, {}, {})).envelope("depth", self.ok, self.body())
+
+
+@dataclass(frozen=True)
+class DepthComparison:
+    """depth --compare: pre, post and mixed stacks of the same depth."""
+
+    reports: tuple[DepthReport, ...]
+
+    @property
+    def ok(self) -> bool:
+        return all(r.ok for r in self.reports)
+
+    @property
+    def findings(self) -> tuple[Finding, ...]:
+        return tuple(f for r in self.reports for f in r.findings)
+
+    def to_dict(self) -> dict:
+        run = self.reports[0].run or RunInfo("", {}, {})
+        run = RunInfo("built-in pre, post and mixed stacks", {**run.config, "norm": "compare"}, run.environment, run.warnings)
+        return run.envelope("depth", self.ok, {"compare": [{"subject": r.subject, **r.body()} for r in self.reports]})
 
 
 def detect_placement(out: torch.Tensor) -> tuple[str, float, float]:
@@ -110,36 +133,36 @@ def findings(stats: list[LayerStats], final_applied: bool, final_rms: float | No
     n = len(stats)
     first, last = stats[0], stats[-1]
     growth = last.act_rms / input_rms
-    out.append(Finding("info", f"activation RMS goes from {input_rms:.2f} (input) to {first.act_rms:.2f} after layer 0 and "
+    out.append(Finding(Status.INFO, f"activation RMS goes from {input_rms:.2f} (input) to {first.act_rms:.2f} after layer 0 and "
                                f"{last.act_rms:.2f} after layer {n - 1}: x{growth:.2f} over {n} layers "
                                f"(x{growth ** (1 / n):.3f} per layer)"))
     if final_applied:
-        out.append(Finding("info", f"the final LayerNorm brings the output RMS from {last.act_rms:.2f} back to {final_rms:.2f}"))
+        out.append(Finding(Status.INFO, f"the final LayerNorm brings the output RMS from {last.act_rms:.2f} back to {final_rms:.2f}"))
     elif last.placement == "pre" and n > 1:
-        out.append(Finding("warn", f"the last layer is Pre-LN and no final LayerNorm follows: the stack outputs activations of "
+        out.append(Finding(Status.WARN, f"the last layer is Pre-LN and no final LayerNorm follows: the stack outputs activations of "
                                    f"RMS {last.act_rms:.2f}, un-normalised (a Pre-LN stack needs a final LayerNorm)"))
     ratio = first.grad_input_norm / last.grad_input_norm if last.grad_input_norm else float("inf")
     word = "grows" if ratio >= 1 else "shrinks"
-    out.append(Finding("info", f"the gradient norm at the layer input {word} by x{ratio:.3g} from the last layer ({last.grad_input_norm:.3g}) "
+    out.append(Finding(Status.INFO, f"the gradient norm at the layer input {word} by x{ratio:.3g} from the last layer ({last.grad_input_norm:.3g}) "
                                f"to the first ({first.grad_input_norm:.3g})"))
     pr = [s.grad_param_norm for s in stats]
-    out.append(Finding("info", f"parameter gradient norms range from {min(pr):.3g} to {max(pr):.3g} "
+    out.append(Finding(Status.INFO, f"parameter gradient norms range from {min(pr):.3g} to {max(pr):.3g} "
                                f"(first/last = {pr[0] / pr[-1] if pr[-1] else float('inf'):.3g})"))
     gains = [s.residual_gain for s in stats]
-    out.append(Finding("info", f"residual gain tr(J)/n per layer: {min(gains):.3f} to {max(gains):.3f}"))
+    out.append(Finding(Status.INFO, f"residual gain tr(J)/n per layer: {min(gains):.3f} to {max(gains):.3f}"))
     changes = [s.index for prev, s in zip(stats, stats[1:]) if s.placement != prev.placement]
     if changes:
         kinds = sorted({s.placement for s in stats})
-        out.append(Finding("warn", f"mixed norm placement ({' and '.join(kinds)}-LN in one stack): it changes at layer(s) "
+        out.append(Finding(Status.WARN, f"mixed norm placement ({' and '.join(kinds)}-LN in one stack): it changes at layer(s) "
                                    f"{', '.join(map(str, changes))}; keep one placement (Pre-LN for deep stacks)"))
     return out
 
 
-def run_depth(cfg: BlockConfig, device: torch.device, dtype: torch.dtype, *, spec: str | None = None,
-              kwargs_json: str | None = None, strict: bool = False) -> DepthReport:
-    """Build N blocks (built-in with cfg.norm, or N copies of a user block) and measure them."""
+def run_depth(cfg: BlockConfig, device: torch.device, dtype: torch.dtype,
+              make_layers: Callable[[int], list] | None = None, *, strict: bool = False, run: RunInfo | None = None) -> DepthReport:
+    """Build N blocks (built-in with cfg.norm, or make_layers(N) of a user block) and measure them."""
     gen = torch.Generator().manual_seed(cfg.seed)
-    if spec is None:
+    if make_layers is None:
         from tblock_cli.block import build_block
 
         stack = build_block(cfg, device, dtype)
@@ -151,11 +174,9 @@ def run_depth(cfg: BlockConfig, device: torch.device, dtype: torch.dtype, *, spe
         def final_norm(_last_placement):
             return fixed_final
     else:
-        from tblock_cli.loading import user_layers
-
-        subjects = user_layers(cfg, device, dtype, spec, kwargs_json, cfg.layers)
+        subjects = make_layers(cfg.layers)
         blocks, layers = [s.module for s in subjects], subjects
-        name = f"{spec} x{cfg.layers}"
+        name = f"{subjects[0].name} x{cfg.layers}"
         torch.manual_seed(cfg.seed)
         ln = nn.LayerNorm(cfg.d_model, eps=cfg.eps).to(device=device, dtype=dtype)
 
@@ -166,5 +187,5 @@ def run_depth(cfg: BlockConfig, device: torch.device, dtype: torch.dtype, *, spe
         stats, applied, final_rms, input_rms = measure_stack(layers, blocks, x, final_norm, gen)
     except Exception as e:  # noqa: BLE001 - the block under test raised
         reraise_as_measure_error(e, f"{name} raised during the forward/backward")
-    return DepthReport(name, cfg.norm if spec is None else "user", tuple(stats), applied, final_rms, input_rms,
-                       tuple(findings(stats, applied, final_rms, input_rms)), strict)
+    return DepthReport(name, cfg.norm if make_layers is None else "user", tuple(stats), applied, final_rms, input_rms,
+                       tuple(findings(stats, applied, final_rms, input_rms)), strict, run)

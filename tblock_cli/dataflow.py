@@ -1,0 +1,535 @@
+"""A block's anatomy read from one traced forward: which modules feed attention, which form the FFN, which normalise.
+
+Mechanism: a `TorchFunctionMode` sees every torch function the forward calls, at the level the user
+wrote it (`F.linear`, `torch.addmm`, `F.scaled_dot_product_attention`, `F.multi_head_attention_forward`,
+`softmax`, `@`), whatever the modules are called and however they nest. Each tensor carries a
+provenance: the projections (modules owning a weight matrix) whose outputs reach it with no other
+projection in between, and whether a nonlinearity acted since. Attention is recognised by what it
+does: an SDPA or MHA call, or a softmax over a product of two activations whose product is then
+multiplied by a third. Norms are recognised by what they do too: a module with only per-feature
+parameters whose output is invariant to scaling each token. `torch.fx` and `torch.export` were set
+aside: both need the forward to be traceable as a graph, and user blocks branch on shapes, call
+Python helpers and read `self.training`; the mode needs nothing of the code but that it runs.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from dataclasses import dataclass, replace
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+
+from tblock_cli.probes import train_mode
+
+ATTENTION_ROLES = ("attn.q", "attn.k", "attn.v", "attn.qk", "attn.kv", "attn.qkv", "attn.out")
+FFN_ROLES = ("ffn.in", "ffn.gate", "ffn.out")
+GROUPS = ("attention", "ffn", "norm", "other")
+
+# Provenance flags: an activation function acted (gelu, silu, ...), or another nonlinearity did (a
+# product of two activations, exp, ...). A projection reached with neither composes linearly.
+ACT, NONLINEAR = 1, 2
+ACTIVATIONS = {"gelu", "relu", "relu_", "silu", "silu_", "sigmoid", "tanh", "softplus", "mish", "elu", "selu", "celu",
+               "leaky_relu", "hardswish", "hardsigmoid", "hardtanh", "relu6", "glu", "erf", "gelu_", "quick_gelu", "logsigmoid"}
+# Functions that are linear in each tensor argument (or only move data): provenance passes through
+# unflagged. Anything not listed here counts as a nonlinearity, so the linear-FFN finding stays conservative.
+LINEAR = {"add", "add_", "__add__", "__radd__", "__iadd__", "sub", "sub_", "__sub__", "__rsub__", "rsub", "__isub__", "neg",
+          "__neg__", "view", "reshape", "transpose", "permute", "contiguous", "flatten", "unflatten", "split", "chunk",
+          "unbind", "__getitem__", "squeeze", "unsqueeze", "expand", "expand_as", "clone", "to", "type", "float", "half",
+          "bfloat16", "double", "dropout", "dropout_", "cat", "stack", "concat", "concatenate", "masked_fill", "masked_fill_",
+          "narrow", "select", "repeat", "repeat_interleave", "view_as", "reshape_as", "movedim", "swapaxes", "roll", "flip",
+          "split_with_sizes", "tensor_split", "t", "mT", "detach", "sum", "mean", "pad", "index_select", "gather", "tile"}
+SCALING = {"mul", "mul_", "__mul__", "__rmul__", "__imul__", "div", "div_", "__truediv__", "true_divide", "__itruediv__"}
+MATMULS = {"matmul", "__matmul__", "bmm", "einsum", "mm", "baddbmm"}
+SOFTMAX = {"softmax", "_softmax"}
+# A norm leaves each token's output unchanged when the token is scaled (LayerNorm, RMSNorm): checked
+# at this relative tolerance in float64 (eps moves a unit-scale token by ~eps, far below it).
+NORM_INVARIANCE_TOL = 1e-4
+# Scores below this are a mask (-inf, finfo.min, -1e9), not a logit.
+MASKED_LOGIT = -1e4
+
+
+@dataclass(frozen=True)
+class AttentionCall:
+    """One attention computation seen on the probe input."""
+
+    kind: str  # nn.MultiheadAttention | scaled_dot_product_attention | softmax(QK^T)V
+    where: str  # the module it ran in
+    q: tuple[str, ...]  # projections whose outputs reach the queries
+    k: tuple[str, ...]
+    v: tuple[str, ...]
+    heads: int
+    head_dim: int
+    batch: int
+    q_len: int
+    k_len: int
+    logit_std: float  # std of the scores over unmasked entries
+    entropy: float  # mean row entropy / log(keys allowed): 1 = uniform
+    max_prob: float  # mean over rows of the largest attention weight
+    scale_ratio: float | None  # logit std / (rms(q) rms(k)) from the projections: 1 at 1/sqrt(d_head), sqrt(d_head) unscaled
+    scale_note: str  # where the scale came from
+    flops: int  # scores + weighted sum, multiply-add = 2
+    kv_width: int = 0  # key + value elements per token: what a decoding cache keeps for this call
+
+
+@dataclass(frozen=True)
+class ModuleUse:
+    """A module that owns parameters, with the role the dataflow gave it."""
+
+    name: str
+    role: str  # attn.q ... attn.out, ffn.in / ffn.gate / ffn.out, norm, other
+    params: int  # its own parameters not already counted for another module
+    matrix_params: int  # of which weight matrices (ndim >= 2)
+    out_shape: tuple[int, ...] | None  # on the probe input
+    flops: int  # forward matmul FLOPs it ran on the probe input
+
+    @property
+    def group(self) -> str:
+        return group_of(self.role)
+
+
+@dataclass(frozen=True)
+class Dataflow:
+    modules: tuple[ModuleUse, ...]
+    attention: tuple[AttentionCall, ...]
+    linear_chains: tuple[tuple[str, str], ...]  # FFN (first, second) projections with no nonlinearity between
+    tokens: int  # batch x seq of the probe
+    total: int  # parameters, shared tensors once
+
+    def group_params(self, matrices_only: bool = False) -> dict[str, int]:
+        out = dict.fromkeys(GROUPS, 0)
+        for m in self.modules:
+            out[m.group] += m.matrix_params if matrices_only else m.params
+        return out
+
+    @property
+    def found(self) -> dict[str, bool]:
+        return {"attention": bool(self.attention), "ffn": any(m.group == "ffn" for m in self.modules)}
+
+
+def group_of(role: str) -> str:
+    return role.split(".")[0].replace("attn", "attention") if role not in ("norm", "other") else role
+
+
+def _tensors(obj):
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, (list, tuple)):
+        for o in obj:
+            yield from _tensors(o)
+    elif isinstance(obj, dict):
+        for o in obj.values():
+            yield from _tensors(o)
+
+
+def _rms(t: torch.Tensor) -> float:
+    return t.detach().double().pow(2).mean().sqrt().item()
+
+
+def score_stats(logits: torch.Tensor) -> tuple[float, float, float]:
+    """(std of unmasked logits, entropy relative to uniform, mean max probability) of (..., L, S) scores."""
+    z = logits.detach().double()
+    valid = torch.isfinite(z) & (z > MASKED_LOGIT)
+    vals = z[valid]
+    std = vals.std().item() if vals.numel() > 1 else 0.0
+    p = torch.softmax(z.masked_fill(~valid, float("-inf")), dim=-1).nan_to_num(0.0)
+    n = valid.sum(-1)
+    rows = n >= 2
+    ent = -(p * torch.log(p.clamp_min(1e-300))).sum(-1)
+    rel = (ent[rows] / torch.log(n[rows].double())).mean().item() if rows.any() else 1.0
+    return std, rel, p.amax(-1)[n >= 1].mean().item() if (n >= 1).any() else 0.0
+
+
+def find_norms(module: nn.Module, d_model: int, device, dtype) -> set[str]:
+    """Modules that normalise over the feature axis, found by what they do, not their class name.
+
+    A candidate owns only 1-D parameters of size d_model (or none but has 'norm' in its class name);
+    it is a norm when scaling each token of a random input by a different factor leaves its output unchanged.
+    """
+    found = set()
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 3, d_model, generator=gen, dtype=torch.float64)
+    s = torch.rand(2, 3, 1, generator=gen, dtype=torch.float64) * 4 + 0.5
+    for name, m in module.named_modules():
+        own = list(m.parameters(recurse=True))
+        if not own and "norm" not in type(m).__name__.lower():
+            continue
+        if any(p.ndim != 1 or p.shape[0] != d_model for p in own) or len(own) > 2:
+            continue
+        if isinstance(m, (nn.Linear, nn.Embedding, nn.MultiheadAttention)):
+            continue
+        try:
+            with torch.no_grad():
+                a = m(x.to(device=device, dtype=dtype))
+                b = m((x * s).to(device=device, dtype=dtype))
+        except Exception:  # noqa: BLE001 - not callable on a (B, T, d) tensor: not a token norm
+            continue
+        if not isinstance(a, torch.Tensor) or a.shape != x.shape:
+            continue
+        a64, b64 = a.double().cpu(), b.double().cpu()
+        if not torch.isfinite(a64).all() or a64.abs().max() == 0:
+            continue
+        if (a64 - b64).abs().max().item() <= NORM_INVARIANCE_TOL * max(1.0, a64.abs().max().item()) * (100 if dtype != torch.float64 and dtype != torch.float32 else 1):
+            found.add(name)
+    return {n for n in found if not any(n != o and n.startswith(o + ".") for o in found)}  # outermost only
+
+
+class _Tracer(TorchFunctionMode):
+    """Records projections, attention calls and provenance while one forward runs."""
+
+    def __init__(self, module: nn.Module):
+        super().__init__()
+        self.owner: dict[int, str] = {}  # id(weight matrix) -> module name
+        self.params: set[int] = set()
+        for name, m in module.named_modules():
+            for pn, p in m.named_parameters(recurse=False):
+                self.params.add(id(p))
+                if p.ndim >= 2 and id(p) not in self.owner:
+                    self.owner[id(p)] = name if not isinstance(m, nn.MultiheadAttention) else f"{name}.{pn}"
+            for b in m.buffers(recurse=False):
+                self.params.add(id(b))
+        self.prov: dict[int, dict[str, int]] = {}
+        self.keep: list = []  # every traced tensor stays alive, so ids are not reused
+        self.linear_in: dict[str, dict[str, int]] = {}  # projection -> provenance of its input
+        self.linear_out: dict[str, torch.Tensor] = {}  # projection -> its (last) output
+        self.out_shape: dict[str, tuple] = {}
+        self.flops: dict[str, int] = {}
+        self.attention: list[AttentionCall] = []
+        self.attn_owner: list[str] = []
+        self.scores: dict[str, tuple] = {}  # marker -> (A, B) of a product of two activations
+        self.probs: dict[str, int] = {}  # marker -> index into self.attention
+        self.mha_out: set[str] = set()
+        self.module_stack: list[str] = [""]
+
+    def leave(self, name: str, out) -> None:
+        if len(self.module_stack) > 1:
+            self.module_stack.pop()
+        if isinstance(out, torch.Tensor):  # the module's output shape, as torchinfo shows it
+            self.out_shape[name] = tuple(out.shape)
+
+    # ---------------------------------------------------------------- provenance helpers
+    def get(self, t) -> dict[str, int]:
+        return self.prov.get(id(t), {}) if isinstance(t, torch.Tensor) else {}
+
+    def put(self, t, prov: dict[str, int]) -> None:
+        for o in _tensors(t):
+            self.keep.append(o)
+            self.prov[id(o)] = dict(prov)
+
+    @staticmethod
+    def union(provs, flag: int = 0) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for p in provs:
+            for k, v in p.items():
+                out[k] = out.get(k, 0) | v | (flag if not k.startswith("@") else 0)
+        return out
+
+    def sources(self, t) -> tuple[str, ...]:
+        return tuple(sorted(k for k in self.get(t) if not k.startswith("@")))
+
+    def is_param(self, t) -> bool:
+        return isinstance(t, torch.Tensor) and id(t) in self.params
+
+    # ---------------------------------------------------------------- the hook
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        name = getattr(func, "__name__", "")
+        if name in ("__get__", "__set__") or not any(True for _ in _tensors(out)):
+            return out
+        try:
+            self.record(func, name, args, kwargs, out)
+        except Exception:  # noqa: BLE001 - a tracing slip must never break the user's forward
+            pass
+        return out
+
+    def record(self, func, name, args, kwargs, out):
+        ins = [t for t in _tensors((args, kwargs))]
+        acts = [t for t in ins if not self.is_param(t)]
+        if func is F.linear or (name in ("addmm", "matmul", "mm", "__matmul__") and any(id(t) in self.owner for t in ins)):
+            weight = kwargs.get("weight", args[1] if func is F.linear and len(args) > 1 else None)
+            if weight is None:
+                weight = next(t for t in ins if id(t) in self.owner)
+            proj = self.owner.get(id(weight))
+            x = args[0] if func is F.linear or name != "addmm" else args[1]
+            if proj is None:
+                self.put(out, self.union(self.get(t) for t in acts))
+                return
+            self.linear_in[proj] = self.union(self.get(t) for t in acts if t is not weight)
+            self.linear_out[proj] = out.detach()
+            self.out_shape[proj] = tuple(out.shape)
+            fan_in = weight.shape[1] if func is F.linear else weight.shape[0]
+            self.flops[proj] = self.flops.get(proj, 0) + 2 * weight.numel() * (x.numel() // max(1, fan_in))
+            self.put(out, {proj: 0})
+        elif func is F.multi_head_attention_forward:
+            self.mha(args, kwargs, out)
+        elif func is F.scaled_dot_product_attention:
+            self.sdpa(args, kwargs, out)
+        elif name in F.__dict__ and func is getattr(F, name) and name in ("layer_norm", "rms_norm", "group_norm"):
+            self.put(out, {"@norm": 0})
+        elif name in SOFTMAX:
+            self.softmax(args, kwargs, out, ins)
+        elif name in MATMULS and len(acts) >= 2:
+            self.matmul(name, args, acts, out)
+        elif name in ACTIVATIONS:
+            self.put(out, self.union((self.get(t) for t in acts), ACT))
+        elif name in SCALING:
+            with_prov = [t for t in acts if self.get(t) or t.numel() > 1]
+            flag = NONLINEAR if len([t for t in acts if self.get(t)]) >= 2 else 0
+            self.put(out, self.union((self.get(t) for t in with_prov), flag))
+        elif name in LINEAR:
+            self.put(out, self.union(self.get(t) for t in acts))
+        else:
+            self.put(out, self.union((self.get(t) for t in acts), NONLINEAR))
+
+    def matmul(self, name, args, acts, out):
+        a, b = acts[0], acts[1]
+        probs = [k for k in self.get(a) if k in self.probs] + [k for k in self.get(b) if k in self.probs]
+        if probs:  # the weighted sum: attention weights times values
+            i = self.probs[probs[0]]
+            other = b if probs[0] in self.get(a) else a
+            call = self.attention[i]
+            mix = 2 * other.numel() * call.q_len  # (..., S, d_v) values, each weighted for L queries
+            v_width = other.numel() // max(1, call.batch * call.k_len)
+            self.attention[i] = replace(call, v=self.sources(other), flops=call.flops + mix, kv_width=call.kv_width + v_width)
+            self.put(out, {f"@attn{i}": 0})
+            return
+        marker = f"@scores{len(self.scores)}"
+        self.scores[marker] = (a, b)
+        self.put(out, {**self.union((self.get(a), self.get(b)), NONLINEAR), marker: 0})
+
+    def softmax(self, args, kwargs, out, ins):
+        x = args[0]
+        markers = [k for k in self.get(x) if k in self.scores]
+        if not markers or x.ndim < 2:
+            self.put(out, self.union((self.get(t) for t in ins), NONLINEAR))
+            return
+        a, b = self.scores[markers[-1]]
+        # (..., L, E) x (..., E, S): q rows are a's, keys are b's columns (or einsum's second operand).
+        heads = x.shape[1] if x.ndim == 4 else 1
+        std, ent, mp = score_stats(x)
+        ratio, note = self.scale_ratio(std, a, b)
+        L, S = x.shape[-2], x.shape[-1]
+        e = a.shape[-1] if a.ndim >= 2 else 1
+        batch = x.shape[0] if x.ndim >= 3 else 1
+        flops = 2 * (x.numel() // max(1, S)) * S * e
+        k_width = b.numel() // max(1, batch * S)
+        self.attention.append(AttentionCall("softmax(QK^T)V", self.module_stack[-1], self.sources(a), self.sources(b), (),
+                                            heads, e, batch, L, S, std, ent, mp, ratio, note, flops, k_width))
+        marker = f"@probs{len(self.attention) - 1}"
+        self.probs[marker] = len(self.attention) - 1
+        self.put(out, {marker: 0})
+
+    def scale_ratio(self, logit_std: float, q: torch.Tensor, k: torch.Tensor) -> tuple[float | None, str]:
+        """logit std / (rms(q) rms(k)), q and k taken at their projections' outputs when one feeds each."""
+        qs, ks = self.sources(q), self.sources(k)
+        if len(qs) == 1 and len(ks) == 1 and qs[0] in self.linear_out and ks[0] in self.linear_out:
+            rq, rk, note = _rms(self.linear_out[qs[0]]), _rms(self.linear_out[ks[0]]), f"q, k at {qs[0]}, {ks[0]}"
+        else:
+            rq, rk, note = _rms(q), _rms(k), "q, k as passed to the product"
+        if rq == 0 or rk == 0:
+            return None, "q or k is zero"
+        return logit_std / (rq * rk), note
+
+    def sdpa(self, args, kwargs, out):
+        sig = inspect.signature(_sdpa_reference)
+        bound = sig.bind(*args, **kwargs)
+        bound.apply_defaults()
+        a = bound.arguments
+        q, k, v = a["query"], a["key"], a["value"]
+        E = q.shape[-1]
+        scale = a["scale"] if a["scale"] is not None else 1 / math.sqrt(E)
+        if k.ndim == 4 and q.ndim == 4 and k.shape[1] != q.shape[1] and q.shape[1] % k.shape[1] == 0:
+            k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+        logits = (q.detach().double() @ k.detach().double().transpose(-2, -1)) * scale
+        logits = _apply_masks(logits, a["attn_mask"], a["is_causal"])
+        std, ent, mp = score_stats(logits)
+        ratio, note = self.scale_ratio(std, q, k)
+        note += "; scale " + (f"{a['scale']:.4g} passed" if a["scale"] is not None else "1/sqrt(E) by default")
+        L, S = q.shape[-2], k.shape[-2]
+        heads = q.shape[1] if q.ndim == 4 else 1
+        batch = q.shape[0] if q.ndim >= 3 else 1
+        flops = 2 * (q.numel() // E) * S * E + 2 * (q.numel() // E) * S * v.shape[-1]
+        self.attention.append(AttentionCall("scaled_dot_product_attention", self.module_stack[-1], self.sources(a["query"]),
+                                            self.sources(a["key"]), self.sources(v), heads, E, batch, L, S, std, ent, mp,
+                                            ratio, note, flops, (a["key"].numel() + v.numel()) // max(1, batch * S)))
+        self.put(out, {f"@attn{len(self.attention) - 1}": 0})
+
+    def mha(self, args, kwargs, out):
+        bound = inspect.signature(F.multi_head_attention_forward).bind(*args, **kwargs)
+        bound.apply_defaults()
+        a = bound.arguments
+        query, key = a["query"], a["key"]
+        H, E = a["num_heads"], a["embed_dim_to_check"]
+        dh = E // H
+        w = a["in_proj_weight"]
+        owner = self.owner.get(id(w if w is not None else a["q_proj_weight"]), "")
+        mha_name = owner.rsplit(".", 1)[0]
+        if a["use_separate_proj_weight"]:
+            wq, wk, wv = a["q_proj_weight"], a["k_proj_weight"], a["v_proj_weight"]
+        else:
+            wq, wk, wv = w[:E], w[E : 2 * E], w[2 * E :]
+        b = a["in_proj_bias"]
+        bq, bk = (None, None) if b is None else (b[:E], b[E : 2 * E])
+        batched = query.dim() == 3
+        qq = query if batched else query[:, None]
+        kk = key if batched else key[:, None]
+        L, B, S = qq.shape[0], qq.shape[1], kk.shape[0]
+        q = F.linear(qq.detach().double(), wq.detach().double(), None if bq is None else bq.detach().double())
+        k = F.linear(kk.detach().double(), wk.detach().double(), None if bk is None else bk.detach().double())
+        q = q.reshape(L, B * H, dh).transpose(0, 1)
+        k = k.reshape(S, B * H, dh).transpose(0, 1)
+        logits = (q @ k.transpose(1, 2) / math.sqrt(dh)).reshape(B, H, L, S)
+        kpm = a["key_padding_mask"]
+        if kpm is not None:
+            pad = kpm if kpm.dtype == torch.bool else kpm < MASKED_LOGIT
+            logits = logits.masked_fill(pad.reshape(B, 1, 1, S) if batched else pad.reshape(1, 1, 1, S), float("-inf"))
+        mask = a["attn_mask"]
+        if a["is_causal"] and mask is None:
+            mask = torch.ones(L, S, dtype=torch.bool).triu(1)
+        if mask is not None:  # MHA's attn_mask: True (or -inf) = not allowed; (L, S) or (B * H, L, S)
+            m = mask.detach().cpu()
+            m = m if m.dtype == torch.bool else m.double() < MASKED_LOGIT
+            logits = logits.masked_fill(m.reshape(B, H, L, S) if m.dim() == 3 else m, float("-inf"))
+        std, ent, mp = score_stats(logits)
+        rq, rk = _rms(q), _rms(k)
+        ratio = std / (rq * rk) if rq and rk else None
+        flops = 4 * B * H * L * S * dh
+        roles = (owner,) if owner else ()
+        sep = a["use_separate_proj_weight"]
+        qn = (self.owner.get(id(a["q_proj_weight"]), ""),) if sep else roles
+        kn = (self.owner.get(id(a["k_proj_weight"]), ""),) if sep else roles
+        vn = (self.owner.get(id(a["v_proj_weight"]), ""),) if sep else roles
+        self.attention.append(AttentionCall("nn.MultiheadAttention", mha_name, qn, kn, vn, H, dh, B, L, S, std, ent, mp, ratio,
+                                            "scale 1/sqrt(d_head), built into nn.MultiheadAttention", flops, 2 * E))
+        in_flops = 2 * (L * B) * (wq.numel()) + 2 * (S * B) * (wk.numel() + wv.numel())
+        for n in set(qn + kn + vn):
+            self.flops[n] = self.flops.get(n, 0) + in_flops // max(1, len(set(qn + kn + vn)))
+            self.out_shape[n] = (B, L, E) if batched else (L, E)
+        out_w = a["out_proj_weight"]
+        out_name = self.owner.get(id(out_w), f"{mha_name}.out_proj")
+        self.flops[out_name] = self.flops.get(out_name, 0) + 2 * L * B * out_w.numel()
+        self.out_shape[out_name] = (B, L, E) if batched else (L, E)
+        self.mha_out.add(out_name)
+        self.linear_in[out_name] = {f"@attn{len(self.attention) - 1}": 0}
+        self.put(out, {out_name: 0})
+
+
+def _sdpa_reference(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    """The signature of F.scaled_dot_product_attention, to bind its arguments by name."""
+
+
+def _apply_masks(logits: torch.Tensor, attn_mask, is_causal: bool) -> torch.Tensor:
+    L, S = logits.shape[-2], logits.shape[-1]
+    if is_causal:
+        logits = logits.masked_fill(torch.ones(L, S, dtype=torch.bool, device=logits.device).triu(1), float("-inf"))
+    if attn_mask is not None:
+        m = attn_mask.detach().to(logits.device)
+        if m.dtype == torch.bool:
+            logits = logits.masked_fill(~m, float("-inf"))
+        else:
+            logits = logits + m.double()
+    return logits
+
+
+def assign_roles(tr: _Tracer) -> tuple[dict[str, str], list[tuple[str, str]]]:
+    """projection name -> role, and the FFN chains that compose linearly."""
+    role: dict[str, str] = {}
+    qs = {n for c in tr.attention for n in c.q}
+    ks = {n for c in tr.attention for n in c.k}
+    vs = {n for c in tr.attention for n in c.v}
+    for n in qs | ks | vs:
+        key = "".join(x for x, s in (("q", qs), ("k", ks), ("v", vs)) if n in s)
+        role[n] = "attn." + key if key in ("q", "k", "v", "qk", "kv", "qkv") else "attn.qkv"
+    for n, p in tr.linear_in.items():
+        if n not in role and any(k.startswith("@attn") for k in p):
+            role[n] = "attn.out"
+    # FFN: a projection that consumes another (non-attention) projection's output.
+    chains = []
+    consumed: dict[str, list[tuple[str, int]]] = {}
+    for n, p in tr.linear_in.items():
+        if n in role:
+            continue
+        preds = [(s, f) for s, f in p.items() if not s.startswith("@") and s in tr.linear_in and s not in role]
+        if preds:
+            consumed[n] = preds
+    for out_name, preds in consumed.items():
+        role.setdefault(out_name, "ffn.out")
+        acted = {s for s, f in preds if f & ACT}
+        for s, f in preds:
+            if s in consumed:  # the middle of a longer chain: both consumes and is consumed
+                role[s] = "ffn.in" if role.get(s) in (None, "ffn.out") else role[s]
+            else:
+                role[s] = "ffn.gate" if (s in acted and len(acted) < len(preds)) else "ffn.in"
+            if not f:
+                chains.append((s, out_name))
+    return role, chains
+
+
+def _mha_rows(name: str, m: nn.MultiheadAttention, tr: _Tracer, role: dict, seen: set) -> list[ModuleUse]:
+    """nn.MultiheadAttention's own parameters as q, k, v rows (in_proj split, biases with their matrix)."""
+    E = m.embed_dim
+    if m.in_proj_weight is not None:
+        key = f"{name}.in_proj_weight"
+        mats = {"q": E * E, "k": E * E, "v": E * E}
+        first = m.in_proj_weight
+    else:
+        key = f"{name}.q_proj_weight"
+        mats = {"q": m.q_proj_weight.numel(), "k": m.k_proj_weight.numel(), "v": m.v_proj_weight.numel()}
+        first = m.q_proj_weight
+    if id(first) in seen:
+        return []
+    for p in m.parameters(recurse=False):
+        seen.add(id(p))
+    extra = {"q": 0, "k": 0, "v": 0}
+    if m.in_proj_bias is not None:
+        extra = {k: E for k in extra}
+    for k, b in (("k", m.bias_k), ("v", m.bias_v)):
+        if b is not None:
+            extra[k] += b.numel()
+    used = key in role
+    flops = tr.flops.get(key, 0)
+    total_mats = sum(mats.values())
+    return [ModuleUse(f"{name}.{k}", f"attn.{k}" if used else "other", mats[k] + extra[k], mats[k], tr.out_shape.get(key),
+                      flops * mats[k] // total_mats) for k in ("q", "k", "v")]
+
+
+def trace(module: nn.Module, call, x: torch.Tensor, d_model: int) -> Dataflow:
+    """One eval-mode, grad-enabled forward of call(x) under the tracer (grad keeps MHA off its fused fast path)."""
+    norms = find_norms(module, d_model, x.device, x.dtype)
+    tr = _Tracer(module)
+    hooks = []
+    for name, m in module.named_modules():
+        if name in norms:
+            hooks.append(m.register_forward_hook(lambda _m, _a, o, _n=name: tr.put(o, {"@norm": 0})))
+        hooks.append(m.register_forward_pre_hook(lambda _m, _a, _n=name: tr.module_stack.append(_n)))
+        hooks.append(m.register_forward_hook(lambda _m, _a, o, _n=name: tr.leave(_n, o)))
+    try:
+        with train_mode(module, False), torch.enable_grad(), tr:
+            out = call(x)
+    finally:
+        for h in hooks:
+            h.remove()
+    role, chains = assign_roles(tr)
+    modules = []
+    seen: set[int] = set()
+    for name, m in module.named_modules():
+        if isinstance(m, nn.MultiheadAttention):
+            modules.extend(_mha_rows(name, m, tr, role, seen))
+            continue
+        own = [p for p in m.parameters(recurse=False) if id(p) not in seen]
+        if not own:
+            continue
+        seen.update(id(p) for p in own)
+        in_norm = any(name == n or name.startswith(n + ".") for n in norms)
+        r = "norm" if in_norm else "attn.out" if name in tr.mha_out else role.get(name, "other")
+        modules.append(ModuleUse(name or "(root)", r, sum(p.numel() for p in own), sum(p.numel() for p in own if p.ndim >= 2),
+                                 tr.out_shape.get(name), tr.flops.get(name, 0)))
+    total = sum(p.numel() for p in module.parameters())
+    assert sum(m.params for m in modules) == total, (sum(m.params for m in modules), total)
+    tokens = x.shape[0] * x.shape[1] if x.ndim >= 2 else 1
+    del out
+    return Dataflow(tuple(modules), tuple(tr.attention), tuple(chains), tokens, total)

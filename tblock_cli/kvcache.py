@@ -1,0 +1,68 @@
+"""Causal decoding with a KV cache: the `decode(x_t, cache) -> (y_t, cache)` protocol, driven and measured.
+
+A block opts in by having that method: `x_t` is (B, n, d), one chunk of n >= 1 new tokens (a prompt is
+one chunk: prefill); `cache` is None at the start and whatever the block returned after that.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from tblock_cli.loading import first_tensor
+
+
+def has_decode(module: nn.Module) -> bool:
+    return callable(getattr(module, "decode", None))
+
+
+def decode_step(module: nn.Module, x: torch.Tensor, cache):
+    """One call of the protocol; the output may be a tensor or a tuple starting with one."""
+    out = module.decode(x, cache)
+    if not isinstance(out, tuple) or len(out) != 2:
+        raise TypeError("decode(x_t, cache) must return (y_t, cache)")
+    return first_tensor(out[0]), out[1]
+
+
+def decode_chunks(module: nn.Module, x: torch.Tensor, sizes: list[int]) -> tuple[torch.Tensor, object]:
+    """Feed x (B, T, d) chunk by chunk (sizes sum to T); the outputs concatenated along T, and the last cache."""
+    assert sum(sizes) == x.shape[1], (sizes, x.shape)
+    outs, cache, t = [], None, 0
+    for n in sizes:
+        y, cache = decode_step(module, x[:, t : t + n], cache)
+        outs.append(y)
+        t += n
+    return torch.cat(outs, dim=1), cache
+
+
+def cache_tensors(cache, _seen=None) -> list[torch.Tensor]:
+    """Every tensor a cache holds, whatever its structure: tuples, lists, dicts, or an object's attributes."""
+    seen = _seen if _seen is not None else set()
+    if id(cache) in seen or cache is None or isinstance(cache, (int, float, str, bool)):
+        return []
+    seen.add(id(cache))
+    if isinstance(cache, torch.Tensor):
+        return [cache]
+    if isinstance(cache, dict):
+        items = list(cache.values())
+    elif isinstance(cache, (list, tuple)):
+        items = list(cache)
+    elif hasattr(cache, "__dict__"):
+        items = list(vars(cache).values())
+    else:
+        return []
+    return [t for item in items for t in cache_tensors(item, seen)]
+
+
+def cache_bytes(cache) -> int:
+    """Bytes of the distinct storages a cache holds (a view and its base count once)."""
+    storages = {}
+    for t in cache_tensors(cache):
+        s = t.untyped_storage()
+        storages[s.data_ptr()] = s.nbytes()
+    return sum(storages.values())
+
+
+def analytic_cache_bytes(layers: int, batch: int, positions: int, d_kv: int, item: int) -> int:
+    """2 (keys and values) x layers x batch x positions x d_kv x bytes per element."""
+    return 2 * layers * batch * positions * d_kv * item

@@ -1,0 +1,76 @@
+"""The words every report shares: the status vocabulary, a finding, and the one JSON envelope."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+import math
+from dataclasses import dataclass
+
+# Bumped when a key is renamed, removed or changes type; new keys do not bump it.
+SCHEMA_VERSION = 1
+
+
+class Status(str, enum.Enum):
+    PASS = "pass"
+    WARN = "warn"
+    FAIL = "fail"
+    SKIP = "skip"
+    ERROR = "error"
+    INFO = "info"
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One observation a command draws from its numbers: info, or a warning (fails under --strict)."""
+
+    status: Status
+    text: str
+
+
+def jsonable(obj):
+    """Dataclasses, enums, tuples and non-finite floats turned into plain JSON values."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj) if not f.name.startswith("_")}
+    if isinstance(obj, enum.Enum):
+        return obj.value
+    if isinstance(obj, dict):
+        return {str(k): jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [jsonable(v) for v in obj]
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return str(obj)  # "inf" / "nan": JSON has no such numbers
+    return obj
+
+
+def envelope(command: str, ok: bool, subject: str, config: dict, environment: dict, body: dict,
+             warnings: tuple[str, ...] = ()) -> dict:
+    """Every command's --json: the same six keys first, then the command's own."""
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "command": command,
+        "ok": ok,
+        "subject": subject,
+        "config": jsonable(config),
+        "environment": jsonable(environment),
+        "warnings": list(warnings),
+        **jsonable(body),
+    }
+
+
+def dumps(data: dict) -> str:
+    return json.dumps(data, indent=2)
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """What was run, where: the envelope's subject, config, environment and warnings."""
+
+    subject: str
+    config: dict
+    environment: dict
+    warnings: tuple[str, ...] = ()
+
+    def envelope(self, command: str, ok: bool, body: dict) -> dict:
+        return envelope(command, ok, self.subject, self.config, self.environment, body, self.warnings)
