@@ -156,7 +156,7 @@ def check(block=None, *, strict: bool = False, progress: Callable[[str], None] |
 
     s = setup(block, options, same_shape=False)
     with threads(s.cfg.threads):
-        runtime.ensure_fits(runtime.estimate_bytes(s.cfg, copies=1), s.device, "check")
+        runtime.ensure_fits(runtime.check_estimate(s.cfg), s.device, "check")
         subject = s.make()
         return run_checks(subject, s.cfg, s.device, s.dtype, strict=strict, progress=progress,
                           run=s.run(subject, strict=strict))

@@ -133,13 +133,9 @@ def weight_groups(module: nn.Module, flow) -> dict[int, str]:
     group = {m.name: m.group for m in flow.modules}
     out = {}
     for name, m in module.named_modules():
-        for pn, p in m.named_parameters(recurse=False):
-            if p.ndim < 2:
-                continue
-            if isinstance(m, nn.MultiheadAttention):
-                out[id(p)] = "attention"
-            else:
-                out[id(p)] = group.get(name, "other")
+        for p in m.parameters(recurse=False):
+            if p.ndim >= 2:
+                out[id(p)] = "attention" if isinstance(m, nn.MultiheadAttention) else group.get(name, "other")
     return out
 
 

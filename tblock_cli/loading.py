@@ -16,7 +16,7 @@ import torch.nn as nn
 
 from tblock_cli.block import build_block
 from tblock_cli.config import BlockConfig
-from tblock_cli.errors import LoadError
+from tblock_cli.errors import LoadError, is_out_of_memory
 
 # Constructor keywords tblock fills from its flags, under the names blocks commonly use.
 ALIASES: dict[str, tuple[str, ...]] = {
@@ -98,6 +98,8 @@ def user_subject(module: nn.Module, name: str, cfg: BlockConfig, device: torch.d
     try:
         module = module.to(device=device, dtype=dtype)
     except Exception as e:  # noqa: BLE001 - any failure here is the user's block
+        if is_out_of_memory(e):
+            raise
         raise LoadError(f"--block {name}: moving it to {device}/{dtype} failed: {one_line(e)}") from None
     subject = Subject(module, name, False, pad_keyword(module, cfg.pad_keyword, name), cfg.causal, cfg.pad_means)
     probe(subject, cfg, device, dtype, same_shape=same_shape)
@@ -217,6 +219,8 @@ def construct(spec: str, factory: Callable, cfg: BlockConfig, extra: dict) -> nn
             module = factory(**kwargs)
             break
         except (Exception, SystemExit) as e:  # noqa: BLE001 - any rejection: try the next way, then report all
+            if is_out_of_memory(e):
+                raise
             tried.append(f"({shown}): {one_line(e)}")
     else:
         raise LoadError(f"--block {spec}: calling it failed " + "; then ".join(tried)) from None
@@ -249,6 +253,8 @@ def probe(subject: Subject, cfg: BlockConfig, device: torch.device, dtype: torch
         with torch.no_grad():
             out = subject.module(x)
     except (Exception, SystemExit) as e:  # noqa: BLE001
+        if is_out_of_memory(e):
+            raise
         raise LoadError(f"--block {subject.name}: forward on x of shape {tuple(x.shape)} failed: {one_line(e)}") from None
     finally:
         subject.module.train(was_training)

@@ -11,6 +11,25 @@ from rich.text import Text
 
 from tblock_cli.units import fmt_bytes
 
+# Below this many columns a table puts its text columns under the names and keeps every number whole.
+NARROW = 96
+
+
+class ByWidth:
+    """A renderable that builds itself for the width it is given: build(narrow) -> renderable."""
+
+    def __init__(self, build, threshold: int = NARROW):
+        self.build, self.threshold = build, threshold
+
+    def __rich_console__(self, console, options):
+        yield self.build(options.max_width < self.threshold)
+
+
+def table_for(narrow: bool, **kw) -> Table:
+    """SIMPLE_HEAVY, left title; narrow: no edge padding and one space between columns."""
+    return Table(box=box.SIMPLE_HEAVY, title_justify="left", pad_edge=False, collapse_padding=narrow,
+                 padding=(0, 1) if not narrow else (0, 0, 0, 1), **kw)
+
 STATUS_STYLE = {"pass": "green", "warn": "yellow", "fail": "bold red", "skip": "dim", "error": "bold magenta"}
 
 
@@ -63,40 +82,56 @@ GROUP_STYLE = {"attention": "cyan", "ffn": "magenta", "norm": "green", "other": 
 
 
 def params_view(report) -> Group:
+    return Group(ByWidth(lambda narrow: params_table(report, narrow)), *params_lines(report))
+
+
+def params_table(report, narrow: bool) -> Table:
     stack = report.layers > 1
     title = f"tblock params: {report.subject}, {report.dtype}" + (f" (rows: one layer of {report.layers})" if stack else "")
-    table = Table(title=title, box=box.SIMPLE_HEAVY, title_justify="left", pad_edge=False)
-    table.add_column("component", overflow="fold", ratio=1)
-    table.add_column("role", overflow="fold", min_width=6)
+    table = table_for(narrow, title=title)
+    table.add_column("component" + (" (role, out shape)" if narrow else ""), overflow="fold", ratio=1, min_width=10)
+    if not narrow:
+        table.add_column("role", overflow="fold", min_width=6)
     table.add_column("params", justify="right", no_wrap=True, min_width=len(f"{report.total:,}"))
     table.add_column("share", justify="right", no_wrap=True, min_width=6)
     table.add_column("bytes", justify="right", no_wrap=True, min_width=9)
-    table.add_column("FLOPs/tok", justify="right", no_wrap=True, min_width=8)
-    table.add_column("out shape", overflow="fold", min_width=9)
-    per_layer_rows = [c for c in report.components if c.name != "final_ln" or not stack]
-    for c in per_layer_rows:
+    table.add_column("FLOPs/tok", justify="right", no_wrap=True, min_width=9)
+    if not narrow:
+        table.add_column("out shape", overflow="fold", min_width=9)
+
+    def row(name, role, params: str, share: str, nbytes: str, flops: str, shape: str = "", group: str = ""):
+        role_text = Text(role, style=GROUP_STYLE.get(group, ""))
+        if narrow:
+            first = Text(name) if not (role or shape) else Text.assemble(name, "\n", (" ".join(x for x in (role, shape) if x), "dim"))
+            table.add_row(first, params, share, nbytes, flops)
+        else:
+            table.add_row(name, role_text, params, share, nbytes, flops, shape)
+
+    for c in (c for c in report.components if c.name != "final_ln" or not stack):
         flops = fmt_count(c.flops_per_token) + (" *" if c.grows_with_seq else "")
         share = c.params * report.layers / report.total if report.total else 0
-        shape = "(" + ", ".join(map(str, c.out_shape)) + ")" if c.out_shape else "-"
-        table.add_row(c.name, Text(c.role or c.group, style=GROUP_STYLE.get(c.group, "")), f"{c.params:,}", f"{share:.1%}",
-                      fmt_bytes(c.bytes), flops, shape)
+        shape = "(" + ", ".join(map(str, c.out_shape)) + ")" if c.out_shape else ""
+        row(c.name, c.role or c.group, f"{c.params:,}", f"{share:.1%}", fmt_bytes(c.bytes), flops, shape, c.group)
     table.add_section()
     if stack:
         layer_rows = [c for c in report.components if c.name != "final_ln"]
         layer_params = sum(c.params for c in layer_rows)
-        table.add_row("one layer", "", f"{layer_params:,}", f"{layer_params / report.total:.1%}", fmt_bytes(sum(c.bytes for c in layer_rows)),
-                      fmt_count(sum(c.flops_per_token for c in layer_rows)), "")
+        row("one layer", "", f"{layer_params:,}", f"{layer_params / report.total:.1%}", fmt_bytes(sum(c.bytes for c in layer_rows)),
+            fmt_count(sum(c.flops_per_token for c in layer_rows)))
         for c in report.components:
             if c.name == "final_ln":
-                table.add_row(c.name, Text("norm", style=GROUP_STYLE["norm"]), f"{c.params:,}", f"{c.params / report.total:.1%}",
-                              fmt_bytes(c.bytes), "0", "")
+                row(c.name, "norm", f"{c.params:,}", f"{c.params / report.total:.1%}", fmt_bytes(c.bytes), "0", group="norm")
         table.add_section()
     for g, n in report.groups.items():
         if n:
-            table.add_row(Text(g, style=GROUP_STYLE.get(g, "")), "all layers" if stack else "subtotal", f"{n:,}", f"{n / report.total:.1%}",
-                          fmt_bytes(n * report.total_bytes / report.total), "", "")
+            row(g, "all layers" if stack else "subtotal", f"{n:,}", f"{n / report.total:.1%}",
+                fmt_bytes(n * report.total_bytes / report.total), "", group=g)
     table.add_section()
-    table.add_row(Text("total", style="bold"), "", Text(f"{report.total:,}", style="bold"), "100%", fmt_bytes(report.total_bytes), "", "")
+    row("total", "", f"{report.total:,}", "100%", fmt_bytes(report.total_bytes), "")
+    return table
+
+
+def params_lines(report) -> list:
     f = report.flops
     lines = [Text(report.ffn_note, style="bold" if report.ffn_share is not None else "dim")]
     for chain in report.linear_chains:
@@ -114,7 +149,7 @@ def params_view(report) -> Group:
         lines.append(Text(f"KV cache for decoding: {fmt_bytes(kv['bytes_per_token'])} per token per sequence "
                           f"({kv['bytes_per_token']:,} bytes); {fmt_bytes(kv['bytes_at_seq'])} at batch {kv['batch']} x seq {kv['seq']}, "
                           f"beside {fmt_bytes(report.total_bytes)} of parameters"))
-    return Group(table, *lines)
+    return lines
 
 
 def presets_view(presets: dict) -> Table:
@@ -147,32 +182,7 @@ def bench_view(report) -> Group:
     seqs = sorted({r.seq for r in report.results if r.mode != "decode"})
     forced = any(r.need_weights is not None for r in report.results)
     for mode in modes:
-        what = "eval + inference_mode, forward" if mode == "infer" else "train mode, forward + backward from grads = None"
-        table = Table(title=f"tblock bench: {report.subject} - {mode} ({what})", box=box.SIMPLE_HEAVY, title_justify="left",
-                      pad_edge=False, caption="on/off: need_weights on / off latency ratio, and peak MiB saved by off" if forced else None,
-                      caption_justify="left")
-        for col, just, width in (("seq", "right", 5), ("need_w" if forced else "run", "left", 6), ("ms (IQR)", "right", 13),
-                                 ("tok/s", "right", 7), ("GFLOP/s", "right", 7), ("peak MiB", "right", 8), ("kernel", "left", 10)):
-            table.add_column(col, justify=just, no_wrap=col != "kernel", overflow="fold", min_width=width)
-        for seq in seqs:
-            rows = [r for r in report.results if r.mode == mode and r.seq == seq]
-            for r in rows:
-                lat = Text(f"{r.latency.median * 1e3:,.2f} ({r.latency.iqr * 1e3:,.2f})", style="yellow" if r.latency.noisy else "")
-                gflops = f"{r.flops_per_s / 1e9:,.1f}" if r.flops_per_s else "-"
-                peak = f"{r.peak_bytes / 2**20:,.1f}" if r.peak_bytes >= 0 else "-"
-                table.add_row(str(seq), _run_label(r), lat, f"{r.tokens_per_s:,.0f}", gflops, peak, r.attention_kernel)
-            pair = report.pair(mode, seq)
-            if pair:
-                off, on = pair
-                table.add_row("", Text("on/off", style="bold"), Text(f"{on.latency.median / off.latency.median:.2f}x", style="bold"), "", "",
-                              Text(f"{(on.peak_bytes - off.peak_bytes) / 2**20:+,.1f}", style="bold"), "")
-            base = next((r for r in rows if r.target == "torch"), None)
-            mine = next((r for r in rows if r.target == "block" and r.need_weights in (None, False)), None)
-            if base and mine:
-                table.add_row("", Text("vs torch", style="bold"), Text(f"{mine.latency.median / base.latency.median:.2f}x", style="bold"),
-                              "", "", "", f"({_run_label(mine)} / torch)")
-            table.add_section()
-        parts.append(table)
+        parts.append(ByWidth(lambda narrow, mode=mode: sweep_table(report, mode, seqs, forced, narrow)))
     if seqs:
         sizes = "; ".join(f"seq {s}: need_weights=True returns (B, L, L) = {fmt_bytes(v['weights_returned'])}, "
                           f"one (B, H, L, L) matrix = {fmt_bytes(v['matrix_per_head'])}" for s, v in report.attention_bytes.items())
@@ -181,18 +191,54 @@ def bench_view(report) -> Group:
     if decode:
         parts.append(decode_view(report, *decode))
     for b in report.breakdowns:
-        parts.append(breakdown_view(b))
+        parts.append(ByWidth(lambda narrow, b=b: breakdown_view(b, 8 if narrow else 24)))
     if report.comparisons is not None:
         parts.append(comparison_view(report))
     for f in report.findings():
         parts.append(finding_line(f))
     if any(r.peak_bytes >= 0 for r in report.results):
-        parts.append(memory_bars(report))
+        parts.append(ByWidth(lambda narrow: memory_bars(report, 12 if narrow else 32)))
     env = report.environment
     source = next((r.memory_source for r in report.results if r.peak_bytes >= 0), "-")
     parts.append(Text(f"[torch {env['torch']}, {env['device']}, {env['dtype']}, {env['threads']} threads; peak memory from {source}; "
                       f"{report.timed_s:.1f} s of {report.wall_s:.1f} s spent in timed samples]", style="dim"))
     return Group(*parts)
+
+
+def sweep_table(report, mode: str, seqs: list[int], forced: bool, narrow: bool) -> Table:
+    what = "eval + inference_mode, forward" if mode == "infer" else "train mode, forward + backward from grads = None"
+    table = table_for(narrow, title=f"tblock bench: {report.subject} - {mode} ({what})", caption_justify="left",
+                      caption="on/off: need_weights on / off latency ratio, and peak MiB saved by off" if forced else None)
+    run_col = "need_w" if forced else "run"
+    cols = [("seq", "right", 5), (run_col, "left", 6), ("ms (IQR)", "right", 13)]
+    cols += [("tok/s\nGFLOP/s", "right", 7)] if narrow else [("tok/s", "right", 7), ("GFLOP/s", "right", 7)]
+    cols += [("peak\nMiB" if narrow else "peak MiB", "right", 6), ("kernel", "left", 10)]
+    for col, just, width in cols:
+        table.add_column(col, justify=just, no_wrap=col != "kernel", overflow="fold", min_width=width,
+                         ratio=1 if col == "kernel" else None)
+
+    def row(seq, label, lat, tok, gf, peak, kernel):
+        table.add_row(seq, label, lat, *([Text.assemble(tok, "\n", (gf, "dim")) if gf else tok] if narrow else [tok, gf]), peak, kernel)
+
+    for seq in seqs:
+        rows = [r for r in report.results if r.mode == mode and r.seq == seq]
+        for r in rows:
+            lat = Text(f"{r.latency.median * 1e3:,.2f} ({r.latency.iqr * 1e3:,.2f})", style="yellow" if r.latency.noisy else "")
+            gflops = f"{r.flops_per_s / 1e9:,.1f}" if r.flops_per_s else "-"
+            peak = f"{r.peak_bytes / 2**20:,.1f}" if r.peak_bytes >= 0 else "-"
+            row(str(seq), _run_label(r), lat, f"{r.tokens_per_s:,.0f}", gflops, peak, r.attention_kernel)
+        pair = report.pair(mode, seq)
+        if pair:
+            off, on = pair
+            row("", Text("on/off", style="bold"), Text(f"{on.latency.median / off.latency.median:.2f}x", style="bold"), "", "",
+                Text(f"{(on.peak_bytes - off.peak_bytes) / 2**20:+,.1f}", style="bold"), "")
+        base = next((r for r in rows if r.target == "torch"), None)
+        mine = next((r for r in rows if r.target == "block" and r.need_weights in (None, False)), None)
+        if base and mine:
+            row("", Text("vs torch", style="bold"), Text(f"{mine.latency.median / base.latency.median:.2f}x", style="bold"),
+                "", "", "", f"({_run_label(mine)} / torch)")
+        table.add_section()
+    return table
 
 
 def decode_view(report, cached, full) -> Group:

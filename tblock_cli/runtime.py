@@ -92,6 +92,20 @@ def estimate_bytes(cfg: BlockConfig, *, seq: int | None = None, train: bool = Tr
     return params * item * factor + acts * item + params * 8 * copies
 
 
+# check runs more than one forward + backward: a float64 copy and its forward (dtype), a dropout-free
+# copy (train_eval), the traced forward whose intermediates are kept (dataflow), float64 attention
+# scores for the statistics. Its peak RSS measured 1.22x (batch 4) and 1.38x (batch 8) the one-pass
+# estimate at d_model 1024, 4 layers, seq 512, above a 220 MiB process with torch imported. 2x plus the
+# process keeps the gate an upper bound with room (`/usr/bin/time -f %M tblock check ...`).
+CHECK_FACTOR = 2
+PROCESS_BYTES = 300 * MiB
+
+
+def check_estimate(cfg: BlockConfig) -> int:
+    """An upper bound on the memory `tblock check` needs (see CHECK_FACTOR)."""
+    return CHECK_FACTOR * estimate_bytes(cfg, copies=1) + PROCESS_BYTES
+
+
 def ensure_fits(estimate: int, device: torch.device, what: str) -> None:
     """Refuse, before allocating, work estimated larger than the device's free memory."""
     free = free_bytes(device)

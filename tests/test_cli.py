@@ -133,3 +133,70 @@ def test_unsupported_dtype_on_device_is_a_config_error(monkeypatch):
     monkeypatch.setattr(torch.nn.functional, "layer_norm", broken)
     with pytest.raises(ConfigError, match="does not run on cpu"):
         runtime.resolve_dtype("float16", torch.device("cpu"))
+
+
+REPO = __import__("pathlib").Path(__file__).parent.parent
+
+
+@pytest.mark.parametrize("command", [["check"], ["params"], ["depth", "--layers", "2"],
+                                     ["bench", "--seq", "8", "--mode", "infer", "--min-time", "0.01"]])
+def test_a_printing_block_keeps_json_valid(command):
+    r = run(*command, *SMALL, "--block", zoo_spec("Printing"), "--json")
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.stdout)
+    assert data["command"] == command[0] and "forward of Printing" in r.stderr
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--eps", "inf"], "--eps must be a finite number"),
+    (["--eps", "nan"], "--eps must be a finite number"),
+    (["--dropout", "nan"], "--dropout"),
+    (["--seed", str(2**70)], "--seed must be in"),
+    (["--seed", "-1"], "--seed must be in"),
+    (["--d-model", "1000000000000"], "--d-model must be at most"),
+    (["--threads", "0"], "--threads"),
+    (["--pad-means", "maybe"], "--pad-means"),
+    (["--kwargs", "{}"], "--block"),
+])
+@pytest.mark.parametrize("command", ["check", "params", "depth"])
+def test_more_bad_input_is_one_line_and_exit_two(command, args, words):
+    if command == "depth" and args[0] == "--pad-means":
+        pytest.skip("depth has no padding flags")
+    r = run(command, *args)
+    assert r.exit_code == 2, r.output
+    assert words in r.stderr and "Traceback" not in r.output
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_a_block_file_that_exits_is_a_load_error(tmp_path):
+    f = tmp_path / "exits.py"
+    f.write_text("import sys\nsys.exit(3)\n")
+    r = run("check", "--block", f"{f}:X")
+    assert r.exit_code == 2 and "SystemExit: 3" in r.stderr
+
+
+def test_cpu_allocation_failure_is_out_of_memory_exit_two():
+    for command in ("check", "params"):
+        r = run(command, *SMALL, "--block", zoo_spec("AllocationFails"))
+        assert r.exit_code == 2 and "out of memory" in r.stderr and "Traceback" not in r.output
+
+
+def test_module_spec_from_the_current_folder_like_python_m():
+    """The console script does not put the current folder on sys.path; tblock does, as python -m would."""
+    code = ("import sys; sys.path[:] = [p for p in sys.path if p not in ('', '.')]; from tblock_cli.cli import main; "
+            "sys.argv = ['tblock', 'params', '--block', 'examples.my_block:MyBlock', '--d-model', '64', '--n-heads', '4', '--json']; "
+            "main()")
+    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["subject"] == "examples.my_block:MyBlock"
+
+
+def test_plot_to_an_unwritable_place_fails_before_measuring(tmp_path):
+    for target in ("/proc/x.png", str(tmp_path)):
+        r = run("depth", *SMALL, "--layers", "2", "--plot", target)
+        assert r.exit_code == 2 and "--plot" in r.stderr and "act RMS" not in r.stdout
+
+
+def test_help_escapes_rich_markup():
+    r = run("bench", "--help")
+    assert "tblock[plot]" in r.stdout.replace("\n", " ").replace("│", " ").replace("  ", " ")

@@ -110,7 +110,7 @@ def test_cli_exit_codes_and_json():
     res = runner.invoke(app, ["depth", *small, "--norm", "mixed", "--json"])
     assert res.exit_code == 0, res.output
     data = json.loads(res.stdout)
-    assert [l["placement"] for l in data["layers"]] == ["pre", "post", "pre", "post"]
+    assert [layer["placement"] for layer in data["layers"]] == ["pre", "post", "pre", "post"]
     assert {"index", "placement", "act_rms", "grad_input_norm", "grad_param_norm", "residual_gain"} <= set(data["layers"][0])
     assert data["ok"] is True and any("mixed" in f["text"] for f in data["findings"])
     res = runner.invoke(app, ["depth", *small, "--norm", "mixed", "--strict"])

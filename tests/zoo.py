@@ -791,3 +791,23 @@ class CacheForgetsPrefill(CachedLlama):
 CACHE_BUGS = ["CacheWindow", "CacheKeyTwice", "CacheRoPEOffByOne", "CacheShared", "CacheChunkSeesFuture", "CacheGrowsGraph",
               "CacheForgetsPrefill"]
 CACHED_CORRECT = ["CachedLlama", "CachedRoPE"]
+
+
+class AllocationFails(Good):
+    """The CPU allocator's out-of-memory error, as PyTorch words it: an out-of-memory exit (2), not a block error."""
+
+    def forward(self, x, pad_mask=None):
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory: "
+                           "you tried to allocate 68719476736 bytes")
+
+
+class Printing(Good):
+    """Prints on import of nothing, but in __init__ and forward: --json must stay valid JSON on stdout."""
+
+    def __init__(self, *a, **k):
+        print("building Printing")
+        super().__init__(*a, **k)
+
+    def forward(self, x, pad_mask=None):
+        print("forward of Printing")
+        return super().forward(x, pad_mask)

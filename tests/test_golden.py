@@ -1,0 +1,106 @@
+"""Golden outputs: every view rendered from fixed reports at a fixed width, compared line by line.
+
+An inverted ratio, ms printed as s, or a dropped column changes the text and fails here. After an
+intended change of a view: `pytest tests/test_golden.py --update-golden`, then read the diff.
+"""
+
+import io
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+import tblock_cli
+from tblock_cli import render
+from tblock_cli.benchmark import BenchReport, BenchResult, Breakdown, Comparison, Latency
+from tblock_cli.checks import CheckReport, CheckResult
+from tblock_cli.report import Finding, RunInfo, Status
+from tblock_cli.stacking import DepthReport, LayerStats
+
+GOLDEN = Path(__file__).parent / "golden"
+ENV = {"torch": "2.13.0", "device": "cpu", "dtype": "float32", "threads": 1}
+
+
+def rendered(renderable, width: int) -> str:
+    console = Console(file=io.StringIO(), width=width, color_system=None, legacy_windows=False)
+    console.print(renderable)
+    return console.file.getvalue()
+
+
+def check_report():
+    checks = (
+        CheckResult("shape", Status.PASS, [2, 10, 64], "output keeps the input's shape (B, T, d)"),
+        CheckResult("residual", Status.PASS, 0.9987, "tr(J)/n = 0.999: identity path present (Pre-LN ~1, Post-LN ~0.9, none ~0)"),
+        CheckResult("order", Status.WARN, 0.2281, "permuting the tokens changed the outputs by 2.28e-01, not just their order"),
+        CheckResult("padding", Status.FAIL, 0.344, "with right padding, real positions differ from the same tokens run alone by 3.44e-01"),
+        CheckResult("kv_cache", Status.SKIP, None, "not asked for (--causal): cached decoding is for causal blocks"),
+    )
+    return CheckReport(checks, strict=False, run=RunInfo("zoo.py:Example", {}, ENV))
+
+
+def bench_report():
+    def lat(ms, spread=0.01):
+        return Latency(tuple(ms / 1e3 * (1 + spread * k) for k in (-2, -1, 0, 1, 2)))
+
+    results = (
+        BenchResult("infer", 512, False, "block", lat(20.0), 50 * 2**20, "profiler memory events", "fastpath bmm+softmax", True, 4_000_000_000, 1024),
+        BenchResult("infer", 512, True, "block", lat(22.0), 58 * 2**20, "profiler memory events", "fastpath bmm+softmax", True, 4_000_000_000, 1024),
+        BenchResult("train", 512, False, "block", lat(60.0), 100 * 2**20, "profiler memory events", "SDPA flash-cpu", False, 12_000_000_000, 1024),
+        BenchResult("train", 512, True, "block", lat(80.0, 0.2), 180 * 2**20, "profiler memory events", "bmm+softmax", True, 12_000_000_000, 1024),
+        BenchResult("decode", 16, None, "block", lat(1.0), -1, "not measured for decode", "-", False, None, 2, True, 65536, (0.001,) * 4 + (0.0011,) * 4),
+        BenchResult("decode", 16, None, "block", lat(5.0), -1, "not measured for decode", "-", False, None, 2, False, None, (0.004,) * 4 + (0.006,) * 4),
+    )
+    parts = (("attention projections", 0.024, 4 * 2**20, 4), ("attention kernel", 0.017, 2 * 2**20, 1), ("FFN", 0.051, 8 * 2**20, 3),
+             ("norms", 0.0006, 2 * 2**20, 2), ("residual adds", 0.0005, 2 * 2**20, 2), ("other", 0.0001, 0, 3))
+    breakdown = Breakdown(512, parts, lat(92.4), "eval forward, no_grad, MHA fast path off; each call synchronised and timed")
+    comparisons = (Comparison(("infer", 512, False, "block", None), "infer seq 512 need_weights=off", 1.02, False, False, 0, False),
+                   Comparison(("train", 512, True, "block", None), "train seq 512 need_weights=on", 1.5, True, False, 4096, True))
+    sizes = {512: {"weights_returned": 2 * 512 * 512 * 4, "matrix_per_head": 2 * 8 * 512 * 512 * 4}}
+    return BenchReport("built-in pre-LN block", results, sizes, 2, 8, 0.0, ENV, False, None, (breakdown,), comparisons, 65536, 9.5, 12.0)
+
+
+def depth_report():
+    layers = tuple(LayerStats(i, p, 1.0 + 0.1 * i, 2.0 - 0.2 * i, 0.5, 0.98, 0.01, 0.3) for i, p in enumerate(("pre", "pre", "post")))
+    findings = (Finding(Status.INFO, "activation RMS goes from 1.00 (input) to 1.20 after layer 2"),
+                Finding(Status.WARN, "mixed norm placement (post and pre-LN in one stack): it changes at layer(s) 2"))
+    return DepthReport("built-in mixed-LN stack x3", "mixed", layers, False, None, 1.0, findings, True)
+
+
+VIEWS = {
+    "check": lambda: render.check_view(check_report()),
+    "params": lambda: render.params_view(tblock_cli.params(d_model=64, n_heads=4, layers=2, seq=16)),
+    "params_user": lambda: render.params_view(tblock_cli.params("torch.nn:TransformerEncoderLayer", d_model=32, n_heads=4,
+                                                                kwargs={"dropout": 0.0})),
+    "bench": lambda: render.bench_view(bench_report()),
+    "depth": lambda: render.depth_view(depth_report()),
+}
+
+
+@pytest.mark.parametrize("width", [100, 60])
+@pytest.mark.parametrize("name", sorted(VIEWS))
+def test_view_matches_golden(name, width, request):
+    text = rendered(VIEWS[name](), width)
+    path = GOLDEN / f"{name}_{width}.out"
+    if request.config.getoption("--update-golden") or not path.exists():
+        path.write_text(text)
+    assert text == path.read_text()
+
+
+@pytest.mark.parametrize("name", ["params", "bench"])
+def test_narrow_terminal_never_truncates_a_number(name):
+    text = rendered(VIEWS[name](), 60)
+    assert "…" not in text
+    assert max(len(line) for line in text.splitlines()) <= 60
+    if name == "params":
+        assert f"{tblock_cli.params(d_model=64, n_heads=4, layers=2, seq=16).total:,}" in text
+    else:
+        for number in ("20.00 (0.40)", "51,200", "200.0", "180.0", "+80.0", "1.33x"):
+            assert number in text, number
+        assert "kernel" in text and "bmm+softmax" in text  # the kernel column is kept
+
+
+def test_bench_view_says_which_is_faster_the_right_way_round():
+    text = rendered(render.bench_view(bench_report()), 400)
+    assert "cached is 5.00x faster than recomputed" in text  # 1 ms against 5 ms per token
+    assert "train, seq 512: need_weights=False runs SDPA flash-cpu instead of bmm+softmax and saves 80.0 MiB" in text
+    assert "off is 1.33x faster than on" in text  # train: 60 ms off against 80 ms on, IQRs apart
