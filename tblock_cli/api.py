@@ -132,9 +132,11 @@ def setup(block=None, options: dict | None = None, *, same_shape: bool = True, a
             options["d_model"] = d
         options.setdefault("n_heads", infer_n_heads(module, options["d_model"]))
     cfg = build_config(preset, allow_mixed=allow_mixed, builtin=builtin, **options)
-    warnings.extend(cfg.warnings)
     device = runtime.resolve_device(cfg.device)
     dtype = runtime.resolve_dtype(cfg.dtype, device)
+    if isinstance(block, str) and block.startswith("hf:"):
+        module, name, cfg = hf_block(block, cfg, options, extra)
+    warnings.extend(cfg.warnings)
 
     def make() -> Subject:
         if block is None:
@@ -148,6 +150,17 @@ def setup(block=None, options: dict | None = None, *, same_shape: bool = True, a
         return user_subject(construct(name, block, cfg, extra), name, cfg, device, dtype, same_shape=same_shape)
 
     return Setup(cfg, device, dtype, make, name if not isinstance(block, str) else block, extra, tuple(warnings))
+
+
+def hf_block(spec: str, cfg: BlockConfig, options: dict, extra: dict) -> tuple[nn.Module, str, BlockConfig]:
+    """An hf:TYPE block, and the config its model implies: causal for decoders, positions for rotary layers,
+    HF's mask convention (attention_mask, 1 = keep). A flag the user gave explicitly stands."""
+    from tblock_cli import hf
+
+    module = hf.build(spec[3:], cfg, extra)
+    implied = {"causal": module.causal, "positional": module.positional, "pad_keyword": "attention_mask", "pad_means": "keep"}
+    cfg = dataclasses.replace(cfg, **{k: v for k, v in implied.items() if k not in options})
+    return module, spec, cfg
 
 
 def check(block=None, *, strict: bool = False, progress: Callable[[str], None] | None = None, **options):
@@ -277,6 +290,10 @@ def _layer_maker(s: Setup, block) -> Callable[[int], list[Subject]] | None:
     """n independent layers of a user block: built anew per layer (seed + i), or copies re-initialised."""
     if block is None:
         return None
+    if isinstance(block, str) and block.startswith("hf:"):
+        from tblock_cli import hf
+
+        return lambda n: [s.make().like(layer) for layer in hf.build(block[3:], dataclasses.replace(s.cfg, layers=n), s.kwargs).single_layers()]
     if isinstance(block, str):
         from tblock_cli.loading import user_layers
 

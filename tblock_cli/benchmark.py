@@ -183,6 +183,9 @@ class BenchReport:
         """What the measurements say; every latency difference is weighed against its noise."""
         out = []
         info = lambda text: out.append(Finding(Status.INFO, text))  # noqa: E731
+        if any(r.need_weights is not None for r in self.results) and self.subject.startswith("hf:"):
+            info("Hugging Face layer: need_weights is output_attentions; its sdpa attention returns no weights (transformers "
+                 "warns and suggests eager), so 'on' runs the eager implementation: what asking the model for attentions costs")
         if any(r.need_weights is not None for r in self.results) and self.encoder_layers:
             info("the pre-hook that forces need_weights keeps nn.TransformerEncoderLayer off its fused encoder-layer "
                  "path (it falls back to nn.MultiheadAttention's own path); without --need-weights it runs the fused path")
@@ -278,6 +281,11 @@ def forced_need_weights(module: nn.Module, value: bool | None):
     calls: list[str] = []
     if value is None:
         yield calls
+        return
+    if hasattr(module, "attentions"):  # a Hugging Face layer: output_attentions is its need_weights
+        with module.attentions(value):
+            calls.append("output_attentions")
+            yield calls
         return
     mhas = anatomy.attention_modules(module)
     if not mhas:
@@ -450,7 +458,7 @@ def run_bench(subject: Subject, cfg: BlockConfig, device: torch.device, dtype: t
               decode: int | None = None, breakdown: bool = False, compare_with: dict | None = None) -> BenchReport:
     started = time.perf_counter()
     points = plan(cfg, seqs, modes, need_weights, baseline) if modes else []
-    if need_weights and not anatomy.attention_modules(subject.module):
+    if need_weights and not anatomy.attention_modules(subject.module) and not hasattr(subject.module, "attentions"):
         raise ConfigError(f"--need-weights: {subject.name} has no nn.MultiheadAttention inside; need_weights is its option")
     total = len(points) + (2 if decode else 0) + (len(seqs) if breakdown else 0)
     torch.manual_seed(cfg.seed)
