@@ -143,45 +143,51 @@ def score_stats(logits: torch.Tensor) -> tuple[float, float, float]:
     return std, rel, p.amax(-1)[n >= 1].mean().item() if (n >= 1).any() else 0.0
 
 
-def find_norms(module: nn.Module, d_model: int, device, dtype) -> set[str]:
-    """Modules that normalise over the feature axis, found by what they do, not their class name.
+def find_norms(module: nn.Module, d_model: int, device, dtype) -> dict[str, int]:
+    """Modules that normalise over the last axis, found by what they do, not their class name: name -> width.
 
-    A candidate owns only 1-D parameters of size d_model (or none but has 'norm' in its class name);
-    it is a norm when scaling each token of a random input by a different factor leaves its output unchanged.
+    A candidate owns only 1-D parameters of one size (or none, with 'norm' in its class name: width
+    d_model); it is a norm when scaling each token of a random input by its own factor leaves its
+    output unchanged. Width d_model: a norm of the residual stream; smaller: a per-head (QK) norm.
     """
-    found = set()
+    found: dict[str, int] = {}
     gen = torch.Generator().manual_seed(0)
-    x = torch.randn(2, 3, d_model, generator=gen, dtype=torch.float64)
-    s = torch.rand(2, 3, 1, generator=gen, dtype=torch.float64) * 4 + 0.5
+    tol = NORM_INVARIANCE_TOL * (1 if dtype in (torch.float32, torch.float64) else 100)
     for name, m in module.named_modules():
+        if isinstance(m, (nn.Linear, nn.Embedding, nn.MultiheadAttention)):
+            continue
         own = list(m.parameters(recurse=True))
         if not own and "norm" not in type(m).__name__.lower():
             continue
-        if any(p.ndim != 1 or p.shape[0] != d_model for p in own) or len(own) > 2:
+        sizes = {p.shape[0] if p.ndim == 1 else -1 for p in own} or {d_model}
+        if len(sizes) != 1 or len(own) > 2 or -1 in sizes:
             continue
-        if isinstance(m, (nn.Linear, nn.Embedding, nn.MultiheadAttention)):
-            continue
+        width = sizes.pop()
+        x = torch.randn(2, 3, width, generator=gen, dtype=torch.float64)
+        s = torch.rand(2, 3, 1, generator=gen, dtype=torch.float64) * 4 + 0.5
         try:
             with torch.no_grad():
                 a = m(x.to(device=device, dtype=dtype))
                 b = m((x * s).to(device=device, dtype=dtype))
-        except Exception:  # noqa: BLE001 - not callable on a (B, T, d) tensor: not a token norm
+        except Exception:  # noqa: BLE001 - not callable on a (B, T, width) tensor: not a token norm
             continue
         if not isinstance(a, torch.Tensor) or a.shape != x.shape:
             continue
         a64, b64 = a.double().cpu(), b.double().cpu()
         if not torch.isfinite(a64).all() or a64.abs().max() == 0:
             continue
-        if (a64 - b64).abs().max().item() <= NORM_INVARIANCE_TOL * max(1.0, a64.abs().max().item()) * (100 if dtype != torch.float64 and dtype != torch.float32 else 1):
-            found.add(name)
-    return {n for n in found if not any(n != o and n.startswith(o + ".") for o in found)}  # outermost only
+        if (a64 - b64).abs().max().item() <= tol * max(1.0, a64.abs().max().item()):
+            found[name] = width
+    return {n: w for n, w in found.items() if not any(n != o and n.startswith(o + ".") for o in found)}  # outermost only
 
 
 class _Tracer(TorchFunctionMode):
     """Records projections, attention calls and provenance while one forward runs."""
 
-    def __init__(self, module: nn.Module):
+    def __init__(self, module: nn.Module, d_model: int):
         super().__init__()
+        self.d_model = d_model
+        self.scalar: dict[int, float] = {}  # id(tensor) -> product of scalar factors applied to it by scaling ops
         self.owner: dict[int, str] = {}  # id(weight matrix) -> module name
         self.params: set[int] = set()
         for name, m in module.named_modules():
@@ -194,7 +200,6 @@ class _Tracer(TorchFunctionMode):
         self.prov: dict[int, dict[str, int]] = {}
         self.keep: list = []  # every traced tensor stays alive, so ids are not reused
         self.linear_in: dict[str, dict[str, int]] = {}  # projection -> provenance of its input
-        self.linear_out: dict[str, torch.Tensor] = {}  # projection -> its (last) output
         self.out_shape: dict[str, tuple] = {}
         self.flops: dict[str, int] = {}
         self.attention: list[AttentionCall] = []
@@ -259,7 +264,6 @@ class _Tracer(TorchFunctionMode):
                 self.put(out, self.union(self.get(t) for t in acts))
                 return
             self.linear_in[proj] = self.union(self.get(t) for t in acts if t is not weight)
-            self.linear_out[proj] = out.detach()
             self.out_shape[proj] = tuple(out.shape)
             fan_in = weight.shape[1] if func is F.linear else weight.shape[0]
             self.flops[proj] = self.flops.get(proj, 0) + 2 * weight.numel() * (x.numel() // max(1, fan_in))
@@ -268,8 +272,11 @@ class _Tracer(TorchFunctionMode):
             self.mha(args, kwargs, out)
         elif func is F.scaled_dot_product_attention:
             self.sdpa(args, kwargs, out)
-        elif name in F.__dict__ and func is getattr(F, name) and name in ("layer_norm", "rms_norm", "group_norm"):
-            self.put(out, {"@norm": 0})
+        elif name in ("layer_norm", "rms_norm", "group_norm") and func is getattr(F, name, None):
+            if out.shape[-1] == self.d_model:  # a norm of the residual stream: a new start for provenance
+                self.put(out, {"@norm": 0})
+            else:  # a per-head (QK) norm: q stays q
+                self.put(out, self.union((self.get(t) for t in acts), NONLINEAR))
         elif name in SOFTMAX:
             self.softmax(args, kwargs, out, ins)
         elif name in MATMULS and len(acts) >= 2:
@@ -280,8 +287,11 @@ class _Tracer(TorchFunctionMode):
             with_prov = [t for t in acts if self.get(t) or t.numel() > 1]
             flag = NONLINEAR if len([t for t in acts if self.get(t)]) >= 2 else 0
             self.put(out, self.union((self.get(t) for t in with_prov), flag))
+            self.track_scalar(name, args, out)
         elif name in LINEAR:
             self.put(out, self.union(self.get(t) for t in acts))
+            if len(acts) == 1 and isinstance(out, torch.Tensor):  # a view or copy keeps the scalar factor
+                self.scalar[id(out)] = self.scalar.get(id(acts[0]), 1.0)
         else:
             self.put(out, self.union((self.get(t) for t in acts), NONLINEAR))
 
@@ -323,16 +333,26 @@ class _Tracer(TorchFunctionMode):
         self.probs[marker] = len(self.attention) - 1
         self.put(out, {marker: 0})
 
+    def track_scalar(self, name: str, args, out) -> None:
+        """x * c or x / c with a number c: remember the factor, so a q scaled before the product counts as scaled."""
+        if not isinstance(out, torch.Tensor) or len(args) != 2 or name.startswith("__r"):
+            return
+        x, c = args
+        if isinstance(c, torch.Tensor) and c.numel() == 1 and not self.get(c):
+            c = c.item()
+        if not isinstance(x, torch.Tensor) or not isinstance(c, (int, float)) or c == 0:
+            return
+        self.scalar[id(out)] = self.scalar.get(id(x), 1.0) * (c if name.startswith(("mul", "__mul", "__imul")) else 1 / c)
+
     def scale_ratio(self, logit_std: float, q: torch.Tensor, k: torch.Tensor) -> tuple[float | None, str]:
-        """logit std / (rms(q) rms(k)), q and k taken at their projections' outputs when one feeds each."""
-        qs, ks = self.sources(q), self.sources(k)
-        if len(qs) == 1 and len(ks) == 1 and qs[0] in self.linear_out and ks[0] in self.linear_out:
-            rq, rk, note = _rms(self.linear_out[qs[0]]), _rms(self.linear_out[ks[0]]), f"q, k at {qs[0]}, {ks[0]}"
-        else:
-            rq, rk, note = _rms(q), _rms(k), "q, k as passed to the product"
+        """logit std / (rms(q) rms(k)) for q and k as they reach the product, with any scalar factor applied to
+        them on the way undone: 1 for a 1/sqrt(d_head) scale (after the product or folded into q), sqrt(d_head) without."""
+        rq, rk = _rms(q), _rms(k)
         if rq == 0 or rk == 0:
             return None, "q or k is zero"
-        return logit_std / (rq * rk), note
+        folded = abs(self.scalar.get(id(q), 1.0) * self.scalar.get(id(k), 1.0))
+        note = "the q and k that reach the product" + (f" (a factor {folded:.4g} folded into them)" if folded != 1.0 else "")
+        return logit_std * folded / (rq * rk), note
 
     def sdpa(self, args, kwargs, out):
         sig = inspect.signature(_sdpa_reference)
@@ -500,10 +520,10 @@ def _mha_rows(name: str, m: nn.MultiheadAttention, tr: _Tracer, role: dict, seen
 def trace(module: nn.Module, call, x: torch.Tensor, d_model: int) -> Dataflow:
     """One eval-mode, grad-enabled forward of call(x) under the tracer (grad keeps MHA off its fused fast path)."""
     norms = find_norms(module, d_model, x.device, x.dtype)
-    tr = _Tracer(module)
+    tr = _Tracer(module, d_model)
     hooks = []
     for name, m in module.named_modules():
-        if name in norms:
+        if norms.get(name) == d_model:  # a norm of the residual stream; per-head norms keep q as q
             hooks.append(m.register_forward_hook(lambda _m, _a, o, _n=name: tr.put(o, {"@norm": 0})))
         hooks.append(m.register_forward_pre_hook(lambda _m, _a, _n=name: tr.module_stack.append(_n)))
         hooks.append(m.register_forward_hook(lambda _m, _a, o, _n=name: tr.leave(_n, o)))

@@ -49,6 +49,10 @@ def fmt_value(v) -> str:
     return str(v)
 
 
+def plural(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
 def fmt_count(n: float) -> str:
     """1234567 -> 1.23M; exact integers below 10,000 as they are."""
     for div, unit in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
@@ -73,7 +77,7 @@ def check_view(report) -> Group:
         table.add_row(c.name, status_text(c.status), fmt_value(c.value), c.detail)
     counts = ", ".join(f"{n} {s}" for s, n in report.counts().items() if n)
     verdict = Text("OK" if report.ok else "FAILED", style="bold green" if report.ok else "bold red")
-    where = f"torch {env['torch']}, {env['device']}, {env['dtype']}, {env['threads']} threads"
+    where = f"torch {env['torch']}, {env['device']}, {env['dtype']}, {plural(env['threads'], 'thread')}"
     tail = Text.assemble(verdict, f"  {counts}" + ("  (--strict: warnings fail)" if report.strict else "") + f"  [{where}]")
     return Group(table, tail)
 
@@ -200,7 +204,7 @@ def bench_view(report) -> Group:
         parts.append(ByWidth(lambda narrow: memory_bars(report, 12 if narrow else 32)))
     env = report.environment
     source = next((r.memory_source for r in report.results if r.peak_bytes >= 0), "-")
-    parts.append(Text(f"[torch {env['torch']}, {env['device']}, {env['dtype']}, {env['threads']} threads; peak memory from {source}; "
+    parts.append(Text(f"[torch {env['torch']}, {env['device']}, {env['dtype']}, {plural(env['threads'], 'thread')}; peak memory from {source}; "
                       f"{report.timed_s:.1f} s of {report.wall_s:.1f} s spent in timed samples]", style="dim"))
     return Group(*parts)
 
@@ -359,7 +363,7 @@ def save_plot(report, path: str) -> None:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     env = report.environment
-    fig.suptitle(f"tblock bench: {report.subject} (batch {report.batch}, {env['device']}, {env['dtype']}, {env['threads']} threads)",
+    fig.suptitle(f"tblock bench: {report.subject} (batch {report.batch}, {env['device']}, {env['dtype']}, {plural(env['threads'], 'thread')})",
                  fontsize=9)
     fig.tight_layout()
     fig.savefig(path)

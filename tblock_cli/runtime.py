@@ -94,7 +94,7 @@ def estimate_bytes(cfg: BlockConfig, *, seq: int | None = None, train: bool = Tr
 
 # check runs more than one forward + backward: a float64 copy and its forward (dtype), a dropout-free
 # copy (train_eval), the traced forward whose intermediates are kept (dataflow), float64 attention
-# scores for the statistics. Its peak RSS measured 1.22x (batch 4) and 1.38x (batch 8) the one-pass
+# scores for the statistics. Its peak RSS measured 1.22x (batch 4), 1.38x (batch 8) and 1.41x (batch 4, seq 1024) the one-pass
 # estimate at d_model 1024, 4 layers, seq 512, above a 220 MiB process with torch imported. 2x plus the
 # process keeps the gate an upper bound with room (`/usr/bin/time -f %M tblock check ...`).
 CHECK_FACTOR = 2

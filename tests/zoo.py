@@ -811,3 +811,31 @@ class Printing(Good):
     def forward(self, x, pad_mask=None):
         print("forward of Printing")
         return super().forward(x, pad_mask)
+
+
+class QKNorm(LlamaBlock):
+    """Per-head RMSNorm on q and k before the product (OLMo-2, Qwen3, Gemma 3): correct, and q/k keep their roles."""
+
+    def __init__(self, d_model=64, n_heads=4, causal=True):
+        super().__init__(d_model, n_heads, causal)
+        self.q_norm, self.k_norm = RMSNorm(d_model // n_heads), RMSNorm(d_model // n_heads)
+
+    def attention(self, h, pad_mask):
+        B, T, C = h.shape
+        q, k, v = (heads(p(h), self.n_heads) for p in (self.q_proj, self.k_proj, self.v_proj))
+        q, k = self.q_norm(q), self.k_norm(k)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed_mask(T, h.device, self.causal, pad_mask))
+        return self.o_proj(merge(y))
+
+
+class UnscaledQKNorm(QKNorm):
+    def attention(self, h, pad_mask):
+        B, T, C = h.shape
+        q, k, v = (heads(p(h), self.n_heads) for p in (self.q_proj, self.k_proj, self.v_proj))
+        q, k = self.q_norm(q), self.k_norm(k)
+        s = (q @ k.transpose(-2, -1)).masked_fill(~allowed_mask(T, h.device, self.causal, pad_mask), float("-inf"))  # bug: no scale
+        return self.o_proj(merge(s.softmax(-1) @ v))
+
+
+CORRECT["QKNorm"] = {"causal": True}
+PLANTED_2["UnscaledQKNorm"] = ("attention", {"causal": True})

@@ -1,0 +1,87 @@
+"""The false-alarm sweep and the planted-bug sweep: the numbers docs/checks.md quotes.
+
+    python scripts/sweep.py            # both sweeps; exit 1 on any false alarm or missed bug
+    python scripts/sweep.py --quick    # float32 only, d_model 64 only
+
+False alarms: every correct block x float32/float16/bfloat16 x d_model 64/512 x seq 10/64 must give no
+warn, fail or error. Missed bugs: every planted bug must make `check --strict` fail, at the default sizes
+and at --d-model 64 --n-heads 4 --d-ff 256.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+TESTS = Path(__file__).resolve().parent.parent / "tests"
+sys.path.insert(0, str(TESTS))
+
+import tblock_cli  # noqa: E402
+from tblock_cli.checks import Status  # noqa: E402
+
+import zoo  # noqa: E402
+
+BAD = {Status.WARN, Status.FAIL, Status.ERROR}
+BUILTIN = {"built-in pre": {"norm": "pre"}, "built-in post": {"norm": "post"}, "built-in causal": {"causal": True}}
+CORRECT = {**{k: v for k, v in zoo.CORRECT.items() if k != "NoPadKeyword"}, **{k: {"causal": True} for k in zoo.CACHED_CORRECT}}
+
+
+def spec(name: str) -> str:
+    return f"{TESTS / 'zoo.py'}:{name}"
+
+
+def false_alarms(dtypes, widths, seqs) -> int:
+    alarms = runs = 0
+    for name, flags in [*BUILTIN.items(), *CORRECT.items()]:
+        for dtype in dtypes:
+            for d in widths:
+                for seq in seqs:
+                    block = None if name.startswith("built-in") else spec(name)
+                    r = tblock_cli.check(block, d_model=d, n_heads=8 if d >= 512 else 4, seq=seq, dtype=dtype, **flags)
+                    bad = [c for c in r.checks if c.status in BAD]
+                    runs += 1
+                    if bad:
+                        alarms += 1
+                        print(f"FALSE ALARM {name} {dtype} d_model {d} seq {seq}: " +
+                              "; ".join(f"{c.name} {c.status.value}: {c.detail[:120]}" for c in bad))
+    print(f"false-alarm sweep: {runs} runs of {len(BUILTIN) + len(CORRECT)} correct blocks, {alarms} with a warn/fail/error")
+    return alarms
+
+
+def missed_bugs(sizes) -> int:
+    planted = {**{k: v for k, v in zoo.PLANTED.items()}, **zoo.PLANTED_2, **{k: (v, {}) for k, v in zoo.WARNED.items()},
+               **{k: ("kv_cache", {"causal": True}) for k in zoo.CACHE_BUGS}}
+    missed = runs = 0
+    for name, (check, flags) in planted.items():
+        for size in sizes:
+            merged = {**size, **flags}
+            r = tblock_cli.check(spec(name), strict=True, **merged)
+            by = {c.name: c for c in r.checks}
+            runs += 1
+            if r.ok or by[check].status not in BAD:
+                missed += 1
+                print(f"MISSED {name} {merged}: {check} is {by[check].status.value}: {by[check].detail[:120]}")
+    print(f"planted-bug sweep: {len(planted)} planted bugs x {len(sizes)} sizes = {runs} runs, {missed} not caught by check --strict")
+    return missed
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="float32 and d_model 64 only")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    t0 = time.perf_counter()
+    dtypes = ["float32"] if args.quick else ["float32", "float16", "bfloat16"]
+    widths = [64] if args.quick else [64, 512]
+    bad = false_alarms(dtypes, widths, [10, 64])
+    bad += missed_bugs([{}, {"d_model": 64, "n_heads": 4, "d_ff": 256}])
+    print(f"{time.perf_counter() - t0:.0f} s, torch {torch.__version__}, 1 thread")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
