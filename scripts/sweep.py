@@ -44,6 +44,7 @@ def false_alarms(dtypes, widths, seqs) -> int:
                     r = tblock_cli.check(block, d_model=d, n_heads=8 if d >= 512 else 4, seq=seq, dtype=dtype, **flags)
                     bad = [c for c in r.checks if c.status in BAD]
                     runs += 1
+                    print(f"  {name} {dtype} d_model {d} seq {seq}: {'ok' if not bad else 'ALARM'}", flush=True)
                     if bad:
                         alarms += 1
                         print(f"FALSE ALARM {name} {dtype} d_model {d} seq {seq}: " +

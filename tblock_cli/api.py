@@ -242,22 +242,6 @@ def load_saved(path: str) -> dict:
     return data
 
 
-def check_save_target(path: str) -> None:
-    """Refuse, before measuring, a --save path that cannot be written."""
-    import os
-
-    if os.path.isdir(path):
-        raise ConfigError(f"--save {path}: is a folder; give a file name")
-    existed = os.path.exists(path)
-    try:
-        with open(path, "a"):
-            pass
-    except OSError as e:
-        raise ConfigError(f"--save {path}: cannot write there: {e.strerror or e}") from None
-    if not existed:
-        os.remove(path)
-
-
 def save_report(report, path: str) -> None:
     from tblock_cli.report import dumps
 

@@ -11,6 +11,7 @@ from rich.console import Console
 
 from tblock_cli import __version__
 from tblock_cli.errors import OOM_HINT, ConfigError, TBlockError
+from tblock_cli.report import ensure_writable
 
 app = typer.Typer(
     name="tblock",
@@ -126,25 +127,12 @@ def check_plot_target(path: str) -> None:
     """Refuse, before measuring, a plot that could not be written: wrong suffix, no matplotlib, no such folder."""
     import importlib.util
     import os
-    from pathlib import Path
 
-    p = Path(path).expanduser()
-    if p.is_dir():
-        raise ConfigError(f"--plot {path}: is a folder; give a file name")
-    if p.suffix.lower() not in (".png", ".svg", ".pdf"):
+    if not os.path.isdir(path) and os.path.splitext(path)[1].lower() not in (".png", ".svg", ".pdf"):
         raise ConfigError(f"--plot {path}: use a .png, .svg or .pdf file name")
     if importlib.util.find_spec("matplotlib") is None:
         raise ConfigError("--plot needs matplotlib: pip install 'tblock[plot]'")
-    if not p.resolve().parent.is_dir():
-        raise ConfigError(f"--plot {path}: folder {p.parent} does not exist")
-    existed = p.exists()
-    try:
-        with open(p, "a"):
-            pass
-    except OSError as e:
-        raise ConfigError(f"--plot {path}: cannot write there: {e.strerror or e}") from None
-    if not existed:
-        os.remove(p)
+    ensure_writable(path, "--plot")
 
 
 def _progress_status(label: str):
@@ -250,7 +238,7 @@ def bench(
 
         saved = api.load_saved(compare) if compare else None
         if save is not None:
-            api.check_save_target(save)
+            ensure_writable(save, "--save")
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=err, transient=True) as bar:
             task = bar.add_task("measuring", total=None)

@@ -25,12 +25,6 @@ class MeasureError(TBlockError):
     exit_code = 1
 
 
-class CompareError(TBlockError):
-    """bench --compare found a point slower beyond the noise or bigger in memory: a failure, exit 1."""
-
-    exit_code = 1
-
-
 OOM_HINT = "reduce --batch, --seq, --d-model or --layers"
 
 

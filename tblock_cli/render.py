@@ -203,8 +203,8 @@ def bench_view(report) -> Group:
     if any(r.peak_bytes >= 0 for r in report.results):
         parts.append(ByWidth(lambda narrow: memory_bars(report, 12 if narrow else 32)))
     env = report.environment
-    source = next((r.memory_source for r in report.results if r.peak_bytes >= 0), "-")
-    parts.append(Text(f"[torch {env['torch']}, {env['device']}, {env['dtype']}, {plural(env['threads'], 'thread')}; peak memory from {source}; "
+    source = next((f"; peak memory from {r.memory_source}" for r in report.results if r.peak_bytes >= 0), "")
+    parts.append(Text(f"[torch {env['torch']}, {env['device']}, {env['dtype']}, {plural(env['threads'], 'thread')}{source}; "
                       f"{report.timed_s:.1f} s of {report.wall_s:.1f} s spent in timed samples]", style="dim"))
     return Group(*parts)
 
@@ -227,7 +227,7 @@ def sweep_table(report, mode: str, seqs: list[int], forced: bool, narrow: bool) 
     for seq in seqs:
         rows = [r for r in report.results if r.mode == mode and r.seq == seq]
         for r in rows:
-            lat = Text(f"{r.latency.median * 1e3:,.2f} ({r.latency.iqr * 1e3:,.2f})", style="yellow" if r.latency.noisy else "")
+            lat = Text(f"{r.latency.median * 1e3:,.2f} ({r.latency.iqr * 1e3:,.2f})", style="yellow" if r.noisy else "")
             gflops = f"{r.flops_per_s / 1e9:,.1f}" if r.flops_per_s else "-"
             peak = f"{r.peak_bytes / 2**20:,.1f}" if r.peak_bytes >= 0 else "-"
             row(str(seq), _run_label(r), lat, f"{r.tokens_per_s:,.0f}", gflops, peak, r.attention_kernel)

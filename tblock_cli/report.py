@@ -63,6 +63,27 @@ def dumps(data: dict) -> str:
     return json.dumps(data, indent=2)
 
 
+def ensure_writable(path: str, flag: str) -> None:
+    """Refuse, before any measuring, an output path that cannot be written (a folder, no such folder, no permission)."""
+    import os
+
+    from tblock_cli.errors import ConfigError
+
+    if os.path.isdir(path):
+        raise ConfigError(f"{flag} {path}: is a folder; give a file name")
+    folder = os.path.dirname(os.path.abspath(os.path.expanduser(path)))
+    if not os.path.isdir(folder):
+        raise ConfigError(f"{flag} {path}: folder {os.path.dirname(path) or '.'} does not exist")
+    existed = os.path.exists(path)
+    try:
+        with open(path, "a"):
+            pass
+    except OSError as e:
+        raise ConfigError(f"{flag} {path}: cannot write there: {e.strerror or e}") from None
+    if not existed:
+        os.remove(path)
+
+
 @dataclass(frozen=True)
 class RunInfo:
     """What was run, where: the envelope's subject, config, environment and warnings."""
