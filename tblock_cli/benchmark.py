@@ -31,6 +31,9 @@ MIN_SAMPLES = 5
 TARGET_SAMPLES = 20
 # --compare: a point whose peak memory grew by more than this is a regression (memory is exact).
 MEMORY_GROWTH_MAX = 0.01
+# --compare: slower is a regression when the IQRs are apart and the median grew by more than this;
+# two runs of one config on a quiet 2-core machine drift by a few percent with tight IQRs.
+SLOWER_MIN = 0.05
 # --min-time is capped so a typo (600000) cannot hold the machine for days.
 MAX_MIN_TIME = 600.0
 MAX_DECODE = 65536
@@ -608,8 +611,8 @@ def compare(report: BenchReport, saved: dict) -> list[Comparison]:
         apart = r.latency.differs_from(then)
         delta = r.peak_bytes - o["peak_bytes"] if r.peak_bytes >= 0 and o.get("peak_bytes", -1) >= 0 else None
         grew = delta is not None and o["peak_bytes"] > 0 and delta / o["peak_bytes"] > MEMORY_GROWTH_MAX
-        out.append(Comparison(r.key, point_label(r.key), ratio, apart and ratio is not None and ratio > 1,
-                              apart and ratio is not None and ratio < 1, delta, grew))
+        out.append(Comparison(r.key, point_label(r.key), ratio, apart and ratio is not None and ratio > 1 + SLOWER_MIN,
+                              apart and ratio is not None and ratio < 1 / (1 + SLOWER_MIN), delta, grew))
     return out
 
 

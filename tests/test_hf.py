@@ -129,3 +129,9 @@ def test_x_transformers_encoder_loads_when_its_constructor_rejects_tblocks_names
     assert res.exit_code == 0, res.output
     data = json.loads(res.stdout)
     assert data["config"]["d_model"] == 64 and data["groups"]["ffn"] == 2 * 64 * 256 + 256 + 64
+
+
+def test_depth_stacks_the_models_own_layers():
+    r = tblock_cli.depth("hf:gpt2", layers=3, d_model=64, n_heads=4, d_ff=128, seq=6)
+    assert len(r.layers) == 3 and [s.placement for s in r.layers] == ["pre"] * 3  # GPT-2 is Pre-LN
+    assert all(0.9 < s.residual_gain < 1.1 for s in r.layers)
