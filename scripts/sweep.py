@@ -28,19 +28,31 @@ import zoo  # noqa: E402
 BAD = {Status.WARN, Status.FAIL, Status.ERROR}
 BUILTIN = {"built-in pre": {"norm": "pre"}, "built-in post": {"norm": "post"}, "built-in causal": {"causal": True}}
 CORRECT = {**{k: v for k, v in zoo.CORRECT.items() if k != "NoPadKeyword"}, **{k: {"causal": True} for k in zoo.CACHED_CORRECT}}
+# Hugging Face layers, when transformers is installed: every family tblock drives, flags implied.
+HF = ["gpt2", "bert", "roberta", "llama", "mistral", "qwen2", "gemma", "phi3", "gpt_neox"]
 
 
 def spec(name: str) -> str:
     return f"{TESTS / 'zoo.py'}:{name}"
 
 
+def correct_blocks() -> list[tuple[str, dict]]:
+    blocks = [*BUILTIN.items(), *CORRECT.items()]
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        return blocks
+    return blocks + [(f"hf:{t}", {}) for t in HF]
+
+
 def false_alarms(dtypes, widths, seqs) -> int:
     alarms = runs = 0
-    for name, flags in [*BUILTIN.items(), *CORRECT.items()]:
+    blocks = correct_blocks()
+    for name, flags in blocks:
         for dtype in dtypes:
             for d in widths:
                 for seq in seqs:
-                    block = None if name.startswith("built-in") else spec(name)
+                    block = None if name.startswith("built-in") else name if name.startswith("hf:") else spec(name)
                     r = tblock_cli.check(block, d_model=d, n_heads=8 if d >= 512 else 4, seq=seq, dtype=dtype, **flags)
                     bad = [c for c in r.checks if c.status in BAD]
                     runs += 1
@@ -49,7 +61,7 @@ def false_alarms(dtypes, widths, seqs) -> int:
                         alarms += 1
                         print(f"FALSE ALARM {name} {dtype} d_model {d} seq {seq}: " +
                               "; ".join(f"{c.name} {c.status.value}: {c.detail[:120]}" for c in bad))
-    print(f"false-alarm sweep: {runs} runs of {len(BUILTIN) + len(CORRECT)} correct blocks, {alarms} with a warn/fail/error")
+    print(f"false-alarm sweep: {runs} runs of {len(blocks)} correct blocks, {alarms} with a warn/fail/error")
     return alarms
 
 

@@ -98,9 +98,9 @@ def setup(block=None, options: dict | None = None, *, same_shape: bool = True, a
     unknown = sorted(set(options) - set(BLOCK_OPTIONS))
     if unknown:
         raise ConfigError(f"unknown option(s): {', '.join(unknown)}; known: {', '.join(BLOCK_OPTIONS)}")
-    extra = parse_kwargs(kwargs) if isinstance(kwargs, str) else dict(kwargs or {})
     if kwargs is not None and not isinstance(kwargs, (str, dict)):
         raise ConfigError("kwargs must be a dict or a JSON object string")
+    extra = parse_kwargs(kwargs) if isinstance(kwargs, str) else dict(kwargs or {})
     warnings = []
     builtin = block is None
     if builtin and kwargs is not None:

@@ -37,6 +37,8 @@ LARGE_SCALE = {torch.float64: 1e4, torch.float32: 1e4, torch.float16: 1e2, torch
 # LayerNorm after the add divides by the sum's std). A block without a residual measures ~0.
 # 0.5 sits halfway, so neither seed nor probe noise (std ~ 1/sqrt(n) per probe) can cross it.
 RESIDUAL_MIN = 0.5
+# A gain near 2 counts the identity twice (x + x + f(x)); no correct block measured above 1.01.
+RESIDUAL_MAX = 1.5
 
 # The FFN-share check warns when parameters outside attention, FFN and norms exceed this share:
 # in a standard block only biases could land there, and they are attributed to their layers.
@@ -46,6 +48,10 @@ OTHER_SHARE_MAX = 0.01
 # ~1 when scaled (measured 0.96-1.07 on every correct block of the sweep), sqrt(d_head) when the
 # 1/sqrt(d_head) is missing (4 at d_head 16, 8 at d_head 64). 2 sits between them on a log scale.
 UNSCALED_RATIO = 2.0
+# Below this the scores are scaled more than 1/sqrt(d_head): 1/sqrt(d_model) gives 1/sqrt(n_heads)
+# (0.5 at 4 heads, 0.35 at 8), the scale applied twice 1/sqrt(d_head) (0.25 at d_head 16). Correct
+# blocks measured 0.91 or more. (muP's deliberate 1/d_head scale lands here too: the warning says so.)
+OVERSCALED_RATIO = 0.6
 
 # Names that mark position machinery inside a block; token order then matters by design.
 # Positions decoded by kv_cache: enough that a window or an off-by-one shows, small enough to be quick.
@@ -298,6 +304,17 @@ def check_residual(ctx: Context):
     if not gains[worst] >= RESIDUAL_MIN:
         return Status.FAIL, round(gains[worst], 4), \
             f"{where}tr(J)/n = {gains[worst]:.3f} < {RESIDUAL_MIN}: no identity path from input to output (missing x + ...?)"
+    top = max(range(len(gains)), key=gains.__getitem__)
+    if gains[top] > RESIDUAL_MAX:
+        where = f"layer {top}: " if len(gains) > 1 else ""
+        return Status.FAIL, round(gains[top], 4), \
+            f"{where}tr(J)/n = {gains[top]:.3f} > {RESIDUAL_MAX}: the identity path is counted more than once (x + x + f(x)?)"
+    # A residual taken after the norm (h = LN(x); x = h + f(h)) still has gain ~1, but then nothing of the
+    # input's scale survives: doubling the input leaves the output unchanged.
+    doubled = rel_diff(eval_forward(ctx, 2 * x), eval_forward(ctx, x))
+    if doubled <= ctx.tol:
+        return Status.FAIL, round(gains[worst], 4), (f"doubling the input changes the output by {doubled:.1e} only: every path "
+                                                     f"from the input starts at a norm, so the residual adds LN(x), not x")
     return Status.PASS, round(gains[worst], 4), f"tr(J)/n = {shown}: identity path present (Pre-LN ~1, Post-LN ~0.9, none ~0)"
 
 
@@ -522,6 +539,20 @@ def check_attention(ctx: Context):
         if c.scale_ratio is not None and (worst is None or c.scale_ratio > worst.scale_ratio):
             worst = c
     value = None if worst is None else round(worst.scale_ratio, 3)
+    wrong_axis = next((c for c in flow.attention if not c.key_axis), None)
+    if wrong_axis is not None:
+        return Status.FAIL, value, (f"softmax over the query axis in {wrong_axis.where or 'root'}: each key's weights sum to 1, "
+                                    f"not each query's (softmax(dim=-2)?); " + "; ".join(parts))
+    blind = next((c for c in flow.attention if c.self_masked), None)
+    if blind is not None:
+        return Status.WARN, value, (f"no token attends to itself in {blind.where or 'root'}: the diagonal of the scores is "
+                                    f"masked (a causal mask from triu(0) instead of triu(1)?); " + "; ".join(parts))
+    low = min((c for c in flow.attention if c.scale_ratio is not None), key=lambda c: c.scale_ratio, default=None)
+    if low is not None and low.scale_ratio <= OVERSCALED_RATIO and low.head_dim >= 4:
+        return Status.WARN, round(low.scale_ratio, 3), (
+            f"scores scaled more than 1/sqrt(d_head) in {low.where or 'root'}: logit std is {low.scale_ratio:.2f}x what "
+            f"q.k/sqrt(d_head) predicts (1/sqrt(d_model) gives 1/sqrt(n_heads); the scale applied twice gives "
+            f"1/sqrt(d_head); muP's 1/d_head is deliberate); " + "; ".join(parts))
     if worst is not None and worst.scale_ratio >= UNSCALED_RATIO and worst.head_dim >= 4:
         return Status.WARN, value, (f"scores look unscaled in {worst.where or 'root'}: logit std is {worst.scale_ratio:.2f}x what "
                                     f"q.k/sqrt(d_head) predicts from {worst.scale_note} (sqrt(d_head) = {worst.head_dim ** 0.5:.2f} "

@@ -73,6 +73,8 @@ class AttentionCall:
     scale_note: str  # where the scale came from
     flops: int  # scores + weighted sum, multiply-add = 2
     kv_width: int = 0  # key + value elements per token: what a decoding cache keeps for this call
+    key_axis: bool = True  # the softmax normalises over the keys (the last axis), as attention must
+    self_masked: bool = False  # L == S and every query's own position is masked: no token attends to itself
 
 
 @dataclass(frozen=True)
@@ -127,6 +129,14 @@ def _tensors(obj):
 
 def _rms(t: torch.Tensor) -> float:
     return t.detach().double().pow(2).mean().sqrt().item()
+
+
+def self_masked(logits: torch.Tensor) -> bool:
+    """Square scores whose diagonal is masked everywhere (a causal mask built with triu(0) instead of triu(1))."""
+    if logits.ndim < 2 or logits.shape[-1] != logits.shape[-2] or logits.shape[-1] < 2:
+        return False
+    diag = logits.detach().double().diagonal(dim1=-2, dim2=-1)
+    return bool((~(torch.isfinite(diag) & (diag > MASKED_LOGIT))).all())
 
 
 def score_stats(logits: torch.Tensor) -> tuple[float, float, float]:
@@ -327,8 +337,11 @@ class _Tracer(TorchFunctionMode):
         batch = x.shape[0] if x.ndim >= 3 else 1
         flops = 2 * (x.numel() // max(1, S)) * S * e
         k_width = b.numel() // max(1, batch * S)
+        dim = args[1] if len(args) > 1 else kwargs.get("dim", -1)
+        key_axis = dim is None or dim % x.ndim == x.ndim - 1
         self.attention.append(AttentionCall("softmax(QK^T)V", self.module_stack[-1], self.sources(a), self.sources(b), (),
-                                            heads, e, batch, L, S, std, ent, mp, ratio, note, flops, k_width))
+                                            heads, e, batch, L, S, std, ent, mp, ratio, note, flops, k_width, key_axis,
+                                            self_masked(x)))
         marker = f"@probs{len(self.attention) - 1}"
         self.probs[marker] = len(self.attention) - 1
         self.put(out, {marker: 0})
@@ -375,7 +388,8 @@ class _Tracer(TorchFunctionMode):
         flops = 2 * (q.numel() // E) * S * E + 2 * (q.numel() // E) * S * v.shape[-1]
         self.attention.append(AttentionCall("scaled_dot_product_attention", self.module_stack[-1], self.sources(a["query"]),
                                             self.sources(a["key"]), self.sources(v), heads, E, batch, L, S, std, ent, mp,
-                                            ratio, note, flops, (a["key"].numel() + v.numel()) // max(1, batch * S)))
+                                            ratio, note, flops, (a["key"].numel() + v.numel()) // max(1, batch * S), True,
+                                            self_masked(logits)))
         self.put(out, {f"@attn{len(self.attention) - 1}": 0})
 
     def mha(self, args, kwargs, out):
@@ -424,7 +438,8 @@ class _Tracer(TorchFunctionMode):
         kn = (self.owner.get(id(a["k_proj_weight"]), ""),) if sep else roles
         vn = (self.owner.get(id(a["v_proj_weight"]), ""),) if sep else roles
         self.attention.append(AttentionCall("nn.MultiheadAttention", mha_name, qn, kn, vn, H, dh, B, L, S, std, ent, mp, ratio,
-                                            "scale 1/sqrt(d_head), built into nn.MultiheadAttention", flops, 2 * E))
+                                            "scale 1/sqrt(d_head), built into nn.MultiheadAttention", flops, 2 * E, True,
+                                            self_masked(logits)))
         in_flops = 2 * (L * B) * (wq.numel()) + 2 * (S * B) * (wk.numel() + wv.numel())
         for n in set(qn + kn + vn):
             self.flops[n] = self.flops.get(n, 0) + in_flops // max(1, len(set(qn + kn + vn)))

@@ -839,3 +839,60 @@ class UnscaledQKNorm(QKNorm):
 
 CORRECT["QKNorm"] = {"causal": True}
 PLANTED_2["UnscaledQKNorm"] = ("attention", {"causal": True})
+
+
+# ---- planted bugs, more of the second generation (invented here)
+
+
+class SoftmaxQueryAxisBidirectional(HandSoftmax):
+    def attend(self, h, mask):
+        q, k, v = (heads(t, self.n) for t in self.qkv(h).chunk(3, dim=-1))
+        s = self.scores(q, k).masked_fill(~allowed_mask(h.shape[1], h.device, self.causal, mask), float("-inf"))
+        return merge(s.softmax(dim=-2).nan_to_num(0.0) @ v)  # bug: normalised over the queries
+
+
+class DiagonalMasked(HandSoftmax):
+    """Causal mask from triu(0): no token sees itself; the first row is empty and zeroed."""
+
+    def attend(self, h, mask):
+        q, k, v = (heads(t, self.n) for t in self.qkv(h).chunk(3, dim=-1))
+        T = h.shape[1]
+        s = self.scores(q, k).masked_fill(torch.ones(T, T, dtype=torch.bool, device=h.device).triu(0), float("-inf"))  # bug
+        return merge(s.softmax(dim=-1).nan_to_num(0.0) @ v)
+
+
+class ScaledByDModel(HandSoftmax):
+    def scores(self, q, k):
+        return q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1] * self.n)  # bug: 1/sqrt(d_model), not 1/sqrt(d_head)
+
+
+class ScaledTwice(OpaqueNames):
+    def forward(self, x, pad_mask=None):
+        h = self.n1(x)
+        q, k, v = heads(self.w_a(h), self.n), heads(self.w_b(h), self.n), heads(self.w_c(h), self.n)
+        q = q / math.sqrt(q.shape[-1])  # bug: SDPA scales by 1/sqrt(d_head) again
+        x = x + self.w_d(merge(F.scaled_dot_product_attention(q, k, v, attn_mask=allowed_mask(x.shape[1], x.device, self.causal, pad_mask))))
+        return x + self.g(F.gelu(self.f(self.n2(x))))
+
+
+class ResidualTwice(Good):
+    def forward(self, x, pad_mask=None):
+        x = x + x + self.sa(self.ln1(x), pad_mask)  # bug: the identity counted twice
+        return x + self.ffn(self.ln2(x))
+
+
+class ResidualFromNorm(Good):
+    def forward(self, x, pad_mask=None):
+        h = self.ln1(x)
+        x = h + self.sa(h, pad_mask)  # bug: the residual adds LN(x), not x
+        return x + self.ffn(self.ln2(x))
+
+
+PLANTED_2.update({
+    "SoftmaxQueryAxisBidirectional": ("attention", {}),
+    "DiagonalMasked": ("attention", {"causal": True}),
+    "ScaledByDModel": ("attention", {}),
+    "ScaledTwice": ("attention", {}),
+    "ResidualTwice": ("residual", {}),
+    "ResidualFromNorm": ("residual", {}),
+})
