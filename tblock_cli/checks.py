@@ -609,6 +609,27 @@ def check_kv_cache(ctx: Context):
                                 f"no grad_fn under no_grad; two caches independent; cache {fmt_bytes(size)} at {T} positions")
 
 
+def check_norm_placement(ctx: Context):
+    """A block with norms of its residual stream uses them one way: every sublayer reads a normalised stream
+    (Pre-LN), or the stream is normalised after each residual add (Post-LN)."""
+    flow = ctx.dataflow()
+    if not flow.stream_norms:
+        return Status.SKIP, None, "no norm of the residual stream found: nothing to place"
+    if not flow.attention and not flow.found["ffn"]:
+        return Status.SKIP, None, "no attention and no FFN found"
+    if flow.unnormed_ffn:
+        return Status.WARN, ", ".join(flow.unnormed_ffn), (
+            f"the FFN ({', '.join(flow.unnormed_ffn)}) reads the residual stream with no norm before it, though the block has "
+            f"norms (a Pre-LN block missing its second norm, or a Post-LN block missing its first)")
+    if flow.unnormed_attention and not flow.output_normed:
+        return Status.WARN, ", ".join(flow.unnormed_attention), (
+            f"attention ({', '.join(flow.unnormed_attention)}) reads the un-normalised stream and no norm follows the residual "
+            f"add, while the FFN reads a normalised one: a Pre-LN block missing its first norm, or Post-LN and Pre-LN mixed")
+    kind = "Post-LN: the output comes from a norm" if flow.output_normed and flow.unnormed_attention else \
+        "every sublayer reads a normalised stream"
+    return Status.PASS, None, kind
+
+
 def check_input_unchanged(ctx: Context):
     x = ctx.x()
     before = x.clone()
@@ -734,6 +755,7 @@ REGISTRY: tuple[Check, ...] = (
     Check("train_eval", check_train_eval, COMPARES),
     Check("attention", check_attention, ("finite",)),
     Check("kv_cache", check_kv_cache, COMPARES),
+    Check("norm_placement", check_norm_placement, ("finite",)),
     Check("need_weights", check_need_weights),
     Check("dtype", check_dtype, COMPARES),
     Check("ffn_share", check_ffn_share),

@@ -100,6 +100,10 @@ class Dataflow:
     linear_chains: tuple[tuple[str, str], ...]  # FFN (first, second) projections with no nonlinearity between
     tokens: int  # batch x seq of the probe
     total: int  # parameters, shared tensors once
+    stream_norms: bool = False  # some norm normalises the residual stream (width d_model)
+    unnormed_attention: tuple[str, ...] = ()  # query projections that read no normalised stream
+    unnormed_ffn: tuple[str, ...] = ()  # FFN input projections that read no normalised stream
+    output_normed: bool = False  # the block's output comes straight from a norm (Post-LN)
 
     def group_params(self, matrices_only: bool = False) -> dict[str, int]:
         out = dict.fromkeys(GROUPS, 0)
@@ -217,6 +221,7 @@ class _Tracer(TorchFunctionMode):
         self.scores: dict[str, tuple] = {}  # marker -> (A, B) of a product of two activations
         self.probs: dict[str, int] = {}  # marker -> index into self.attention
         self.mha_out: set[str] = set()
+        self.stream_norms = False
         self.module_stack: list[str] = [""]
 
     def leave(self, name: str, out) -> None:
@@ -285,6 +290,7 @@ class _Tracer(TorchFunctionMode):
         elif name in ("layer_norm", "rms_norm", "group_norm") and func is getattr(F, name, None):
             if out.shape[-1] == self.d_model:  # a norm of the residual stream: a new start for provenance
                 self.put(out, {"@norm": 0})
+                self.stream_norms = True
             else:  # a per-head (QK) norm: q stays q
                 self.put(out, self.union((self.get(t) for t in acts), NONLINEAR))
         elif name in SOFTMAX:
@@ -450,6 +456,8 @@ class _Tracer(TorchFunctionMode):
         self.out_shape[out_name] = (B, L, E) if batched else (L, E)
         self.mha_out.add(out_name)
         self.linear_in[out_name] = {f"@attn{len(self.attention) - 1}": 0}
+        if owner:  # the in-projection reads the query (and key, value) stream
+            self.linear_in.setdefault(owner, self.union(self.get(t) for t in (query, key, a["value"])))
         self.put(out, {out_name: 0})
 
 
@@ -539,6 +547,7 @@ def trace(module: nn.Module, call, x: torch.Tensor, d_model: int) -> Dataflow:
     hooks = []
     for name, m in module.named_modules():
         if norms.get(name) == d_model:  # a norm of the residual stream; per-head norms keep q as q
+            tr.stream_norms = True
             hooks.append(m.register_forward_hook(lambda _m, _a, o, _n=name: tr.put(o, {"@norm": 0})))
         hooks.append(m.register_forward_pre_hook(lambda _m, _a, _n=name: tr.module_stack.append(_n)))
         hooks.append(m.register_forward_hook(lambda _m, _a, o, _n=name: tr.leave(_n, o)))
@@ -566,5 +575,9 @@ def trace(module: nn.Module, call, x: torch.Tensor, d_model: int) -> Dataflow:
     total = sum(p.numel() for p in module.parameters())
     assert sum(m.params for m in modules) == total, (sum(m.params for m in modules), total)
     tokens = x.shape[0] * x.shape[1] if x.ndim >= 2 else 1
-    del out
-    return Dataflow(tuple(modules), tuple(tr.attention), tuple(chains), tokens, total)
+    normed = lambda n: "@norm" in tr.linear_in.get(n, {})  # noqa: E731
+    queries = sorted({q for c in tr.attention for q in c.q if q in tr.linear_in})
+    ffn_ins = sorted(n for n, r in role.items() if r in ("ffn.in", "ffn.gate"))
+    placement = (tr.stream_norms, tuple(q for q in queries if not normed(q)), tuple(n for n in ffn_ins if not normed(n)),
+                 tr.get(out) == {"@norm": 0})
+    return Dataflow(tuple(modules), tuple(tr.attention), tuple(chains), tokens, total, *placement)

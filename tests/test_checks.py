@@ -25,7 +25,7 @@ def battery(name=None, dtype=torch.float32, **flags):
 def test_registry_declares_every_check_once():
     assert sorted(CHECK_NAMES) == sorted({"shape", "finite", "grad_input", "grad_params", "residual", "batch", "padding", "causal",
                                           "determinism", "input_unchanged", "need_weights", "dtype", "ffn_share", "reference",
-                                          "order", "train_eval", "attention", "kv_cache"})
+                                          "order", "train_eval", "attention", "kv_cache", "norm_placement"})
     assert len(set(CHECK_NAMES)) == len(CHECK_NAMES)
     # every need is established by a check that runs before the checks needing it
     from tblock_cli.checks import ESTABLISHES, REGISTRY
@@ -206,6 +206,33 @@ def test_fully_padded_sequence_is_reported_not_failed():
     _, by = battery()
     assert by["padding"].status == Status.PASS
     assert "fully padded row gives" in by["padding"].detail
+
+
+def test_norm_placement_names_the_sublayer_that_reads_an_unnormalised_stream():
+    _, by = battery("NoNormBeforeFFN")
+    assert by["norm_placement"].status == Status.WARN and "ffn.0" in by["norm_placement"].detail
+    _, post = battery(norm="post")
+    assert post["norm_placement"].status == Status.PASS and "Post-LN" in post["norm_placement"].detail
+    _, none = battery("AttentionOnly")
+    assert none["norm_placement"].status == Status.PASS  # its one norm sits before the attention
+    _, bare = battery("NoPadKeyword")
+    assert bare["norm_placement"].status == Status.PASS
+
+
+def test_attention_axis_diagonal_and_overscaling():
+    _, axis = battery("SoftmaxQueryAxisBidirectional")
+    assert axis["attention"].status == Status.FAIL and "query axis" in axis["attention"].detail
+    _, diag = battery("DiagonalMasked", causal=True)
+    assert diag["attention"].status == Status.WARN and "attends to itself" in diag["attention"].detail
+    _, d_model = battery("ScaledByDModel", d_model=64, n_heads=4)
+    assert d_model["attention"].status == Status.WARN and 0.4 < d_model["attention"].value < 0.6  # 1/sqrt(4 heads)
+
+
+def test_residual_doubled_or_taken_after_the_norm_fails():
+    _, twice = battery("ResidualTwice")
+    assert twice["residual"].status == Status.FAIL and 1.9 < twice["residual"].value < 2.1
+    _, normed = battery("ResidualFromNorm")
+    assert normed["residual"].status == Status.FAIL and "doubling the input" in normed["residual"].detail
 
 
 def test_linear_ffn_names_both_modules():

@@ -896,3 +896,27 @@ PLANTED_2.update({
     "ResidualTwice": ("residual", {}),
     "ResidualFromNorm": ("residual", {}),
 })
+
+
+class NoNormBeforeFFN(Good):
+    def forward(self, x, pad_mask=None):
+        x = x + self.sa(self.ln1(x), pad_mask)
+        return x + self.ffn(x)  # bug: ln2 defined, never applied
+
+
+class NoNormBeforeAttention(Good):
+    def forward(self, x, pad_mask=None):
+        x = x + self.sa(x, pad_mask)  # bug: ln1 skipped
+        return x + self.ffn(self.ln2(x))
+
+
+class PostThenPre(Good):
+    """Post-LN around attention, Pre-LN around the FFN: the two placements mixed in one block."""
+
+    def forward(self, x, pad_mask=None):
+        x = self.ln1(x + self.sa(x, pad_mask))
+        return x + self.ffn(self.ln2(x))
+
+
+PLANTED_2.update({"NoNormBeforeFFN": ("norm_placement", {}), "NoNormBeforeAttention": ("norm_placement", {}),
+                  "PostThenPre": ("norm_placement", {})})
