@@ -178,9 +178,13 @@ def check_shape(ctx: Context):
         T += 1  # a (T, B) mix-up cannot show when B == T
     x = ctx.x(B, T)
     out = eval_forward(ctx, x)
-    if out.shape == x.shape:
-        return Status.PASS, list(out.shape), "output keeps the input's shape (B, T, d)"
-    return Status.FAIL, list(out.shape), f"input {tuple(x.shape)} came out as {tuple(out.shape)}"
+    if out.shape != x.shape:
+        return Status.FAIL, list(out.shape), f"input {tuple(x.shape)} came out as {tuple(out.shape)}"
+    if out.dtype != x.dtype:
+        name = lambda d: str(d).replace("torch.", "")  # noqa: E731
+        return Status.WARN, list(out.shape), (f"shape kept, but a {name(x.dtype)} input came out as {name(out.dtype)}: something "
+                                              f"upcasts (a float64 constant? a softmax kept in float32?), and every later layer pays for it")
+    return Status.PASS, list(out.shape), "output keeps the input's shape (B, T, d) and dtype"
 
 
 def check_finite(ctx: Context):
@@ -621,6 +625,10 @@ def check_norm_placement(ctx: Context):
         return Status.WARN, ", ".join(flow.unnormed_ffn), (
             f"the FFN ({', '.join(flow.unnormed_ffn)}) reads the residual stream with no norm before it, though the block has "
             f"norms (a Pre-LN block missing its second norm, or a Post-LN block missing its first)")
+    if flow.split_kv:
+        return Status.WARN, ", ".join(flow.split_kv), (
+            f"keys/values ({', '.join(flow.split_kv)}) read the un-normalised stream while their queries read the normalised "
+            f"one: the norm applied to the queries only (attn(LN(x), x, x)?)")
     if flow.unnormed_attention and not flow.output_normed:
         return Status.WARN, ", ".join(flow.unnormed_attention), (
             f"attention ({', '.join(flow.unnormed_attention)}) reads the un-normalised stream and no norm follows the residual "

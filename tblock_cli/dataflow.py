@@ -103,6 +103,7 @@ class Dataflow:
     stream_norms: bool = False  # some norm normalises the residual stream (width d_model)
     unnormed_attention: tuple[str, ...] = ()  # query projections that read no normalised stream
     unnormed_ffn: tuple[str, ...] = ()  # FFN input projections that read no normalised stream
+    split_kv: tuple[str, ...] = ()  # key/value projections that read the raw stream while their queries read a normalised one
     output_normed: bool = False  # the block's output comes straight from a norm (Post-LN)
 
     def group_params(self, matrices_only: bool = False) -> dict[str, int]:
@@ -222,6 +223,7 @@ class _Tracer(TorchFunctionMode):
         self.probs: dict[str, int] = {}  # marker -> index into self.attention
         self.mha_out: set[str] = set()
         self.stream_norms = False
+        self.split_streams: list[str] = []  # MHA calls whose query is normalised but whose key or value is not
         self.module_stack: list[str] = [""]
 
     def leave(self, name: str, out) -> None:
@@ -458,6 +460,8 @@ class _Tracer(TorchFunctionMode):
         self.linear_in[out_name] = {f"@attn{len(self.attention) - 1}": 0}
         if owner:  # the in-projection reads the query (and key, value) stream
             self.linear_in.setdefault(owner, self.union(self.get(t) for t in (query, key, a["value"])))
+        if "@norm" in self.get(query) and not all("@norm" in self.get(t) for t in (key, a["value"])):
+            self.split_streams.append(mha_name or "(root)")
         self.put(out, {out_name: 0})
 
 
@@ -578,6 +582,8 @@ def trace(module: nn.Module, call, x: torch.Tensor, d_model: int) -> Dataflow:
     normed = lambda n: "@norm" in tr.linear_in.get(n, {})  # noqa: E731
     queries = sorted({q for c in tr.attention for q in c.q if q in tr.linear_in})
     ffn_ins = sorted(n for n, r in role.items() if r in ("ffn.in", "ffn.gate"))
+    split_kv = sorted({n for c in tr.attention if c.q and all(normed(q) for q in c.q if q in tr.linear_in)
+                       for n in c.k + c.v if n in tr.linear_in and not normed(n)})
     placement = (tr.stream_norms, tuple(q for q in queries if not normed(q)), tuple(n for n in ffn_ins if not normed(n)),
-                 tr.get(out) == {"@norm": 0})
+                 tuple(split_kv + tr.split_streams), tr.get(out) == {"@norm": 0})
     return Dataflow(tuple(modules), tuple(tr.attention), tuple(chains), tokens, total, *placement)

@@ -920,3 +920,18 @@ class PostThenPre(Good):
 
 PLANTED_2.update({"NoNormBeforeFFN": ("norm_placement", {}), "NoNormBeforeAttention": ("norm_placement", {}),
                   "PostThenPre": ("norm_placement", {})})
+
+
+class NormOnQueriesOnly(Good):
+    def forward(self, x, pad_mask=None):
+        h = self.ln1(x)
+        x = x + self.attn(h, x, x, key_padding_mask=pad_mask, attn_mask=self.mask(x.shape[1], x.device), need_weights=False)[0]  # bug
+        return x + self.ffn(self.ln2(x))
+
+
+class UpcastsOutput(Good):
+    def forward(self, x, pad_mask=None):
+        return super().forward(x, pad_mask) * torch.ones(1, dtype=torch.float64)  # bug: the output becomes float64
+
+
+PLANTED_2.update({"NormOnQueriesOnly": ("norm_placement", {}), "UpcastsOutput": ("shape", {})})
