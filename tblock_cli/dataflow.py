@@ -196,6 +196,15 @@ def find_norms(module: nn.Module, d_model: int, device, dtype) -> dict[str, int]
     return {n: w for n, w in found.items() if not any(n != o and n.startswith(o + ".") for o in found)}  # outermost only
 
 
+def owns_several_matrices(m: nn.Module) -> bool:
+    """nn.MultiheadAttention, or a module holding bare weight matrices: each matrix is a projection of its own."""
+    return isinstance(m, nn.MultiheadAttention) or sum(p.ndim >= 2 for p in m.parameters(recurse=False)) > 1
+
+
+def qualified(module_name: str, param_name: str) -> str:
+    return f"{module_name}.{param_name}" if module_name else param_name
+
+
 class _Tracer(TorchFunctionMode):
     """Records projections, attention calls and provenance while one forward runs."""
 
@@ -206,10 +215,11 @@ class _Tracer(TorchFunctionMode):
         self.owner: dict[int, str] = {}  # id(weight matrix) -> module name
         self.params: set[int] = set()
         for name, m in module.named_modules():
+            per_matrix = owns_several_matrices(m)
             for pn, p in m.named_parameters(recurse=False):
                 self.params.add(id(p))
                 if p.ndim >= 2 and id(p) not in self.owner:
-                    self.owner[id(p)] = name if not isinstance(m, nn.MultiheadAttention) else f"{name}.{pn}"
+                    self.owner[id(p)] = qualified(name, pn) if per_matrix else name
             for b in m.buffers(recurse=False):
                 self.params.add(id(b))
         self.prov: dict[int, dict[str, int]] = {}
@@ -260,13 +270,28 @@ class _Tracer(TorchFunctionMode):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         name = getattr(func, "__name__", "")
+        if name == "__get__" and isinstance(out, torch.Tensor):
+            self.follow_weight(args, out)  # W.T, W.mT: still the module's weight
+            return out
         if name in ("__get__", "__set__") or not any(True for _ in _tensors(out)):
+            return out
+        if name in LINEAR and self.follow_weight(args, out):
             return out
         try:
             self.record(func, name, args, kwargs, out)
         except Exception:  # noqa: BLE001 - a tracing slip must never break the user's forward
             pass
         return out
+
+    def follow_weight(self, args, out) -> bool:
+        """A view or cast of a weight matrix (W.t(), W.T, W.to(dtype)) is that weight: same owner."""
+        src = args[0] if args and isinstance(args[0], torch.Tensor) else None
+        if src is None or id(src) not in self.owner or not isinstance(out, torch.Tensor) or out.numel() != src.numel():
+            return False
+        self.owner[id(out)] = self.owner[id(src)]
+        self.params.add(id(out))
+        self.keep.append(out)
+        return True
 
     def record(self, func, name, args, kwargs, out):
         ins = [t for t in _tensors((args, kwargs))]
@@ -409,7 +434,7 @@ class _Tracer(TorchFunctionMode):
         dh = E // H
         w = a["in_proj_weight"]
         owner = self.owner.get(id(w if w is not None else a["q_proj_weight"]), "")
-        mha_name = owner.rsplit(".", 1)[0]
+        mha_name = owner.rsplit(".", 1)[0] if "." in owner else ""
         if a["use_separate_proj_weight"]:
             wq, wk, wv = a["q_proj_weight"], a["k_proj_weight"], a["v_proj_weight"]
         else:
@@ -520,11 +545,11 @@ def _mha_rows(name: str, m: nn.MultiheadAttention, tr: _Tracer, role: dict, seen
     """nn.MultiheadAttention's own parameters as q, k, v rows (in_proj split, biases with their matrix)."""
     E = m.embed_dim
     if m.in_proj_weight is not None:
-        key = f"{name}.in_proj_weight"
+        key = qualified(name, "in_proj_weight")
         mats = {"q": E * E, "k": E * E, "v": E * E}
         first = m.in_proj_weight
     else:
-        key = f"{name}.q_proj_weight"
+        key = qualified(name, "q_proj_weight")
         mats = {"q": m.q_proj_weight.numel(), "k": m.k_proj_weight.numel(), "v": m.v_proj_weight.numel()}
         first = m.q_proj_weight
     if id(first) in seen:
@@ -567,6 +592,15 @@ def trace(module: nn.Module, call, x: torch.Tensor, d_model: int) -> Dataflow:
     for name, m in module.named_modules():
         if isinstance(m, nn.MultiheadAttention):
             modules.extend(_mha_rows(name, m, tr, role, seen))
+            continue
+        if owns_several_matrices(m):  # bare matrices: a row each, named by the parameter
+            for pn, p in m.named_parameters(recurse=False):
+                if id(p) in seen:
+                    continue
+                seen.add(id(p))
+                key = qualified(name, pn)
+                modules.append(ModuleUse(key, role.get(key, "other"), p.numel(), p.numel() if p.ndim >= 2 else 0,
+                                         tr.out_shape.get(key), tr.flops.get(key, 0)))
             continue
         own = [p for p in m.parameters(recurse=False) if id(p) not in seen]
         if not own:

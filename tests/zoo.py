@@ -935,3 +935,26 @@ class UpcastsOutput(Good):
 
 
 PLANTED_2.update({"NormOnQueriesOnly": ("norm_placement", {}), "UpcastsOutput": ("shape", {})})
+
+
+class RawParams(nn.Module):
+    """Pre-LN written with bare nn.Parameter matrices used as x @ W.T (no nn.Linear anywhere)."""
+
+    def __init__(self, d_model=64, n_heads=4, d_ff=None):
+        super().__init__()
+        d_ff = d_ff or 4 * d_model
+        self.n = n_heads
+        self.norm1, self.norm2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
+        self.wq, self.wk, self.wv, self.wo = (nn.Parameter(torch.randn(d_model, d_model) / math.sqrt(d_model)) for _ in range(4))
+        self.w_in = nn.Parameter(torch.randn(d_ff, d_model) / math.sqrt(d_model))
+        self.w_out = nn.Parameter(torch.randn(d_model, d_ff) / math.sqrt(d_ff))
+
+    def forward(self, x, pad_mask=None):
+        h = self.norm1(x)
+        q, k, v = (heads(h @ w.T, self.n) for w in (self.wq, self.wk, self.wv))
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed_mask(x.shape[1], x.device, False, pad_mask))
+        x = x + merge(y) @ self.wo.T
+        return x + F.gelu(self.norm2(x) @ self.w_in.T) @ self.w_out.T
+
+
+CORRECT["RawParams"] = {}
