@@ -31,8 +31,9 @@ MIN_SAMPLES = 5
 TARGET_SAMPLES = 20
 # --compare: a point whose peak memory grew by more than this is a regression (memory is exact).
 MEMORY_GROWTH_MAX = 0.01
-# --compare: slower is a regression when the IQRs are apart and the median grew by more than this;
-# two runs of one config on a quiet 2-core machine drift by a few percent with tight IQRs.
+# A latency difference is stated, and --compare calls a point slower, when the IQRs are apart and the
+# medians differ by more than this: two runs of one config on a quiet 2-core machine drift by a few
+# percent with tight IQRs.
 SLOWER_MIN = 0.05
 # --min-time is capped so a typo (600000) cannot hold the machine for days.
 MAX_MIN_TIME = 600.0
@@ -264,10 +265,12 @@ def result_dict(r: BenchResult) -> dict:
     return d
 
 def latency_sentence(a: Latency, b: Latency, a_name: str, b_name: str) -> str:
-    """'a is N% faster than b' only when the IQRs do not overlap; otherwise no measurable difference."""
+    """'a is Nx faster than b' only when the IQRs do not overlap and the medians differ by more than SLOWER_MIN."""
+    ratio = b.median / a.median
     if not a.differs_from(b):
         return f"no measurable latency difference between {a_name} and {b_name} (their IQRs overlap)"
-    ratio = b.median / a.median
+    if 1 / (1 + SLOWER_MIN) < ratio < 1 + SLOWER_MIN:
+        return f"no meaningful latency difference between {a_name} and {b_name} ({ratio:.2f}x: IQRs apart, but within {SLOWER_MIN:.0%})"
     if ratio > 1:
         return f"{a_name} is {ratio:.2f}x faster than {b_name} (IQRs apart)"
     return f"{a_name} is {1 / ratio:.2f}x slower than {b_name} (IQRs apart)"
