@@ -709,6 +709,8 @@ def check_dtype(ctx: Context):
 
 
 def check_ffn_share(ctx: Context):
+    from tblock_cli.dataflow import predicted_ffn_share
+
     flow = ctx.dataflow()
     if not flow.found["ffn"]:
         return Status.SKIP, None, "no FFN found in the dataflow (a projection consuming another's output, outside attention)"
@@ -716,7 +718,7 @@ def check_ffn_share(ctx: Context):
         return Status.SKIP, None, "no attention found in the dataflow: the share has nothing to compare with"
     groups, mats = flow.group_params(), flow.group_params(matrices_only=True)
     share = groups["ffn"] / flow.total
-    predicted = mats["ffn"] / (mats["ffn"] + mats["attention"])
+    predicted = predicted_ffn_share(mats)
     ratio = mats["ffn"] / mats["attention"] if mats["attention"] else float("inf")
     why = "the 2/3 rule" if abs(predicted - 2 / 3) < 5e-4 else f"FFN/attention matrices = {ratio:.2f}, not 2"
     detail = f"FFN share by dataflow roles; matrices predict {predicted:.1%} ({why}); biases and norms {(share - predicted) * 100:+.1f} pt"

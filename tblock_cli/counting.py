@@ -9,11 +9,10 @@ import torch.nn as nn
 
 from tblock_cli.block import Block, Stack
 from tblock_cli.config import BlockConfig
+from tblock_cli.dataflow import GROUPS, predicted_ffn_share
 from tblock_cli.errors import reraise_as_measure_error
 from tblock_cli.loading import Subject
 from tblock_cli.report import RunInfo
-
-GROUPS = ("attention", "ffn", "norm", "other")
 
 # A backward pass costs two matmuls per forward matmul (one for the input's gradient, one for the
 # weight's), so a training step is 3x the forward in matmul FLOPs; FlopCounterMode counts the same.
@@ -144,7 +143,7 @@ def ffn_share_note_from(groups: dict, mats: dict, total: int, cfg: BlockConfig |
     if not groups.get("ffn") or not total:
         return None, "no FFN found (a projection consuming another projection's output, outside attention): FFN share omitted"
     share = groups["ffn"] / total
-    predicted = mats["ffn"] / (mats["ffn"] + mats["attention"]) if mats["attention"] else 1.0
+    predicted = predicted_ffn_share(mats)
     reasons = []
     if cfg is not None and cfg.ffn_dim != 4 * cfg.d_model:
         r = cfg.ffn_dim / cfg.d_model

@@ -117,6 +117,11 @@ class Dataflow:
         return {"attention": bool(self.attention), "ffn": any(m.group == "ffn" for m in self.modules)}
 
 
+def predicted_ffn_share(mats: dict[str, int]) -> float:
+    """The FFN share the weight matrices alone predict: ffn / (ffn + attention); 2r / (4 + 2r) for d_ff = r d."""
+    return mats["ffn"] / (mats["ffn"] + mats["attention"]) if mats["attention"] else 1.0
+
+
 def group_of(role: str) -> str:
     return role.split(".")[0].replace("attn", "attention") if role not in ("norm", "other") else role
 
