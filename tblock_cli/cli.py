@@ -174,7 +174,7 @@ def params(
     preset: Preset = None, positional: Positional = None, pad_keyword: PadKeyword = None, pad_means: PadMeans = None,
     batch: Batch = None, seq: Seq = None, dtype: Dtype = None, device: Device = None, seed: Seed = None,
     threads: Threads = None, block: BlockSpec = None, kwargs: Kwargs = None,
-    tree_depth: Annotated[Optional[int], typer.Option("--tree-depth", min=1, help="Rows from the module tree, this deep, instead of dataflow roles.", show_default=False)] = None,
+    tree_depth: Annotated[Optional[int], typer.Option("--tree-depth", help="Rows from the module tree, this deep, instead of dataflow roles.", show_default=False)] = None,
     list_presets: Annotated[bool, typer.Option("--list-presets", help="List the --preset shapes and exit.")] = False,
     json_: Json = False,
 ):

@@ -36,6 +36,8 @@ def build_config(model_type: str, cfg: BlockConfig, extra: dict):
     transformers = import_transformers()
     from transformers import AutoConfig
 
+    if not model_type:
+        raise LoadError("--block hf:TYPE needs a transformers model type, e.g. hf:gpt2, hf:bert, hf:llama")
     extra = dict(extra)
     attn = extra.pop("attn_implementation", None)
     sizes = {

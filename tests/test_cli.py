@@ -203,3 +203,12 @@ def test_plot_to_an_unwritable_place_fails_before_measuring(tmp_path):
 def test_help_escapes_rich_markup():
     r = run("bench", "--help")
     assert "tblock[plot]" in r.stdout.replace("\n", " ").replace("│", " ").replace("  ", " ")
+
+
+def test_params_and_hf_flag_errors_are_one_line():
+    for args, words in ((["params", "--tree-depth", "0"], "--tree-depth must be >= 1"),
+                        (["check", "--block", "hf:"], "needs a transformers model type")):
+        r = run(*args)
+        if "hf:" in args[-1]:
+            pytest.importorskip("transformers")
+        assert r.exit_code == 2 and words in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.output
