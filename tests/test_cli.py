@@ -205,10 +205,10 @@ def test_help_escapes_rich_markup():
     assert "tblock[plot]" in r.stdout.replace("\n", " ").replace("│", " ").replace("  ", " ")
 
 
-def test_params_and_hf_flag_errors_are_one_line():
-    for args, words in ((["params", "--tree-depth", "0"], "--tree-depth must be >= 1"),
-                        (["check", "--block", "hf:"], "needs a transformers model type")):
-        r = run(*args)
-        if "hf:" in args[-1]:
-            pytest.importorskip("transformers")
-        assert r.exit_code == 2 and words in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.output
+@pytest.mark.parametrize("args, words", [(["params", "--tree-depth", "0"], "--tree-depth must be >= 1"),
+                                         (["check", "--block", "hf:"], "needs a transformers model type")])
+def test_params_and_hf_flag_errors_are_one_line(args, words):
+    if args[-1] == "hf:":
+        pytest.importorskip("transformers")
+    r = run(*args)
+    assert r.exit_code == 2 and words in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.output
