@@ -555,6 +555,10 @@ def check_attention(ctx: Context):
     if wrong_axis is not None:
         return Status.FAIL, value, (f"softmax over the query axis in {wrong_axis.where or 'root'}: each key's weights sum to 1, "
                                     f"not each query's (softmax(dim=-2)?); " + "; ".join(parts))
+    raw = next((c for c in flow.attention if not c.normalised), None)
+    if raw is not None:
+        return Status.WARN, value, (f"no softmax in {raw.where or 'root'}: a q.k product weights the values directly (rows not "
+                                    f"non-negative summing to 1; linear attention does this by design); " + "; ".join(parts))
     blind = next((c for c in flow.attention if c.self_masked), None)
     if blind is not None:
         return Status.WARN, value, (f"no token attends to itself in {blind.where or 'root'}: the diagonal of the scores is "

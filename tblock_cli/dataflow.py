@@ -50,6 +50,8 @@ SOFTMAX = {"softmax", "_softmax"}
 NORM_INVARIANCE_TOL = 1e-4
 # Scores below this are a mask (-inf, finfo.min, -1e9), not a logit.
 MASKED_LOGIT = -1e4
+# Rows of attention weights written out by hand must sum to 1 within this (half precision rounds to ~1e-3).
+WEIGHT_SUM_TOL = 1e-2
 
 
 @dataclass(frozen=True)
@@ -75,6 +77,7 @@ class AttentionCall:
     kv_width: int = 0  # key + value elements per token: what a decoding cache keeps for this call
     key_axis: bool = True  # the softmax normalises over the keys (the last axis), as attention must
     self_masked: bool = False  # L == S and every query's own position is masked: no token attends to itself
+    normalised: bool = True  # the weights multiplied into the values are non-negative and each row sums to 1
 
 
 @dataclass(frozen=True)
@@ -355,9 +358,43 @@ class _Tracer(TorchFunctionMode):
             self.attention[i] = replace(call, v=self.sources(other), flops=call.flops + mix, kv_width=call.kv_width + v_width)
             self.put(out, {f"@attn{i}": 0})
             return
+        scored = [t for t in (a, b) if any(k in self.scores for k in self.get(t))]
+        if scored:  # weights derived from a q.k product, multiplied into values without torch's softmax
+            w = scored[0]
+            self.weights_call(w, b if w is a else a, next(k for k in self.get(w) if k in self.scores), out)
+            return
         marker = f"@scores{len(self.scores)}"
         self.scores[marker] = (a, b)
         self.put(out, {**self.union((self.get(a), self.get(b)), NONLINEAR), marker: 0})
+
+    def weights_call(self, w: torch.Tensor, values: torch.Tensor, marker: str, out) -> None:
+        """Attention whose weights came from a q.k product by other means than softmax: a softmax written out
+        (rows non-negative, summing to 1), or none at all (raw scores times values)."""
+        q, k = self.scores[marker]
+        W = w.detach().double()
+        rows = W.sum(-1)
+        live = rows.abs() > 1e-6  # fully masked rows, zeroed, carry no weight
+        normalised = bool((W >= -1e-6).all() and live.any() and ((rows[live] - 1).abs() <= WEIGHT_SUM_TOL).all())
+        L, S = W.shape[-2], W.shape[-1]
+        if normalised:
+            logits = torch.log(W).masked_fill(W <= 0, float("-inf"))
+            valid = torch.isfinite(logits)
+            centred = logits - (logits.masked_fill(~valid, 0).sum(-1, keepdim=True) / valid.sum(-1, keepdim=True).clamp_min(1))
+            std, ent, mp = score_stats(centred.masked_fill(~valid, float("-inf")))
+            ratio, note = self.scale_ratio(std, q, k)
+        else:
+            std, ent, mp = score_stats(W)
+            ratio, note = None, "no softmax: the raw scores weight the values"
+        batch = W.shape[0] if W.ndim >= 3 else 1
+        heads = W.shape[1] if W.ndim == 4 else 1
+        e = q.shape[-1] if q.ndim >= 2 else 1
+        flops = 2 * (W.numel() // max(1, S)) * S * e + 2 * values.numel() * L
+        kv = (k.numel() + values.numel()) // max(1, batch * S)
+        self.attention.append(AttentionCall("weights written out" if normalised else "no softmax", self.module_stack[-1],
+                                            self.sources(q), self.sources(k), self.sources(values), heads, e, batch, L, S,
+                                            std, ent, mp, ratio, note, flops, kv, True, self_masked(W.log() if normalised else W),
+                                            normalised))
+        self.put(out, {f"@attn{len(self.attention) - 1}": 0})
 
     def softmax(self, args, kwargs, out, ins):
         x = args[0]

@@ -958,3 +958,24 @@ class RawParams(nn.Module):
 
 
 CORRECT["RawParams"] = {}
+
+
+class ManualSoftmax(HandSoftmax):
+    """Correct: softmax written out as exp / sum (with the max subtracted), not torch.softmax."""
+
+    def attend(self, h, mask):
+        q, k, v = (heads(t, self.n) for t in self.qkv(h).chunk(3, dim=-1))
+        s = self.scores(q, k).masked_fill(~allowed_mask(h.shape[1], h.device, self.causal, mask), float("-inf"))
+        e = torch.exp(s - s.amax(-1, keepdim=True))
+        return merge((e / e.sum(-1, keepdim=True)) @ v)
+
+
+class NoSoftmax(HandSoftmax):
+    def attend(self, h, mask):
+        q, k, v = (heads(t, self.n) for t in self.qkv(h).chunk(3, dim=-1))
+        s = self.scores(q, k).masked_fill(~allowed_mask(h.shape[1], h.device, self.causal, mask), 0.0)
+        return merge(s @ v)  # bug: the scores weight the values with no softmax
+
+
+CORRECT["ManualSoftmax"] = {}
+PLANTED_2["NoSoftmax"] = ("attention", {})
