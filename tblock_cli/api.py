@@ -146,7 +146,7 @@ def setup(block=None, options: dict | None = None, *, same_shape: bool = True, a
         if isinstance(block, str):
             from tblock_cli.loading import make_subject
 
-            return make_subject(cfg, device, dtype, block, None if not extra else extra, same_shape=same_shape)
+            return make_subject(cfg, device, dtype, block, extra, same_shape=same_shape)
         return user_subject(construct(name, block, cfg, extra), name, cfg, device, dtype, same_shape=same_shape)
 
     return Setup(cfg, device, dtype, make, name if not isinstance(block, str) else block, extra, tuple(warnings))
@@ -215,7 +215,7 @@ def bench(block=None, *, seq=(128, 512), need_weights: bool = False, mode: str =
                 raise ConfigError(f"--compare: the saved run has another config ({'; '.join(diffs)}); compare like with like")
         check_sizes(s.cfg, seqs, modes, s.device, decode)
         subject = s.make()
-        run = s.run(subject, **{k: run.config[k] for k in ("seq", "mode", "need_weights", "baseline", "min_time", "decode", "breakdown")})
+        run = dataclasses.replace(run, subject=subject.name)
         return run_bench(subject, s.cfg, s.device, s.dtype, seqs=seqs, modes=modes, need_weights=need_weights,
                          baseline=baseline == "torch", min_time=min_time, progress=progress, run=run,
                          decode=decode, breakdown=breakdown, compare_with=compare_with)
@@ -277,7 +277,10 @@ def _layer_maker(s: Setup, block) -> Callable[[int], list[Subject]] | None:
     if isinstance(block, str) and block.startswith("hf:"):
         from tblock_cli import hf
 
-        return lambda n: [s.make().like(layer) for layer in hf.build(block[3:], dataclasses.replace(s.cfg, layers=n), s.kwargs).single_layers()]
+        def hf_layers(n: int) -> list[Subject]:
+            first = s.make()  # the calling convention (mask keyword, causal); the layers come from an n-layer model
+            return [first.like(layer) for layer in hf.build(block[3:], dataclasses.replace(s.cfg, layers=n), s.kwargs).single_layers()]
+        return hf_layers
     if isinstance(block, str):
         from tblock_cli.loading import user_layers
 

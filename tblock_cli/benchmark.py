@@ -513,9 +513,7 @@ def run_bench(subject: Subject, cfg: BlockConfig, device: torch.device, dtype: t
         if progress:
             progress(f"decode {decode} tokens", len(points), total)
         results.extend(decode_results(subject, cfg, device, dtype, seqs[0], decode, clock))
-        item = torch.empty((), dtype=dtype).element_size()
-        layers = len(getattr(subject.module, "layers", [])) if subject.builtin and hasattr(subject.module, "layers") else cfg.layers
-        analytic = analytic_cache_bytes(layers, cfg.batch, seqs[0] + decode, cfg.d_model, item)
+        analytic = analytic_cache_bytes(cfg.layers, cfg.batch, seqs[0] + decode, cfg.d_model, dtype.itemsize)
     parts = []
     if breakdown:
         from tblock_cli.breakdown import breakdown as run_breakdown
@@ -528,7 +526,7 @@ def run_bench(subject: Subject, cfg: BlockConfig, device: torch.device, dtype: t
                 parts.append(run_breakdown(subject, cfg, x, device, min_time, clock))
             except Exception as e:  # noqa: BLE001
                 reraise_as_measure_error(e, f"{subject.name} raised during --breakdown at seq {seq}")
-    item = torch.empty((), dtype=dtype).element_size()
+    item = dtype.itemsize
     sizes = {s: {"weights_returned": cfg.batch * s * s * item, "matrix_per_head": cfg.batch * cfg.n_heads * s * s * item} for s in seqs}
     has_tel = any(isinstance(m, nn.TransformerEncoderLayer) for m in subject.module.modules())
     report = BenchReport(subject.name, tuple(results), sizes, cfg.batch, cfg.n_heads, cfg.dropout, runtime.environment(device, dtype),

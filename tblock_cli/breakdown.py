@@ -142,14 +142,14 @@ def weight_groups(module: nn.Module, flow) -> dict[int, str]:
 def breakdown(subject, cfg, x: torch.Tensor, device: torch.device, min_time: float, clock: list):
     """Per-component time of an eval forward (no_grad, MHA fast path off), and the whole forward's time."""
     from tblock_cli.benchmark import Breakdown, synchronizer, time_samples
-    from tblock_cli.dataflow import find_norms, trace
+    from tblock_cli.dataflow import trace
     from tblock_cli.probes import train_mode
 
     module = subject.module
     flow = trace(module, subject, x, cfg.d_model)
     groups = weight_groups(module, flow)
     sync = synchronizer(device)
-    norms = find_norms(module, cfg.d_model, x.device, x.dtype)
+    norms = flow.norms
     fast = torch.backends.mha.get_fastpath_enabled()
     torch.backends.mha.set_fastpath_enabled(False)  # the fused path would hide projections and kernel in one call
     try:

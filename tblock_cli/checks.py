@@ -115,6 +115,7 @@ class Context:
     gen: torch.Generator = field(init=False)
     unmet: dict = field(default_factory=dict)  # need -> reason, filled as the checks establishing them run
     backward: tuple | None = None  # (x.grad, {name: grad}) of one train-mode backward, once computed
+    causal_itself: bool | None = None  # outputs ignore later positions without --causal, once computed
     _dataflow: object = None
 
     def __post_init__(self):
@@ -442,8 +443,11 @@ def future_grad(ctx: Context, x: torch.Tensor, t: int, train: bool) -> torch.Ten
 
 
 def causal_by_itself(ctx: Context, x: torch.Tensor) -> bool:
-    g = future_grad(ctx, x, x.shape[1] // 2, train=False)
-    return g is None or not g.any()
+    """Whether the block's outputs ignore later positions already (a property of the block: computed once)."""
+    if ctx.causal_itself is None:
+        g = future_grad(ctx, x, x.shape[1] // 2, train=False)
+        ctx.causal_itself = g is None or not g.any()
+    return ctx.causal_itself
 
 
 def check_causal(ctx: Context):

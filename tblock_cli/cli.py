@@ -98,7 +98,7 @@ def run_command(compute: Callable[[], object], render: Callable[[object], None],
             check_plot_target(plot)
         with contextlib.redirect_stdout(sys.stderr) if json_ else contextlib.nullcontext():
             report = compute()
-        for w in getattr(report, "run", None).warnings if getattr(report, "run", None) else ():
+        for w in report.run.warnings if report.run else ():
             say("warning", w)
         if json_:
             from tblock_cli.report import dumps
@@ -135,11 +135,6 @@ def check_plot_target(path: str) -> None:
     ensure_writable(path, "--plot")
 
 
-def _progress_status(label: str):
-    """A spinner on stderr that a computation updates with the name of what it is doing."""
-    return err.status(label, spinner="dots")
-
-
 @app.command()
 def check(
     d_model: DModel = None, n_heads: NHeads = None, d_ff: DFF = None, dropout: Dropout = None, norm: Norm = None,
@@ -156,7 +151,7 @@ def check(
     def compute():
         from tblock_cli import api
 
-        with _progress_status("checking") as status:
+        with err.status("checking", spinner="dots") as status:
             return api.check(block, strict=strict, progress=lambda name: status.update(f"check: {name}"), **options)
 
     def show(report):
@@ -196,7 +191,7 @@ def params(
     def compute():
         from tblock_cli import api
 
-        with _progress_status("counting"):
+        with err.status("counting", spinner="dots"):
             return api.params(block, tree_depth=tree_depth, **options)
 
     def show(report):
@@ -284,7 +279,7 @@ def depth(
     def compute():
         from tblock_cli import api
 
-        with _progress_status("measuring the stack"):
+        with err.status("measuring the stack", spinner="dots"):
             return api.depth(block, compare=compare, strict=strict, final_norm=final_norm, **options)
 
     def show(report):

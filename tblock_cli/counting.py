@@ -95,7 +95,7 @@ def layer_components(block: Block, batch: int, seq: int, item: int) -> list[Comp
 
 def builtin_report(subject: Subject, cfg: BlockConfig, dtype: torch.dtype, run: RunInfo | None = None) -> ParamReport:
     module = subject.module
-    item = torch.empty((), dtype=dtype).element_size()
+    item = dtype.itemsize
     blocks = list(module.layers) if isinstance(module, Stack) else [module]
     rows = layer_components(blocks[0], cfg.batch, cfg.seq, item)
     final = getattr(module, "final_ln", None)
@@ -133,7 +133,7 @@ def kv_cache_bytes(cfg: BlockConfig, dtype: torch.dtype, flow) -> dict | None:
     """What a decoding cache holds: the keys and values every attention call keeps, per token and at --seq."""
     if not flow.attention:
         return None
-    item = torch.empty((), dtype=dtype).element_size()
+    item = dtype.itemsize
     per_token = sum(c.kv_width for c in flow.attention) * item
     return {"bytes_per_token": per_token, "bytes_at_seq": per_token * cfg.batch * cfg.seq, "batch": cfg.batch, "seq": cfg.seq}
 
@@ -163,7 +163,7 @@ def user_report(subject: Subject, cfg: BlockConfig, dtype: torch.dtype, tree_dep
     from tblock_cli.dataflow import trace
 
     module = subject.module
-    item = torch.empty((), dtype=dtype).element_size()
+    item = dtype.itemsize
     x = torch.randn(cfg.batch, cfg.seq, cfg.d_model, generator=torch.Generator().manual_seed(cfg.seed)).to(
         device=next(module.parameters(), torch.empty(0)).device, dtype=dtype)
     try:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import inspect
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 import torch.nn as nn
@@ -108,6 +108,7 @@ class Dataflow:
     unnormed_ffn: tuple[str, ...] = ()  # FFN input projections that read no normalised stream
     split_kv: tuple[str, ...] = ()  # key/value projections that read the raw stream while their queries read a normalised one
     output_normed: bool = False  # the block's output comes straight from a norm (Post-LN)
+    norms: dict = field(default_factory=dict)  # module name -> width of every norm module found (find_norms)
 
     def group_params(self, matrices_only: bool = False) -> dict[str, int]:
         out = dict.fromkeys(GROUPS, 0)
@@ -662,4 +663,4 @@ def trace(module: nn.Module, call, x: torch.Tensor, d_model: int) -> Dataflow:
                        for n in c.k + c.v if n in tr.linear_in and not normed(n)})
     placement = (tr.stream_norms, tuple(q for q in queries if not normed(q)), tuple(n for n in ffn_ins if not normed(n)),
                  tuple(split_kv + tr.split_streams), tr.get(out) == {"@norm": 0})
-    return Dataflow(tuple(modules), tuple(tr.attention), tuple(chains), tokens, total, *placement)
+    return Dataflow(tuple(modules), tuple(tr.attention), tuple(chains), tokens, total, *placement, norms)

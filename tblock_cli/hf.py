@@ -79,18 +79,23 @@ class HFLayers(nn.Module):
     attention_mask: (B, T), 1 = keep (HF's convention), turned into the model's own 4-D mask.
     """
 
-    def __init__(self, model_type: str, config, base: nn.Module):
+    def __init__(self, model_type: str, config, layers: nn.ModuleList, rotary: nn.Module | None):
         super().__init__()
         self.model_type, self.config = model_type, config
         self.causal = not is_encoder(model_type, config)
-        lists = [m for m in base.modules() if isinstance(m, nn.ModuleList) and len(m) == config.num_hidden_layers]
-        if not lists:
-            raise LoadError(f"--block hf:{model_type}: found no list of {config.num_hidden_layers} layers in {type(base).__name__}")
-        self.layers = lists[0]
-        self.rotary = next((m for m in base.modules() if "rotary" in type(m).__name__.lower()), None)
+        self.layers, self.rotary = layers, rotary
         self.output_attentions = False  # HF's need_weights; bench --need-weights forces it
         params = inspect.signature(self.layers[0].forward).parameters
         self.cache_name = next((n for n in ("cache", "past_key_values", "past_key_value", "layer_past") if n in params), None)
+
+    @classmethod
+    def of_model(cls, model_type: str, config, base: nn.Module) -> "HFLayers":
+        """The layer list and rotary module of a base model built from config."""
+        lists = [m for m in base.modules() if isinstance(m, nn.ModuleList) and len(m) == config.num_hidden_layers]
+        if not lists:
+            raise LoadError(f"--block hf:{model_type}: found no list of {config.num_hidden_layers} layers in {type(base).__name__}")
+        rotary = next((m for m in base.modules() if "rotary" in type(m).__name__.lower()), None)
+        return cls(model_type, config, lists[0], rotary)
 
     @contextmanager
     def attentions(self, on: bool):
@@ -141,14 +146,7 @@ class HFLayers(nn.Module):
 
     def single_layers(self) -> list["HFLayers"]:
         """One wrapper per layer, sharing the config and rotary module (for depth's per-layer view)."""
-        out = []
-        for layer in self.layers:
-            one = HFLayers.__new__(HFLayers)
-            nn.Module.__init__(one)
-            one.model_type, one.config, one.causal, one.rotary = self.model_type, self.config, self.causal, self.rotary
-            one.layers, one.output_attentions, one.cache_name = nn.ModuleList([layer]), False, self.cache_name
-            out.append(one)
-        return out
+        return [HFLayers(self.model_type, self.config, nn.ModuleList([layer]), self.rotary) for layer in self.layers]
 
     def decode(self, x: torch.Tensor, cache=None):
         """tblock's decode protocol through the model's own DynamicCache."""
@@ -180,4 +178,4 @@ def build(model_type: str, cfg: BlockConfig, extra: dict) -> HFLayers:
     except Exception as e:  # noqa: BLE001 - a size the model rejects: say which
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise LoadError(f"--block hf:{model_type}: building the model failed: {type(e).__name__}: {first}") from None
-    return HFLayers(model_type, config, base)
+    return HFLayers.of_model(model_type, config, base)

@@ -111,14 +111,9 @@ def user_layers(cfg: BlockConfig, device: torch.device, dtype: torch.dtype, spec
     from dataclasses import replace
 
     factory = load_factory(spec)
-    layers = []
-    for i in range(n):
-        module = construct(spec, factory, replace(cfg, seed=cfg.seed + i), extra).to(device=device, dtype=dtype)
-        subject = Subject(module, spec, False, pad_keyword(module, cfg.pad_keyword, spec), cfg.causal, cfg.pad_means)
-        if i == 0:
-            probe(subject, cfg, device, dtype, same_shape=True)
-        layers.append(subject)
-    return layers
+    first = user_subject(construct(spec, factory, cfg, extra), spec, cfg, device, dtype)  # probed once
+    return [first] + [first.like(construct(spec, factory, replace(cfg, seed=cfg.seed + i), extra).to(device=device, dtype=dtype))
+                      for i in range(1, n)]
 
 
 def load_factory(spec: str) -> Callable:

@@ -258,7 +258,7 @@ def decode_view(report, cached, full) -> Group:
     lines = [table, Text("per-token time against position (cached / recompute, same scale):", style="bold")]
     top = max(max(cached.per_position), max(full.per_position))
     for r in (cached, full):
-        lines.append(Text(f"{_run_label(r):>9} {sparkline_scaled(_bucket(r.per_position), top)}"))
+        lines.append(Text(f"{_run_label(r):>9} {sparkline(_bucket(r.per_position), top)}"))
     if report.decode_analytic_bytes:
         lines.append(Text(f"analytic cache: 2 x layers x batch x positions x d_model x bytes = {report.decode_analytic_bytes:,} bytes",
                           style="dim"))
@@ -273,10 +273,6 @@ def _bucket(values, n: int = 48) -> list[float]:
         return list(values)
     size = len(values) / n
     return [statistics.median(values[int(i * size): max(int(i * size) + 1, int((i + 1) * size))]) for i in range(n)]
-
-
-def sparkline_scaled(values: list[float], top: float) -> str:
-    return "".join(SPARK[max(0, min(7, round(v / top * 8) - 1))] for v in values) if top > 0 else ""
 
 
 def breakdown_view(b, width: int = 24) -> Group:
@@ -373,9 +369,9 @@ def save_plot(report, path: str) -> None:
 SPARK = "▁▂▃▄▅▆▇█"
 
 
-def sparkline(values: list[float]) -> str:
-    """Heights from zero to the largest value, so equal values look equal and noise stays small."""
-    hi = max(max(values), 0.0)
+def sparkline(values: list[float], top: float | None = None) -> str:
+    """Heights from zero to the largest value (or to `top`, to share a scale), so equal values look equal."""
+    hi = max(max(values), 0.0) if top is None else top
     if hi <= 0:
         return SPARK[0] * len(values)
     return "".join(SPARK[max(0, min(7, round(v / hi * 8) - 1))] for v in values)

@@ -83,7 +83,7 @@ def estimate_bytes(cfg: BlockConfig, *, seq: int | None = None, train: bool = Tr
     two of (B, T, d_ff) and, on the paths that materialise it, two (B, H, T, T) attention matrices.
     `copies` counts extra copies of the parameters (the float64 reference of `check`).
     """
-    item = torch.empty((), dtype=DTYPES[cfg.dtype]).element_size()
+    item = DTYPES[cfg.dtype].itemsize
     T = seq if seq is not None else cfg.seq
     d, f, B, H = cfg.d_model, cfg.ffn_dim, cfg.batch, cfg.n_heads
     params = cfg.layers * (4 * d * d + 2 * d * f + 9 * d + f) + 2 * d

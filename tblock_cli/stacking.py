@@ -71,8 +71,12 @@ class DepthComparison:
     def findings(self) -> tuple[Finding, ...]:
         return tuple(f for r in self.reports for f in r.findings)
 
+    @property
+    def run(self) -> RunInfo | None:
+        return self.reports[0].run
+
     def to_dict(self) -> dict:
-        run = self.reports[0].run or RunInfo("", {}, {})
+        run = self.run or RunInfo("", {}, {})
         run = RunInfo("built-in pre, post and mixed stacks", {**run.config, "norm": "compare"}, run.environment, run.warnings)
         return run.envelope("depth", self.ok, {"compare": [{"subject": r.subject, **r.body()} for r in self.reports]})
 

@@ -25,7 +25,7 @@ def model_and_wrapper(model_type, **flags):
     config = hf.build_config(model_type, cfg, {})
     torch.manual_seed(0)
     base = transformers.AutoModel.from_config(config).eval()
-    return base, hf.HFLayers(model_type, config, base).eval()
+    return base, hf.HFLayers.of_model(model_type, config, base).eval()
 
 
 @pytest.mark.parametrize("model_type", ["gpt2", "bert", "llama", "qwen2"])
