@@ -9,7 +9,7 @@ python - "$out" <<'PY'
 import json, sys
 import torch
 import tblock_cli
-from tblock_cli.profiling import profile_call
+from tblock_cli.benchmark.profiling import profile_call
 
 out = sys.argv[1]
 assert torch.cuda.is_available(), "no CUDA device"
@@ -22,7 +22,7 @@ assert p.peak_bytes == 64 * 2**20, p
 print("known allocation peak:", p.peak_bytes, "bytes via", p.source)
 
 # 2. synchronised timing: a 4096^3 matmul measured by tblock's sampler against CUDA events
-from tblock_cli.benchmark import time_samples
+from tblock_cli.benchmark.timing import time_samples
 a = torch.randn(4096, 4096, device=dev)
 lat = time_samples(lambda: a @ a, dev, 0.5)
 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

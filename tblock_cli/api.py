@@ -199,7 +199,8 @@ def bench(block=None, *, seq=(128, 512), need_weights: bool = False, mode: str =
     decode=N also generates N tokens after a seq[0]-token prompt, with the block's KV cache and by
     recomputing the prefix (the built-in block is then causal); compare_with is a saved run's dict.
     """
-    from tblock_cli.benchmark import check_sizes, config_mismatch, run_bench, validate_bench
+    from tblock_cli.benchmark.run import check_sizes, run_bench, validate_bench
+    from tblock_cli.benchmark.saved import config_mismatch
 
     seqs = validate_bench(seq, mode, baseline, min_time, decode)
     if decode and block is None:

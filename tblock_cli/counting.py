@@ -7,9 +7,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
+from tblock_cli.anatomy import GROUPS, predicted_ffn_share
 from tblock_cli.block import Block, Stack
 from tblock_cli.config import BlockConfig
-from tblock_cli.dataflow import GROUPS, predicted_ffn_share
 from tblock_cli.errors import reraise_as_measure_error
 from tblock_cli.loading import Subject
 from tblock_cli.report import RunInfo
@@ -160,7 +160,7 @@ def ffn_share_note_from(groups: dict, mats: dict, total: int, cfg: BlockConfig |
 def user_report(subject: Subject, cfg: BlockConfig, dtype: torch.dtype, tree_depth: int | None = None,
                 run: RunInfo | None = None) -> ParamReport:
     """Rows by dataflow role (one traced forward), or by the module tree down to tree_depth; FLOPs from the trace."""
-    from tblock_cli.dataflow import trace
+    from tblock_cli.anatomy import trace
 
     module = subject.module
     item = dtype.itemsize

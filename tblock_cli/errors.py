@@ -36,9 +36,15 @@ def is_out_of_memory(e: BaseException) -> bool:
     return isinstance(e, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text)
 
 
-def reraise_as_measure_error(e: Exception, what: str) -> None:
+def one_line(e: BaseException) -> str:
+    """An exception as one line: its type and the first line of its message."""
+    text = str(e).strip()
+    first = text.splitlines()[0] if text else ""
+    return f"{type(e).__name__}: {first}" if first else type(e).__name__
+
+
+def reraise_as_measure_error(e: BaseException, what: str) -> None:
     """Turn an exception from the user's block into a MeasureError; out-of-memory passes through."""
     if isinstance(e, TBlockError) or is_out_of_memory(e):
         raise e
-    text = str(e).strip().splitlines()[0] if str(e).strip() else ""
-    raise MeasureError(f"{what}: {type(e).__name__}" + (f": {text}" if text else "")) from e
+    raise MeasureError(f"{what}: {one_line(e)}") from e

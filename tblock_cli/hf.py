@@ -16,7 +16,7 @@ import torch
 import torch.nn as nn
 
 from tblock_cli.config import BlockConfig
-from tblock_cli.errors import LoadError
+from tblock_cli.errors import LoadError, one_line
 
 # The embeddings are never used (tblock feeds hidden states): a small vocabulary keeps them cheap.
 VOCAB = 256
@@ -176,6 +176,5 @@ def build(model_type: str, cfg: BlockConfig, extra: dict) -> HFLayers:
     try:
         base = AutoModel.from_config(config)
     except Exception as e:  # noqa: BLE001 - a size the model rejects: say which
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise LoadError(f"--block hf:{model_type}: building the model failed: {type(e).__name__}: {first}") from None
+        raise LoadError(f"--block hf:{model_type}: building the model failed: {one_line(e)}") from None
     return HFLayers.of_model(model_type, config, base)

@@ -16,7 +16,7 @@ import torch.nn as nn
 
 from tblock_cli.block import build_block
 from tblock_cli.config import BlockConfig
-from tblock_cli.errors import LoadError, is_out_of_memory
+from tblock_cli.errors import LoadError, is_out_of_memory, one_line
 
 # Constructor keywords tblock fills from its flags, under the names blocks commonly use.
 ALIASES: dict[str, tuple[str, ...]] = {
@@ -262,9 +262,3 @@ def probe(subject: Subject, cfg: BlockConfig, device: torch.device, dtype: torch
             f"--block {subject.name}: output shape {tuple(out.shape)} differs from the input's {tuple(x.shape)}; "
             f"tblock needs a block that maps (batch, seq, d_model) to the same shape"
         )
-
-
-def one_line(e: BaseException) -> str:
-    text = str(e).strip()
-    first = text.splitlines()[0] if text else ""
-    return f"{type(e).__name__}: {first}" if first else type(e).__name__

@@ -250,7 +250,7 @@ def decode_view(report, cached, full) -> Group:
                   box=box.SIMPLE_HEAVY, title_justify="left", pad_edge=False)
     for col, width in (("run", 9), ("ms/token (IQR)", 14), ("tok/s", 8), ("growth", 6), ("cache", 10)):
         table.add_column(col, justify="left" if col == "run" else "right", no_wrap=True, min_width=width)
-    from tblock_cli.benchmark import growth
+    from tblock_cli.benchmark.report import growth
 
     for r in (cached, full):
         table.add_row(_run_label(r), f"{r.latency.median * 1e3:,.3f} ({r.latency.iqr * 1e3:,.3f})", f"{r.tokens_per_s:,.0f}",

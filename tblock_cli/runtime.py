@@ -7,7 +7,7 @@ import re
 import torch
 
 from tblock_cli.config import BlockConfig
-from tblock_cli.errors import ConfigError, ResourceError
+from tblock_cli.errors import ConfigError, ResourceError, one_line
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
 MiB = 1024**2
@@ -54,8 +54,7 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
         torch.nn.functional.layer_norm(a @ a.T, (2,))
         torch.nn.functional.scaled_dot_product_attention(a[None], a[None], a[None])
     except (RuntimeError, TypeError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ConfigError(f"--dtype {name} does not run on {device}: {first}") from None
+        raise ConfigError(f"--dtype {name} does not run on {device}: {one_line(e)}") from None
     return dtype
 
 

@@ -6,16 +6,11 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from tblock_cli import profiling, runtime
-from tblock_cli.benchmark import (
-    BenchReport,
-    BenchResult,
-    Latency,
-    forced_need_weights,
-    run_bench,
-    step_fn,
-    time_samples,
-)
+from tblock_cli import runtime
+from tblock_cli.benchmark import profiling
+from tblock_cli.benchmark.report import BenchReport, BenchResult
+from tblock_cli.benchmark.run import forced_need_weights, run_bench
+from tblock_cli.benchmark.timing import Latency, step_fn, time_samples
 from tblock_cli.cli import app
 from tblock_cli.config import build_config
 from tblock_cli.errors import ConfigError
@@ -77,7 +72,7 @@ def test_contention_shows_as_a_slow_tail():
 
 
 def test_latency_difference_needs_non_overlapping_iqrs():
-    from tblock_cli.benchmark import latency_sentence
+    from tblock_cli.benchmark.report import latency_sentence
 
     a, b = Latency((1.0, 1.1, 1.2, 1.3)), Latency((1.15, 1.2, 1.3, 1.4))  # IQRs 1.075-1.225 and 1.19-1.325
     assert "no measurable latency difference" in latency_sentence(a, b, "off", "on")

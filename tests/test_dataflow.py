@@ -4,8 +4,9 @@ import pytest
 import torch
 
 import tblock_cli
+from tblock_cli.anatomy import trace
+from tblock_cli.anatomy.norms import find_norms
 from tblock_cli.checks import Status
-from tblock_cli.dataflow import find_norms, trace
 
 import zoo
 from conftest import zoo_spec

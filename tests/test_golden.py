@@ -12,7 +12,8 @@ from rich.console import Console
 
 import tblock_cli
 from tblock_cli import render
-from tblock_cli.benchmark import BenchReport, BenchResult, Breakdown, Comparison, Latency
+from tblock_cli.benchmark.report import BenchReport, BenchResult, Breakdown, Comparison
+from tblock_cli.benchmark.timing import Latency
 from tblock_cli.checks import CheckReport, CheckResult
 from tblock_cli.report import Finding, RunInfo, Status
 from tblock_cli.stacking import DepthReport, LayerStats
@@ -29,11 +30,11 @@ def rendered(renderable, width: int) -> str:
 
 def check_report():
     checks = (
-        CheckResult("shape", Status.PASS, [2, 10, 64], "output keeps the input's shape (B, T, d)"),
-        CheckResult("residual", Status.PASS, 0.9987, "tr(J)/n = 0.999: identity path present (Pre-LN ~1, Post-LN ~0.9, none ~0)"),
-        CheckResult("order", Status.WARN, 0.2281, "permuting the tokens changed the outputs by 2.28e-01, not just their order"),
-        CheckResult("padding", Status.FAIL, 0.344, "with right padding, real positions differ from the same tokens run alone by 3.44e-01"),
-        CheckResult("kv_cache", Status.SKIP, None, "not asked for (--causal): cached decoding is for causal blocks"),
+        CheckResult("shape", Status.PASS, [2, 10, 64], "shape.kept"),
+        CheckResult("residual", Status.PASS, 0.9987, "residual.present", {"gains": [0.9987]}),
+        CheckResult("order", Status.WARN, 0.2281, "order.scrambled", {"diff": 0.2281}),
+        CheckResult("padding", Status.FAIL, 0.344, "padding.differs_alone", {"side": "right", "diff": 0.344}),
+        CheckResult("kv_cache", Status.SKIP, None, "kv_cache.not_causal"),
     )
     return CheckReport(checks, strict=False, run=RunInfo("zoo.py:Example", {}, ENV))
 
@@ -81,8 +82,9 @@ VIEWS = {
 def test_view_matches_golden(name, width, request):
     text = rendered(VIEWS[name](), width)
     path = GOLDEN / f"{name}_{width}.out"
-    if request.config.getoption("--update-golden") or not path.exists():
+    if request.config.getoption("--update-golden"):
         path.write_text(text)
+    assert path.exists(), f"{path.name} is missing: write it with pytest {__file__} --update-golden and read it"
     assert text == path.read_text()
 
 

@@ -21,16 +21,14 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
+from tblock_cli.anatomy.mha import MHACall
+from tblock_cli.ops import ACTIVATIONS, ADDS, MATMULS, NORMS, PROJECTIONS, QUIET, SOFTMAX
+
 COMPONENTS = ("attention projections", "attention kernel", "FFN", "norms", "residual adds", "other")
-KERNEL_FUNCS = {"scaled_dot_product_attention", "softmax", "_softmax", "matmul", "__matmul__", "bmm", "baddbmm", "einsum"}
-PROJECTION_FUNCS = {"linear", "addmm", "matmul", "__matmul__", "mm"}
-NORM_FUNCS = {"layer_norm", "rms_norm", "group_norm"}
-ADDS = {"add", "__add__", "__radd__", "__iadd__", "add_"}
-ACTIVATIONS = {"gelu", "relu", "silu", "sigmoid", "tanh", "softplus", "mish", "elu", "leaky_relu", "hardswish", "glu"}
+# The attention kernel: SDPA, or a softmax and the products around it.
+KERNEL_FUNCS = {"scaled_dot_product_attention"} | SOFTMAX | MATMULS
 # A forward is clocked this many times at least; the per-component medians are taken over them.
 MIN_RUNS = 3
-QUIET = {"__get__", "__set__", "dim", "size", "stride", "is_floating_point", "is_contiguous", "numel", "data_ptr", "element_size",
-         "requires_grad_", "__len__", "__format__", "__bool__", "get_device", "__hash__", "__eq__"}
 
 
 class _Clock(TorchFunctionMode):
@@ -58,11 +56,11 @@ class _Clock(TorchFunctionMode):
     def component(self, func, name, args, kwargs) -> str:
         tensors = [a for a in list(args) + list(kwargs.values()) if isinstance(a, torch.Tensor)]
         group = next((self.weight_group[id(t)] for t in tensors if id(t) in self.weight_group), None)
-        if name in PROJECTION_FUNCS and group is not None:
+        if name in PROJECTIONS and group is not None:
             return {"attention": "attention projections", "ffn": "FFN"}.get(group, "other")
         if name in KERNEL_FUNCS:
             return "attention kernel"
-        if name in NORM_FUNCS:
+        if name in NORMS:
             return "norms"
         if name in ACTIVATIONS:
             return "FFN"
@@ -81,51 +79,32 @@ class _Clock(TorchFunctionMode):
 
     def mha(self, args, kwargs):
         """nn.MultiheadAttention's call, decomposed: q/k/v projections, SDPA (or softmax weights), output projection."""
-        import inspect
-
-        a = inspect.signature(F.multi_head_attention_forward).bind(*args, **kwargs)
-        a.apply_defaults()
-        a = a.arguments
-        if a["bias_k"] is not None or a["add_zero_attn"] or a["query"].dim() != 3 or a["static_k"] is not None:
+        call = MHACall.of(args, kwargs)
+        if not call.plain or not call.batched:
             return None  # rare options: timed whole, as the kernel
-        q, k, v = a["query"], a["key"], a["value"]  # (L, N, E)
+        q, k, v = call["query"], call["key"], call["value"]  # (L, N, E)
         L, N, E = q.shape
-        S, H = k.shape[0], a["num_heads"]
+        S, H = k.shape[0], call.heads
         dh = E // H
-        if a["use_separate_proj_weight"]:
-            wq, wk, wv = a["q_proj_weight"], a["k_proj_weight"], a["v_proj_weight"]
-        else:
-            wq, wk, wv = a["in_proj_weight"].chunk(3)
-        b = a["in_proj_bias"]
-        bq, bk, bv = b.chunk(3) if b is not None else (None, None, None)
+        (wq, wk, wv), (bq, bk, bv) = call.weights(), call.biases()
         proj = "attention projections"
         q = self.timed(proj, F.linear, q, wq, bq).view(L, N, H, dh).permute(1, 2, 0, 3)  # (N, H, L, dh)
         k = self.timed(proj, F.linear, k, wk, bk).view(S, N, H, dh).permute(1, 2, 0, 3)
         v = self.timed(proj, F.linear, v, wv, bv).view(S, N, H, dh).permute(1, 2, 0, 3)
-        mask = None  # additive float (N or 1, H or 1, L, S)
-        am, kpm = a["attn_mask"], a["key_padding_mask"]
-        if a["is_causal"] and am is None:
-            am = torch.ones(L, S, dtype=torch.bool, device=q.device).triu(1)
-        if am is not None:
-            m = am.view(N, H, L, S) if am.dim() == 3 else am.view(1, 1, L, S)
-            mask = torch.zeros_like(m, dtype=q.dtype).masked_fill(m, float("-inf")) if m.dtype == torch.bool else m.to(q.dtype)
-        if kpm is not None:
-            pad = kpm.view(N, 1, 1, S)
-            p = torch.zeros_like(pad, dtype=q.dtype).masked_fill(pad, float("-inf")) if pad.dtype == torch.bool else pad.to(q.dtype)
-            mask = p if mask is None else mask + p
+        mask = call.additive(N, L, S, q.device, q.dtype)  # (N or 1, H or 1, L, S)
         kernel = "attention kernel"
         weights = None
-        if a["need_weights"]:
+        if call["need_weights"]:
             def weighted():
                 s = q @ k.transpose(-2, -1) / math.sqrt(dh)
                 w = (s if mask is None else s + mask).softmax(-1)
                 return w @ v, w
             y, w = self.timed(kernel, weighted)
-            weights = w.mean(1) if a["average_attn_weights"] else w
+            weights = w.mean(1) if call["average_attn_weights"] else w
         else:
             y = self.timed(kernel, F.scaled_dot_product_attention, q, k, v, attn_mask=mask)
         y = y.permute(2, 0, 1, 3).reshape(L, N, E)
-        return self.timed(proj, F.linear, y, a["out_proj_weight"], a["out_proj_bias"]), weights
+        return self.timed(proj, F.linear, y, call["out_proj_weight"], call["out_proj_bias"]), weights
 
 
 def weight_groups(module: nn.Module, flow) -> dict[int, str]:
@@ -141,8 +120,9 @@ def weight_groups(module: nn.Module, flow) -> dict[int, str]:
 
 def breakdown(subject, cfg, x: torch.Tensor, device: torch.device, min_time: float, clock: list):
     """Per-component time of an eval forward (no_grad, MHA fast path off), and the whole forward's time."""
-    from tblock_cli.benchmark import Breakdown, synchronizer, time_samples
-    from tblock_cli.dataflow import trace
+    from tblock_cli.anatomy import trace
+    from tblock_cli.benchmark.report import Breakdown
+    from tblock_cli.benchmark.timing import synchronizer, time_samples
     from tblock_cli.probes import train_mode
 
     module = subject.module
@@ -221,7 +201,7 @@ def _component_peaks(subject, x, module, norms, groups, d_model, sync) -> dict[s
     """The largest rise of tensor memory inside any one call of each component, from one profiled forward."""
     from torch.profiler import ProfilerActivity, profile
 
-    from tblock_cli.profiling import _kineto_events, _quiet_stderr
+    from tblock_cli.benchmark.profiling import _kineto_events, _quiet_stderr
 
     c = _Clock(groups, d_model, sync, label=True)
     with _quiet_stderr(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:

@@ -1,0 +1,85 @@
+"""What one attention computation looks like on the probe input: its record and the statistics of its scores."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from tblock_cli.anatomy.mha import MASKED_LOGIT
+from tblock_cli.ops import causal_mask
+
+# Rows of attention weights written out by hand must sum to 1 within this (half precision rounds to ~1e-3).
+WEIGHT_SUM_TOL = 1e-2
+
+
+@dataclass(frozen=True)
+class AttentionCall:
+    """One attention computation seen on the probe input."""
+
+    kind: str  # nn.MultiheadAttention | scaled_dot_product_attention | softmax(QK^T)V
+    where: str  # the module it ran in
+    q: tuple[str, ...]  # projections whose outputs reach the queries
+    k: tuple[str, ...]
+    v: tuple[str, ...]
+    heads: int
+    head_dim: int
+    batch: int
+    q_len: int
+    k_len: int
+    logit_std: float  # std of the scores over unmasked entries
+    entropy: float  # mean row entropy / log(keys allowed): 1 = uniform
+    max_prob: float  # mean over rows of the largest attention weight
+    scale_ratio: float | None  # logit std / (rms(q) rms(k)) from the projections: 1 at 1/sqrt(d_head), sqrt(d_head) unscaled
+    scale_note: str  # where the scale came from
+    flops: int  # scores + weighted sum, multiply-add = 2
+    kv_width: int = 0  # key + value elements per token: what a decoding cache keeps for this call
+    key_axis: bool = True  # the softmax normalises over the keys (the last axis), as attention must
+    self_masked: bool = False  # L == S and every query's own position is masked: no token attends to itself
+    normalised: bool = True  # the weights multiplied into the values are non-negative and each row sums to 1
+
+
+
+def rms(t: torch.Tensor) -> float:
+    return t.detach().double().pow(2).mean().sqrt().item()
+
+
+def self_masked(logits: torch.Tensor) -> bool:
+    """Square scores whose diagonal is masked everywhere (a causal mask built with triu(0) instead of triu(1))."""
+    if logits.ndim < 2 or logits.shape[-1] != logits.shape[-2] or logits.shape[-1] < 2:
+        return False
+    diag = logits.detach().double().diagonal(dim1=-2, dim2=-1)
+    return bool((~(torch.isfinite(diag) & (diag > MASKED_LOGIT))).all())
+
+
+def score_stats(logits: torch.Tensor) -> tuple[float, float, float]:
+    """(std of unmasked logits, entropy relative to uniform, mean max probability) of (..., L, S) scores."""
+    z = logits.detach().double()
+    valid = torch.isfinite(z) & (z > MASKED_LOGIT)
+    vals = z[valid]
+    std = vals.std().item() if vals.numel() > 1 else 0.0
+    p = torch.softmax(z.masked_fill(~valid, float("-inf")), dim=-1).nan_to_num(0.0)
+    n = valid.sum(-1)
+    rows = n >= 2
+    ent = -(p * torch.log(p.clamp_min(1e-300))).sum(-1)
+    rel = (ent[rows] / torch.log(n[rows].double())).mean().item() if rows.any() else 1.0
+    return std, rel, p.amax(-1)[n >= 1].mean().item() if (n >= 1).any() else 0.0
+
+
+
+def sdpa_signature(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    """The signature of F.scaled_dot_product_attention, to bind its arguments by name."""
+
+
+def apply_masks(logits: torch.Tensor, attn_mask, is_causal: bool) -> torch.Tensor:
+    L, S = logits.shape[-2], logits.shape[-1]
+    if is_causal:
+        logits = logits.masked_fill(causal_mask(L, S, logits.device), float("-inf"))
+    if attn_mask is not None:
+        m = attn_mask.detach().to(logits.device)
+        if m.dtype == torch.bool:
+            logits = logits.masked_fill(~m, float("-inf"))
+        else:
+            logits = logits + m.double()
+    return logits
+

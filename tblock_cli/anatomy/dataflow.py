@@ -1,0 +1,112 @@
+"""A block's anatomy read from one traced forward: which modules feed attention, which form the FFN, which normalise.
+
+Mechanism: a `TorchFunctionMode` sees every torch function the forward calls, at the level the user
+wrote it (`F.linear`, `torch.addmm`, `F.scaled_dot_product_attention`, `F.multi_head_attention_forward`,
+`softmax`, `@`), whatever the modules are called and however they nest. Each tensor carries a
+provenance: the projections (modules owning a weight matrix) whose outputs reach it with no other
+projection in between, and whether a nonlinearity acted since. Attention is recognised by what it
+does: an SDPA or MHA call, or a softmax over a product of two activations whose product is then
+multiplied by a third. Norms are recognised by what they do too: a module with only per-feature
+parameters whose output is invariant to scaling each token. `torch.fx` and `torch.export` were set
+aside: both need the forward to be traceable as a graph, and user blocks branch on shapes, call
+Python helpers and read `self.training`; the mode needs nothing of the code but that it runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn as nn
+
+from tblock_cli.anatomy.attention import AttentionCall
+from tblock_cli.anatomy.norms import find_norms
+from tblock_cli.anatomy.roles import GROUPS, ModuleUse, assign_roles, mha_rows
+from tblock_cli.anatomy.tracer import Tracer, owns_several_matrices, qualified
+from tblock_cli.probes import train_mode
+
+
+@dataclass(frozen=True)
+class Dataflow:
+    modules: tuple[ModuleUse, ...]
+    attention: tuple[AttentionCall, ...]
+    linear_chains: tuple[tuple[str, str], ...]  # FFN (first, second) projections with no nonlinearity between
+    tokens: int  # batch x seq of the probe
+    total: int  # parameters, shared tensors once
+    stream_norms: bool = False  # some norm normalises the residual stream (width d_model)
+    unnormed_attention: tuple[str, ...] = ()  # query projections that read no normalised stream
+    unnormed_ffn: tuple[str, ...] = ()  # FFN input projections that read no normalised stream
+    split_kv: tuple[str, ...] = ()  # key/value projections that read the raw stream while their queries read a normalised one
+    output_normed: bool = False  # the block's output comes straight from a norm (Post-LN)
+    norms: dict = field(default_factory=dict)  # module name -> width of every norm module found (find_norms)
+
+    def group_params(self, matrices_only: bool = False) -> dict[str, int]:
+        out = dict.fromkeys(GROUPS, 0)
+        for m in self.modules:
+            out[m.group] += m.matrix_params if matrices_only else m.params
+        return out
+
+    @property
+    def found(self) -> dict[str, bool]:
+        return {"attention": bool(self.attention), "ffn": any(m.group == "ffn" for m in self.modules)}
+
+
+def predicted_ffn_share(mats: dict[str, int]) -> float:
+    """The FFN share the weight matrices alone predict: ffn / (ffn + attention); 2r / (4 + 2r) for d_ff = r d."""
+    return mats["ffn"] / (mats["ffn"] + mats["attention"]) if mats["attention"] else 1.0
+
+
+
+def trace(module: nn.Module, call, x: torch.Tensor, d_model: int) -> Dataflow:
+    """One eval-mode, grad-enabled forward of call(x) under the tracer (grad keeps MHA off its fused fast path)."""
+    norms = find_norms(module, d_model, x.device, x.dtype)
+    tr = Tracer(module, d_model)
+    hooks = []
+    for name, m in module.named_modules():
+        if norms.get(name) == d_model:  # a norm of the residual stream; per-head norms keep q as q
+            tr.stream_norms = True
+            hooks.append(m.register_forward_hook(lambda _m, _a, o, _n=name: tr.put(o, {"@norm": 0})))
+        hooks.append(m.register_forward_pre_hook(lambda _m, _a, _n=name: tr.module_stack.append(_n)))
+        hooks.append(m.register_forward_hook(lambda _m, _a, o, _n=name: tr.leave(_n, o)))
+    try:
+        with train_mode(module, False), torch.enable_grad(), tr:
+            out = call(x)
+    finally:
+        for h in hooks:
+            h.remove()
+    role, chains = assign_roles(tr)
+    modules = []
+    seen: set[int] = set()
+    for name, m in module.named_modules():
+        if isinstance(m, nn.MultiheadAttention):
+            modules.extend(mha_rows(name, m, tr, role, seen))
+            continue
+        if owns_several_matrices(m):  # bare matrices: a row each, named by the parameter
+            for pn, p in m.named_parameters(recurse=False):
+                if id(p) in seen:
+                    continue
+                seen.add(id(p))
+                key = qualified(name, pn)
+                modules.append(ModuleUse(key, role.get(key, "other"), p.numel(), p.numel() if p.ndim >= 2 else 0,
+                                         tr.out_shape.get(key), tr.flops.get(key, 0)))
+            continue
+        own = [p for p in m.parameters(recurse=False) if id(p) not in seen]
+        if not own:
+            continue
+        seen.update(id(p) for p in own)
+        in_norm = any(name == n or name.startswith(n + ".") for n in norms)
+        r = "norm" if in_norm else "attn.out" if name in tr.mha_out else role.get(name, "other")
+        modules.append(ModuleUse(name or "(root)", r, sum(p.numel() for p in own), sum(p.numel() for p in own if p.ndim >= 2),
+                                 tr.out_shape.get(name), tr.flops.get(name, 0)))
+    total = sum(p.numel() for p in module.parameters())
+    assert sum(m.params for m in modules) == total, (sum(m.params for m in modules), total)
+    tokens = x.shape[0] * x.shape[1] if x.ndim >= 2 else 1
+    normed = lambda n: "@norm" in tr.linear_in.get(n, {})  # noqa: E731
+    queries = sorted({q for c in tr.attention for q in c.q if q in tr.linear_in})
+    ffn_ins = sorted(n for n, r in role.items() if r in ("ffn.in", "ffn.gate"))
+    split_kv = sorted({n for c in tr.attention if c.q and all(normed(q) for q in c.q if q in tr.linear_in)
+                       for n in c.k + c.v if n in tr.linear_in and not normed(n)})
+    placement = (tr.stream_norms, tuple(q for q in queries if not normed(q)), tuple(n for n in ffn_ins if not normed(n)),
+                 tuple(split_kv + tr.split_streams), tr.get(out) == {"@norm": 0})
+    return Dataflow(tuple(modules), tuple(tr.attention), tuple(chains), tokens, total, *placement, norms)
+

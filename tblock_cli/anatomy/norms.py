@@ -1,0 +1,54 @@
+"""What a norm is, by what it does: a module whose output is unchanged when each token is scaled."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+# A norm leaves each token's output unchanged when the token is scaled (LayerNorm, RMSNorm): checked
+# at this relative tolerance in float64 (eps moves a unit-scale token by ~eps, far below it).
+NORM_INVARIANCE_TOL = 1e-4
+
+
+def find_norms(module: nn.Module, d_model: int, device, dtype) -> dict[str, int]:
+    """Modules that normalise over the last axis, found by what they do, not their class name: name -> width.
+
+    A candidate owns only 1-D parameters of one size (or none, with 'norm' in its class name: width
+    d_model); it is a norm when scaling each token of a random input by its own factor leaves its
+    output unchanged. Width d_model: a norm of the residual stream; smaller: a per-head (QK) norm.
+    """
+    found: dict[str, int] = {}
+    gen = torch.Generator().manual_seed(0)
+    tol = NORM_INVARIANCE_TOL * (1 if dtype in (torch.float32, torch.float64) else 100)
+    for name, m in module.named_modules():
+        if isinstance(m, (nn.Linear, nn.Embedding, nn.MultiheadAttention)):
+            continue
+        own = list(m.parameters(recurse=True))
+        if not own and "norm" not in type(m).__name__.lower():
+            continue
+        sizes = {p.shape[0] if p.ndim == 1 else -1 for p in own} or {d_model}
+        if len(sizes) != 1 or len(own) > 2 or -1 in sizes:
+            continue
+        width = sizes.pop()
+        x = torch.randn(2, 3, width, generator=gen, dtype=torch.float64)
+        s = torch.rand(2, 3, 1, generator=gen, dtype=torch.float64) * 4 + 0.5
+        try:
+            with torch.no_grad():
+                a = m(x.to(device=device, dtype=dtype))
+                b = m((x * s).to(device=device, dtype=dtype))
+        except Exception:  # noqa: BLE001 - not callable on a (B, T, width) tensor: not a token norm
+            continue
+        if not isinstance(a, torch.Tensor) or a.shape != x.shape:
+            continue
+        a64, b64 = a.double().cpu(), b.double().cpu()
+        if not torch.isfinite(a64).all() or a64.abs().max() == 0:
+            continue
+        if (a64 - b64).abs().max().item() <= tol * max(1.0, a64.abs().max().item()):
+            found[name] = width
+    return {n: w for n, w in found.items() if not any(n != o and n.startswith(o + ".") for o in found)}  # outermost only
+
+
+def with_eps(module: nn.Module, norms: dict[str, int]) -> list[tuple[str, nn.Module]]:
+    """The norms found that floor their variance with an `eps` attribute (LayerNorm, RMSNorm and look-alikes)."""
+    mods = dict(module.named_modules())
+    return [(n, mods[n]) for n in norms if isinstance(getattr(mods[n], "eps", None), (int, float))]

@@ -1,0 +1,98 @@
+"""Roles from the traced dataflow: which projections are attention q/k/v/out, which form the FFN, and one row per module."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch.nn as nn
+
+from tblock_cli.anatomy.tracer import ACT, Tracer, qualified
+
+ATTENTION_ROLES = ("attn.q", "attn.k", "attn.v", "attn.qk", "attn.kv", "attn.qkv", "attn.out")
+FFN_ROLES = ("ffn.in", "ffn.gate", "ffn.out")
+GROUPS = ("attention", "ffn", "norm", "other")
+
+
+@dataclass(frozen=True)
+class ModuleUse:
+    """A module that owns parameters, with the role the dataflow gave it."""
+
+    name: str
+    role: str  # attn.q ... attn.out, ffn.in / ffn.gate / ffn.out, norm, other
+    params: int  # its own parameters not already counted for another module
+    matrix_params: int  # of which weight matrices (ndim >= 2)
+    out_shape: tuple[int, ...] | None  # on the probe input
+    flops: int  # forward matmul FLOPs it ran on the probe input
+
+    @property
+    def group(self) -> str:
+        return group_of(self.role)
+
+
+
+def group_of(role: str) -> str:
+    return role.split(".")[0].replace("attn", "attention") if role not in ("norm", "other") else role
+
+
+
+def assign_roles(tr: Tracer) -> tuple[dict[str, str], list[tuple[str, str]]]:
+    """projection name -> role, and the FFN chains that compose linearly."""
+    role: dict[str, str] = {}
+    qs = {n for c in tr.attention for n in c.q}
+    ks = {n for c in tr.attention for n in c.k}
+    vs = {n for c in tr.attention for n in c.v}
+    for n in qs | ks | vs:
+        key = "".join(x for x, s in (("q", qs), ("k", ks), ("v", vs)) if n in s)
+        role[n] = "attn." + key if key in ("q", "k", "v", "qk", "kv", "qkv") else "attn.qkv"
+    for n, p in tr.linear_in.items():
+        if n not in role and any(k.startswith("@attn") for k in p):
+            role[n] = "attn.out"
+    # FFN: a projection that consumes another (non-attention) projection's output.
+    chains = []
+    consumed: dict[str, list[tuple[str, int]]] = {}
+    for n, p in tr.linear_in.items():
+        if n in role:
+            continue
+        preds = [(s, f) for s, f in p.items() if not s.startswith("@") and s in tr.linear_in and s not in role]
+        if preds:
+            consumed[n] = preds
+    for out_name, preds in consumed.items():
+        role.setdefault(out_name, "ffn.out")
+        acted = {s for s, f in preds if f & ACT}
+        for s, f in preds:
+            if s in consumed:  # the middle of a longer chain: both consumes and is consumed
+                role[s] = "ffn.in" if role.get(s) in (None, "ffn.out") else role[s]
+            else:
+                role[s] = "ffn.gate" if (s in acted and len(acted) < len(preds)) else "ffn.in"
+            if not f:
+                chains.append((s, out_name))
+    return role, chains
+
+
+def mha_rows(name: str, m: nn.MultiheadAttention, tr: Tracer, role: dict, seen: set) -> list[ModuleUse]:
+    """nn.MultiheadAttention's own parameters as q, k, v rows (in_proj split, biases with their matrix)."""
+    E = m.embed_dim
+    if m.in_proj_weight is not None:
+        key = qualified(name, "in_proj_weight")
+        mats = {"q": E * E, "k": E * E, "v": E * E}
+        first = m.in_proj_weight
+    else:
+        key = qualified(name, "q_proj_weight")
+        mats = {"q": m.q_proj_weight.numel(), "k": m.k_proj_weight.numel(), "v": m.v_proj_weight.numel()}
+        first = m.q_proj_weight
+    if id(first) in seen:
+        return []
+    for p in m.parameters(recurse=False):
+        seen.add(id(p))
+    extra = {"q": 0, "k": 0, "v": 0}
+    if m.in_proj_bias is not None:
+        extra = {k: E for k in extra}
+    for k, b in (("k", m.bias_k), ("v", m.bias_v)):
+        if b is not None:
+            extra[k] += b.numel()
+    used = key in role
+    flops = tr.flops.get(key, 0)
+    total_mats = sum(mats.values())
+    return [ModuleUse(f"{name}.{k}", f"attn.{k}" if used else "other", mats[k] + extra[k], mats[k], tr.out_shape.get(key),
+                      flops * mats[k] // total_mats) for k in ("q", "k", "v")]
+

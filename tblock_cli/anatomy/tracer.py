@@ -1,0 +1,355 @@
+"""The tracer: a TorchFunctionMode that follows provenance through one forward and records projections and attention."""
+
+from __future__ import annotations
+
+import inspect
+import math
+from dataclasses import replace
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+
+from tblock_cli.anatomy.attention import (
+    WEIGHT_SUM_TOL,
+    AttentionCall,
+    apply_masks,
+    rms,
+    score_stats,
+    sdpa_signature,
+    self_masked,
+)
+from tblock_cli.anatomy.mha import MHACall
+from tblock_cli.ops import ACTIVATIONS, LINEAR, MATMULS, NORMS, SCALING, SOFTMAX
+
+# Provenance flags: an activation function acted (gelu, silu, ...), or another nonlinearity did (a
+# product of two activations, exp, ...). A projection reached with neither composes linearly.
+ACT, NONLINEAR = 1, 2
+
+
+def tensors(obj):
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, (list, tuple)):
+        for o in obj:
+            yield from tensors(o)
+    elif isinstance(obj, dict):
+        for o in obj.values():
+            yield from tensors(o)
+
+
+def owns_several_matrices(m: nn.Module) -> bool:
+    """nn.MultiheadAttention, or a module holding bare weight matrices: each matrix is a projection of its own."""
+    return isinstance(m, nn.MultiheadAttention) or sum(p.ndim >= 2 for p in m.parameters(recurse=False)) > 1
+
+
+def qualified(module_name: str, param_name: str) -> str:
+    return f"{module_name}.{param_name}" if module_name else param_name
+
+
+class Tracer(TorchFunctionMode):
+    """Records projections, attention calls and provenance while one forward runs."""
+
+    def __init__(self, module: nn.Module, d_model: int):
+        super().__init__()
+        self.d_model = d_model
+        self.scalar: dict[int, float] = {}  # id(tensor) -> product of scalar factors applied to it by scaling ops
+        self.owner: dict[int, str] = {}  # id(weight matrix) -> module name
+        self.params: set[int] = set()
+        for name, m in module.named_modules():
+            per_matrix = owns_several_matrices(m)
+            for pn, p in m.named_parameters(recurse=False):
+                self.params.add(id(p))
+                if p.ndim >= 2 and id(p) not in self.owner:
+                    self.owner[id(p)] = qualified(name, pn) if per_matrix else name
+            for b in m.buffers(recurse=False):
+                self.params.add(id(b))
+        self.prov: dict[int, dict[str, int]] = {}
+        self.keep: list = []  # every traced tensor stays alive, so ids are not reused
+        self.linear_in: dict[str, dict[str, int]] = {}  # projection -> provenance of its input
+        self.out_shape: dict[str, tuple] = {}
+        self.flops: dict[str, int] = {}
+        self.attention: list[AttentionCall] = []
+        self.attn_owner: list[str] = []
+        self.scores: dict[str, tuple] = {}  # marker -> (A, B) of a product of two activations
+        self.probs: dict[str, int] = {}  # marker -> index into self.attention
+        self.mha_out: set[str] = set()
+        self.stream_norms = False
+        self.split_streams: list[str] = []  # MHA calls whose query is normalised but whose key or value is not
+        self.module_stack: list[str] = [""]
+
+    def leave(self, name: str, out) -> None:
+        if len(self.module_stack) > 1:
+            self.module_stack.pop()
+        if isinstance(out, torch.Tensor):  # the module's output shape, as torchinfo shows it
+            self.out_shape[name] = tuple(out.shape)
+
+    # ---------------------------------------------------------------- provenance helpers
+    def get(self, t) -> dict[str, int]:
+        return self.prov.get(id(t), {}) if isinstance(t, torch.Tensor) else {}
+
+    def put(self, t, prov: dict[str, int]) -> None:
+        for o in tensors(t):
+            self.keep.append(o)
+            self.prov[id(o)] = dict(prov)
+
+    @staticmethod
+    def union(provs, flag: int = 0) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for p in provs:
+            for k, v in p.items():
+                out[k] = out.get(k, 0) | v | (flag if not k.startswith("@") else 0)
+        return out
+
+    def sources(self, t) -> tuple[str, ...]:
+        return tuple(sorted(k for k in self.get(t) if not k.startswith("@")))
+
+    def is_param(self, t) -> bool:
+        return isinstance(t, torch.Tensor) and id(t) in self.params
+
+    # ---------------------------------------------------------------- the hook
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        name = getattr(func, "__name__", "")
+        if name == "__get__" and isinstance(out, torch.Tensor):
+            self.follow_weight(args, out)  # W.T, W.mT: still the module's weight
+            return out
+        if name in ("__get__", "__set__") or not any(True for _ in tensors(out)):
+            return out
+        if name in LINEAR and self.follow_weight(args, out):
+            return out
+        try:
+            self.record(func, name, args, kwargs, out)
+        except Exception:  # noqa: BLE001 - a tracing slip must never break the user's forward
+            pass
+        return out
+
+    def follow_weight(self, args, out) -> bool:
+        """A view or cast of a weight matrix (W.t(), W.T, W.to(dtype)) is that weight: same owner."""
+        src = args[0] if args and isinstance(args[0], torch.Tensor) else None
+        if src is None or id(src) not in self.owner or not isinstance(out, torch.Tensor) or out.numel() != src.numel():
+            return False
+        self.owner[id(out)] = self.owner[id(src)]
+        self.params.add(id(out))
+        self.keep.append(out)
+        return True
+
+    def record(self, func, name, args, kwargs, out):
+        ins = [t for t in tensors((args, kwargs))]
+        acts = [t for t in ins if not self.is_param(t)]
+        if func is F.linear or (name in ("addmm", "matmul", "mm", "__matmul__") and any(id(t) in self.owner for t in ins)):
+            weight = kwargs.get("weight", args[1] if func is F.linear and len(args) > 1 else None)
+            if weight is None:
+                weight = next(t for t in ins if id(t) in self.owner)
+            proj = self.owner.get(id(weight))
+            x = args[0] if func is F.linear or name != "addmm" else args[1]
+            if proj is None:
+                self.put(out, self.union(self.get(t) for t in acts))
+                return
+            self.linear_in[proj] = self.union(self.get(t) for t in acts if t is not weight)
+            self.out_shape[proj] = tuple(out.shape)
+            fan_in = weight.shape[1] if func is F.linear else weight.shape[0]
+            self.flops[proj] = self.flops.get(proj, 0) + 2 * weight.numel() * (x.numel() // max(1, fan_in))
+            self.put(out, {proj: 0})
+        elif func is F.multi_head_attention_forward:
+            self.mha(args, kwargs, out)
+        elif func is F.scaled_dot_product_attention:
+            self.sdpa(args, kwargs, out)
+        elif name in NORMS and func is getattr(F, name, None):
+            if out.shape[-1] == self.d_model:  # a norm of the residual stream: a new start for provenance
+                self.put(out, {"@norm": 0})
+                self.stream_norms = True
+            else:  # a per-head (QK) norm: q stays q
+                self.put(out, self.union((self.get(t) for t in acts), NONLINEAR))
+        elif name in SOFTMAX:
+            self.softmax(args, kwargs, out, ins)
+        elif name in MATMULS and len(acts) >= 2:
+            self.matmul(name, args, acts, out)
+        elif name in ACTIVATIONS:
+            self.put(out, self.union((self.get(t) for t in acts), ACT))
+        elif name in SCALING:
+            with_prov = [t for t in acts if self.get(t) or t.numel() > 1]
+            flag = NONLINEAR if len([t for t in acts if self.get(t)]) >= 2 else 0
+            self.put(out, self.union((self.get(t) for t in with_prov), flag))
+            self.track_scalar(name, args, out)
+        elif name in LINEAR:
+            self.put(out, self.union(self.get(t) for t in acts))
+            if len(acts) == 1 and isinstance(out, torch.Tensor):  # a view or copy keeps the scalar factor
+                self.scalar[id(out)] = self.scalar.get(id(acts[0]), 1.0)
+        else:
+            self.put(out, self.union((self.get(t) for t in acts), NONLINEAR))
+
+    def matmul(self, name, args, acts, out):
+        a, b = acts[0], acts[1]
+        probs = [k for k in self.get(a) if k in self.probs] + [k for k in self.get(b) if k in self.probs]
+        if probs:  # the weighted sum: attention weights times values
+            i = self.probs[probs[0]]
+            other = b if probs[0] in self.get(a) else a
+            call = self.attention[i]
+            mix = 2 * other.numel() * call.q_len  # (..., S, d_v) values, each weighted for L queries
+            v_width = other.numel() // max(1, call.batch * call.k_len)
+            self.attention[i] = replace(call, v=self.sources(other), flops=call.flops + mix, kv_width=call.kv_width + v_width)
+            self.put(out, {f"@attn{i}": 0})
+            return
+        scored = [t for t in (a, b) if any(k in self.scores for k in self.get(t))]
+        if scored:  # weights derived from a q.k product, multiplied into values without torch's softmax
+            w = scored[0]
+            self.weights_call(w, b if w is a else a, next(k for k in self.get(w) if k in self.scores), out)
+            return
+        marker = f"@scores{len(self.scores)}"
+        self.scores[marker] = (a, b)
+        self.put(out, {**self.union((self.get(a), self.get(b)), NONLINEAR), marker: 0})
+
+    def weights_call(self, w: torch.Tensor, values: torch.Tensor, marker: str, out) -> None:
+        """Attention whose weights came from a q.k product by other means than softmax: a softmax written out
+        (rows non-negative, summing to 1), or none at all (raw scores times values)."""
+        q, k = self.scores[marker]
+        W = w.detach().double()
+        rows = W.sum(-1)
+        live = rows.abs() > 1e-6  # fully masked rows, zeroed, carry no weight
+        normalised = bool((W >= -1e-6).all() and live.any() and ((rows[live] - 1).abs() <= WEIGHT_SUM_TOL).all())
+        L, S = W.shape[-2], W.shape[-1]
+        if normalised:
+            logits = torch.log(W).masked_fill(W <= 0, float("-inf"))
+            valid = torch.isfinite(logits)
+            centred = logits - (logits.masked_fill(~valid, 0).sum(-1, keepdim=True) / valid.sum(-1, keepdim=True).clamp_min(1))
+            std, ent, mp = score_stats(centred.masked_fill(~valid, float("-inf")))
+            ratio, note = self.scale_ratio(std, q, k)
+        else:
+            std, ent, mp = score_stats(W)
+            ratio, note = None, "no softmax: the raw scores weight the values"
+        batch = W.shape[0] if W.ndim >= 3 else 1
+        heads = W.shape[1] if W.ndim == 4 else 1
+        e = q.shape[-1] if q.ndim >= 2 else 1
+        flops = 2 * (W.numel() // max(1, S)) * S * e + 2 * values.numel() * L
+        kv = (k.numel() + values.numel()) // max(1, batch * S)
+        self.attention.append(AttentionCall("weights written out" if normalised else "no softmax", self.module_stack[-1],
+                                            self.sources(q), self.sources(k), self.sources(values), heads, e, batch, L, S,
+                                            std, ent, mp, ratio, note, flops, kv, True, self_masked(W.log() if normalised else W),
+                                            normalised))
+        self.put(out, {f"@attn{len(self.attention) - 1}": 0})
+
+    def softmax(self, args, kwargs, out, ins):
+        x = args[0]
+        markers = [k for k in self.get(x) if k in self.scores]
+        if not markers or x.ndim < 2:
+            self.put(out, self.union((self.get(t) for t in ins), NONLINEAR))
+            return
+        a, b = self.scores[markers[-1]]
+        # (..., L, E) x (..., E, S): q rows are a's, keys are b's columns (or einsum's second operand).
+        heads = x.shape[1] if x.ndim == 4 else 1
+        std, ent, mp = score_stats(x)
+        ratio, note = self.scale_ratio(std, a, b)
+        L, S = x.shape[-2], x.shape[-1]
+        e = a.shape[-1] if a.ndim >= 2 else 1
+        batch = x.shape[0] if x.ndim >= 3 else 1
+        flops = 2 * (x.numel() // max(1, S)) * S * e
+        k_width = b.numel() // max(1, batch * S)
+        dim = args[1] if len(args) > 1 else kwargs.get("dim", -1)
+        key_axis = dim is None or dim % x.ndim == x.ndim - 1
+        self.attention.append(AttentionCall("softmax(QK^T)V", self.module_stack[-1], self.sources(a), self.sources(b), (),
+                                            heads, e, batch, L, S, std, ent, mp, ratio, note, flops, k_width, key_axis,
+                                            self_masked(x)))
+        marker = f"@probs{len(self.attention) - 1}"
+        self.probs[marker] = len(self.attention) - 1
+        self.put(out, {marker: 0})
+
+    def track_scalar(self, name: str, args, out) -> None:
+        """x * c or x / c with a number c: remember the factor, so a q scaled before the product counts as scaled."""
+        if not isinstance(out, torch.Tensor) or len(args) != 2 or name.startswith("__r"):
+            return
+        x, c = args
+        if isinstance(c, torch.Tensor) and c.numel() == 1 and not self.get(c):
+            c = c.item()
+        if not isinstance(x, torch.Tensor) or not isinstance(c, (int, float)) or c == 0:
+            return
+        self.scalar[id(out)] = self.scalar.get(id(x), 1.0) * (c if name.startswith(("mul", "__mul", "__imul")) else 1 / c)
+
+    def scale_ratio(self, logit_std: float, q: torch.Tensor, k: torch.Tensor) -> tuple[float | None, str]:
+        """logit std / (rms(q) rms(k)) for q and k as they reach the product, with any scalar factor applied to
+        them on the way undone: 1 for a 1/sqrt(d_head) scale (after the product or folded into q), sqrt(d_head) without."""
+        rq, rk = rms(q), rms(k)
+        if rq == 0 or rk == 0:
+            return None, "q or k is zero"
+        folded = abs(self.scalar.get(id(q), 1.0) * self.scalar.get(id(k), 1.0))
+        note = "the q and k that reach the product" + (f" (a factor {folded:.4g} folded into them)" if folded != 1.0 else "")
+        return logit_std * folded / (rq * rk), note
+
+    def sdpa(self, args, kwargs, out):
+        sig = inspect.signature(sdpa_signature)
+        bound = sig.bind(*args, **kwargs)
+        bound.apply_defaults()
+        a = bound.arguments
+        q, k, v = a["query"], a["key"], a["value"]
+        E = q.shape[-1]
+        scale = a["scale"] if a["scale"] is not None else 1 / math.sqrt(E)
+        if k.ndim == 4 and q.ndim == 4 and k.shape[1] != q.shape[1] and q.shape[1] % k.shape[1] == 0:
+            k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+        logits = (q.detach().double() @ k.detach().double().transpose(-2, -1)) * scale
+        logits = apply_masks(logits, a["attn_mask"], a["is_causal"])
+        std, ent, mp = score_stats(logits)
+        ratio, note = self.scale_ratio(std, q, k)
+        note += "; scale " + (f"{a['scale']:.4g} passed" if a["scale"] is not None else "1/sqrt(E) by default")
+        L, S = q.shape[-2], k.shape[-2]
+        heads = q.shape[1] if q.ndim == 4 else 1
+        batch = q.shape[0] if q.ndim >= 3 else 1
+        flops = 2 * (q.numel() // E) * S * E + 2 * (q.numel() // E) * S * v.shape[-1]
+        self.attention.append(AttentionCall("scaled_dot_product_attention", self.module_stack[-1], self.sources(a["query"]),
+                                            self.sources(a["key"]), self.sources(v), heads, E, batch, L, S, std, ent, mp,
+                                            ratio, note, flops, (a["key"].numel() + v.numel()) // max(1, batch * S), True,
+                                            self_masked(logits)))
+        self.put(out, {f"@attn{len(self.attention) - 1}": 0})
+
+    def mha(self, args, kwargs, out):
+        call = MHACall.of(args, kwargs)
+        a = call.args
+        query, key = a["query"], a["key"]
+        H, E = call.heads, call.embed_dim
+        dh = E // H
+        w = a["in_proj_weight"]
+        owner = self.owner.get(id(w if w is not None else a["q_proj_weight"]), "")
+        mha_name = owner.rsplit(".", 1)[0] if "." in owner else ""
+        wq, wk, wv = call.weights()
+        bq, bk, _ = call.biases()
+        batched = call.batched
+        qq = query if batched else query[:, None]
+        kk = key if batched else key[:, None]
+        L, B, S = qq.shape[0], qq.shape[1], kk.shape[0]
+        q = F.linear(qq.detach().double(), wq.detach().double(), None if bq is None else bq.detach().double())
+        k = F.linear(kk.detach().double(), wk.detach().double(), None if bk is None else bk.detach().double())
+        q = q.reshape(L, B * H, dh).transpose(0, 1)
+        k = k.reshape(S, B * H, dh).transpose(0, 1)
+        logits = (q @ k.transpose(1, 2) / math.sqrt(dh)).reshape(B, H, L, S)
+        blocked = call.blocked(B, L, S, logits.device)  # float masks count as masks where below MASKED_LOGIT, not as biases
+        if blocked is not None:
+            logits = logits.masked_fill(blocked, float("-inf"))
+        std, ent, mp = score_stats(logits)
+        rq, rk = rms(q), rms(k)
+        ratio = std / (rq * rk) if rq and rk else None
+        flops = 4 * B * H * L * S * dh
+        roles = (owner,) if owner else ()
+        sep = a["use_separate_proj_weight"]
+        qn = (self.owner.get(id(a["q_proj_weight"]), ""),) if sep else roles
+        kn = (self.owner.get(id(a["k_proj_weight"]), ""),) if sep else roles
+        vn = (self.owner.get(id(a["v_proj_weight"]), ""),) if sep else roles
+        self.attention.append(AttentionCall("nn.MultiheadAttention", mha_name, qn, kn, vn, H, dh, B, L, S, std, ent, mp, ratio,
+                                            "scale 1/sqrt(d_head), built into nn.MultiheadAttention", flops, 2 * E, True,
+                                            self_masked(logits)))
+        in_flops = 2 * (L * B) * (wq.numel()) + 2 * (S * B) * (wk.numel() + wv.numel())
+        for n in set(qn + kn + vn):
+            self.flops[n] = self.flops.get(n, 0) + in_flops // max(1, len(set(qn + kn + vn)))
+            self.out_shape[n] = (B, L, E) if batched else (L, E)
+        out_w = a["out_proj_weight"]
+        out_name = self.owner.get(id(out_w), f"{mha_name}.out_proj")
+        self.flops[out_name] = self.flops.get(out_name, 0) + 2 * L * B * out_w.numel()
+        self.out_shape[out_name] = (B, L, E) if batched else (L, E)
+        self.mha_out.add(out_name)
+        self.linear_in[out_name] = {f"@attn{len(self.attention) - 1}": 0}
+        if owner:  # the in-projection reads the query (and key, value) stream
+            self.linear_in.setdefault(owner, self.union(self.get(t) for t in (query, key, a["value"])))
+        if "@norm" in self.get(query) and not all("@norm" in self.get(t) for t in (key, a["value"])):
+            self.split_streams.append(mha_name or "(root)")
+        self.put(out, {out_name: 0})
+

@@ -1,0 +1,96 @@
+"""The battery: every check declared once (name, function, needs, what it establishes, what it catches), and the runner."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from tblock_cli.checks import attention, forward, gradients, mixing, structure
+from tblock_cli.checks.context import Context
+from tblock_cli.checks.result import CheckReport, CheckResult, Outcome
+from tblock_cli.config import BlockConfig
+from tblock_cli.errors import is_out_of_memory, one_line
+from tblock_cli.loading import Subject
+from tblock_cli.report import RunInfo, Status
+
+# What a need means, as the docs table names it.
+NEEDS = {"shape": "shape", "finite": "finite", "deterministic": "deterministic", "input_kept": "input kept",
+         "independent": "independent samples"}
+COMPARES = ("shape", "finite", "deterministic")  # checks that compare two forwards of random inputs
+GRADS = ("finite", "input_kept")  # checks that take a gradient through the block
+
+
+@dataclass(frozen=True)
+class Check:
+    """One check: its name, its function, the needs it waits for, the need it establishes, what it catches (docs)."""
+
+    name: str
+    run: Callable[[Context], Outcome]
+    needs: tuple[str, ...] = ()
+    establishes: str | None = None  # left unmet when the check fails or errors (or says so in its outcome)
+    catches: str = ""
+
+
+REGISTRY: tuple[Check, ...] = (
+    Check("shape", forward.check_shape, (), "shape", "an output not of the input's (B, T, d) shape (batch and seq kept different so a (T, B) mix-up shows); an output dtype other than the input's is a **warning** (something upcasts or downcasts)"),
+    Check("finite", forward.check_finite, (), "finite", "NaN/inf on random, constant-token (zero variance), zero and large inputs; each norm with `eps=0` alone on a zero-variance input"),
+    Check("determinism", forward.check_determinism, ("finite",), "deterministic", "two eval forwards that differ beyond rounding (dropout in eval, noise, state that changes the output)"),
+    Check("input_unchanged", forward.check_input_unchanged, (), "input_kept", "the caller's tensor changed in place, in eval or train"),
+    Check("grad_input", gradients.check_grad_input, GRADS, None, "no gradient, a non-finite or an all-zero gradient at the input (detach, no_grad)"),
+    Check("grad_params", gradients.check_grad_params, GRADS, None, "a parameter with no gradient (unused, under `no_grad`, detached); zero gradients are a note (a key bias can legitimately get one)"),
+    Check("residual", gradients.check_residual, ("shape",) + GRADS, None, "no identity path: tr(J)/n < 0.5 (Pre-LN ~1.0, Post-LN ~0.9, none ~0), per layer for built-in stacks; the identity counted twice (> 1.5); a residual taken after the norm (doubling the input leaves the output unchanged)"),
+    Check("batch", mixing.check_batch, COMPARES + GRADS, "independent", "a sample alone differs from itself in the batch (eval), or sample 0's output has a gradient w.r.t. other samples (train: BatchNorm, a batch mean)"),
+    Check("padding", mixing.check_padding, COMPARES + GRADS + ("independent",), None, "padded inputs that reach real outputs (values in eval, gradients in train); and the real positions of a padded batch that differ from the same tokens run alone, with right padding, and with left padding for causal blocks (declared or causal by themselves) without positions inside"),
+    Check("causal", mixing.check_causal, COMPARES + GRADS, None, "with `--causal`: outputs up to t that move when inputs after t change, or have a gradient w.r.t. them"),
+    Check("order", mixing.check_order, COMPARES + GRADS, None, "without `--causal`: permuted tokens in must give the same outputs permuted out; a failure is a **warning** (heads merged without transposing back, a roll or shift)"),
+    Check("train_eval", structure.check_train_eval, COMPARES, None, "with every dropout zeroed, a train-mode forward that differs from the eval forward (an eval-only path)"),
+    Check("attention", attention.check_attention, ("finite",), None, "per attention call: logit std, entropy relative to uniform, mean max probability; fails on a softmax over the query axis; **warns** when the scores look unscaled or scaled more than 1/sqrt(d_head), when no token attends to itself (a masked diagonal), and when a q.k product weights the values with no softmax (a softmax written out by hand, rows non-negative and summing to 1, counts as one)"),
+    Check("kv_cache", attention.check_kv_cache, COMPARES, None, "with `--causal` and a `decode` method: cached decoding that differs from the full forward; a graph growing across steps; caches that share state ([decoding.md](decoding.md))"),
+    Check("norm_placement", structure.check_norm_placement, ("finite",), None, "in a block with norms of its residual stream: an FFN that reads the stream with no norm before it, attention that does while no norm follows the add (a missing norm, or Pre- and Post-LN mixed in one block), keys/values that skip the norm the queries get: **warnings**"),
+    Check("need_weights", forward.check_need_weights, (), None, "`nn.MultiheadAttention` called with `need_weights=True` (its weights computed and dropped): a **warning** with the bytes"),
+    Check("dtype", forward.check_dtype, COMPARES, None, "the run's dtype differs from a float64 copy beyond its tolerance (relative RMS 2e-6, 5e-3, 4e-2)"),
+    Check("ffn_share", structure.check_ffn_share, (), None, "the FFN's share from dataflow roles against what its matrices predict; **warns** on a linear FFN (two projections with no nonlinearity) and on parameters outside attention, FFN and norms (> 1 %)"),
+    Check("reference", structure.check_reference, ("shape", "deterministic"), None, "the built-in block against `nn.TransformerEncoderLayer` with copied weights (1e-5, float32)"),
+)
+CHECK_NAMES = tuple(c.name for c in REGISTRY)
+
+
+def docs_table() -> str:
+    """The table of checks in docs/checks.md, from the registry (a test keeps the two equal)."""
+    rows = ["| check | what it catches | needs |", "|---|---|---|"]
+    rows += [f"| `{c.name}` | {c.catches} | {', '.join(NEEDS[n] for n in c.needs)} |" for c in REGISTRY]
+    return "\n".join(rows)
+
+
+def run_checks(subject: Subject, cfg: BlockConfig, device: torch.device, dtype: torch.dtype, *,
+               strict: bool = False, progress: Callable[[str], None] | None = None, run: RunInfo | None = None,
+               only: tuple[str, ...] | None = None) -> CheckReport:
+    """Run the battery; a check that raises becomes `error` and the rest still run; unmet needs skip."""
+    ctx = Context(subject, cfg, device, dtype)
+    results = []
+    for check in REGISTRY:
+        if only is not None and check.name not in only:
+            continue
+        if progress:
+            progress(check.name)
+        unmet = next((n for n in check.needs if n in ctx.unmet), None)
+        if unmet:
+            results.append(CheckResult(check.name, Status.SKIP, None, f"needs.{unmet}", {"check": ctx.unmet[unmet]}))
+            continue
+        started = time.perf_counter()
+        try:
+            outcome = check.run(ctx)
+        except Exception as e:  # noqa: BLE001 - the block under test raised; report it, go on
+            if is_out_of_memory(e):
+                raise
+            outcome = Outcome(Status.ERROR, "error.raised", None, {"error": one_line(e)})
+        if check.establishes:
+            broken = outcome.unmet if outcome.unmet is not None else outcome.status in (Status.FAIL, Status.ERROR)
+            if broken:
+                ctx.unmet[check.establishes] = check.name
+        results.append(CheckResult(check.name, outcome.status, outcome.value, outcome.kind, outcome.facts,
+                                   round(time.perf_counter() - started, 4)))
+    return CheckReport(tuple(results), strict, run)

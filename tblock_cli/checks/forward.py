@@ -1,0 +1,141 @@
+"""Checks of one forward's health: shape and dtype kept, finite outputs, determinism, the input left alone,
+need_weights off, and agreement with a float64 copy."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from tblock_cli.anatomy.mha import attention_modules, attention_weights_bytes, mha_call_arguments
+from tblock_cli.anatomy.norms import find_norms, with_eps
+from tblock_cli.checks.context import Context, dtype_name, eval_forward, nonfinite_kind
+from tblock_cli.checks.result import Outcome, failed, passed, skipped, warned
+from tblock_cli.probes import f64, rel_diff, train_mode
+from tblock_cli.report import Status
+
+# Relative RMS error against a float64 copy that is still "agreeing": measured on the built-in
+# block at d_model 512 as ~2e-7 (float32), ~5e-4 (float16) and ~4e-3 (bfloat16); 10x margin.
+DTYPE_TOLERANCE = {torch.float64: 1e-12, torch.float32: 2e-6, torch.float16: 5e-3, torch.bfloat16: 4e-2}
+
+# Input magnitude for the "large" finite probe: 1e4 in float32; 100 in half precision, whose
+# max (65504 fp16) a correct Post-LN block's attention scores would already overflow at 1e3.
+LARGE_SCALE = {torch.float64: 1e4, torch.float32: 1e4, torch.float16: 1e2, torch.bfloat16: 1e2}
+
+
+def check_shape(ctx: Context) -> Outcome:
+    B, T = ctx.cfg.batch, ctx.cfg.seq
+    if B == T:
+        T += 1  # a (T, B) mix-up cannot show when B == T
+    x = ctx.x(B, T)
+    out = eval_forward(ctx, x)
+    if out.shape != x.shape:
+        return failed("shape.changed", list(out.shape), input=list(x.shape), output=list(out.shape))
+    if out.dtype != x.dtype:
+        kind = "shape.upcast" if out.dtype.itemsize > x.dtype.itemsize else "shape.downcast"
+        return warned(kind, list(out.shape), input_dtype=dtype_name(x.dtype), output_dtype=dtype_name(out.dtype))
+    return passed("shape.kept", list(out.shape))
+
+
+def check_finite(ctx: Context) -> Outcome:
+    B, T, d = ctx.cfg.batch, ctx.cfg.seq, ctx.cfg.d_model
+    scale = LARGE_SCALE[ctx.dtype]
+    inputs = {
+        "random": ctx.x(),
+        "constant-token": ctx.randn(B, T, 1).expand(B, T, d).contiguous(),  # zero variance per token
+        "zero": torch.zeros(B, T, d, device=ctx.device, dtype=ctx.dtype),
+        f"x{scale:g}": ctx.x() * scale,
+    }
+    bad, norms = [], []
+    for label, x in inputs.items():
+        out = eval_forward(ctx, x)
+        if not torch.isfinite(out).all():
+            bad.append({"input": label, "got": nonfinite_kind(out)})
+    # Each norm alone on a zero-variance input: eps = 0 there is 0/0 whatever the block around it does.
+    module = ctx.subject.module
+    for name, norm in with_eps(module, find_norms(module, d, ctx.device, ctx.dtype)):
+        if norm.eps > 0:
+            continue
+        try:
+            with torch.no_grad():
+                out = norm(torch.zeros(1, 2, d, device=ctx.device, dtype=ctx.dtype))
+        except Exception:  # noqa: BLE001 - a norm over another shape; the block-level probes still ran
+            continue
+        if not torch.isfinite(out).all():
+            norms.append({"name": name, "type": type(norm).__name__, "eps": float(norm.eps)})
+    if bad or norms:
+        # the other checks compare outputs of random inputs: only a non-finite random output leaves them nothing to read
+        random_bad = any(b["input"] == "random" for b in bad)
+        return Outcome(Status.FAIL, "finite.nonfinite", len(bad) + len(norms), {"inputs": bad, "norms": norms}, unmet=random_bad)
+    return passed("finite.ok", len(inputs), inputs=list(inputs))
+
+
+def check_determinism(ctx: Context) -> Outcome:
+    x = ctx.x()
+    a, b = eval_forward(ctx, x), eval_forward(ctx, x)
+    if torch.equal(a, b):
+        return passed("determinism.identical", 0.0)
+    diff = rel_diff(a, b)
+    if diff <= ctx.tol:
+        return warned("determinism.rounding", diff, diff=diff)
+    return failed("determinism.random", diff, diff=diff)
+
+
+def check_input_unchanged(ctx: Context) -> Outcome:
+    x = ctx.x()
+    before = x.clone()
+    with train_mode(ctx.subject.module, False), torch.no_grad():
+        ctx.subject(x)
+    if not torch.equal(x, before):
+        return failed("input_unchanged.eval", rel_diff(x, before))
+    with train_mode(ctx.subject.module, True), torch.enable_grad():
+        ctx.subject(x)
+    if not torch.equal(x, before):
+        return failed("input_unchanged.train", rel_diff(x, before))
+    return passed("input_unchanged.kept", 0.0)
+
+
+def check_need_weights(ctx: Context) -> Outcome:
+    mhas = attention_modules(ctx.subject.module)
+    if not mhas:
+        return skipped("need_weights.no_mha")
+    calls: list[tuple[str, bool, int]] = []
+
+    def recorder(name):
+        def hook(mha, args, kwargs):
+            bound = mha_call_arguments(mha, args, kwargs)
+            calls.append((name, bool(bound.arguments["need_weights"]), attention_weights_bytes(mha, bound)))
+        return hook
+
+    hooks = [m.register_forward_pre_hook(recorder(n), with_kwargs=True) for n, m in mhas]
+    try:
+        eval_forward(ctx, ctx.x())
+    finally:
+        for h in hooks:
+            h.remove()
+    if not calls:
+        return skipped("need_weights.not_called")
+    on = [(n, b) for n, nw, b in calls if nw]
+    if on:
+        wasted = sum(b for _, b in on)
+        return warned("need_weights.on", wasted, modules=sorted({n or "(root)" for n, _ in on}), bytes=wasted)
+    return passed("need_weights.off", 0, calls=len(calls))
+
+
+def check_dtype(ctx: Context) -> Outcome:
+    module = ctx.subject.module
+    ref_device = ctx.device if ctx.device.type != "mps" else torch.device("cpu")  # MPS has no float64
+    x = ctx.x()
+    out = eval_forward(ctx, x)
+    ref_module = copy.deepcopy(module).to(device=ref_device, dtype=torch.float64)
+    with train_mode(ref_module, False), torch.no_grad():
+        ref = ctx.subject.like(ref_module)(x.to(device=ref_device, dtype=torch.float64))
+    del ref_module
+    name = dtype_name(ctx.dtype)
+    if not torch.isfinite(out).all():
+        return failed("dtype.nonfinite", None, dtype=name, reference_finite=bool(torch.isfinite(ref).all()))
+    err = ((f64(out) - f64(ref)).norm() / f64(ref).norm().clamp_min(1e-30)).item()
+    limit = DTYPE_TOLERANCE[ctx.dtype]
+    if err > limit:
+        return failed("dtype.differs", err, dtype=name, error=err, limit=limit)
+    return passed("dtype.agrees", err, dtype=name, limit=limit)

@@ -1,0 +1,107 @@
+"""Checks of the backward and the identity path: gradient at the input, at every parameter, the residual gain."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn as nn
+
+from tblock_cli.checks.context import Context, eval_forward, nonfinite_kind
+from tblock_cli.checks.result import Outcome, failed, passed
+from tblock_cli.probes import f64, rel_diff, residual_gain, train_mode
+from tblock_cli.report import Status
+
+# tr(J)/n of input -> output. An identity residual contributes exactly 1; the branches' own
+# Jacobians are mean-zero at init, so a healthy block measures ~1.0 (Pre-LN) or ~0.9 (Post-LN, the
+# LayerNorm after the add divides by the sum's std). A block without a residual measures ~0.
+# 0.5 sits halfway, so neither seed nor probe noise (std ~ 1/sqrt(n) per probe) can cross it.
+RESIDUAL_MIN = 0.5
+# A gain near 2 counts the identity twice (x + x + f(x)); no correct block measured above 1.01.
+RESIDUAL_MAX = 1.5
+
+
+def train_backward(ctx: Context) -> tuple[torch.Tensor | None, dict[str, torch.Tensor | None]]:
+    """One train-mode backward of a random projection of the output, computed once for grad_input and grad_params."""
+    if ctx.backward is None:
+        module = ctx.subject.module
+        x = ctx.x().requires_grad_(True)
+        saved = {n: p.grad for n, p in module.named_parameters()}
+        for p in module.parameters():
+            p.grad = None
+        try:
+            with train_mode(module, True), torch.enable_grad():
+                out = ctx.subject(x.clone())
+                # a random projection: out.sum() would see nothing through a final LayerNorm
+                w = torch.randn(out.shape, generator=ctx.gen).to(out.device)
+                (out.float() * w).sum().backward()
+            grads = {n: p.grad for n, p in module.named_parameters() if p.requires_grad}
+        finally:
+            for n, p in module.named_parameters():
+                p.grad = saved[n]
+        ctx.backward = (x.grad, grads)
+    return ctx.backward
+
+
+def check_grad_input(ctx: Context) -> Outcome:
+    g, _ = train_backward(ctx)
+    if g is None:
+        return failed("grad_input.none")
+    if not torch.isfinite(g).all():
+        return failed("grad_input.nonfinite", nonfinite_kind(g))
+    norm = f64(g).norm().item()
+    if norm == 0:
+        return failed("grad_input.zero", 0.0)
+    return passed("grad_input.ok", norm)
+
+
+def check_grad_params(ctx: Context) -> Outcome:
+    _, grads = train_backward(ctx)
+    if not grads:
+        return Outcome(Status.SKIP, "grad_params.no_params", 0)
+    missing = [n for n, g in grads.items() if g is None]
+    nonfinite = [n for n, g in grads.items() if g is not None and not torch.isfinite(g).all()]
+    zero = [n for n, g in grads.items() if g is not None and torch.isfinite(g).all() and not g.any()]
+    value = f"{len(grads) - len(missing)}/{len(grads)}"
+    if missing:
+        return failed("grad_params.missing", value, params=missing)
+    if nonfinite:
+        return failed("grad_params.nonfinite", value, params=nonfinite)
+    return passed("grad_params.ok", value, zero=zero)
+
+
+def layer_inputs(layers: list[nn.Module], run: Callable[[], object]) -> list[torch.Tensor]:
+    """The input each layer saw during run(), captured with forward pre-hooks."""
+    seen: list[torch.Tensor] = []
+    hooks = [layer.register_forward_pre_hook(lambda _m, args: seen.append(args[0].detach())) for layer in layers]
+    try:
+        run()
+    finally:
+        for h in hooks:
+            h.remove()
+    return seen
+
+
+def check_residual(ctx: Context) -> Outcome:
+    module, x = ctx.subject.module, ctx.x()
+    with train_mode(module, False):
+        layers = list(getattr(module, "layers", [])) if ctx.subject.builtin else []
+        if layers:
+            inputs = layer_inputs(layers, lambda: eval_forward(ctx, x))
+            gains = [residual_gain(layer, inp, ctx.gen) for layer, inp in zip(layers, inputs)]
+        else:
+            gains = [residual_gain(ctx.subject, x, ctx.gen)]
+    worst = min(range(len(gains)), key=gains.__getitem__)
+    layer = lambda i: i if len(gains) > 1 else None  # noqa: E731 - a layer index only for a stack
+    if not gains[worst] >= RESIDUAL_MIN:
+        return failed("residual.missing", round(gains[worst], 4), layer=layer(worst), gain=gains[worst], limit=RESIDUAL_MIN)
+    top = max(range(len(gains)), key=gains.__getitem__)
+    if gains[top] > RESIDUAL_MAX:
+        return failed("residual.doubled", round(gains[top], 4), layer=layer(top), gain=gains[top], limit=RESIDUAL_MAX)
+    # A residual taken after the norm (h = LN(x); x = h + f(h)) still has gain ~1, but then nothing of the
+    # input's scale survives: doubling the input leaves the output unchanged. Not asked of a block whose
+    # output comes from a norm (Post-LN): with small branches at init it is nearly scale-invariant by design.
+    doubled = rel_diff(eval_forward(ctx, 2 * x), eval_forward(ctx, x))
+    if doubled <= ctx.tol and not ctx.dataflow().output_normed:
+        return failed("residual.after_norm", round(gains[worst], 4), change=doubled)
+    return passed("residual.present", round(gains[worst], 4), gains=gains)

@@ -1,0 +1,180 @@
+"""Checks of what may reach what: samples in a batch, padded positions, later positions, token order."""
+
+from __future__ import annotations
+
+import re
+
+import torch
+
+from tblock_cli.checks.context import Context, eval_forward, input_grad, nonfinite_kind, projected
+from tblock_cli.checks.result import Outcome, failed, passed, skipped, warned
+from tblock_cli.errors import one_line
+from tblock_cli.probes import f64, rel_diff
+
+# Names that mark position machinery inside a block; token order then matters by design.
+POSITIONAL_NAMES = re.compile(r"rotary|rope|alibi|rel_?pos|relative|pos_?emb|position|inv_freq|sinusoid|wpe|(^|[._])pos([._]|$)", re.I)
+
+
+def check_batch(ctx: Context) -> Outcome:
+    B = max(2, ctx.cfg.batch)
+    x = ctx.x(B)
+    out = eval_forward(ctx, x)
+    worst = max(rel_diff(eval_forward(ctx, x[i : i + 1])[0], out[i]) for i in range(B))
+    if worst > ctx.tol:
+        return failed("batch.leak", worst, diff=worst, limit=ctx.tol)
+    # Train mode too (dropout, batch statistics): sample 0's output must not depend on the others.
+    g = input_grad(ctx, x, lambda out: projected(ctx, out[0]))
+    if g is not None and g[1:].any():
+        leak = f64(g[1:]).abs().max().item()
+        return failed("batch.leak_train", leak, gradient=leak)
+    return passed("batch.independent", worst, diff=worst)
+
+
+def pad_lengths(B: int, T: int) -> torch.Tensor:
+    """Real tokens per sample: sample i keeps T - max(1, T // 3) - i of T (at least 1)."""
+    return torch.tensor([max(1, T - max(1, T // 3) - i) for i in range(B)])
+
+
+def padding_mask(ctx: Context, B: int, T: int, left: bool = False) -> torch.Tensor:
+    """(B, T) bool, True = padding: on the right (real tokens first), or on the left."""
+    n = pad_lengths(B, T)
+    pos = torch.arange(T)[None, :]
+    mask = pos < (T - n)[:, None] if left else pos >= n[:, None]
+    return mask.to(ctx.device)
+
+
+def positional_reason(ctx: Context) -> dict | None:
+    """Why token order may matter here by design: --positional, or position machinery found by name."""
+    if ctx.cfg.positional:
+        return {"declared": True}
+    module = ctx.subject.module
+    for name, _ in list(module.named_modules()) + list(module.named_parameters()) + list(module.named_buffers()):
+        if name and POSITIONAL_NAMES.search(name):
+            return {"found": name}
+    return None
+
+
+def padded_equals_alone(ctx: Context, x: torch.Tensor, left: bool) -> tuple[float, str | None]:
+    """max rel. diff between each sample's real positions in a padded batch and the same tokens run alone;
+    or what non-finite value the real positions got (then nothing is compared)."""
+    B, T, _ = x.shape
+    mask = padding_mask(ctx, B, T, left)
+    out = eval_forward(ctx, x, mask)
+    worst = 0.0
+    for i, n in enumerate(pad_lengths(B, T).tolist()):
+        real = slice(T - n, T) if left else slice(0, n)
+        alone = eval_forward(ctx, x[i : i + 1, real])[0]
+        got = out[i, real]
+        if not torch.isfinite(got).all() and torch.isfinite(alone).all():
+            return 0.0, nonfinite_kind(got)
+        worst = max(worst, rel_diff(got, alone))
+    return worst, None
+
+
+def fully_padded(ctx: Context, x: torch.Tensor, T: int) -> dict:
+    """What a sequence whose every key is padding produces: information, PyTorch's paths differ."""
+    mask = torch.zeros(x.shape[0], T, dtype=torch.bool, device=ctx.device)
+    mask[0] = True
+    try:
+        out = eval_forward(ctx, x, mask)[0]
+    except Exception as e:  # noqa: BLE001
+        return {"fully_padded": "raises", "fully_padded_error": one_line(e)}
+    if torch.isnan(out).any():
+        what = "NaN" if torch.isnan(out).all() else "some NaN"
+    elif not out.any():
+        what = "zeros"
+    else:
+        what = "finite values"
+    return {"fully_padded": what}
+
+
+def check_padding(ctx: Context) -> Outcome:
+    if ctx.subject.pad_keyword is None:
+        return skipped("padding.no_keyword")
+    B, T = max(2, ctx.cfg.batch), max(ctx.cfg.seq, 3)
+    x = ctx.x(B, T)
+    mask = padding_mask(ctx, B, T)
+    x2 = x.clone()
+    x2[mask] = ctx.randn(int(mask.sum()), ctx.cfg.d_model, scale=3.0)
+    keep = ~mask
+    full = fully_padded(ctx, x, T)
+    diff = rel_diff(eval_forward(ctx, x2, mask)[keep], eval_forward(ctx, x, mask)[keep])
+    if diff > ctx.tol:
+        return failed("padding.ignored", diff, diff=diff, **full)
+    g = input_grad(ctx, x, lambda out: projected(ctx, out[keep]), pad_mask=mask)
+    if g is not None and g[mask].any():
+        return failed("padding.gradient", f64(g[mask]).abs().max().item(), **full)
+    # Second half: the real positions of a padded batch equal the same real tokens run alone.
+    # Left padding too where the block is causal (declared or by itself): right pads come after every real
+    # token, so a decoder that ignores its mask cannot show it there. Not with positions inside: left
+    # padding moves the real tokens' positions (a model passes position ids for that).
+    causal = ctx.cfg.causal or causal_by_itself(ctx, x)
+    sides = ["right"] + (["left"] if causal and positional_reason(ctx) is None else [])
+    nonfinite = []
+    worst = 0.0
+    for side in sides:
+        eq, got = padded_equals_alone(ctx, x, side == "left")
+        if got:
+            nonfinite.append({"side": side, "got": got})
+            continue
+        if eq > ctx.tol:
+            return failed("padding.differs_alone", eq, side=side, diff=eq)
+        worst = max(worst, eq)
+    return passed("padding.respected", worst, sides=sides, diff=worst, nonfinite=nonfinite, **full)
+
+
+def future_grad(ctx: Context, x: torch.Tensor, t: int, train: bool) -> torch.Tensor | None:
+    """Gradient of the outputs up to t w.r.t. the inputs after t: exactly zero in a causal block."""
+    g = input_grad(ctx, x, lambda o: projected(ctx, o[:, : t + 1]), train=train)
+    return None if g is None else g[:, t + 1 :]
+
+
+def causal_by_itself(ctx: Context, x: torch.Tensor) -> bool:
+    """Whether the block's outputs ignore later positions already (a property of the block: computed once)."""
+    if ctx.causal_itself is None:
+        g = future_grad(ctx, x, x.shape[1] // 2, train=False)
+        ctx.causal_itself = g is None or not g.any()
+    return ctx.causal_itself
+
+
+def check_causal(ctx: Context) -> Outcome:
+    T = max(ctx.cfg.seq, 3)
+    x = ctx.x(seq=T)
+    if not ctx.cfg.causal:  # not asked for; say what the block does, as information
+        return skipped("causal.not_asked", causal_by_itself=causal_by_itself(ctx, x))
+    out = eval_forward(ctx, x)
+    worst, worst_t = 0.0, None
+    for t in sorted({0, T // 2, T - 2}):
+        x2 = x.clone()
+        x2[:, t + 1 :] = ctx.randn(x.shape[0], T - t - 1, ctx.cfg.d_model, scale=3.0)
+        diff = rel_diff(eval_forward(ctx, x2)[:, : t + 1], out[:, : t + 1])
+        if diff > worst:
+            worst, worst_t = diff, t
+    if worst > ctx.tol:
+        return failed("causal.leak", worst, t=worst_t, diff=worst)
+    t = T // 2
+    g = future_grad(ctx, x, t, train=True)
+    if g is not None and g.any():
+        return failed("causal.leak_train", f64(g).abs().max().item(), t=t)
+    return passed("causal.respected", worst)
+
+
+def check_order(ctx: Context) -> Outcome:
+    """Self-attention without positions is permutation-equivariant: permuted tokens in, the same outputs permuted out."""
+    if ctx.cfg.causal:
+        return skipped("order.causal")
+    why = positional_reason(ctx)
+    if why:
+        return skipped("order.positional", **why)
+    T = max(ctx.cfg.seq, 3)
+    x = ctx.x(seq=T)
+    if causal_by_itself(ctx, x):
+        return skipped("order.causal_by_itself")
+    perm = torch.randperm(T, generator=ctx.gen)
+    if torch.equal(perm, torch.arange(T)):
+        perm = perm.roll(1)
+    perm = perm.to(ctx.device)
+    diff = rel_diff(eval_forward(ctx, x[:, perm]), eval_forward(ctx, x)[:, perm])
+    if diff > ctx.tol:
+        return warned("order.scrambled", diff, diff=diff)
+    return passed("order.equivariant", diff)

@@ -1,0 +1,79 @@
+"""What a check says: an outcome as data (status, kind, value, facts), the result the runner stamps, the report."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tblock_cli.report import RunInfo, Status
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a check function returns: the facts behind its verdict; the words come from `messages`."""
+
+    status: Status
+    kind: str  # a stable dotted name, e.g. residual.missing, attention.unscaled
+    value: object = None  # a number, a short string, or None: the table's value column
+    facts: dict = field(default_factory=dict)  # the numbers behind the verdict, JSON-ready
+    unmet: bool | None = None  # whether the need this check establishes is left unmet; None: when it fails or errors
+
+
+def passed(kind: str, value=None, **facts) -> Outcome:
+    return Outcome(Status.PASS, kind, value, facts)
+
+
+def warned(kind: str, value=None, **facts) -> Outcome:
+    return Outcome(Status.WARN, kind, value, facts)
+
+
+def failed(kind: str, value=None, **facts) -> Outcome:
+    return Outcome(Status.FAIL, kind, value, facts)
+
+
+def skipped(kind: str, **facts) -> Outcome:
+    return Outcome(Status.SKIP, kind, None, facts)
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    name: str
+    status: Status
+    value: object  # a number, a short string, or None
+    kind: str = ""
+    facts: dict = field(default_factory=dict)
+    seconds: float | None = None  # wall time the check took
+
+    @property
+    def detail(self) -> str:
+        """One line: what the value means, written from kind and facts."""
+        from tblock_cli.messages import text
+
+        return text(self.kind, self.facts)
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "status": self.status, "value": self.value, "detail": self.detail, "kind": self.kind,
+                "facts": self.facts, **({} if self.seconds is None else {"seconds": self.seconds})}
+
+
+@dataclass(frozen=True)
+class CheckReport:
+    checks: tuple[CheckResult, ...]
+    strict: bool
+    run: RunInfo | None = None
+
+    @property
+    def ok(self) -> bool:
+        return not self.failing
+
+    @property
+    def failing(self) -> list[CheckResult]:
+        bad = {Status.FAIL, Status.ERROR} | ({Status.WARN} if self.strict else set())
+        return [c for c in self.checks if c.status in bad]
+
+    def counts(self) -> dict[str, int]:
+        return {s.value: sum(c.status == s for c in self.checks) for s in Status if s is not Status.INFO}
+
+    def to_dict(self) -> dict:
+        run = self.run or RunInfo("", {}, {})
+        return run.envelope("check", self.ok, {"strict": self.strict, "counts": self.counts(),
+                                               "checks": [c.to_dict() for c in self.checks]})

@@ -1,0 +1,34 @@
+"""The torch functions tblock recognises by name, and the causal mask: one vocabulary for anatomy, checks and bench."""
+
+from __future__ import annotations
+
+import torch
+
+# Activation functions (elementwise nonlinearities an FFN puts between its projections).
+ACTIVATIONS = {"gelu", "gelu_", "relu", "relu_", "silu", "silu_", "sigmoid", "tanh", "softplus", "mish", "elu", "selu", "celu",
+               "leaky_relu", "hardswish", "hardsigmoid", "hardtanh", "relu6", "glu", "erf", "quick_gelu", "logsigmoid"}
+# Functions that are linear in each tensor argument (or only move data). Anything not listed counts as a
+# nonlinearity, so a finding that needs "no nonlinearity here" stays conservative.
+LINEAR = {"add", "add_", "__add__", "__radd__", "__iadd__", "sub", "sub_", "__sub__", "__rsub__", "rsub", "__isub__", "neg",
+          "__neg__", "view", "reshape", "transpose", "permute", "contiguous", "flatten", "unflatten", "split", "chunk",
+          "unbind", "__getitem__", "squeeze", "unsqueeze", "expand", "expand_as", "clone", "to", "type", "float", "half",
+          "bfloat16", "double", "dropout", "dropout_", "cat", "stack", "concat", "concatenate", "masked_fill", "masked_fill_",
+          "narrow", "select", "repeat", "repeat_interleave", "view_as", "reshape_as", "movedim", "swapaxes", "roll", "flip",
+          "split_with_sizes", "tensor_split", "t", "mT", "detach", "sum", "mean", "pad", "index_select", "gather", "tile"}
+# Multiplications and divisions: linear in one argument when the other is a constant.
+SCALING = {"mul", "mul_", "__mul__", "__rmul__", "__imul__", "div", "div_", "__truediv__", "true_divide", "__itruediv__"}
+# Products of two tensors (q.k scores, weights x values) and projections by a weight matrix.
+MATMULS = {"matmul", "__matmul__", "bmm", "einsum", "mm", "baddbmm"}
+PROJECTIONS = {"linear", "addmm", "matmul", "__matmul__", "mm"}
+SOFTMAX = {"softmax", "_softmax"}
+NORMS = {"layer_norm", "rms_norm", "group_norm"}
+ADDS = {"add", "__add__", "__radd__", "__iadd__", "add_"}
+# Attribute and metadata calls that do no arithmetic: not worth a clock or a provenance entry.
+QUIET = {"__get__", "__set__", "dim", "size", "stride", "is_floating_point", "is_contiguous", "numel", "data_ptr", "element_size",
+         "requires_grad_", "__len__", "__format__", "__bool__", "get_device", "__hash__", "__eq__"}
+
+
+def causal_mask(L: int, S: int | None = None, device: torch.device | str | None = None) -> torch.Tensor:
+    """(L, S) bool, True where query i may not attend to key j: j > i + (S - L) (new queries sit at the end)."""
+    S = L if S is None else S
+    return torch.ones(L, S, dtype=torch.bool, device=device).triu(S - L + 1)
