@@ -200,9 +200,11 @@ def bench(block=None, *, seq=(128, 512), need_weights: bool = False, mode: str =
     recomputing the prefix (the built-in block is then causal); compare_with is a saved run's dict.
     """
     from tblock_cli.benchmark.run import check_sizes, run_bench, validate_bench
-    from tblock_cli.benchmark.saved import config_mismatch
+    from tblock_cli.benchmark.saved import config_mismatch, validate_saved
 
     seqs = validate_bench(seq, mode, baseline, min_time, decode)
+    if compare_with is not None:
+        validate_saved(compare_with, "compare_with")
     if decode and block is None:
         options = {**options, "causal": True}  # cached decoding is causal decoding
     s = setup(block, {**options, "seq": seqs[0]})
@@ -223,24 +225,17 @@ def bench(block=None, *, seq=(128, 512), need_weights: bool = False, mode: str =
 
 
 def load_saved(path: str) -> dict:
-    """A run saved by bench --save; a clear error for a missing file or one that is not a tblock bench run."""
-    import json
+    """A run saved by bench --save, read and validated; a ConfigError naming what is wrong with anything else."""
+    from tblock_cli.benchmark.saved import load_saved as load
 
-    try:
-        with open(path) as f:
-            data = json.load(f)
-    except OSError as e:
-        raise ConfigError(f"--compare {path}: cannot read it: {e.strerror or e}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise ConfigError(f"--compare {path}: not JSON; give a file written by tblock bench --save") from None
-    if not isinstance(data, dict) or not isinstance(data.get("schema_version"), int) or data.get("command") != "bench" \
-            or not isinstance(data.get("results"), list):
-        raise ConfigError(f"--compare {path}: not a tblock bench run (no schema_version / command 'bench' / results)")
-    from tblock_cli.report import SCHEMA_VERSION
+    return load(path)
 
-    if data["schema_version"] != SCHEMA_VERSION:
-        raise ConfigError(f"--compare {path}: schema_version {data['schema_version']}, this tblock reads {SCHEMA_VERSION}")
-    return data
+
+def ensure_save_target(path: str) -> None:
+    """Refuse, before measuring, a --save path that cannot be written or holds something other than a saved run."""
+    from tblock_cli.benchmark.saved import ensure_save_target as ensure
+
+    ensure(path)
 
 
 def save_report(report, path: str) -> None:
@@ -302,12 +297,17 @@ def _layer_maker(s: Setup, block) -> Callable[[int], list[Subject]] | None:
 
 
 def assert_ok(report) -> None:
-    """Raise AssertionError listing what failed, so a user's test is one line: assert_ok(check(MyBlock()))."""
+    """Raise AssertionError listing what failed, so a user's test is one line: assert_ok(check(MyBlock())).
+
+    Works on every report (check, params, bench, depth, depth --compare): each has `ok` and `failing`
+    (the check results or findings that made it not ok: fail, error, and warn under strict).
+    """
+    from tblock_cli.errors import NotAReport
+
+    if not all(hasattr(report, a) for a in ("ok", "failing", "findings", "to_dict")):
+        raise NotAReport(f"assert_ok takes a report returned by tblock_cli.check, params, bench or depth, "
+                         f"got {type(report).__name__}")
     if report.ok:
         return
-    failing = getattr(report, "failing", None)
-    if failing:
-        lines = [f"{c.name}: {c.status.value}: {c.detail}" for c in failing]
-    else:
-        lines = [f.text for f in getattr(report, "findings", ()) if getattr(f, "status", None) in ("warn", "fail")] or ["not ok"]
+    lines = [f"{getattr(f, 'name', None) or f.kind}: {f.status.value}: {f.text}" for f in report.failing] or ["not ok"]
     raise AssertionError(f"tblock {type(report).__name__} not ok:\n  " + "\n  ".join(lines))

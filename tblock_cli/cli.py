@@ -7,10 +7,10 @@ import sys
 from typing import Annotated, Callable, Optional
 
 import typer
-from rich.console import Console
 
 from tblock_cli import __version__
 from tblock_cli.errors import OOM_HINT, ConfigError, TBlockError
+from tblock_cli.render.common import make_console
 from tblock_cli.report import ensure_writable
 
 app = typer.Typer(
@@ -51,8 +51,8 @@ Kwargs = Annotated[Optional[str], typer.Option("--kwargs", help="More constructo
 Json = Annotated[bool, typer.Option("--json", help="Print one JSON object (see docs/json.md) instead of tables.")]
 Plot = Annotated[Optional[str], typer.Option("--plot", help="Save a chart to FILE.png, .svg or .pdf (needs pip install 'tblock\\[plot]').", show_default=False)]
 
-out = Console()
-err = Console(stderr=True)
+out = make_console()
+err = make_console(stderr=True)
 
 # The shared option names, as the API takes them.
 OPTIONS = ("d_model", "n_heads", "d_ff", "dropout", "norm", "activation", "eps", "bias", "causal", "layers", "batch",
@@ -231,9 +231,9 @@ def bench(
 
         from tblock_cli import api
 
-        saved = api.load_saved(compare) if compare else None
+        saved = api.load_saved(compare) if compare is not None else None
         if save is not None:
-            ensure_writable(save, "--save")
+            api.ensure_save_target(save)
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=err, transient=True) as bar:
             task = bar.add_task("measuring", total=None)

@@ -11,6 +11,10 @@ class ConfigError(TBlockError):
     """A flag value that cannot build or run a block (bad size, unknown dtype, missing device)."""
 
 
+class NotAReport(ConfigError, TypeError):
+    """The API was handed something other than a report (assert_ok(None)): a ConfigError, and a TypeError as Python has it."""
+
+
 class ResourceError(TBlockError):
     """The requested sizes would not fit in the memory the device has free."""
 

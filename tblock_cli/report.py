@@ -6,7 +6,7 @@ import dataclasses
 import enum
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 # Bumped when a key is renamed, removed or changes type; new keys do not bump it.
 SCHEMA_VERSION = 1
@@ -23,14 +23,36 @@ class Status(str, enum.Enum):
 
 @dataclass(frozen=True)
 class Finding:
-    """One observation a command draws from its numbers: info, or a warning (fails under --strict)."""
+    """One observation a command draws from its numbers, as data: `kind` (a stable dotted name such as
+    `depth.mixed_placement`) and `facts` (the numbers behind it); `messages` writes its sentence.
+
+    info states a number; warn fails under --strict; fail makes the command exit 1 (a --compare regression).
+    """
 
     status: Status
-    text: str
+    kind: str
+    facts: dict = field(default_factory=dict)
+
+    @property
+    def text(self) -> str:
+        from tblock_cli.messages import text
+
+        return text(self.kind, self.facts)
+
+    def to_dict(self) -> dict:
+        return {"status": self.status.value, "text": self.text, "kind": self.kind, "facts": jsonable(self.facts)}
+
+
+def failing_of(findings, strict: bool = False) -> tuple:
+    """The findings that make a report not ok: fail and error, and warn under strict."""
+    bad = {Status.FAIL, Status.ERROR} | ({Status.WARN} if strict else set())
+    return tuple(f for f in findings if f.status in bad)
 
 
 def jsonable(obj):
     """Dataclasses, enums, tuples and non-finite floats turned into plain JSON values."""
+    if isinstance(obj, Finding):
+        return obj.to_dict()
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         return {f.name: jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj) if not f.name.startswith("_")}
     if isinstance(obj, enum.Enum):

@@ -12,7 +12,7 @@ import torch.nn as nn
 from tblock_cli.config import BlockConfig
 from tblock_cli.errors import reraise_as_measure_error
 from tblock_cli.probes import f64, residual_gain
-from tblock_cli.report import Finding, RunInfo, Status
+from tblock_cli.report import Finding, RunInfo, Status, failing_of
 
 # A Post-LN layer ends in LayerNorm: at the default affine init (weight 1, bias 0) every output
 # token has mean 0 and (biased) std sqrt(var / (var + eps)) ~ 1. A Pre-LN layer's output is x + f(...),
@@ -46,8 +46,12 @@ class DepthReport:
     run: RunInfo | None = None
 
     @property
+    def failing(self) -> tuple[Finding, ...]:
+        return failing_of(self.findings, self.strict)
+
+    @property
     def ok(self) -> bool:
-        return not (self.strict and any(f.status is Status.WARN for f in self.findings))
+        return not self.failing
 
     def body(self) -> dict:
         return {"norm": self.norm, "layers": self.layers, "final_norm": self.final_norm, "final_rms": self.final_rms,
@@ -64,8 +68,12 @@ class DepthComparison:
     reports: tuple[DepthReport, ...]
 
     @property
+    def failing(self) -> tuple[Finding, ...]:
+        return tuple(f for r in self.reports for f in r.failing)
+
+    @property
     def ok(self) -> bool:
-        return all(r.ok for r in self.reports)
+        return not self.failing
 
     @property
     def findings(self) -> tuple[Finding, ...]:
@@ -131,34 +139,30 @@ def measure_stack(layers: list[Callable[[torch.Tensor], torch.Tensor]], modules:
     return stats, final is not None, final_rms, token_rms(x)
 
 
-def findings(stats: list[LayerStats], final_applied: bool, final_rms: float | None, input_rms: float) -> list[Finding]:
-    """Sentences computed from the measured numbers."""
+def depth_findings(stats: list[LayerStats], final_applied: bool, final_rms: float | None, input_rms: float) -> list[Finding]:
+    """What the measured numbers say, as data (the words are in messages/reports.py)."""
     out: list[Finding] = []
     n = len(stats)
     first, last = stats[0], stats[-1]
     growth = last.act_rms / input_rms
-    out.append(Finding(Status.INFO, f"activation RMS goes from {input_rms:.2f} (input) to {first.act_rms:.2f} after layer 0 and "
-                               f"{last.act_rms:.2f} after layer {n - 1}: x{growth:.2f} over {n} layers "
-                               f"(x{growth ** (1 / n):.3f} per layer)"))
+    out.append(Finding(Status.INFO, "depth.activations", {"input_rms": input_rms, "first": first.act_rms, "last": last.act_rms,
+                                                          "last_index": n - 1, "layers": n, "growth": growth,
+                                                          "per_layer": growth ** (1 / n)}))
     if final_applied:
-        out.append(Finding(Status.INFO, f"the final LayerNorm brings the output RMS from {last.act_rms:.2f} back to {final_rms:.2f}"))
+        out.append(Finding(Status.INFO, "depth.final_norm", {"before": last.act_rms, "after": final_rms}))
     elif last.placement == "pre" and n > 1:
-        out.append(Finding(Status.WARN, f"the last layer is Pre-LN and no final LayerNorm follows: the stack outputs activations of "
-                                   f"RMS {last.act_rms:.2f}, un-normalised (a Pre-LN stack needs a final LayerNorm)"))
+        out.append(Finding(Status.WARN, "depth.no_final_norm", {"rms": last.act_rms}))
     ratio = first.grad_input_norm / last.grad_input_norm if last.grad_input_norm else float("inf")
-    word = "grows" if ratio >= 1 else "shrinks"
-    out.append(Finding(Status.INFO, f"the gradient norm at the layer input {word} by x{ratio:.3g} from the last layer ({last.grad_input_norm:.3g}) "
-                               f"to the first ({first.grad_input_norm:.3g})"))
+    out.append(Finding(Status.INFO, "depth.gradient", {"ratio": ratio, "first": first.grad_input_norm, "last": last.grad_input_norm}))
     pr = [s.grad_param_norm for s in stats]
-    out.append(Finding(Status.INFO, f"parameter gradient norms range from {min(pr):.3g} to {max(pr):.3g} "
-                               f"(first/last = {pr[0] / pr[-1] if pr[-1] else float('inf'):.3g})"))
+    out.append(Finding(Status.INFO, "depth.param_gradients", {"min": min(pr), "max": max(pr),
+                                                              "ratio": pr[0] / pr[-1] if pr[-1] else float("inf")}))
     gains = [s.residual_gain for s in stats]
-    out.append(Finding(Status.INFO, f"residual gain tr(J)/n per layer: {min(gains):.3f} to {max(gains):.3f}"))
+    out.append(Finding(Status.INFO, "depth.residual_gains", {"min": min(gains), "max": max(gains)}))
     changes = [s.index for prev, s in zip(stats, stats[1:]) if s.placement != prev.placement]
     if changes:
-        kinds = sorted({s.placement for s in stats})
-        out.append(Finding(Status.WARN, f"mixed norm placement ({' and '.join(kinds)}-LN in one stack): it changes at layer(s) "
-                                   f"{', '.join(map(str, changes))}; keep one placement (Pre-LN for deep stacks)"))
+        out.append(Finding(Status.WARN, "depth.mixed_placement", {"placements": sorted({s.placement for s in stats}),
+                                                                   "changes": changes}))
     return out
 
 
@@ -192,4 +196,4 @@ def run_depth(cfg: BlockConfig, device: torch.device, dtype: torch.dtype,
     except Exception as e:  # noqa: BLE001 - the block under test raised
         reraise_as_measure_error(e, f"{name} raised during the forward/backward")
     return DepthReport(name, cfg.norm if make_layers is None else "user", tuple(stats), applied, final_rms, input_rms,
-                       tuple(findings(stats, applied, final_rms, input_rms)), strict, run)
+                       tuple(depth_findings(stats, applied, final_rms, input_rms)), strict, run)

@@ -67,17 +67,19 @@ def test_contention_shows_as_a_slow_tail():
     assert tail.iqr < 0.1 * tail.median and tail.noisy
     report = BenchReport("b", (BenchResult("infer", 8, None, "block", tail, 0, "x", "k", False, None, 8),), {8: {}}, 2, 4, 0.0,
                          {"device": "cpu", "threads": 2})
-    warn = [f for f in report.findings() if f.status.value == "warn"]
+    warn = [f for f in report.findings if f.status.value == "warn"]
     assert warn and "--threads 1" in warn[0].text
 
 
 def test_latency_difference_needs_non_overlapping_iqrs():
-    from tblock_cli.benchmark.report import latency_sentence
+    from tblock_cli.benchmark.report import latency_verdict
 
     a, b = Latency((1.0, 1.1, 1.2, 1.3)), Latency((1.15, 1.2, 1.3, 1.4))  # IQRs 1.075-1.225 and 1.19-1.325
-    assert "no measurable latency difference" in latency_sentence(a, b, "off", "on")
+    assert latency_verdict(a, b, "off", "on")["verdict"] == "overlap"
     c = Latency((2.0, 2.1, 2.2, 2.3))
-    assert "faster" in latency_sentence(a, c, "off", "on") and "1.8" in latency_sentence(a, c, "off", "on")
+    v = latency_verdict(a, c, "off", "on")
+    assert v["verdict"] == "faster" and v["ratio"] == pytest.approx(2.15 / 1.15)
+    assert latency_verdict(c, a, "on", "off")["verdict"] == "slower"
 
 
 def test_sampling_batches_fast_calls_and_spends_its_time_measuring():
@@ -137,7 +139,7 @@ def test_hooks_switch_the_encoder_layer_off_its_fused_path_and_say_so():
         kernel = profiling.attention_kernel(profiling.profile_call(fn, CPU).ops)[0]
     assert kernel == "fastpath bmm+softmax" and hooked == ["MultiheadAttention"]
     r = run_bench(subject, cfg, CPU, torch.float32, seqs=[16], modes=["infer"], need_weights=True, baseline=False, min_time=0.01)
-    assert any("off its fused encoder-layer path" in f for f in [x.text for x in r.findings()])
+    assert any("off its fused encoder-layer path" in f for f in [x.text for x in r.findings])
 
 
 def test_need_weights_on_a_block_without_mha_is_a_clear_error():
@@ -185,7 +187,7 @@ def test_bench_report_and_findings():
     assert len(r.results) == 2 * 2 * 3
     assert all(len(x.latency.samples) >= 1 and x.latency.median > 0 for x in r.results)
     assert r.attention_bytes[64] == {"weights_returned": 2 * 64 * 64 * 4, "matrix_per_head": 2 * 4 * 64 * 64 * 4}
-    text = " ".join(f.text for f in r.findings())
+    text = " ".join(f.text for f in r.findings)
     assert "infer, seq 64" in text and "still materialises" in text
     assert "train, seq 64: need_weights=False runs SDPA flash-cpu" in text
     train_off = r.pair("train", 64)[0]
@@ -197,7 +199,7 @@ def test_dropout_fallback_is_a_finding():
     subject = make_subject(cfg, CPU, torch.float32)
     r = run_bench(subject, cfg, CPU, torch.float32, seqs=[16], modes=["train"], need_weights=False, baseline=False, min_time=0.01)
     assert len(r.results[0].latency.samples) >= 5
-    assert any("math kernel" in f and "dropout 0.1" in f for f in [x.text for x in r.findings()])
+    assert any("math kernel" in f and "dropout 0.1" in f for f in [x.text for x in r.findings])
 
 
 def test_cli_bench_json():

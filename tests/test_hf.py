@@ -105,7 +105,7 @@ def test_bench_need_weights_measures_output_attentions_both_ways():
     r = tblock_cli.bench("hf:bert", d_model=64, n_heads=4, d_ff=128, seq=[16], mode="infer", need_weights=True, min_time=0.01)
     off, on = r.pair("infer", 16)
     assert off.attention_kernel != on.attention_kernel and "softmax" in on.attention_kernel
-    assert any("output_attentions" in f.text for f in r.findings())
+    assert any("output_attentions" in f.text for f in r.findings)
 
 
 def test_bench_decode_uses_the_models_cache():

@@ -1,4 +1,4 @@
-"""What bench measured: one result per point, breakdowns, comparisons with a saved run, and the findings."""
+"""What bench measured: one result per point, breakdowns, comparisons with a saved run, and the findings (as data)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,7 @@ import statistics
 from dataclasses import dataclass
 
 from tblock_cli.benchmark.timing import NOISY_IQR, SLOW_TAIL, Latency
-from tblock_cli.report import Finding, RunInfo, Status
-from tblock_cli.units import fmt_bytes
+from tblock_cli.report import Finding, RunInfo, Status, failing_of
 
 MODES = ("infer", "train")
 # --compare: a point whose peak memory grew by more than this is a regression (memory is exact).
@@ -52,6 +51,11 @@ class BenchResult:
     def key(self) -> tuple:
         return (self.mode, self.seq, self.need_weights, self.target, self.kv_cache)
 
+    @property
+    def growth(self) -> float | None:
+        """Decode: per-token time of the last quarter of positions over the first quarter's."""
+        return growth(self.per_position) if self.per_position else None
+
 
 @dataclass(frozen=True)
 class Breakdown:
@@ -66,6 +70,10 @@ class Breakdown:
     def parts_sum(self) -> float:
         return sum(p[1] for p in self.parts)
 
+    def share(self, seconds: float) -> float:
+        """A time as a fraction of the whole forward's median."""
+        return seconds / self.whole.median
+
 
 @dataclass(frozen=True)
 class Comparison:
@@ -76,6 +84,11 @@ class Comparison:
     faster: bool
     memory_delta: int | None  # new peak - saved peak, bytes
     memory_grew: bool  # by more than MEMORY_GROWTH_MAX
+    noisy: tuple[str, ...] = ()  # "this run", "the saved run": whose samples were noisy; then no latency verdict
+
+    @property
+    def inconclusive(self) -> bool:
+        return bool(self.noisy)
 
 
 @dataclass(frozen=True)
@@ -94,16 +107,22 @@ class BenchReport:
     decode_analytic_bytes: int | None = None  # 2 x layers x batch x positions x d_model x item
     timed_s: float = 0.0  # seconds spent inside timed samples
     wall_s: float = 0.0  # seconds the whole measurement took
+    trainable: bool = True  # the block has trainable parameters (else train mode's backward reaches the input only)
+    train_skipped: bool = False  # train mode was asked for, but the output has no gradient path at all
+
+    @property
+    def failing(self) -> tuple[Finding, ...]:
+        return failing_of(self.findings)
 
     @property
     def ok(self) -> bool:
-        return not any(c.slower or c.memory_grew for c in self.comparisons or ())
+        return not self.failing
 
     def to_dict(self) -> dict:
         body = {
             "results": [result_dict(r) for r in self.results],
             "attention_bytes": self.attention_bytes,
-            "findings": self.findings(),
+            "findings": self.findings,
             "timing": {"timed_s": self.timed_s, "wall_s": self.wall_s},
         }
         if self.decode_analytic_bytes is not None:
@@ -115,9 +134,9 @@ class BenchReport:
                                  for b in self.breakdowns]
         if self.comparisons is not None:
             body["comparison"] = [{"point": c.label, "latency_ratio": c.ratio, "slower": c.slower, "faster": c.faster,
-                                   "peak_bytes_delta": c.memory_delta, "memory_grew": c.memory_grew} for c in self.comparisons]
+                                   "peak_bytes_delta": c.memory_delta, "memory_grew": c.memory_grew,
+                                   "inconclusive": c.inconclusive, "noisy": list(c.noisy)} for c in self.comparisons]
         return (self.run or RunInfo(self.subject, {}, self.environment)).envelope("bench", self.ok, body)
-
 
     def pair(self, mode: str, seq: int) -> tuple[BenchResult, BenchResult] | None:
         """(need_weights=False, need_weights=True) for one point, when both were measured."""
@@ -130,26 +149,43 @@ class BenchReport:
                     off = r
         return (off, on) if on and off else None
 
+    def on_off(self, mode: str, seq: int) -> tuple[float, int] | None:
+        """need_weights on / off: (latency ratio of the medians, peak bytes on - off), when both were measured."""
+        p = self.pair(mode, seq)
+        if not p:
+            return None
+        off, on = p
+        return on.latency.median / off.latency.median, on.peak_bytes - off.peak_bytes
+
+    def against_torch(self, mode: str, seq: int) -> tuple[BenchResult, float] | None:
+        """The block's run (as written, or need_weights off) and its median over the torch baseline's."""
+        rows = [r for r in self.results if r.mode == mode and r.seq == seq]
+        base = next((r for r in rows if r.target == "torch"), None)
+        mine = next((r for r in rows if r.target == "block" and r.need_weights in (None, False)), None)
+        return (mine, mine.latency.median / base.latency.median) if base and mine else None
+
     def decode_pair(self) -> tuple[BenchResult, BenchResult] | None:
         cached = next((r for r in self.results if r.mode == "decode" and r.kv_cache), None)
         full = next((r for r in self.results if r.mode == "decode" and r.kv_cache is False), None)
         return (cached, full) if cached and full else None
 
-    def findings(self) -> list[Finding]:
-        """What the measurements say; every latency difference is weighed against its noise."""
+    @property
+    def findings(self) -> tuple[Finding, ...]:
+        """What the measurements say, as data; every latency difference is weighed against its noise."""
         out = []
-        info = lambda text: out.append(Finding(Status.INFO, text))  # noqa: E731
-        if any(r.need_weights is not None for r in self.results) and self.subject.startswith("hf:"):
-            info("Hugging Face layer: need_weights is output_attentions; its sdpa attention returns no weights (transformers "
-                 "warns and suggests eager), so 'on' runs the eager implementation: what asking the model for attentions costs")
-        if any(r.need_weights is not None for r in self.results) and self.encoder_layers:
-            info("the pre-hook that forces need_weights keeps nn.TransformerEncoderLayer off its fused encoder-layer "
-                 "path (it falls back to nn.MultiheadAttention's own path); without --need-weights it runs the fused path")
+        forced = any(r.need_weights is not None for r in self.results)
+        if forced and self.subject.startswith("hf:"):
+            out.append(Finding(Status.INFO, "bench.hf_need_weights"))
+        if forced and self.encoder_layers:
+            out.append(Finding(Status.INFO, "bench.encoder_layer_path"))
+        if not self.trainable and any(r.mode == "train" for r in self.results):
+            out.append(Finding(Status.INFO, "bench.train_input_only"))
+        if self.train_skipped:
+            out.append(Finding(Status.WARN, "bench.train_skipped"))
         math_seqs = sorted({r.seq for r in self.results if r.mode == "train" and r.target == "block" and r.need_weights is not True
                             and "SDPA math" in r.attention_kernel})
         if math_seqs and self.dropout > 0 and self.environment.get("device") == "cpu":
-            info(f"train: SDPA ran its math kernel (it materialises the attention matrix) at seq {', '.join(map(str, math_seqs))}: "
-                 f"attention dropout {self.dropout:g} is on, and the fused CPU kernel takes no dropout; --dropout 0 shows the fused kernel")
+            out.append(Finding(Status.INFO, "bench.math_kernel", {"seqs": math_seqs, "dropout": self.dropout}))
         for mode in MODES:
             for seq in sorted({r.seq for r in self.results}):
                 p = self.pair(mode, seq)
@@ -158,42 +194,34 @@ class BenchReport:
                 off, on = p
                 saved = on.peak_bytes - off.peak_bytes
                 matrix = self.attention_bytes[seq]["matrix_per_head"]
-                if off.materialises:
-                    mem = (f"with need_weights=False the kernel ({off.attention_kernel}) still materialises the attention matrix; "
-                           f"peak memory on - off = {saved / 2**20:+.1f} MiB, not the {matrix / 2**20:.1f} MiB of a (B, H, L, L) matrix")
-                else:
-                    mem = (f"need_weights=False runs {off.attention_kernel} instead of {on.attention_kernel} and saves "
-                           f"{saved / 2**20:.1f} MiB of peak memory ({saved / matrix:.2f}x the {matrix / 2**20:.1f} MiB (B, H, L, L) matrix)")
-                info(f"{mode}, seq {seq}: {mem}; {latency_sentence(off.latency, on.latency, 'off', 'on')}")
+                out.append(Finding(Status.INFO, "bench.need_weights", {
+                    "mode": mode, "seq": seq, "kernel_off": off.attention_kernel, "kernel_on": on.attention_kernel,
+                    "materialises": off.materialises, "saved_bytes": saved, "matrix_bytes": matrix,
+                    "matrix_fraction": saved / matrix, "latency": latency_verdict(off.latency, on.latency, "off", "on")}))
         d = self.decode_pair()
         if d:
             cached, full = d
-            info(f"decode {len(cached.per_position)} tokens after a {cached.seq}-token prompt: with the cache "
-                 f"{cached.latency.median * 1e3:.3f} ms/token, recomputing the prefix {full.latency.median * 1e3:.3f} ms/token; "
-                 f"{latency_sentence(cached.latency, full.latency, 'cached', 'recomputed')}")
-            info(f"per-token time from the first to the last quarter of positions: cached x{growth(cached.per_position):.2f}, "
-                 f"recomputed x{growth(full.per_position):.2f} (recomputing grows with the prefix, the cache should not much)")
+            out.append(Finding(Status.INFO, "bench.decode", {
+                "tokens": len(cached.per_position), "prompt": cached.seq, "cached_ms": cached.latency.median * 1e3,
+                "recomputed_ms": full.latency.median * 1e3,
+                "latency": latency_verdict(cached.latency, full.latency, "cached", "recomputed")}))
+            out.append(Finding(Status.INFO, "bench.decode_growth", {"cached": cached.growth, "recomputed": full.growth}))
             if cached.cache_bytes is not None and self.decode_analytic_bytes:
                 same = cached.cache_bytes == self.decode_analytic_bytes
-                out.append(Finding(Status.INFO if same else Status.WARN,
-                                   f"cache holds {fmt_bytes(cached.cache_bytes)} ({cached.cache_bytes:,} bytes) after the last token; "
-                                   f"2 x layers x batch x positions x d_model x bytes = {self.decode_analytic_bytes:,}"
-                                   + ("" if same else " : they differ (a cache of another width, or extra state)")))
+                out.append(Finding(Status.INFO if same else Status.WARN, "bench.cache_bytes" if same else "bench.cache_bytes_differ",
+                                   {"bytes": cached.cache_bytes, "analytic": self.decode_analytic_bytes}))
         noisy = [r for r in self.results if r.noisy]
         if noisy:
-            threads = self.environment.get("threads")
-            out.append(Finding(Status.WARN, f"{len(noisy)} measurement(s) are noisy (IQR > {NOISY_IQR:.0%} of the median, or a median "
-                                            f"> {SLOW_TAIL}x the fastest sample: other work competed for the cores); try --threads 1 "
-                                            f"(ran with {threads}), a quieter machine, or a longer --min-time"))
+            out.append(Finding(Status.WARN, "bench.noisy", {"count": len(noisy), "threads": self.environment.get("threads"),
+                                                            "iqr_limit": NOISY_IQR, "tail_limit": SLOW_TAIL}))
         for c in self.comparisons or ():
+            facts = {"point": c.label, "ratio": c.ratio, "slower": c.slower, "memory_delta": c.memory_delta,
+                     "memory_grew": c.memory_grew}
             if c.slower or c.memory_grew:
-                what = []
-                if c.slower:
-                    what.append(f"{c.ratio:.2f}x the saved latency, beyond the noise")
-                if c.memory_grew:
-                    what.append(f"peak memory {c.memory_delta:+,} bytes")
-                out.append(Finding(Status.WARN, f"regression at {c.label}: " + ", ".join(what)))
-        return out
+                out.append(Finding(Status.FAIL, "bench.regression", facts))
+            if c.inconclusive:
+                out.append(Finding(Status.WARN, "bench.inconclusive", {**facts, "noisy": list(c.noisy)}))
+        return tuple(out)
 
 
 def result_dict(r: BenchResult) -> dict:
@@ -208,19 +236,19 @@ def result_dict(r: BenchResult) -> dict:
     }
     if r.mode == "decode":
         d.update({"kv_cache": r.kv_cache, "cache_bytes": r.cache_bytes, "per_position_ms": [x * 1e3 for x in r.per_position],
-                  "growth_last_over_first_quarter": growth(r.per_position)})
+                  "growth_last_over_first_quarter": r.growth})
     return d
 
-def latency_sentence(a: Latency, b: Latency, a_name: str, b_name: str) -> str:
-    """'a is Nx faster than b' only when the IQRs do not overlap and the medians differ by more than SLOWER_MIN."""
+def latency_verdict(a: Latency, b: Latency, a_name: str, b_name: str) -> dict:
+    """Whether a is faster than b beyond the noise: the IQRs apart and the medians more than SLOWER_MIN apart."""
     ratio = b.median / a.median
     if not a.differs_from(b):
-        return f"no measurable latency difference between {a_name} and {b_name} (their IQRs overlap)"
-    if 1 / (1 + SLOWER_MIN) < ratio < 1 + SLOWER_MIN:
-        return f"no meaningful latency difference between {a_name} and {b_name} ({ratio:.2f}x: IQRs apart, but within {SLOWER_MIN:.0%})"
-    if ratio > 1:
-        return f"{a_name} is {ratio:.2f}x faster than {b_name} (IQRs apart)"
-    return f"{a_name} is {1 / ratio:.2f}x slower than {b_name} (IQRs apart)"
+        verdict = "overlap"
+    elif 1 / (1 + SLOWER_MIN) < ratio < 1 + SLOWER_MIN:
+        verdict = "within"
+    else:
+        verdict = "faster" if ratio > 1 else "slower"
+    return {"a": a_name, "b": b_name, "ratio": ratio, "verdict": verdict, "within": SLOWER_MIN}
 
 
 def growth(per_position: tuple[float, ...]) -> float:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tblock_cli.report import RunInfo, Status
+from tblock_cli.report import RunInfo, Status, failing_of
 
 
 @dataclass(frozen=True)
@@ -50,6 +50,11 @@ class CheckResult:
 
         return text(self.kind, self.facts)
 
+    @property
+    def text(self) -> str:
+        """The sentence, under the name every finding uses for it."""
+        return self.detail
+
     def to_dict(self) -> dict:
         return {"name": self.name, "status": self.status, "value": self.value, "detail": self.detail, "kind": self.kind,
                 "facts": self.facts, **({} if self.seconds is None else {"seconds": self.seconds})}
@@ -66,9 +71,13 @@ class CheckReport:
         return not self.failing
 
     @property
-    def failing(self) -> list[CheckResult]:
-        bad = {Status.FAIL, Status.ERROR} | ({Status.WARN} if self.strict else set())
-        return [c for c in self.checks if c.status in bad]
+    def findings(self) -> tuple[CheckResult, ...]:
+        """What every report calls its findings (status, kind, facts, text): here, the check results."""
+        return self.checks
+
+    @property
+    def failing(self) -> tuple[CheckResult, ...]:
+        return failing_of(self.checks, self.strict)
 
     def counts(self) -> dict[str, int]:
         return {s.value: sum(c.status == s for c in self.checks) for s in Status if s is not Status.INFO}
