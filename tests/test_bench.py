@@ -297,17 +297,32 @@ def test_save_then_compare(tmp_path):
     assert res.exit_code == 2 and "not a tblock bench run" in res.stderr
 
 
+# The parts' sum over the whole forward's median, measured: 0.86-1.04 over 8 runs on a quiet 2-core machine
+# (d_model 64, seq 64, --min-time 0.05); under a load average of 8 on the same 2 cores single runs spread from
+# 0.22 to 5.2, because the whole and the parts are timed seconds apart. A factor of 2 either way keeps the
+# quiet spread with room, and still fails a unit slip (ms for s), a component timed twice, or the FFN (about
+# half the forward at this size) left out; the best of 3 attempts rides out a burst of load.
+PARTS_OVER_WHOLE = (0.5, 2.0)
+
+
 def test_breakdown_parts_sum_to_the_whole():
     cfg = build_config(d_model=64, n_heads=4, batch=2, seq=64, dropout=0.0)
     subject = make_subject(cfg, CPU, torch.float32)
-    r = run_bench(subject, cfg, CPU, torch.float32, seqs=[64], modes=[], need_weights=False, baseline=False, min_time=0.05,
-                  breakdown=True)
-    b = r.breakdowns[0]
+    ratios = []
+    for _ in range(3):
+        r = run_bench(subject, cfg, CPU, torch.float32, seqs=[64], modes=[], need_weights=False, baseline=False, min_time=0.05,
+                      breakdown=True)
+        b = r.breakdowns[0]
+        ratios.append(b.parts_sum / b.whole.median)
+        if PARTS_OVER_WHOLE[0] <= ratios[-1] <= PARTS_OVER_WHOLE[1]:
+            break
     names = [p[0] for p in b.parts]
     assert {"attention projections", "attention kernel", "FFN", "norms", "residual adds"} <= set(names)
     calls = {p[0]: p[3] for p in b.parts}
     assert calls["attention projections"] == 4 and calls["norms"] == 2 and calls["residual adds"] == 2
-    assert b.parts_sum > 0 and b.whole.median > 0
+    assert b.parts_sum == pytest.approx(sum(t for _, t, _, _ in b.parts))
+    assert PARTS_OVER_WHOLE[0] <= ratios[-1] <= PARTS_OVER_WHOLE[1], ratios
+    assert r.to_dict()["breakdown"][0]["parts_sum_ms"] == pytest.approx(b.parts_sum * 1e3)
 
 
 def test_decode_reports_cached_and_recomputed_with_exact_cache_bytes():

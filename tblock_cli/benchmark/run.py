@@ -17,7 +17,7 @@ from tblock_cli.benchmark.report import BenchReport, BenchResult
 from tblock_cli.benchmark.saved import compare
 from tblock_cli.benchmark.timing import Latency, measure, step_fn, synchronizer
 from tblock_cli.config import BlockConfig
-from tblock_cli.errors import ConfigError, reraise_as_measure_error
+from tblock_cli.errors import ConfigError, MeasureError, reraise_as_measure_error
 from tblock_cli.loading import Subject
 from tblock_cli.report import RunInfo
 
@@ -157,6 +157,10 @@ def run_bench(subject: Subject, cfg: BlockConfig, device: torch.device, dtype: t
     points = plan(cfg, seqs, modes, need_weights, baseline) if modes else []
     if need_weights and not attention_modules(subject.module) and not hasattr(subject.module, "attentions"):
         raise ConfigError(f"--need-weights: {subject.name} has no nn.MultiheadAttention inside; need_weights is its option")
+    trainable = any(p.requires_grad for p in subject.module.parameters())
+    train_skipped = not trainable and "train" in modes and not has_gradient_path(subject, cfg, device, dtype, seqs[0])
+    if train_skipped:
+        points = [p for p in points if not (p[0] == "train" and p[3] == "block")]
     total = len(points) + (2 if decode else 0) + (len(seqs) if breakdown else 0)
     torch.manual_seed(cfg.seed)
     torch_block = TorchBaseline(cfg).to(device=device, dtype=dtype) if baseline else None
@@ -216,12 +220,36 @@ def run_bench(subject: Subject, cfg: BlockConfig, device: torch.device, dtype: t
     sizes = {s: {"weights_returned": cfg.batch * s * s * item, "matrix_per_head": cfg.batch * cfg.n_heads * s * s * item} for s in seqs}
     has_tel = any(isinstance(m, nn.TransformerEncoderLayer) for m in subject.module.modules())
     report = BenchReport(subject.name, tuple(results), sizes, cfg.batch, cfg.n_heads, cfg.dropout, runtime.environment(device, dtype),
-                         has_tel, run, tuple(parts), None, analytic, sum(clock), time.perf_counter() - started)
+                         has_tel, run, tuple(parts), None, analytic, sum(clock), time.perf_counter() - started,
+                         trainable, train_skipped)
     if compare_with is not None:
         from dataclasses import replace
 
         report = replace(report, comparisons=tuple(compare(report, compare_with)))
     return report
+
+
+def has_gradient_path(subject: Subject, cfg: BlockConfig, device: torch.device, dtype: torch.dtype, seq: int) -> bool:
+    """Whether a block without trainable parameters still has a backward: its output depends on its input differentiably."""
+    x = torch.randn(cfg.batch, seq, cfg.d_model, generator=torch.Generator().manual_seed(cfg.seed))
+    x = x.to(device=device, dtype=dtype).requires_grad_(True)
+    module = subject.module
+    was = module.training
+    module.train(True)
+    try:
+        with torch.enable_grad():
+            return bool(subject(x).requires_grad)
+    except Exception as e:  # noqa: BLE001 - the block under test raised
+        reraise_as_measure_error(e, f"{subject.name} raised in train mode at seq {seq}")
+    finally:
+        module.train(was)
+
+
+def _decoded_shape(subject: Subject, y: torch.Tensor, x_t: torch.Tensor) -> None:
+    """decode(x_t, cache) must give one output per new token, as the forward does (the check kv_cache asks the same)."""
+    if tuple(y.shape) != tuple(x_t.shape):
+        raise MeasureError(f"--decode: {subject.name}.decode returned outputs of shape {tuple(y.shape)} for new tokens of shape "
+                           f"{tuple(x_t.shape)}; it must return (y_t, cache) with y_t shaped like x_t (see docs/decoding.md)")
 
 
 def decode_results(subject: Subject, cfg: BlockConfig, device: torch.device, dtype: torch.dtype, prompt: int, n: int,
@@ -240,7 +268,9 @@ def decode_results(subject: Subject, cfg: BlockConfig, device: torch.device, dty
     out = []
     try:
         with torch.inference_mode():
-            kvcache.decode_step(module, x[:, :prompt], None)  # warm-up
+            y, cache = kvcache.decode_step(module, x[:, :prompt], None)  # warm-up
+            _decoded_shape(subject, y, x[:, :prompt])
+            _decoded_shape(subject, kvcache.decode_step(module, x[:, prompt : prompt + 1], cache)[0], x[:, prompt : prompt + 1])
             subject(x[:, : prompt + 1])
             for cached in (True, False):
                 per, cache = [], None

@@ -63,9 +63,13 @@ def step_fn(call: Callable[[torch.Tensor], torch.Tensor], module: nn.Module, x: 
         return infer
 
     grad = torch.ones_like(x)
+    if not any(p.requires_grad for p in module.parameters()):
+        # Nothing to train: the backward a stack would still run through this block is the input's gradient.
+        x = x.detach().requires_grad_(True)
 
     def train():
         module.zero_grad(set_to_none=True)  # the step starts where zero_grad(set_to_none=True) leaves a loop
+        x.grad = None
         call(x).backward(grad)
     return train
 
