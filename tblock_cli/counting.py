@@ -78,6 +78,13 @@ class ParamReport:
     def layer_rows(self) -> tuple[Component, ...]:
         return tuple(c for c in self.components if c.name != "final_ln")
 
+    @property
+    def one_layer(self) -> Component:
+        """The per-layer rows summed: what one layer of the stack holds and computes per token."""
+        rows = self.layer_rows
+        return Component("one layer", "mixed", sum(c.params for c in rows), sum(c.bytes for c in rows),
+                         sum(c.flops_per_token for c in rows))
+
     def group_bytes(self, group: str) -> int:
         return self.groups[group] * self.total_bytes // self.total if self.total else 0
 

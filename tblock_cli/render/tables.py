@@ -75,9 +75,8 @@ def params_table(report, narrow: bool) -> Table:
         row(c.name, c.role or c.group, c.params, report.row_share(c), c.bytes, flops, shape, c.group)
     table.add_section()
     if stack:
-        layer = report.layer_rows
-        params = sum(c.params for c in layer)
-        row("one layer", "", params, report.share(params), sum(c.bytes for c in layer), fmt_count(sum(c.flops_per_token for c in layer)))
+        layer = report.one_layer
+        row(layer.name, "", layer.params, report.share(layer.params), layer.bytes, fmt_count(layer.flops_per_token))
         for c in report.components:
             if c.name == "final_ln":
                 row(c.name, "norm", c.params, report.share(c.params), c.bytes, "0", group="norm")
