@@ -1,7 +1,10 @@
 """Golden outputs: every view rendered from fixed reports at a fixed width, compared line by line.
 
 An inverted ratio, ms printed as s, or a dropped column changes the text and fails here. After an
-intended change of a view: `pytest tests/test_golden.py --update-golden`, then read the diff.
+intended change of a view: `pytest tests/test_golden.py --update-golden`, then read the diff. Each
+golden also asserts an invariant read back from the text (torchinfo's habit), so a golden rewritten
+with a wrong number still fails: params rows add up to the total, check counts to the checks, an
+on/off ratio to its medians, depth's gradient finding to its table.
 """
 
 import io

@@ -131,3 +131,26 @@ def test_a_quiet_slower_point_is_a_regression_that_fails():
     assert not report.ok
     (bad,) = report.failing
     assert bad.kind == "bench.regression" and bad.facts["ratio"] == pytest.approx(3.0) and "3.00x the saved latency" in bad.text
+
+
+def test_a_saved_point_flagged_noisy_is_inconclusive_too():
+    report = report_with(tuple(3 * s for s in QUIET))
+    saved = saved_run(QUIET)
+    saved["results"][0]["latency_ms"]["noisy"] = True  # what that run judged of itself
+    (c,) = compare(report, saved)
+    assert c.inconclusive and not c.slower and c.noisy == ("the saved run",)
+
+
+def test_cli_compare_against_a_noisy_saved_run_exits_zero_and_says_inconclusive(tmp_path):
+    """Before, a noisy point was called a regression (exit 1, "1.37x slower")."""
+    path = tmp_path / "base.json"
+    res = runner.invoke(app, [*ARGS, "--save", str(path)])
+    assert res.exit_code == 0, res.output
+    data = json.loads(path.read_text())
+    data["results"][0]["latency_ms"]["samples"] = [1e-4, 5e-4, 1e-4, 9e-4, 2e-4]  # far faster, and noisy
+    path.write_text(json.dumps(data))
+    res = runner.invoke(app, [*ARGS, "--compare", str(path), "--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert out["ok"] is True and out["comparison"][0]["inconclusive"] is True and out["comparison"][0]["slower"] is False
+    assert "bench.inconclusive" in [f["kind"] for f in out["findings"]]

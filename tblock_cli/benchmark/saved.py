@@ -139,7 +139,8 @@ def compare(report, saved: dict) -> list:
         if o is None:
             continue
         then = Latency(tuple(s / 1e3 for s in o["latency_ms"]["samples"]), o["latency_ms"].get("number_per_sample", 1))
-        noisy = tuple(who for who, lat in (("this run", r.latency), ("the saved run", then)) if r.mode != "decode" and lat.noisy)
+        saved_noisy = then.noisy or o["latency_ms"].get("noisy") is True  # as judged then, or from its samples now
+        noisy = tuple(who for who, was in (("this run", r.latency.noisy), ("the saved run", saved_noisy)) if was and r.mode != "decode")
         ratio = r.latency.median / then.median if then.median else None
         apart = r.latency.differs_from(then) and not noisy
         delta = r.peak_bytes - o["peak_bytes"] if r.peak_bytes >= 0 and o.get("peak_bytes", -1) >= 0 else None
