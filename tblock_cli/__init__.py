@@ -42,7 +42,8 @@ def depth(block=None, **options):
 
 
 def assert_ok(report) -> None:
-    """Raise AssertionError listing the failing checks (or warnings, under strict) of a report."""
+    """Raise AssertionError listing what made a report not ok: failing checks, a bench regression, depth warnings
+    under strict. Every report (check, params, bench, depth) works; anything else is a ConfigError (and a TypeError)."""
     from tblock_cli import api
 
     api.assert_ok(report)
