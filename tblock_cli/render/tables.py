@@ -11,7 +11,8 @@ from tblock_cli.render.common import ByWidth, environment_line, fmt_count, fmt_v
 from tblock_cli.units import fmt_bytes
 
 # Below this many columns the check table keeps two columns, name and status, and puts the value and
-# its meaning under the name: four columns at 20 characters would leave room for the names only.
+# its meaning under the name. Measured on the golden report: the four-column table drops every column
+# but the names under 26 columns, and cuts values with an ellipsis at 40-42; from 44 on it is whole.
 CHECK_NARROW = 48
 GROUP_STYLE = {"attention": "cyan", "ffn": "magenta", "norm": "green", "other": "yellow", "mixed": "yellow"}
 
