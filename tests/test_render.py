@@ -104,3 +104,13 @@ def test_make_console_width_floor(monkeypatch):
     assert make_console().width == 20
     monkeypatch.setenv("COLUMNS", "120")
     assert make_console().width == 120
+
+
+def test_check_view_keeps_every_name_status_and_value_whole_at_any_width():
+    report = check_report()
+    for width in range(20, 101, 2):
+        text = drawn(render.check_view(report), width=width)
+        assert "…" not in text and max(map(len, text.splitlines())) <= width, width
+        rows = [line.split()[:2] for line in text.splitlines()]
+        for c in report.checks:
+            assert [c.name, c.status.value] in rows, (width, c.name)
