@@ -303,11 +303,15 @@ def assert_ok(report) -> None:
     (the check results or findings that made it not ok: fail, error, and warn under strict).
     """
     from tblock_cli.errors import NotAReport
+    from tblock_cli.report import Status
 
-    if not all(hasattr(report, a) for a in ("ok", "failing", "findings", "to_dict")):
+    if not (isinstance(getattr(report, "ok", None), bool) and hasattr(report, "findings") and hasattr(report, "to_dict")):
         raise NotAReport(f"assert_ok takes a report returned by tblock_cli.check, params, bench or depth, "
                          f"got {type(report).__name__}")
     if report.ok:
         return
-    lines = [f"{getattr(f, 'name', None) or f.kind}: {f.status.value}: {f.text}" for f in report.failing] or ["not ok"]
+    failing = getattr(report, "failing", None)
+    if failing is None:  # a report that only has findings: what is not info or pass
+        failing = [f for f in report.findings if f.status not in (Status.INFO, Status.PASS, Status.SKIP)]
+    lines = [f"{getattr(f, 'name', None) or f.kind}: {f.status.value}: {f.text}" for f in failing] or ["not ok"]
     raise AssertionError(f"tblock {type(report).__name__} not ok:\n  " + "\n  ".join(lines))
