@@ -50,6 +50,15 @@ def test_a_gqa_head_tiling_is_named_at_the_keys_with_its_head_permutation():
     assert facts["heads_permutation"] == tiled_vs_interleaved(4, 2) == [0, 2, 1, 3]
 
 
+def test_a_gqa_head_tiling_written_out_is_named_at_the_keys_against_eager_and_sdpa():
+    """Attention by hand (q.k^T, softmax, times v) on A; HF's eager and sdpa paths on B."""
+    for backend in ("eager", "sdpa"):
+        report = tblock_cli.compare(Z + "LlamaGQATiledEager", "hf:llama", **SIZES, kwargs_a={"n_kv_heads": 2},
+                                    kwargs_b={"num_key_value_heads": 2, "attn_implementation": backend})
+        facts = first(report)
+        assert facts["component"] == "attn.k_pos#0" and facts["heads_permutation"] == [0, 2, 1, 3], backend
+
+
 def test_a_gate_up_swap_is_named_in_the_ffn_and_the_names_that_changed_job():
     report = llama("LlamaGateUpSwapped")
     assert not report.ok

@@ -95,6 +95,22 @@ class TiledAttention(Attention):
         return t.repeat(1, self.n_heads // self.n_kv, 1, 1)  # bug: query head i reads kv head i % n_kv
 
 
+class TiledEagerAttention(TiledAttention):
+    def forward(self, h, pad_mask=None):  # attention written out: q.k^T, mask, softmax, times v
+        B, T, _ = h.shape
+        q = self.q_proj(h).view(B, T, self.n_heads, self.hd).transpose(1, 2)
+        k = self.k_proj(h).view(B, T, self.n_kv, self.hd).transpose(1, 2)
+        v = self.v_proj(h).view(B, T, self.n_kv, self.hd).transpose(1, 2)
+        q, k = self.rope(q, k)
+        k, v = self.expand_kv(k), self.expand_kv(v)
+        scores = torch.matmul(q, k.transpose(2, 3)) / self.hd ** 0.5  # (B, nh, T, T)
+        blocked = torch.ones(T, T, dtype=torch.bool, device=h.device).triu(1)[None, None]
+        if pad_mask is not None:
+            blocked = blocked | pad_mask[:, None, None, :]
+        w = torch.softmax(scores.masked_fill(blocked, float("-inf")), dim=-1)
+        return self.o_proj(torch.matmul(w, v).transpose(1, 2).reshape(B, T, -1))
+
+
 class SwappedMLP(MLP):
     def forward(self, x):
         return self.down_proj(F.silu(self.up_proj(x)) * self.gate_proj(x))  # bug: the activation on up, not gate
@@ -121,6 +137,12 @@ class LlamaGQATiled(ScratchLlama):
     def __init__(self, d_model=64, n_heads=4, d_ff=None, n_kv_heads=None, **kw):
         super().__init__(d_model, n_heads, d_ff, n_kv_heads, **kw)
         self.self_attn = TiledAttention(d_model, n_heads, n_kv_heads or n_heads, 10000.0)
+
+
+class LlamaGQATiledEager(ScratchLlama):
+    def __init__(self, d_model=64, n_heads=4, d_ff=None, n_kv_heads=None, **kw):
+        super().__init__(d_model, n_heads, d_ff, n_kv_heads, **kw)
+        self.self_attn = TiledEagerAttention(d_model, n_heads, n_kv_heads or n_heads, 10000.0)
 
 
 class LlamaGateUpSwapped(ScratchLlama):

@@ -35,20 +35,35 @@ class ComponentDiff:
 
 
 class KernelInputs(TorchFunctionMode):
-    """Records what attention kernels read: SDPA's q, k, v, and softmax outputs over 4-D scores."""
+    """Records what attention reads: SDPA's q, k, v; or, written out, the operands of the (B, H, L, S) q.k^T product
+    that a softmax normalises, the weights, and the values they multiply."""
 
     def __init__(self, sink):
         super().__init__()
         self.sink = sink
+        self.product = None  # (scores shape, q, k^T) of the last 4-D product of two activations
+        self.weights = None  # shape of the last attention weights, until their values arrive
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
+        name = getattr(func, "__name__", "")
         if func is F.scaled_dot_product_attention:
             q, k, v = (kwargs.get(n, args[i] if len(args) > i else None) for i, n in enumerate(("query", "key", "value")))
-            for name, t in (("attn.q_pos", q), ("attn.k_pos", k), ("attn.v_kernel", v)):
-                self.sink(name, t)
-        elif getattr(func, "__name__", "") in ("softmax", "_softmax") and isinstance(out, torch.Tensor) and out.ndim == 4:
+            for key, t in (("attn.q_pos", q), ("attn.k_pos", k), ("attn.v_kernel", v)):
+                self.sink(key, t)
+        elif name in ("matmul", "__matmul__") and len(args) == 2 and all(isinstance(t, torch.Tensor) and t.ndim == 4 for t in args):
+            a, b = args
+            if self.weights is not None and self.weights in (tuple(a.shape), tuple(b.shape)):
+                self.sink("attn.v_kernel", b if tuple(a.shape) == self.weights else a)
+                self.weights = None
+            else:
+                self.product = (tuple(out.shape), a, b)
+        elif name in ("softmax", "_softmax") and isinstance(out, torch.Tensor) and out.ndim == 4:
+            if self.product is not None and self.product[0] == tuple(out.shape):
+                self.sink("attn.q_pos", self.product[1])
+                self.sink("attn.k_pos", self.product[2].transpose(-2, -1))
+            self.product, self.weights = None, tuple(out.shape)
             self.sink("attn.weights", out)
         return out
 
