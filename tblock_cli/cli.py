@@ -308,7 +308,7 @@ def compare(
     a: Annotated[str, typer.Argument(help="Block A: path/to/file.py:NAME, package.module:NAME, hf:TYPE or builtin.", show_default=False)],
     b: Annotated[Optional[str], typer.Argument(help="Block B, the same kinds; A's weights are carried to it. Omit with --compile.", show_default=False)] = None,
     d_model: DModel = None, n_heads: NHeads = None, d_ff: DFF = None,
-    dropout: Annotated[Optional[float], typer.Option("--dropout", help="Dropout probability of both sides. (default: 0: gradients are compared in train mode)", rich_help_panel=BLOCK, show_default=False)] = None,
+    dropout: Annotated[Optional[float], typer.Option("--dropout", help="Dropout probability of both sides; above 0, gradients are compared in eval mode. (default: 0)", rich_help_panel=BLOCK, show_default=False)] = None,
     norm: Norm = None, activation: Activation = None, eps: Eps = None, bias: Bias = None, causal: Causal = None,
     layers: Layers = None, preset: Preset = None, positional: Positional = None, pad_keyword: PadKeyword = None,
     pad_means: PadMeans = None, batch: Batch = None, seq: Seq = None, dtype: Dtype = None, device: Device = None,

@@ -76,7 +76,7 @@ def run_compare(a, b, setup, *, options: dict, kwargs_a=None, kwargs_b=None, dty
         mapping = build_mapping(subject_a.module, subject_b.module, slots_a, slots_b, overrides)
         mapping.carry(subject_a.module, subject_b.module)
         try:
-            comparisons = compare_all(subject_a, subject_b, xa, xb, v, mapping, judge)
+            comparisons = compare_all(subject_a, subject_b, xa, xb, v, mapping, judge, train=cfg.dropout == 0)
             cap_a = capture(subject_a.module, subject_a, xa, slots_a)
             cap_b = capture(subject_b.module, subject_b, xb, relabelled(slots_b, slots_a, mapping))
         except Exception as e:  # noqa: BLE001
@@ -128,8 +128,9 @@ def relabelled(slots_b: list[Slot], slots_a: list[Slot], mapping) -> list[Slot]:
     return [dataclasses.replace(s, role=role_of.get((s.param, s.rows), s.role)) for s in slots_b]
 
 
-def compare_all(sa, sb, xa, xb, v, mapping, judge: Judge) -> list[Comparison]:
-    """Outputs (eval), outputs under a padding mask, input and parameter gradients (train), cached decoding."""
+def compare_all(sa, sb, xa, xb, v, mapping, judge: Judge, train: bool = True) -> list[Comparison]:
+    """Outputs (eval), outputs under a padding mask, input and parameter gradients (train; eval when dropout is on,
+    whose random masks differ between the sides), cached decoding."""
     out = []
     with train_mode(sa.module, False), train_mode(sb.module, False), torch.no_grad():
         ya, yb = sa(xa.clone()), sb(xb.clone())
@@ -144,7 +145,7 @@ def compare_all(sa, sb, xa, xb, v, mapping, judge: Judge) -> list[Comparison]:
         x = x.detach().clone().requires_grad_(True)
         for p in s.module.parameters():
             p.grad = None
-        with train_mode(s.module, True), torch.enable_grad():
+        with train_mode(s.module, train), torch.enable_grad():
             (s(x) * v.to(x.device, x.dtype)).float().sum().backward()
         grads.append(x.grad)
     out.append(judge("input_grad", grads[1], grads[0]))
