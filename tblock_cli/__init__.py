@@ -8,7 +8,7 @@ each function imports it when called.
 """
 
 __version__ = "0.2.0"
-__all__ = ["__version__", "check", "params", "bench", "depth", "assert_ok"]
+__all__ = ["__version__", "check", "params", "bench", "depth", "compare", "assert_ok"]
 
 
 def check(block=None, **options):
@@ -39,6 +39,16 @@ def depth(block=None, **options):
     from tblock_cli import api
 
     return api.depth(block, **options)
+
+
+def compare(a=None, b=None, **options):
+    """Two implementations of one block (SPECs, modules, or None / "builtin" for the built-in block) with A's
+    weights carried to B: outputs, gradients and decoding compared, the first differing role output named.
+    Options: the shared size flags, kwargs_a, kwargs_b, dtype_b, atol, rtol, map_file; compile=True holds A
+    against torch.compile(A). Returns a CompareReport: `.ok`, `.findings`, `.to_dict()`."""
+    from tblock_cli import api
+
+    return api.compare(a, b, **options)
 
 
 def assert_ok(report) -> None:

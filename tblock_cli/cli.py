@@ -301,3 +301,41 @@ def main():
     except KeyboardInterrupt:
         err.print("interrupted")
         raise SystemExit(130) from None
+
+
+@app.command()
+def compare(
+    a: Annotated[str, typer.Argument(help="Block A: path/to/file.py:NAME, package.module:NAME, hf:TYPE or builtin.", show_default=False)],
+    b: Annotated[Optional[str], typer.Argument(help="Block B, the same kinds; A's weights are carried to it. Omit with --compile.", show_default=False)] = None,
+    d_model: DModel = None, n_heads: NHeads = None, d_ff: DFF = None,
+    dropout: Annotated[Optional[float], typer.Option("--dropout", help="Dropout probability of both sides; above 0, gradients are compared in eval mode. (default: 0)", rich_help_panel=BLOCK, show_default=False)] = None,
+    norm: Norm = None, activation: Activation = None, eps: Eps = None, bias: Bias = None, causal: Causal = None,
+    layers: Layers = None, preset: Preset = None, positional: Positional = None, pad_keyword: PadKeyword = None,
+    pad_means: PadMeans = None, batch: Batch = None, seq: Seq = None, dtype: Dtype = None, device: Device = None,
+    seed: Seed = None, threads: Threads = None,
+    kwargs_a: Annotated[Optional[str], typer.Option("--kwargs-a", help="More constructor (or hf config) keywords for A, as a JSON object.", rich_help_panel=BLOCK, show_default=False)] = None,
+    kwargs_b: Annotated[Optional[str], typer.Option("--kwargs-b", help="More constructor (or hf config) keywords for B, as a JSON object.", rich_help_panel=BLOCK, show_default=False)] = None,
+    dtype_b: Annotated[Optional[str], typer.Option("--dtype-b", help="B's dtype (A keeps --dtype): the error per component shows where precision is lost.", rich_help_panel=RUN, show_default=False)] = None,
+    compile_: Annotated[bool, typer.Option("--compile", help="Compare A with torch.compile(A): outputs, gradients, graph breaks with reasons, recompiles.")] = False,
+    atol: Annotated[Optional[float], typer.Option("--atol", help="Absolute tolerance (with --rtol: torch.allclose's rule). (default: the dtype's relative tolerance)", show_default=False)] = None,
+    rtol: Annotated[Optional[float], typer.Option("--rtol", help="Relative tolerance, elementwise.", show_default=False)] = None,
+    map_file: Annotated[Optional[str], typer.Option("--map", help="JSON object, A parameter name -> B parameter name, overriding the matching.", show_default=False)] = None,
+    json_: Json = False,
+):
+    """Two implementations of one block with A's weights carried to B: outputs, gradients and decoding compared, the
+    first differing part named. Exit 0 equal, 1 different, 2 bad input (an unmatched parameter among them)."""
+    options = _options(locals())
+
+    def compute():
+        from tblock_cli import api
+
+        with err.status("comparing", spinner="dots"):
+            return api.compare(a, b, kwargs_a=kwargs_a, kwargs_b=kwargs_b, dtype_b=dtype_b, compile=compile_, atol=atol,
+                               rtol=rtol, map_file=map_file, **options)
+
+    def show(report):
+        from tblock_cli.render_compare import compare_view
+
+        out.print(compare_view(report))
+
+    run_command(compute, show, json_=json_)
