@@ -25,6 +25,10 @@ class MeasureError(TBlockError):
     exit_code = 1
 
 
+# What a user's block may raise that tblock reports instead of dying: any Exception, and SystemExit (a block
+# calling sys.exit() would otherwise end tblock with the block's exit code and nothing printed).
+USER_ERRORS = (Exception, SystemExit)
+
 OOM_HINT = "reduce --batch, --seq, --d-model or --layers"
 
 

@@ -16,7 +16,8 @@ import torch.nn as nn
 
 from tblock_cli.block import build_block
 from tblock_cli.config import BlockConfig
-from tblock_cli.errors import LoadError, is_out_of_memory, one_line
+from tblock_cli.errors import USER_ERRORS, LoadError, is_out_of_memory, one_line
+from tblock_cli.probes import train_mode
 
 # Constructor keywords tblock fills from its flags, under the names blocks commonly use.
 ALIASES: dict[str, tuple[str, ...]] = {
@@ -121,10 +122,14 @@ def load_factory(spec: str) -> Callable:
     target, sep, name = spec.rpartition(":")
     if not sep or not target or not name:
         raise LoadError(f"--block {spec!r}: expected package.module:NAME or path/to/file.py:NAME")
-    if target.endswith(".py") or "/" in target or "\\" in target:
+    if target.endswith(".py") or "/" in target or "\\" in target or Path(target).is_file():
         path = Path(target).expanduser().resolve()
+        if path.is_dir():
+            raise LoadError(f"--block {spec}: {target} is a folder; give path/to/file.py:NAME")
         if not path.is_file():
             raise LoadError(f"--block {spec}: file {target} not found")
+        if path.suffix != ".py":
+            raise LoadError(f"--block {spec}: {target} is not a .py file; give path/to/file.py:NAME or package.module:NAME")
         folder = str(path.parent)
         if folder not in sys.path:
             sys.path.insert(0, folder)  # so the file can import its siblings
@@ -134,14 +139,17 @@ def load_factory(spec: str) -> Callable:
             module = importlib.util.module_from_spec(ispec)
             sys.modules[mod_name] = module
             ispec.loader.exec_module(module)
-        except (Exception, SystemExit) as e:  # noqa: BLE001 - a file that calls sys.exit() is a load error too
+        except USER_ERRORS as e:  # a file that calls sys.exit() is a load error too
             raise LoadError(f"--block {spec}: importing {target} failed: {one_line(e)}") from None
     else:
+        if not all(part.isidentifier() for part in target.split(".")):
+            raise LoadError(f"--block {spec}: {target!r} is neither a .py file nor an importable module name "
+                            f"(package.module); give path/to/file.py:NAME or package.module:NAME")
         if "" not in sys.path and str(Path.cwd()) not in sys.path:
             sys.path.insert(0, str(Path.cwd()))  # as `python -m` would: `examples.my_block` from the repo root
         try:
             module = importlib.import_module(target)
-        except (Exception, SystemExit) as e:  # noqa: BLE001
+        except USER_ERRORS as e:
             raise LoadError(f"--block {spec}: cannot import module {target!r}: {one_line(e)}") from None
     if not hasattr(module, name):
         raise LoadError(f"--block {spec}: {target} has no attribute {name!r}")
@@ -213,7 +221,7 @@ def construct(spec: str, factory: Callable, cfg: BlockConfig, extra: dict) -> nn
         try:
             module = factory(**kwargs)
             break
-        except (Exception, SystemExit) as e:  # noqa: BLE001 - any rejection: try the next way, then report all
+        except USER_ERRORS as e:  # any rejection: try the next way, then report all
             if is_out_of_memory(e):
                 raise
             tried.append(f"({shown}): {one_line(e)}")
@@ -232,9 +240,12 @@ def pad_keyword(module: nn.Module, asked: str | None = None, name: str = "") -> 
         params = {}
     if asked is not None:
         takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-        if asked not in params and not takes_any:
-            raise LoadError(f"--pad-keyword {asked}: {name or type(module).__name__}.forward takes no such keyword "
-                            f"(it takes {', '.join(params) or 'nothing'})")
+        named = [k for k, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        where = f"--pad-keyword {asked}: {name or type(module).__name__}.forward"
+        if named and asked == named[0] and params[asked].kind is not inspect.Parameter.KEYWORD_ONLY:
+            raise LoadError(f"{where} takes its input as {asked}; name the mask's keyword (it takes {', '.join(params)})")
+        if asked not in named and not (takes_any and asked not in params):
+            raise LoadError(f"{where} takes no such keyword (it takes {', '.join(params) or 'nothing'})")
         return asked
     return next((k for k in PAD_KEYWORDS if k in params), None)
 
@@ -242,17 +253,13 @@ def pad_keyword(module: nn.Module, asked: str | None = None, name: str = "") -> 
 def probe(subject: Subject, cfg: BlockConfig, device: torch.device, dtype: torch.dtype, *, same_shape: bool) -> None:
     """Call the block once on (B, T, d) input so a broken forward is a load error, not 14 errors."""
     x = torch.randn(cfg.batch, cfg.seq, cfg.d_model, device=device, dtype=dtype)
-    was_training = subject.module.training
-    subject.module.eval()
     try:
-        with torch.no_grad():
+        with train_mode(subject.module, False), torch.no_grad():
             out = subject.module(x)
-    except (Exception, SystemExit) as e:  # noqa: BLE001
+    except USER_ERRORS as e:
         if is_out_of_memory(e):
             raise
         raise LoadError(f"--block {subject.name}: forward on x of shape {tuple(x.shape)} failed: {one_line(e)}") from None
-    finally:
-        subject.module.train(was_training)
     try:
         out = first_tensor(out)
     except TypeError as e:

@@ -17,7 +17,7 @@ from tblock_cli.benchmark.report import BenchReport, BenchResult
 from tblock_cli.benchmark.saved import compare
 from tblock_cli.benchmark.timing import Latency, measure, step_fn, synchronizer
 from tblock_cli.config import BlockConfig
-from tblock_cli.errors import ConfigError, reraise_as_measure_error
+from tblock_cli.errors import USER_ERRORS, ConfigError, reraise_as_measure_error
 from tblock_cli.loading import Subject
 from tblock_cli.report import RunInfo
 
@@ -179,7 +179,7 @@ def run_bench(subject: Subject, cfg: BlockConfig, device: torch.device, dtype: t
                 fn = step_fn(call, module, x, mode)
                 try:
                     latency, prof = measure(fn, device, min_time, clock)
-                except Exception as e:  # noqa: BLE001 - the block under test raised
+                except USER_ERRORS as e:  # the block under test raised (sys.exit included)
                     reraise_as_measure_error(e, f"{call_name(target, subject)} raised in {mode} mode at seq {seq}")
             if nw is not None and not hooked:
                 raise ConfigError(f"--need-weights: no nn.MultiheadAttention forward ran in {subject.name}; a fused path bypassed it")
@@ -210,7 +210,7 @@ def run_bench(subject: Subject, cfg: BlockConfig, device: torch.device, dtype: t
             x = torch.randn(cfg.batch, seq, cfg.d_model, generator=gen).to(device=device, dtype=dtype)
             try:
                 parts.append(run_breakdown(subject, cfg, x, device, min_time, clock))
-            except Exception as e:  # noqa: BLE001
+            except USER_ERRORS as e:
                 reraise_as_measure_error(e, f"{subject.name} raised during --breakdown at seq {seq}")
     item = dtype.itemsize
     sizes = {s: {"weights_returned": cfg.batch * s * s * item, "matrix_per_head": cfg.batch * cfg.n_heads * s * s * item} for s in seqs}
@@ -262,7 +262,7 @@ def decode_results(subject: Subject, cfg: BlockConfig, device: torch.device, dty
                                        cfg.batch, cached, size, tuple(per)))
     except ConfigError:
         raise
-    except Exception as e:  # noqa: BLE001
+    except USER_ERRORS as e:
         reraise_as_measure_error(e, f"{subject.name} raised while decoding")
     finally:
         module.train(was)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from tblock_cli.benchmark.report import MEMORY_GROWTH_MAX, SLOWER_MIN, BenchReport, Comparison
 from tblock_cli.benchmark.timing import Latency
+from tblock_cli.config import COMPARED
 
 
 def point_label(key: tuple) -> str:
@@ -14,9 +15,9 @@ def point_label(key: tuple) -> str:
     return f"{mode} seq {seq}{extra}"
 
 
-# Config keys that must match for two runs to be compared point by point (threads, seed, min_time may differ).
-COMPARED_CONFIG = ("d_model", "n_heads", "d_ff", "dropout", "norm", "activation", "eps", "bias", "causal", "layers", "batch",
-                   "dtype", "block", "kwargs", "seq", "mode", "need_weights", "baseline", "decode")
+# Config keys that must match for two runs to be compared point by point: the shared flags declared
+# compared (threads, seed may differ), then the block and bench's own (min_time may differ).
+COMPARED_CONFIG = COMPARED + ("block", "kwargs", "mode", "need_weights", "baseline", "decode")
 
 
 def compare(report: BenchReport, saved: dict) -> list[Comparison]:
