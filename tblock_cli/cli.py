@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import sys
 from typing import Annotated, Callable, Optional
 
@@ -14,7 +13,7 @@ from rich.console import Console
 
 from tblock_cli import __version__
 from tblock_cli.config import FLAGS, RUN
-from tblock_cli.errors import OOM_HINT, ConfigError, TBlockError
+from tblock_cli.errors import OOM_HINT, ConfigError, TBlockError, interrupted, on_interrupt
 from tblock_cli.flags import RICH_HELP_MIN_WIDTH, SWITCH, Group, Json, Plot, click_errors, command
 from tblock_cli.report import ensure_writable
 
@@ -292,21 +291,10 @@ def depth(
     run_command(compute, show, json_=json_, plot=plot, save_plot=save_plot)
 
 
-def _interrupted(*_):
-    """SIGINT: one line and exit 130, whatever the program was doing (importing, tracing, inside a library
-    that catches KeyboardInterrupt): a second thought from Python code could fail in a half-done state."""
-    with contextlib.suppress(OSError):
-        sys.stdout.flush()
-    with contextlib.suppress(OSError):
-        os.write(2, b"interrupted\n")
-    os._exit(130)
-
-
 def main(args: list[str] | None = None):
     if out.width < RICH_HELP_MIN_WIDTH:
         app.rich_markup_mode = None  # Click's plain help wraps every column; Rich's tables would cut flag names
-    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-        signal.signal(signal.SIGINT, _interrupted)
+    on_interrupt()
     try:
         code = app(args=args, standalone_mode=False)
     except click_errors.NoArgsIsHelpError as e:
@@ -317,5 +305,5 @@ def main(args: list[str] | None = None):
         say("error", f"{e.format_message()} (see {where} --help)")
         code = e.exit_code
     except (KeyboardInterrupt, typer.Abort):
-        _interrupted()
+        interrupted()
     raise SystemExit(code if isinstance(code, int) else 0)

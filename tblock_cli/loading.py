@@ -143,12 +143,17 @@ def load_factory(spec: str) -> Callable:
             raise LoadError(f"--block {spec}: importing {target} failed: {one_line(e)}") from None
     else:
         if not all(part.isidentifier() for part in target.split(".")):
-            raise LoadError(f"--block {spec}: {target!r} is neither a .py file nor an importable module name "
-                            f"(package.module); give path/to/file.py:NAME or package.module:NAME")
+            raise LoadError(f"--block {spec}: {target!r} is not a .py file and not an importable module name; "
+                            f"give path/to/file.py:NAME or package.module:NAME")
         if "" not in sys.path and str(Path.cwd()) not in sys.path:
             sys.path.insert(0, str(Path.cwd()))  # as `python -m` would: `examples.my_block` from the repo root
         try:
             module = importlib.import_module(target)
+        except ModuleNotFoundError as e:
+            if e.name is None or not target.startswith(e.name):  # the module imports something missing
+                raise LoadError(f"--block {spec}: cannot import module {target!r}: {one_line(e)}") from None
+            raise LoadError(f"--block {spec}: {target!r} is not a .py file and not an importable module ({one_line(e)}); "
+                            f"give path/to/file.py:NAME or package.module:NAME") from None
         except USER_ERRORS as e:
             raise LoadError(f"--block {spec}: cannot import module {target!r}: {one_line(e)}") from None
     if not hasattr(module, name):
