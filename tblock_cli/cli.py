@@ -27,8 +27,35 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
-out = Console()
-err = Console(stderr=True)
+# Narrower than this, tables drop whole columns (a check without its status); a terminal wraps a longer line instead.
+MIN_WIDTH = 40
+
+
+def _console(**kw) -> Console:
+    """A console whose width is sane: COLUMNS=0 (Rich would take it as zero wide and print nothing) or garbage
+    falls back to the terminal's or 80; below MIN_WIDTH it is raised to MIN_WIDTH."""
+    console = Console(**kw)
+    columns = os.environ.get("COLUMNS", "")
+    if columns.isdigit() and int(columns) == 0:
+        console = Console(width=80, **kw)
+    if console.width < MIN_WIDTH:
+        console = Console(width=MIN_WIDTH, **kw)
+    return console
+
+
+out = _console()
+err = _console(stderr=True)
+
+
+def emit(renderable) -> None:
+    """A view on stdout; piped, without the spaces that pad each line to the console's width."""
+    if out.is_terminal:
+        out.print(renderable)
+        return
+    with out.capture() as captured:
+        out.print(renderable)
+    sys.stdout.write("\n".join(line.rstrip() for line in captured.get().split("\n")))
+    sys.stdout.flush()
 
 
 def _version(value: bool):
@@ -160,7 +187,7 @@ def check(
     def show(report):
         from tblock_cli import render
 
-        out.print(render.check_view(report))
+        emit(render.check_view(report))
 
     run_command(compute, show, json_=json_)
 
@@ -184,7 +211,7 @@ def params(
         else:
             from tblock_cli import render
 
-            out.print(render.presets_view(PRESETS))
+            emit(render.presets_view(PRESETS))
         raise typer.Exit(0)
     block = options.pop("block")
 
@@ -200,7 +227,7 @@ def params(
     def show(report):
         from tblock_cli import render
 
-        out.print(render.params_view(report))
+        emit(render.params_view(report))
 
     run_command(compute, show, json_=json_)
 
@@ -249,7 +276,7 @@ def bench(
     def show(report):
         from tblock_cli import render
 
-        out.print(render.bench_view(report))
+        emit(render.bench_view(report))
 
     def save_plot(report, path):
         from tblock_cli import render
@@ -281,7 +308,7 @@ def depth(
     def show(report):
         from tblock_cli import render
 
-        out.print(render.depth_compare_view(report.reports) if compare else render.depth_view(report))
+        emit(render.depth_compare_view(report.reports) if compare else render.depth_view(report))
 
     def save_plot(report, path):
         from tblock_cli import render

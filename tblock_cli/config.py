@@ -37,6 +37,7 @@ class Flag:
     panel: str = BLOCK
     builtin_only: bool = False  # shapes only the built-in block: warned when given with a user block
     compared: bool = True  # must match for bench --compare to compare two runs
+    constructor: bool = False  # offered to a user block's constructor, under the names it uses (loading.ALIASES)
     commands: tuple[str, ...] = COMMANDS  # the commands that take it
     switch: bool = False  # a --name/--no-name switch
 
@@ -54,13 +55,13 @@ PADDING = ("check", "params", "bench")  # depth builds its own stacks: no paddin
 
 @dataclass(frozen=True)
 class BlockConfig:
-    d_model: int = flag(512, "Width of the residual stream.")
+    d_model: int = flag(512, "Width of the residual stream.", constructor=True)
     # must divide d_model: each head gets d_model / n_heads channels
-    n_heads: int = flag(8, "Attention heads; must divide --d-model.")
+    n_heads: int = flag(8, "Attention heads; must divide --d-model.", constructor=True)
     # None means 4 * d_model, the seed's rule
-    d_ff: int | None = flag(None, "FFN hidden width.", default_text="4 x d_model")
+    d_ff: int | None = flag(None, "FFN hidden width.", default_text="4 x d_model", constructor=True)
     # attention-weight and FFN dropout; only active in train mode
-    dropout: float = flag(0.1, "Dropout probability, in [0, 1).", type=float)
+    dropout: float = flag(0.1, "Dropout probability, in [0, 1).", type=float, constructor=True)
     # pre: x + f(LN(x)); post: LN(x + f(x)); mixed alternates (depth only)
     norm: str = flag("pre", "LayerNorm placement: pre (x + f(LN(x))) or post (LN(x + f(x))); depth also takes mixed "
                      "(alternating, starting with pre).", type=str, builtin_only=True)
@@ -72,7 +73,7 @@ class BlockConfig:
     bias: bool = flag(True, "Biases in Linear and LayerNorm layers.", type=bool, switch=True, builtin_only=True,
                       default_text="--bias")
     causal: bool = flag(False, "Causal attention mask (and the causal checks).", type=bool, switch=True,
-                        default_text="--no-causal")
+                        default_text="--no-causal", constructor=True)
     # a Pre-LN stack of several ends with a LayerNorm
     layers: int = flag(1, "Blocks in the stack; a Pre-LN stack gets a final LayerNorm.", default_text="the preset's, else 1",
                        builtin_only=True)
@@ -131,6 +132,7 @@ FLAGS: dict[str, Flag] = {f.name: f.metadata["flag"] for f in dataclasses.fields
 DEFAULTS: dict[str, object] = {f.name: f.default for f in dataclasses.fields(BlockConfig) if "flag" in f.metadata}
 BUILTIN_ONLY = tuple(k for k, f in FLAGS.items() if f.builtin_only)
 COMPARED = tuple(k for k, f in FLAGS.items() if f.compared)
+TO_CONSTRUCTOR = tuple(k for k, f in FLAGS.items() if f.constructor)
 
 
 # Published shapes of well-known blocks. Sources: GPT-2, Radford et al. 2019, "Language Models are

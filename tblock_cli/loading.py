@@ -15,11 +15,11 @@ import torch
 import torch.nn as nn
 
 from tblock_cli.block import build_block
-from tblock_cli.config import BlockConfig
+from tblock_cli.config import TO_CONSTRUCTOR, BlockConfig
 from tblock_cli.errors import USER_ERRORS, LoadError, is_out_of_memory, one_line
 from tblock_cli.probes import train_mode
 
-# Constructor keywords tblock fills from its flags, under the names blocks commonly use.
+# Constructor keywords tblock fills from its flags (config.TO_CONSTRUCTOR), under the names blocks commonly use.
 ALIASES: dict[str, tuple[str, ...]] = {
     "d_model": ("d_model", "embed_dim", "dim", "n_embd", "hidden_size", "model_dim", "emb_dim", "d_embed"),
     "n_heads": ("n_heads", "nhead", "num_heads", "n_head", "nheads", "heads", "num_attention_heads"),
@@ -152,8 +152,8 @@ def load_factory(spec: str) -> Callable:
         except ModuleNotFoundError as e:
             if e.name is None or not target.startswith(e.name):  # the module imports something missing
                 raise LoadError(f"--block {spec}: cannot import module {target!r}: {one_line(e)}") from None
-            raise LoadError(f"--block {spec}: {target!r} is not a .py file and not an importable module ({one_line(e)}); "
-                            f"give path/to/file.py:NAME or package.module:NAME") from None
+            raise LoadError(f"--block {spec}: cannot import module {target!r} ({one_line(e)}): {target} is not a .py "
+                            f"file and not an importable module; give path/to/file.py:NAME or package.module:NAME") from None
         except USER_ERRORS as e:
             raise LoadError(f"--block {spec}: cannot import module {target!r}: {one_line(e)}") from None
     if not hasattr(module, name):
@@ -203,9 +203,9 @@ def constructor_kwargs(factory: Callable, cfg: BlockConfig) -> tuple[dict, bool]
 def flag_values(cfg: BlockConfig) -> dict:
     """The flags a user block's constructor may take, by canonical name. causal only with --causal:
     without it the block keeps its own default (a causal-by-default block stays causal)."""
-    values = {"d_model": cfg.d_model, "n_heads": cfg.n_heads, "d_ff": cfg.ffn_dim, "dropout": cfg.dropout}
-    if cfg.causal:
-        values["causal"] = True
+    values = {k: getattr(cfg, k) for k in TO_CONSTRUCTOR} | {"d_ff": cfg.ffn_dim}
+    if not cfg.causal:
+        del values["causal"]
     return values
 
 

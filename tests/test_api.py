@@ -112,8 +112,12 @@ def test_the_api_leaves_the_callers_module_and_threads_as_they_were(run, dtype):
     assert torch.get_num_threads() == threads
 
 
-def test_threads_are_restored_when_the_block_raises():
+def test_threads_and_modes_are_restored_when_the_block_raises():
+    from tblock_cli.errors import MeasureError
+
     threads = torch.get_num_threads()
-    with pytest.raises(Exception):
-        tblock_cli.params(zoo.NoResidual(32, 4), d_model=32, threads=3, seq=0)
-    assert torch.get_num_threads() == threads
+    module = zoo.FailsWithGrad(32, 4)
+    module.train()
+    with pytest.raises(MeasureError):
+        tblock_cli.depth(module, layers=2, seq=6, threads=3)
+    assert torch.get_num_threads() == threads and module.training

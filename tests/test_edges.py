@@ -199,3 +199,12 @@ def test_api_type_errors_are_config_errors_naming_the_option(call, options, name
 def test_assert_ok_on_something_else_is_a_config_error():
     with pytest.raises(ConfigError, match="assert_ok"):
         tblock_cli.assert_ok(None)
+
+
+# --- terminal widths: COLUMNS=0 still prints; piped views carry no padding spaces
+
+def test_columns_zero_still_prints_and_piped_lines_are_not_padded():
+    zero = tblock("params", *SMALL, env={"COLUMNS": "0"})
+    assert zero.returncode == 0 and "ln1" in zero.stdout, zero.stderr
+    wide = tblock("params", *SMALL, env={"COLUMNS": "200"})
+    assert "ln1" in wide.stdout and not any(line.endswith(" ") for line in wide.stdout.splitlines())
