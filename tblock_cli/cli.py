@@ -13,7 +13,7 @@ from rich.console import Console
 
 from tblock_cli import __version__
 from tblock_cli.config import FLAGS, RUN
-from tblock_cli.errors import OOM_HINT, ConfigError, TBlockError, interrupted, on_interrupt
+from tblock_cli.errors import OOM_HINT, ConfigError, LoadError, TBlockError, interrupted, on_interrupt
 from tblock_cli.flags import RICH_HELP_MIN_WIDTH, SWITCH, Group, Json, Plot, click_errors, command
 from tblock_cli.report import ensure_writable
 
@@ -151,11 +151,15 @@ def check_plot_target(path: str) -> None:
 
 def precheck(options: dict, *, allow_mixed: bool = False) -> None:
     """Every flag value that can be judged without torch, judged now (a bad --dtype answers in a blink)."""
-    from tblock_cli.config import build_config, check_values
+    from tblock_cli.config import build_config, check_values, parse_kwargs
 
     values = {k: v for k, v in options.items() if k in FLAGS}
     check_values(values, allow_mixed=allow_mixed)
-    if options.get("block") is None and options.get("kwargs") is None:
+    if options.get("kwargs") is not None:
+        if options.get("block") is None:
+            raise LoadError("--kwargs only applies with --block SPEC")
+        parse_kwargs(options["kwargs"])
+    elif options.get("block") is None:
         build_config(options.get("preset"), allow_mixed=allow_mixed, **values)
 
 
@@ -252,14 +256,17 @@ def bench(
     block = options.pop("block")
 
     def compute():
+        from tblock_cli.benchmark.options import validate_bench
+
         precheck({**options, "block": block})
+        validate_bench(seq, mode, baseline, min_time, decode)
+        if save is not None:
+            ensure_writable(save, "--save")
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
         from tblock_cli import api
 
         saved = api.load_saved(compare) if compare else None
-        if save is not None:
-            ensure_writable(save, "--save")
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=err, transient=True) as bar:
             task = bar.add_task("measuring", total=None)

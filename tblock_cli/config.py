@@ -235,3 +235,18 @@ def validate(cfg: BlockConfig, *, allow_mixed: bool = False, builtin: bool = Tru
     if cfg.eps == 0 and builtin:  # a user block builds its own norms; --eps does not reach them
         warnings.append("--eps 0: LayerNorm divides by the raw standard deviation; a constant token gives NaN")
     return dataclasses.replace(cfg, warnings=tuple(warnings))
+
+
+def parse_kwargs(text: str | None) -> dict:
+    """--kwargs: a JSON object of more constructor keywords for a user block."""
+    import json
+
+    if text is None:
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"--kwargs is not valid JSON: {e.msg} (at character {e.pos})") from None
+    if not isinstance(value, dict):
+        raise ConfigError("--kwargs must be a JSON object, e.g. '{\"norm_first\": true}'")
+    return value

@@ -5,7 +5,6 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import inspect
-import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +14,7 @@ import torch
 import torch.nn as nn
 
 from tblock_cli.block import build_block
-from tblock_cli.config import TO_CONSTRUCTOR, BlockConfig
+from tblock_cli.config import TO_CONSTRUCTOR, BlockConfig, parse_kwargs
 from tblock_cli.errors import USER_ERRORS, LoadError, is_out_of_memory, one_line
 from tblock_cli.probes import train_mode
 
@@ -162,18 +161,6 @@ def load_factory(spec: str) -> Callable:
     if not callable(obj):
         raise LoadError(f"--block {spec}: {name} is not a class or a factory function")
     return obj
-
-
-def parse_kwargs(text: str | None) -> dict:
-    if text is None:
-        return {}
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise LoadError(f"--kwargs is not valid JSON: {e.msg} (at character {e.pos})") from None
-    if not isinstance(value, dict):
-        raise LoadError("--kwargs must be a JSON object, e.g. '{\"norm_first\": true}'")
-    return value
 
 
 def constructor_kwargs(factory: Callable, cfg: BlockConfig) -> tuple[dict, bool]:

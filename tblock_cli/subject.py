@@ -12,9 +12,9 @@ import torch
 import torch.nn as nn
 
 from tblock_cli import runtime
-from tblock_cli.config import BUILTIN_ONLY, FLAGS, BlockConfig, Flag, build_config, check_type
+from tblock_cli.config import BUILTIN_ONLY, FLAGS, BlockConfig, Flag, build_config, check_type, parse_kwargs
 from tblock_cli.errors import ConfigError, LoadError
-from tblock_cli.loading import ALIASES, Subject, builtin_subject, construct, parse_kwargs, user_subject
+from tblock_cli.loading import ALIASES, Subject, builtin_subject, construct, user_subject
 from tblock_cli.report import RunInfo
 
 # Flags that describe a user block's forward; the built-in block takes pad_mask, True = pad.

@@ -108,7 +108,10 @@ def test_parse_errors_are_one_line_exit_two(args):
 def test_bad_flag_values_are_refused_before_torch_is_imported():
     bad = [["check", "--dtype", "float8"], ["params", "--d-model", "-4"], ["depth", "--norm", "sandwich"],
            ["check", "--device", "tpu"], ["bench", "--d-model", "100", "--n-heads", "8"], ["check", "--preset", "gpt5"],
-           ["check", "--block", "x.py:A", "--threads", "0"], ["params", "--tree-depth", "0"], ["check", "--eps", "nan"]]
+           ["check", "--block", "x.py:A", "--threads", "0"], ["params", "--tree-depth", "0"], ["check", "--eps", "nan"],
+           ["bench", "--mode", "fast"], ["bench", "--seq", "8,x"], ["bench", "--seq", "8,99999999"], ["bench", "--min-time", "0"],
+           ["bench", "--decode", "0"], ["bench", "--baseline", "tf"], ["check", "--kwargs", "{}"],
+           ["check", "--block", "x.py:A", "--kwargs", "[1"]]
     code = ("import sys\nfrom tblock_cli.cli import main\ncodes = []\n"
             f"for args in {bad!r}:\n"
             "    try:\n        main(args)\n    except SystemExit as e:\n        codes.append(e.code)\n"
