@@ -21,7 +21,7 @@ def check(block=None, *, strict: bool = False, progress: Callable[[str], None] |
     """Run the check battery. `block`: an nn.Module, a factory, a SPEC string, or None (built-in)."""
     from tblock_cli.checks import run_checks
 
-    check_options({"strict": strict}, strict=bool)
+    check_options({"strict": strict, "progress": progress}, strict=bool, progress=Callable)
     s = setup(block, options, same_shape=False)
     with s.session():
         runtime.ensure_fits(runtime.check_estimate(s.cfg), s.device, "check")
@@ -59,7 +59,8 @@ def bench(block=None, *, seq=(128, 512), need_weights: bool = False, mode: str =
     from tblock_cli.benchmark.run import check_sizes, run_bench
     from tblock_cli.benchmark.saved import config_mismatch
 
-    check_options(locals(), need_weights=bool, mode=str, baseline=str, min_time=float, decode=int, breakdown=bool)
+    check_options(locals(), need_weights=bool, mode=str, baseline=str, min_time=float, decode=int, breakdown=bool,
+                  compare_with=dict, progress=Callable)
     if isinstance(seq, bool) or not isinstance(seq, (int, str, list, tuple)) or \
             (isinstance(seq, (list, tuple)) and not all(isinstance(n, int) and not isinstance(n, bool) for n in seq)):
         raise ConfigError(f"--seq must be an integer, a list of integers or a comma-separated string, got {seq!r}")

@@ -89,8 +89,17 @@ def private_copy(module: nn.Module, name: str) -> nn.Module:
 def check_options(values: dict, **types: type) -> None:
     """An API caller's own keyword values (strict=, tree_depth=, ...) of the wrong type, as a ConfigError naming them."""
     for name, kind in types.items():
-        if values.get(name) is not None:
-            check_type(name, values[name], kind)
+        value = values.get(name)
+        if value is None:
+            continue
+        if kind is Callable:
+            if not callable(value):
+                raise ConfigError(f"{name} must be a function, got {value!r}")
+        elif kind is dict:
+            if not isinstance(value, dict):
+                raise ConfigError(f"{name} must be a dict (a saved run, as api.load_saved returns), got {type(value).__name__}")
+        else:
+            check_type(name, value, kind)
 
 
 def setup(block=None, options: dict | None = None, *, same_shape: bool = True, allow_mixed: bool = False,

@@ -193,6 +193,7 @@ def tel():
     (tblock_cli.check, {"dropout": "0.1"}, "--dropout"), (tblock_cli.params, {"tree_depth": "2"}, "--tree-depth"),
     (tblock_cli.check, {"strict": "yes"}, "--strict"), (tblock_cli.bench, {"need_weights": 1}, "--need-weights"),
     (tblock_cli.bench, {"seq": [8, "16"]}, "--seq"), (tblock_cli.depth, {"causal": "no"}, "--causal"),
+    (tblock_cli.check, {"progress": "bar"}, "progress"), (tblock_cli.bench, {"compare_with": "old.json"}, "compare_with"),
 ])
 def test_api_type_errors_are_config_errors_naming_the_option(call, options, name):
     with pytest.raises(ConfigError, match=name):
@@ -211,3 +212,10 @@ def test_columns_zero_still_prints_and_piped_lines_are_not_padded():
     assert zero.returncode == 0 and "ln1" in zero.stdout, zero.stderr
     wide = tblock("params", *SMALL, env={"COLUMNS": "200"})
     assert "ln1" in wide.stdout and not any(line.endswith(" ") for line in wide.stdout.splitlines())
+
+
+def test_layers_with_an_hf_block_builds_them_and_does_not_warn():
+    pytest.importorskip("transformers")
+    r = tblock_cli.params("hf:llama", d_model=32, n_heads=4, d_ff=64, layers=2)
+    assert not any("--layers" in w for w in r.run.warnings)
+    assert r.to_dict()["total"] == 2 * tblock_cli.params("hf:llama", d_model=32, n_heads=4, d_ff=64).to_dict()["total"]
