@@ -208,10 +208,9 @@ def test_assert_ok_on_something_else_is_a_config_error():
 # --- terminal widths: COLUMNS=0 still prints; piped views carry no padding spaces
 
 def test_columns_zero_still_prints_and_piped_lines_are_not_padded():
-    zero = tblock("params", *SMALL, env={"COLUMNS": "0"})
+    zero = tblock("params", *SMALL, env={"COLUMNS": "0"})  # taken as 80 columns, wider than the table
     assert zero.returncode == 0 and "ln1" in zero.stdout, zero.stderr
-    wide = tblock("params", *SMALL, env={"COLUMNS": "200"})
-    assert "ln1" in wide.stdout and not any(line.endswith(" ") for line in wide.stdout.splitlines())
+    assert not any(line.endswith(" ") for line in zero.stdout.splitlines())
 
 
 def test_layers_with_an_hf_block_builds_them_and_does_not_warn():
