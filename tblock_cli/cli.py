@@ -151,10 +151,11 @@ def check_plot_target(path: str) -> None:
 
 def precheck(options: dict, *, allow_mixed: bool = False) -> None:
     """Every flag value that can be judged without torch, judged now (a bad --dtype answers in a blink)."""
-    from tblock_cli.config import build_config, check_values, parse_kwargs
+    from tblock_cli.config import build_config, check_values, parse_kwargs, preset_values
 
     values = {k: v for k, v in options.items() if k in FLAGS}
     check_values(values, allow_mixed=allow_mixed)
+    preset_values(options.get("preset"))
     if options.get("kwargs") is not None:
         if options.get("block") is None:
             raise LoadError("--kwargs only applies with --block SPEC")

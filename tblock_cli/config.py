@@ -154,11 +154,7 @@ PRESETS: dict[str, dict] = {
 
 def build_config(preset: str | None = None, *, allow_mixed: bool = False, builtin: bool = True, **flags) -> BlockConfig:
     """Defaults, then the preset, then the flags the user gave (None = not given); validated."""
-    values: dict = {}
-    if preset is not None:
-        if not isinstance(preset, str) or preset not in PRESETS:
-            raise ConfigError(f"unknown preset {preset!r}; choose one of: {', '.join(PRESETS)}")
-        values.update(PRESETS[preset])
+    values = preset_values(preset)
     given = {k: v for k, v in flags.items() if v is not None}
     unknown = set(given) - set(FLAGS)
     if unknown:  # an internal slip, not a user's
@@ -167,6 +163,15 @@ def build_config(preset: str | None = None, *, allow_mixed: bool = False, builti
     values.update(given)
     cfg = BlockConfig(**values)
     return validate(cfg, allow_mixed=allow_mixed, builtin=builtin)
+
+
+def preset_values(preset: str | None) -> dict:
+    """A --preset's shape (empty for none); an unknown name is refused with the known ones."""
+    if preset is None:
+        return {}
+    if not isinstance(preset, str) or preset not in PRESETS:
+        raise ConfigError(f"unknown preset {preset!r}; choose one of: {', '.join(PRESETS)}")
+    return dict(PRESETS[preset])
 
 
 TYPE_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "True or False"}

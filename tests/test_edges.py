@@ -111,7 +111,7 @@ def test_bad_flag_values_are_refused_before_torch_is_imported():
            ["check", "--block", "x.py:A", "--threads", "0"], ["params", "--tree-depth", "0"], ["check", "--eps", "nan"],
            ["bench", "--mode", "fast"], ["bench", "--seq", "8,x"], ["bench", "--seq", "8,99999999"], ["bench", "--min-time", "0"],
            ["bench", "--decode", "0"], ["bench", "--baseline", "tf"], ["check", "--kwargs", "{}"],
-           ["check", "--block", "x.py:A", "--kwargs", "[1"]]
+           ["check", "--block", "x.py:A", "--kwargs", "[1"], ["check", "--block", "x.py:A", "--preset", "gpt5"]]
     code = ("import sys\nfrom tblock_cli.cli import main\ncodes = []\n"
             f"for args in {bad!r}:\n"
             "    try:\n        main(args)\n    except SystemExit as e:\n        codes.append(e.code)\n"
