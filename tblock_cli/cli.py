@@ -14,7 +14,7 @@ from rich.console import Console
 from tblock_cli import __version__
 from tblock_cli.config import FLAGS, RUN
 from tblock_cli.errors import OOM_HINT, ConfigError, LoadError, TBlockError, interrupted, on_interrupt
-from tblock_cli.flags import RICH_HELP_MIN_WIDTH, SWITCH, Group, Json, Plot, click_errors, command
+from tblock_cli.flags import RICH_HELP_MIN_WIDTH, SWITCH, Group, Json, NoArgsIsHelpError, Plot, click_errors, command
 from tblock_cli.report import ensure_writable
 
 app = typer.Typer(
@@ -332,7 +332,7 @@ def main(args: list[str] | None = None):
     on_interrupt()
     try:
         code = app(args=args, standalone_mode=False)
-    except click_errors.NoArgsIsHelpError as e:
+    except NoArgsIsHelpError as e:
         e.show()
         code = e.exit_code
     except click_errors.UsageError as e:  # a flag Typer cannot parse: one line, not a box

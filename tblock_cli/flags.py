@@ -13,7 +13,9 @@ from tblock_cli.config import FLAGS, SOURCE_FLAGS, Flag
 try:  # typer 0.24 and later carry their own copy of Click
     from typer._click import exceptions as click_errors
 except ImportError:  # pragma: no cover - older typer uses click itself
-    from click import exceptions as click_errors  # noqa: F401 - re-exported for cli.main
+    from click import exceptions as click_errors
+# Click 8.2 raises this for a bare `tblock` (it shows the help); older Click exits with the help itself.
+NoArgsIsHelpError = getattr(click_errors, "NoArgsIsHelpError", ())
 
 
 class _HelpSwitch:
