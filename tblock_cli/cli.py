@@ -168,7 +168,7 @@ def precheck(options: dict, *, allow_mixed: bool = False) -> None:
 def check(
     *,
     strict: Annotated[bool, typer.Option("--strict", help="Treat warnings as failures.", **SWITCH)] = False,
-    junit_xml: Annotated[Optional[str], typer.Option("--junit-xml", help="Also write the results as JUnit XML to FILE, for CI.", show_default=False)] = None,
+    junit_xml: Annotated[Optional[str], typer.Option("--junit-xml", help="Also write the results as JUnit XML to FILE, for CI.", show_default=False, metavar="FILE")] = None,
     json_: Json = False,
     **options,
 ):
