@@ -6,169 +6,24 @@ they return. Every report has `.ok` and `.to_dict()` (exactly what `--json` prin
 
 from __future__ import annotations
 
-import copy
 import dataclasses
-import math
-from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Callable
 
 import torch
-import torch.nn as nn
 
 from tblock_cli import runtime
-from tblock_cli.config import BlockConfig, build_config
-from tblock_cli.errors import ConfigError, LoadError
-from tblock_cli.loading import ALIASES, Subject, builtin_subject, construct, parse_kwargs, user_subject
-from tblock_cli.report import RunInfo
-
-BLOCK_OPTIONS = tuple(f.name for f in dataclasses.fields(BlockConfig) if f.name != "warnings")
-# Flags that shape only the built-in block: a user block gets d_model, n_heads, d_ff, dropout and
-# causal through its constructor's signature, and anything else through kwargs.
-BUILTIN_ONLY = ("norm", "activation", "eps", "bias")
-
-
-@dataclass
-class Setup:
-    """Everything a command needs before it measures: the validated config, where it runs, the block."""
-
-    cfg: BlockConfig
-    device: torch.device
-    dtype: torch.dtype
-    make: Callable[[], Subject]  # builds (or wraps) the block; called after the memory gate
-    block: str  # "built-in", a SPEC, or the module's class name
-    kwargs: dict
-    warnings: tuple[str, ...]
-
-    def run(self, subject: Subject | None = None, **config) -> RunInfo:
-        cfg = {**self.cfg.as_dict(), "block": self.block, "kwargs": self.kwargs, **config}
-        name = subject.name if subject is not None else self.block
-        return RunInfo(name, cfg, runtime.environment(self.device, self.dtype), self.warnings)
-
-
-def _infer(module: nn.Module, names: tuple[str, ...]) -> int | None:
-    """A width or head count read from the module or its config under one of the usual names."""
-    for m in [module, getattr(module, "config", None), *module.modules()]:
-        for n in names:
-            v = getattr(m, n, None)
-            if isinstance(v, int) and not isinstance(v, bool) and v > 0:
-                return v
-    return None
-
-
-def infer_d_model(module: nn.Module) -> int | None:
-    for m in module.modules():
-        if isinstance(m, nn.MultiheadAttention):
-            return m.embed_dim
-        if isinstance(m, nn.LayerNorm) and len(m.normalized_shape) == 1:
-            return m.normalized_shape[0]
-    found = _infer(module, ALIASES["d_model"])
-    if found:
-        return found
-    first = next((m for m in module.modules() if isinstance(m, nn.Linear)), None)
-    return first.in_features if first is not None else None
-
-
-def infer_n_heads(module: nn.Module, d_model: int) -> int:
-    mha = next((m for m in module.modules() if isinstance(m, nn.MultiheadAttention)), None)
-    if mha is not None:
-        return mha.num_heads
-    found = _infer(module, ALIASES["n_heads"])
-    return found if found and d_model % found == 0 else math.gcd(d_model, 8)
-
-
-@contextmanager
-def threads(n: int | None):
-    """torch's intra-op threads set to n for a while (None: untouched); restored after."""
-    was = torch.get_num_threads()
-    if n is not None:
-        torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(was)
-
-
-def setup(block=None, options: dict | None = None, *, same_shape: bool = True, allow_mixed: bool = False,
-          layers_apply: bool = False) -> Setup:
-    """Options (the CLI flags' names) -> validated config, device, dtype and a way to build the block."""
-    options = {k: v for k, v in (options or {}).items() if v is not None}
-    preset = options.pop("preset", None)
-    kwargs = options.pop("kwargs", None)
-    unknown = sorted(set(options) - set(BLOCK_OPTIONS))
-    if unknown:
-        raise ConfigError(f"unknown option(s): {', '.join(unknown)}; known: {', '.join(BLOCK_OPTIONS)}")
-    if kwargs is not None and not isinstance(kwargs, (str, dict)):
-        raise ConfigError("kwargs must be a dict or a JSON object string")
-    extra = parse_kwargs(kwargs) if isinstance(kwargs, str) else dict(kwargs or {})
-    warnings = []
-    builtin = block is None
-    if builtin and kwargs is not None:
-        raise LoadError("--kwargs only applies with --block SPEC")
-    if not builtin:
-        given = [k for k in BUILTIN_ONLY + (() if layers_apply else ("layers",)) if k in options]
-        if given:
-            names = ", ".join("--" + k.replace("_", "-") for k in given)
-            warnings.append(f"{names} shape(s) only the built-in block; the user block is built from its own code "
-                            f"(pass its arguments with --kwargs)")
-        for canonical in ("d_model", "n_heads", "d_ff"):  # --kwargs '{"dim": 64}' sizes the probe input too
-            alias = next((a for a in ALIASES[canonical] if a in extra), None)
-            if canonical not in options and alias is not None and isinstance(extra[alias], int):
-                options[canonical] = extra[alias]
-    module = None
-    if isinstance(block, nn.Module):
-        module, name = block, type(block).__name__
-    elif block is not None and not isinstance(block, str):
-        if not callable(block):
-            raise ConfigError(f"block must be an nn.Module, a factory, a SPEC string or None, got {type(block).__name__}")
-        name = getattr(block, "__name__", type(block).__name__)
-    else:
-        name = block or "built-in"
-    if module is not None:
-        if "d_model" not in options:
-            d = infer_d_model(module)
-            if d is None:
-                raise ConfigError(f"cannot tell d_model from {name}: pass d_model=")
-            options["d_model"] = d
-        options.setdefault("n_heads", infer_n_heads(module, options["d_model"]))
-    cfg = build_config(preset, allow_mixed=allow_mixed, builtin=builtin, **options)
-    device = runtime.resolve_device(cfg.device)
-    dtype = runtime.resolve_dtype(cfg.dtype, device)
-    if isinstance(block, str) and block.startswith("hf:"):
-        module, name, cfg = hf_block(block, cfg, options, extra)
-    warnings.extend(cfg.warnings)
-
-    def make() -> Subject:
-        if block is None:
-            return builtin_subject(cfg, device, dtype)
-        if module is not None:
-            return user_subject(module, name, cfg, device, dtype, same_shape=same_shape)
-        if isinstance(block, str):
-            from tblock_cli.loading import make_subject
-
-            return make_subject(cfg, device, dtype, block, extra, same_shape=same_shape)
-        return user_subject(construct(name, block, cfg, extra), name, cfg, device, dtype, same_shape=same_shape)
-
-    return Setup(cfg, device, dtype, make, name if not isinstance(block, str) else block, extra, tuple(warnings))
-
-
-def hf_block(spec: str, cfg: BlockConfig, options: dict, extra: dict) -> tuple[nn.Module, str, BlockConfig]:
-    """An hf:TYPE block, and the config its model implies: causal for decoders, positions for rotary layers,
-    HF's mask convention (attention_mask, 1 = keep). A flag the user gave explicitly stands."""
-    from tblock_cli import hf
-
-    module = hf.build(spec[3:], cfg, extra)
-    implied = {"causal": module.causal, "positional": module.positional, "pad_keyword": "attention_mask", "pad_means": "keep"}
-    cfg = dataclasses.replace(cfg, **{k: v for k, v in implied.items() if k not in options})
-    return module, spec, cfg
+from tblock_cli.errors import ConfigError
+from tblock_cli.loading import builtin_subject
+from tblock_cli.subject import check_options, layer_maker, setup
 
 
 def check(block=None, *, strict: bool = False, progress: Callable[[str], None] | None = None, **options):
     """Run the check battery. `block`: an nn.Module, a factory, a SPEC string, or None (built-in)."""
     from tblock_cli.checks import run_checks
 
+    check_options({"strict": strict, "progress": progress}, strict=bool, progress=Callable)
     s = setup(block, options, same_shape=False)
-    with threads(s.cfg.threads):
+    with s.session():
         runtime.ensure_fits(runtime.check_estimate(s.cfg), s.device, "check")
         subject = s.make()
         return run_checks(subject, s.cfg, s.device, s.dtype, strict=strict, progress=progress,
@@ -179,10 +34,11 @@ def params(block=None, *, tree_depth: int | None = None, **options):
     """Parameters, bytes and FLOPs per component; rows by dataflow role (or the module tree to tree_depth)."""
     from tblock_cli.counting import param_report
 
-    s = setup(block, options)
+    check_options({"tree_depth": tree_depth}, tree_depth=int)
     if tree_depth is not None and tree_depth < 1:
         raise ConfigError(f"--tree-depth must be >= 1, got {tree_depth}")
-    with threads(s.cfg.threads):
+    s = setup(block, options, trains=False)
+    with s.session():
         if block is None:  # counted on the meta device: shapes without storage, so gpt2-xl allocates nothing
             subject = builtin_subject(s.cfg, torch.device("meta"), s.dtype)
         else:
@@ -199,9 +55,15 @@ def bench(block=None, *, seq=(128, 512), need_weights: bool = False, mode: str =
     decode=N also generates N tokens after a seq[0]-token prompt, with the block's KV cache and by
     recomputing the prefix (the built-in block is then causal); compare_with is a saved run's dict.
     """
-    from tblock_cli.benchmark.run import check_sizes, run_bench, validate_bench
+    from tblock_cli.benchmark.options import validate_bench
+    from tblock_cli.benchmark.run import check_sizes, run_bench
     from tblock_cli.benchmark.saved import config_mismatch, validate_saved
 
+    check_options(locals(), need_weights=bool, mode=str, baseline=str, min_time=float, decode=int, breakdown=bool,
+                  compare_with=dict, progress=Callable)
+    if isinstance(seq, bool) or not isinstance(seq, (int, str, list, tuple)) or \
+            (isinstance(seq, (list, tuple)) and not all(isinstance(n, int) and not isinstance(n, bool) for n in seq)):
+        raise ConfigError(f"--seq must be an integer, a list of integers or a comma-separated string, got {seq!r}")
     seqs = validate_bench(seq, mode, baseline, min_time, decode)
     if compare_with is not None:
         validate_saved(compare_with, "compare_with")
@@ -209,7 +71,7 @@ def bench(block=None, *, seq=(128, 512), need_weights: bool = False, mode: str =
         options = {**options, "causal": True}  # cached decoding is causal decoding
     s = setup(block, {**options, "seq": seqs[0]})
     modes = [] if decode and mode == "both" else (["infer", "train"] if mode == "both" else [mode])
-    with threads(s.cfg.threads):
+    with s.session():
         run = s.run(None, seq=seqs, mode=mode, need_weights=need_weights, baseline=baseline, min_time=min_time,
                     decode=decode, breakdown=breakdown)
         if compare_with is not None:
@@ -248,52 +110,22 @@ def save_report(report, path: str) -> None:
         raise ConfigError(f"--save {path}: cannot write it: {e.strerror or e}") from None
 
 
-def depth(block=None, *, compare: bool = False, strict: bool = False, final_norm: bool = True, **options):
+def depth(block=None, *, compare: bool = False, strict: bool = False, **options):
     """A stack of N blocks at init: per-layer scale, gradients, residual gain, detected norm placement."""
     from tblock_cli.stacking import DepthComparison, run_depth
 
+    check_options({"compare": compare, "strict": strict}, compare=bool, strict=bool)
     if compare and (block is not None or options.get("norm") is not None):
         raise ConfigError("--compare runs the built-in pre, post and mixed stacks; drop --norm and --block")
-    norms = ["pre", "post", "mixed"] if compare else [options.pop("norm", None)]
+    norms = ["pre", "post", "mixed"] if compare else [options.get("norm")]
     reports = []
     for n in norms:
-        s = setup(block, {**options, "norm": n, "final_norm": final_norm} if block is None else
-                  {**options, "final_norm": final_norm}, allow_mixed=True, layers_apply=True)
-        with threads(s.cfg.threads):
+        s = setup(block, {**options, "norm": n}, allow_mixed=True, layers_apply=True)
+        with s.session():
             runtime.ensure_fits(runtime.estimate_bytes(s.cfg), s.device, "depth")
-            reports.append(run_depth(s.cfg, s.device, s.dtype, _layer_maker(s, block), strict=strict,
+            reports.append(run_depth(s.cfg, s.device, s.dtype, layer_maker(s, block), strict=strict,
                                      run=s.run(strict=strict, compare=compare)))
     return DepthComparison(tuple(reports)) if compare else reports[0]
-
-
-def _layer_maker(s: Setup, block) -> Callable[[int], list[Subject]] | None:
-    """n independent layers of a user block: built anew per layer (seed + i), or copies re-initialised."""
-    if block is None:
-        return None
-    if isinstance(block, str) and block.startswith("hf:"):
-        from tblock_cli import hf
-
-        def hf_layers(n: int) -> list[Subject]:
-            first = s.make()  # the calling convention (mask keyword, causal); the layers come from an n-layer model
-            return [first.like(layer) for layer in hf.build(block[3:], dataclasses.replace(s.cfg, layers=n), s.kwargs).single_layers()]
-        return hf_layers
-    if isinstance(block, str):
-        from tblock_cli.loading import user_layers
-
-        return lambda n: user_layers(s.cfg, s.device, s.dtype, block, s.kwargs, n)
-
-    def copies(n: int) -> list[Subject]:
-        first = s.make()
-        layers = [first]
-        for i in range(1, n):
-            module = copy.deepcopy(first.module)
-            torch.manual_seed(s.cfg.seed + i)
-            for m in module.modules():
-                if hasattr(m, "reset_parameters"):
-                    m.reset_parameters()
-            layers.append(first.like(module))
-        return layers
-    return copies
 
 
 def compare(a=None, b=None, *, kwargs_a=None, kwargs_b=None, dtype_b: str | None = None, compile: bool = False,

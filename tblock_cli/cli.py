@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 from typing import Annotated, Callable, Optional
 
 import typer
+import typer.core
 
 from tblock_cli import __version__
-from tblock_cli.errors import OOM_HINT, ConfigError, TBlockError
+from tblock_cli.config import FLAGS, RUN
+from tblock_cli.errors import OOM_HINT, ConfigError, LoadError, TBlockError, interrupted, on_interrupt
+from tblock_cli.flags import RICH_HELP_MIN_WIDTH, SWITCH, Group, Json, NoArgsIsHelpError, Plot, click_errors, command
 from tblock_cli.render.common import make_console
 from tblock_cli.report import ensure_writable
 
 app = typer.Typer(
+    cls=Group,
     name="tblock",
     help="Diagnostics for Transformer blocks: is it correct (check), how big is it (params), what does it cost (bench), how does it stack (depth)?",
     no_args_is_help=True,
@@ -22,46 +27,8 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
-BLOCK = "Block (shared by every command)"
-RUN = "Input and device"
-
-# Shared flags. None means "not given", so a --preset's value can stand unless a flag overrides it.
-DModel = Annotated[Optional[int], typer.Option("--d-model", help="Width of the residual stream. (default: 512)", rich_help_panel=BLOCK, show_default=False)]
-NHeads = Annotated[Optional[int], typer.Option("--n-heads", help="Attention heads; must divide --d-model. (default: 8)", rich_help_panel=BLOCK, show_default=False)]
-DFF = Annotated[Optional[int], typer.Option("--d-ff", help="FFN hidden width. (default: 4 x d_model)", rich_help_panel=BLOCK, show_default=False)]
-Dropout = Annotated[Optional[float], typer.Option("--dropout", help="Dropout probability, in [0, 1). (default: 0.1)", rich_help_panel=BLOCK, show_default=False)]
-Norm = Annotated[Optional[str], typer.Option("--norm", help="LayerNorm placement: pre (x + f(LN(x))) or post (LN(x + f(x))). (default: pre)", rich_help_panel=BLOCK, show_default=False)]
-Activation = Annotated[Optional[str], typer.Option("--activation", help="FFN activation: gelu or relu. (default: gelu)", rich_help_panel=BLOCK, show_default=False)]
-Eps = Annotated[Optional[float], typer.Option("--eps", help="LayerNorm eps, in [0, 1); 0 is allowed but warned (NaN on a constant token). (default: 1e-05)", rich_help_panel=BLOCK, show_default=False)]
-Bias = Annotated[Optional[bool], typer.Option("--bias/--no-bias", help="Biases in Linear and LayerNorm layers. (default: --bias)", rich_help_panel=BLOCK, show_default=False)]
-Causal = Annotated[Optional[bool], typer.Option("--causal/--no-causal", help="Causal attention mask (and the causal checks). (default: --no-causal)", rich_help_panel=BLOCK, show_default=False)]
-Layers = Annotated[Optional[int], typer.Option("--layers", help="Blocks in the stack; a Pre-LN stack gets a final LayerNorm. (default: the preset's, else 1)", rich_help_panel=BLOCK, show_default=False)]
-Preset = Annotated[Optional[str], typer.Option("--preset", help="A well-known shape (see `tblock params --list-presets`); explicit flags override it.", rich_help_panel=BLOCK, show_default=False)]
-Positional = Annotated[Optional[bool], typer.Option("--positional/--no-positional", help="The block has positions inside (RoPE, ALiBi, relative bias): token order matters, the order check skips.", rich_help_panel=BLOCK, show_default=False)]
-PadKeyword = Annotated[Optional[str], typer.Option("--pad-keyword", help="Your forward's keyword for the padding mask, e.g. mask or attention_mask. (default: detect pad_mask, key_padding_mask, ...)", rich_help_panel=BLOCK, show_default=False)]
-PadMeans = Annotated[Optional[str], typer.Option("--pad-means", help="What True means in your block's mask: pad (PyTorch) or keep (HF, x-transformers). (default: pad)", rich_help_panel=BLOCK, show_default=False)]
-Batch = Annotated[Optional[int], typer.Option("--batch", help="Samples per input. (default: 2)", rich_help_panel=RUN, show_default=False)]
-Seq = Annotated[Optional[int], typer.Option("--seq", help="Tokens per sample. (default: 10)", rich_help_panel=RUN, show_default=False)]
-Dtype = Annotated[Optional[str], typer.Option("--dtype", help="float32, float16 or bfloat16. (default: float32)", rich_help_panel=RUN, show_default=False)]
-Device = Annotated[Optional[str], typer.Option("--device", help="auto, cpu, cuda, cuda:N or mps; auto = cuda when present. (default: auto)", rich_help_panel=RUN, show_default=False)]
-Seed = Annotated[Optional[int], typer.Option("--seed", help="Seeds weights and inputs. (default: 0)", rich_help_panel=RUN, show_default=False)]
-Threads = Annotated[Optional[int], typer.Option("--threads", help="torch intra-op threads for the run. (default: torch's)", rich_help_panel=RUN, show_default=False)]
-BlockSpec = Annotated[Optional[str], typer.Option("--block", help="Your own block: package.module:NAME or path/to/file.py:NAME (a class or a factory).", rich_help_panel=BLOCK, show_default=False)]
-Kwargs = Annotated[Optional[str], typer.Option("--kwargs", help="More constructor keywords for --block, as a JSON object.", rich_help_panel=BLOCK, show_default=False)]
-Json = Annotated[bool, typer.Option("--json", help="Print one JSON object (see docs/json.md) instead of tables.")]
-Plot = Annotated[Optional[str], typer.Option("--plot", help="Save a chart to FILE.png, .svg or .pdf (needs pip install 'tblock\\[plot]').", show_default=False)]
-
 out = make_console()
 err = make_console(stderr=True)
-
-# The shared option names, as the API takes them.
-OPTIONS = ("d_model", "n_heads", "d_ff", "dropout", "norm", "activation", "eps", "bias", "causal", "layers", "batch",
-           "seq", "dtype", "device", "seed", "threads", "positional", "pad_keyword", "pad_means", "preset", "kwargs")
-
-
-def _options(values: dict, **override) -> dict:
-    """The shared options out of a command's arguments (its locals()), with overrides."""
-    return {**{k: values[k] for k in OPTIONS if k in values}, **override}
 
 
 def _version(value: bool):
@@ -72,7 +39,7 @@ def _version(value: bool):
 
 @app.callback()
 def _root(
-    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")] = False,
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.", **SWITCH)] = False,
 ):
     """Diagnostics for Transformer blocks."""
 
@@ -82,6 +49,27 @@ def say(kind: str, message: str) -> None:
     from rich.text import Text
 
     err.print(Text.assemble((f"{kind}: ", "bold red" if kind == "error" else "yellow"), message), soft_wrap=True)
+
+
+@contextlib.contextmanager
+def stdout_to_stderr():
+    """Everything written to stdout goes to stderr for a while, file descriptor 1 included (os.write, C
+    extensions), so --json owns stdout; sys.stdout still writes to the real stdout after."""
+    sys.stdout.flush()
+    try:
+        saved = os.dup(1)
+        os.dup2(2, 1)
+    except OSError:  # no descriptor 1 or 2 (a closed stream): Python's own redirect is all there is
+        saved = None
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        if saved is not None:
+            with contextlib.suppress(OSError, ValueError):
+                sys.stdout.flush()
+            os.dup2(saved, 1)
+            os.close(saved)
 
 
 def run_command(compute: Callable[[], object], render: Callable[[object], None], *, json_: bool,
@@ -96,7 +84,7 @@ def run_command(compute: Callable[[], object], render: Callable[[object], None],
     try:
         if plot is not None:
             check_plot_target(plot)
-        with contextlib.redirect_stdout(sys.stderr) if json_ else contextlib.nullcontext():
+        with stdout_to_stderr() if json_ else contextlib.nullcontext():
             report = compute()
         for w in report.run.warnings if report.run else ():
             say("warning", w)
@@ -126,7 +114,6 @@ def run_command(compute: Callable[[], object], render: Callable[[object], None],
 def check_plot_target(path: str) -> None:
     """Refuse, before measuring, a plot that could not be written: wrong suffix, no matplotlib, no such folder."""
     import importlib.util
-    import os
 
     if not os.path.isdir(path) and os.path.splitext(path)[1].lower() not in (".png", ".svg", ".pdf"):
         raise ConfigError(f"--plot {path}: use a .png, .svg or .pdf file name")
@@ -135,24 +122,45 @@ def check_plot_target(path: str) -> None:
     ensure_writable(path, "--plot")
 
 
-@app.command()
+def precheck(options: dict, *, allow_mixed: bool = False) -> None:
+    """Every flag value that can be judged without torch, judged now (a bad --dtype answers in a blink)."""
+    from tblock_cli.config import build_config, check_values, parse_kwargs, preset_values
+
+    values = {k: v for k, v in options.items() if k in FLAGS}
+    check_values(values, allow_mixed=allow_mixed)
+    preset_values(options.get("preset"))
+    if options.get("kwargs") is not None:
+        if options.get("block") is None:
+            raise LoadError("--kwargs only applies with --block SPEC")
+        parse_kwargs(options["kwargs"])
+    elif options.get("block") is None:
+        build_config(options.get("preset"), allow_mixed=allow_mixed, **values)
+
+
+@command(app)
 def check(
-    d_model: DModel = None, n_heads: NHeads = None, d_ff: DFF = None, dropout: Dropout = None, norm: Norm = None,
-    activation: Activation = None, eps: Eps = None, bias: Bias = None, causal: Causal = None, layers: Layers = None,
-    preset: Preset = None, positional: Positional = None, pad_keyword: PadKeyword = None, pad_means: PadMeans = None,
-    batch: Batch = None, seq: Seq = None, dtype: Dtype = None, device: Device = None, seed: Seed = None,
-    threads: Threads = None, block: BlockSpec = None, kwargs: Kwargs = None,
-    strict: Annotated[bool, typer.Option("--strict", help="Treat warnings as failures.")] = False,
+    *,
+    strict: Annotated[bool, typer.Option("--strict", help="Treat warnings as failures.", **SWITCH)] = False,
+    junit_xml: Annotated[Optional[str], typer.Option("--junit-xml", help="Also write the results as JUnit XML to FILE, for CI.", show_default=False, metavar="FILE")] = None,
     json_: Json = False,
+    **options,
 ):
     """Run the diagnostic battery on a block. Exit 0 when nothing fails, 1 when a check fails or errors, 2 on bad input."""
-    options = _options(locals())
+    block = options.pop("block")
 
     def compute():
+        precheck({**options, "block": block})
+        if junit_xml is not None:
+            ensure_writable(junit_xml, "--junit-xml")
         from tblock_cli import api
 
         with err.status("checking", spinner="dots") as status:
-            return api.check(block, strict=strict, progress=lambda name: status.update(f"check: {name}"), **options)
+            report = api.check(block, strict=strict, progress=lambda name: status.update(f"check: {name}"), **options)
+        if junit_xml is not None:
+            from tblock_cli.junit import write_junit
+
+            write_junit(report, junit_xml)
+        return report
 
     def show(report):
         from tblock_cli import render
@@ -162,33 +170,33 @@ def check(
     run_command(compute, show, json_=json_)
 
 
-@app.command()
+@command(app)
 def params(
-    d_model: DModel = None, n_heads: NHeads = None, d_ff: DFF = None, dropout: Dropout = None, norm: Norm = None,
-    activation: Activation = None, eps: Eps = None, bias: Bias = None, causal: Causal = None, layers: Layers = None,
-    preset: Preset = None, positional: Positional = None, pad_keyword: PadKeyword = None, pad_means: PadMeans = None,
-    batch: Batch = None, seq: Seq = None, dtype: Dtype = None, device: Device = None, seed: Seed = None,
-    threads: Threads = None, block: BlockSpec = None, kwargs: Kwargs = None,
+    *,
     tree_depth: Annotated[Optional[int], typer.Option("--tree-depth", help="Rows from the module tree, this deep, instead of dataflow roles.", show_default=False)] = None,
-    list_presets: Annotated[bool, typer.Option("--list-presets", help="List the --preset shapes and exit.")] = False,
+    list_presets: Annotated[bool, typer.Option("--list-presets", help="List the --preset shapes and exit.", **SWITCH)] = False,
     json_: Json = False,
+    **options,
 ):
     """Parameters, bytes and FLOPs per component (norms, attention q/k/v/out, FFN), the FFN's share and the KV cache."""
     if list_presets:
         from tblock_cli.config import PRESETS
 
         if json_:
-            import json
+            from tblock_cli.report import dumps, envelope
 
-            print(json.dumps(PRESETS, indent=2))
+            print(dumps(envelope("params", True, "presets", {}, {}, {"presets": PRESETS})))
         else:
             from tblock_cli import render
 
             out.print(render.presets_view(PRESETS))
         raise typer.Exit(0)
-    options = _options(locals())
+    block = options.pop("block")
 
     def compute():
+        precheck({**options, "block": block})
+        if tree_depth is not None and tree_depth < 1:
+            raise ConfigError(f"--tree-depth must be >= 1, got {tree_depth}")
         from tblock_cli import api
 
         with err.status("counting", spinner="dots"):
@@ -202,38 +210,39 @@ def params(
     run_command(compute, show, json_=json_)
 
 
-@app.command()
+@command(app)
 def bench(
-    d_model: DModel = None, n_heads: NHeads = None, d_ff: DFF = None, dropout: Dropout = None, norm: Norm = None,
-    activation: Activation = None, eps: Eps = None, bias: Bias = None, causal: Causal = None, layers: Layers = None,
-    preset: Preset = None, positional: Positional = None, pad_keyword: PadKeyword = None, pad_means: PadMeans = None,
-    batch: Batch = None,
+    *,
     seq: Annotated[str, typer.Option("--seq", help="Sequence lengths to sweep, comma-separated.", rich_help_panel=RUN)] = "128,512",
-    dtype: Dtype = None, device: Device = None, seed: Seed = None, threads: Threads = None,
-    block: BlockSpec = None, kwargs: Kwargs = None,
-    need_weights: Annotated[bool, typer.Option("--need-weights", help="Measure attention with need_weights (HF: output_attentions) forced on and off.")] = False,
+    need_weights: Annotated[bool, typer.Option("--need-weights", help="Measure attention with need_weights (HF: output_attentions) forced on and off.", **SWITCH)] = False,
     mode: Annotated[str, typer.Option("--mode", help="infer (eval, inference_mode, forward), train (forward + backward) or both.")] = "both",
     baseline: Annotated[Optional[str], typer.Option("--baseline", help="torch: also time nn.TransformerEncoderLayer of the same shape, and print the ratio.", show_default=False)] = None,
     min_time: Annotated[float, typer.Option("--min-time", help="Seconds of timed calls per measurement, in (0, 600].")] = 0.5,
     decode: Annotated[Optional[int], typer.Option("--decode", help="Generate N tokens after a --seq prompt, with the KV cache and by recomputing the prefix.", show_default=False)] = None,
-    breakdown: Annotated[bool, typer.Option("--breakdown", help="Time and peak memory per component (projections, attention kernel, FFN, norms, residual adds).")] = False,
+    breakdown: Annotated[bool, typer.Option("--breakdown", help="Time and peak memory per component (projections, attention kernel, FFN, norms, residual adds).", **SWITCH)] = False,
     save: Annotated[Optional[str], typer.Option("--save", help="Write this run's JSON to FILE, to --compare against later.", show_default=False)] = None,
     compare: Annotated[Optional[str], typer.Option("--compare", help="Compare with a run saved by --save: exit 1 if slower beyond the noise or >1% more memory.", show_default=False)] = None,
     plot: Plot = None,
     json_: Json = False,
+    **options,
 ):
     """Latency (median, IQR), peak memory and the attention kernel that ran; with --need-weights, both ways."""
-    options = _options(locals())
-    options.pop("seq")
+    block = options.pop("block")
 
     def compute():
+        from tblock_cli.benchmark.options import validate_bench
+
+        precheck({**options, "block": block})
+        validate_bench(seq, mode, baseline, min_time, decode)
+        from tblock_cli.benchmark.saved import ensure_save_target, load_saved
+
+        if save is not None:
+            ensure_save_target(save)
+        saved = load_saved(compare) if compare is not None else None  # read and validated before torch is imported
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
         from tblock_cli import api
 
-        saved = api.load_saved(compare) if compare is not None else None
-        if save is not None:
-            api.ensure_save_target(save)
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=err, transient=True) as bar:
             task = bar.add_task("measuring", total=None)
@@ -260,27 +269,24 @@ def bench(
     run_command(compute, show, json_=json_, plot=plot, save_plot=save_plot)
 
 
-@app.command()
+@command(app)
 def depth(
-    d_model: DModel = None, n_heads: NHeads = None, d_ff: DFF = None, dropout: Dropout = None,
-    norm: Annotated[Optional[str], typer.Option("--norm", help="pre, post or mixed (alternating, starting with pre). (default: pre)", rich_help_panel=BLOCK, show_default=False)] = None,
-    activation: Activation = None, eps: Eps = None, bias: Bias = None, causal: Causal = None, layers: Layers = None,
-    final_norm: Annotated[bool, typer.Option("--final-norm/--no-final-norm", help="A final LayerNorm after a Pre-LN last layer.", rich_help_panel=BLOCK)] = True,
-    preset: Preset = None, batch: Batch = None, seq: Seq = None, dtype: Dtype = None, device: Device = None,
-    seed: Seed = None, threads: Threads = None, block: BlockSpec = None, kwargs: Kwargs = None,
-    compare: Annotated[bool, typer.Option("--compare", help="Run pre, post and mixed stacks of the same depth side by side.")] = False,
-    strict: Annotated[bool, typer.Option("--strict", help="Warnings (mixed placement, no final norm) fail: exit 1.")] = False,
+    *,
+    compare: Annotated[bool, typer.Option("--compare", help="Run pre, post and mixed stacks of the same depth side by side.", **SWITCH)] = False,
+    strict: Annotated[bool, typer.Option("--strict", help="Warnings (mixed placement, no final norm) fail: exit 1.", **SWITCH)] = False,
     plot: Plot = None,
     json_: Json = False,
+    **options,
 ):
     """A stack of N blocks at init: per-layer activation scale, gradient norms, residual gain and detected norm placement."""
-    options = _options(locals())
+    block = options.pop("block")
 
     def compute():
+        precheck({**options, "block": block}, allow_mixed=True)
         from tblock_cli import api
 
         with err.status("measuring the stack", spinner="dots"):
-            return api.depth(block, compare=compare, strict=strict, final_norm=final_norm, **options)
+            return api.depth(block, compare=compare, strict=strict, **options)
 
     def show(report):
         from tblock_cli import render
@@ -295,43 +301,32 @@ def depth(
     run_command(compute, show, json_=json_, plot=plot, save_plot=save_plot)
 
 
-def main():
-    try:
-        app()
-    except KeyboardInterrupt:
-        err.print("interrupted")
-        raise SystemExit(130) from None
-
-
-@app.command()
+@command(app)
 def compare(
     a: Annotated[str, typer.Argument(help="Block A: path/to/file.py:NAME, package.module:NAME, hf:TYPE or builtin.", show_default=False)],
     b: Annotated[Optional[str], typer.Argument(help="Block B, the same kinds; A's weights are carried to it. Omit with --compile.", show_default=False)] = None,
-    d_model: DModel = None, n_heads: NHeads = None, d_ff: DFF = None,
-    dropout: Annotated[Optional[float], typer.Option("--dropout", help="Dropout probability of both sides; above 0, gradients are compared in eval mode. (default: 0)", rich_help_panel=BLOCK, show_default=False)] = None,
-    norm: Norm = None, activation: Activation = None, eps: Eps = None, bias: Bias = None, causal: Causal = None,
-    layers: Layers = None, preset: Preset = None, positional: Positional = None, pad_keyword: PadKeyword = None,
-    pad_means: PadMeans = None, batch: Batch = None, seq: Seq = None, dtype: Dtype = None, device: Device = None,
-    seed: Seed = None, threads: Threads = None,
-    kwargs_a: Annotated[Optional[str], typer.Option("--kwargs-a", help="More constructor (or hf config) keywords for A, as a JSON object.", rich_help_panel=BLOCK, show_default=False)] = None,
-    kwargs_b: Annotated[Optional[str], typer.Option("--kwargs-b", help="More constructor (or hf config) keywords for B, as a JSON object.", rich_help_panel=BLOCK, show_default=False)] = None,
-    dtype_b: Annotated[Optional[str], typer.Option("--dtype-b", help="B's dtype (A keeps --dtype): the error per component shows where precision is lost.", rich_help_panel=RUN, show_default=False)] = None,
-    compile_: Annotated[bool, typer.Option("--compile", help="Compare A with torch.compile(A): outputs, gradients, graph breaks with reasons, recompiles.")] = False,
-    atol: Annotated[Optional[float], typer.Option("--atol", help="Absolute tolerance (with --rtol: torch.allclose's rule). (default: the dtype's relative tolerance)", show_default=False)] = None,
-    rtol: Annotated[Optional[float], typer.Option("--rtol", help="Relative tolerance, elementwise.", show_default=False)] = None,
-    map_file: Annotated[Optional[str], typer.Option("--map", help="JSON object, A parameter name -> B parameter name, overriding the matching.", show_default=False)] = None,
+    *,
+    dropout: Annotated[Optional[float], typer.Option("--dropout", help="Dropout probability of both sides; above 0, gradients are compared in eval mode. (default: 0)", rich_help_panel="Block (shared by every command)", show_default=False, metavar="FLOAT")] = None,
+    kwargs_a: Annotated[Optional[str], typer.Option("--kwargs-a", help="More constructor (or hf config) keywords for A, as a JSON object.", show_default=False, metavar="JSON")] = None,
+    kwargs_b: Annotated[Optional[str], typer.Option("--kwargs-b", help="More constructor (or hf config) keywords for B, as a JSON object.", show_default=False, metavar="JSON")] = None,
+    dtype_b: Annotated[Optional[str], typer.Option("--dtype-b", help="B's dtype (A keeps --dtype): the error per component shows where precision is lost.", rich_help_panel=RUN, show_default=False, metavar="TEXT")] = None,
+    compile_: Annotated[bool, typer.Option("--compile", help="Compare A with torch.compile(A): outputs, gradients, graph breaks with reasons, recompiles.", **SWITCH)] = False,
+    atol: Annotated[Optional[float], typer.Option("--atol", help="Absolute tolerance (with --rtol: torch.allclose's rule). (default: the dtype's relative tolerance)", show_default=False, metavar="FLOAT")] = None,
+    rtol: Annotated[Optional[float], typer.Option("--rtol", help="Relative tolerance, elementwise.", show_default=False, metavar="FLOAT")] = None,
+    map_file: Annotated[Optional[str], typer.Option("--map", help="JSON object, A parameter name -> B parameter name, overriding the matching.", show_default=False, metavar="FILE")] = None,
     json_: Json = False,
+    **options,
 ):
     """Two implementations of one block with A's weights carried to B: outputs, gradients and decoding compared, the
     first differing part named. Exit 0 equal, 1 different, 2 bad input (an unmatched parameter among them)."""
-    options = _options(locals())
 
     def compute():
+        precheck({**options, "block": a})
         from tblock_cli import api
 
         with err.status("comparing", spinner="dots"):
             return api.compare(a, b, kwargs_a=kwargs_a, kwargs_b=kwargs_b, dtype_b=dtype_b, compile=compile_, atol=atol,
-                               rtol=rtol, map_file=map_file, **options)
+                               rtol=rtol, map_file=map_file, dropout=dropout, **options)
 
     def show(report):
         from tblock_cli.render_compare import compare_view
@@ -339,3 +334,22 @@ def compare(
         out.print(compare_view(report))
 
     run_command(compute, show, json_=json_)
+
+
+def main(args: list[str] | None = None):
+    if out.width < RICH_HELP_MIN_WIDTH:
+        app.rich_markup_mode = None  # Click's plain help wraps every column; Rich's tables would cut flag names
+    on_interrupt()
+    try:
+        code = app(args=args, standalone_mode=False)
+    except NoArgsIsHelpError as e:
+        e.show()
+        code = e.exit_code
+    except click_errors.UsageError as e:  # a flag Typer cannot parse: one line, not a box
+        where = e.ctx.command_path if e.ctx is not None else "tblock"
+        say("error", f"{e.format_message()} (see {where} --help)")
+        code = e.exit_code
+    except (KeyboardInterrupt, typer.Abort):
+        interrupted()
+    raise SystemExit(code if isinstance(code, int) else 0)
+

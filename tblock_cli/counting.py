@@ -10,7 +10,7 @@ import torch.nn as nn
 from tblock_cli.anatomy import GROUPS, predicted_ffn_share
 from tblock_cli.block import Block, Stack
 from tblock_cli.config import BlockConfig
-from tblock_cli.errors import reraise_as_measure_error
+from tblock_cli.errors import USER_ERRORS, reraise_as_measure_error
 from tblock_cli.loading import Subject
 from tblock_cli.report import Finding, RunInfo, Status, failing_of
 
@@ -208,7 +208,7 @@ def user_report(subject: Subject, cfg: BlockConfig, dtype: torch.dtype, tree_dep
         device=next(module.parameters(), torch.empty(0)).device, dtype=dtype)
     try:
         flow = trace(module, subject, x, cfg.d_model)
-    except Exception as e:  # noqa: BLE001 - the block under test raised
+    except USER_ERRORS as e:  # the block under test raised (sys.exit included)
         reraise_as_measure_error(e, f"{subject.name} raised while its dataflow was traced")
     tokens = flow.tokens
     if tree_depth is None:

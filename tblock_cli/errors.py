@@ -29,6 +29,10 @@ class MeasureError(TBlockError):
     exit_code = 1
 
 
+# What a user's block may raise that tblock reports instead of dying: any Exception, and SystemExit (a block
+# calling sys.exit() would otherwise end tblock with the block's exit code and nothing printed).
+USER_ERRORS = (Exception, SystemExit)
+
 OOM_HINT = "reduce --batch, --seq, --d-model or --layers"
 
 
@@ -52,3 +56,29 @@ def reraise_as_measure_error(e: BaseException, what: str) -> None:
     if isinstance(e, TBlockError) or is_out_of_memory(e):
         raise e
     raise MeasureError(f"{what}: {one_line(e)}") from e
+
+
+def interrupted(*_) -> None:
+    """SIGINT: one line and exit 130, whatever the program was doing (importing, tracing, inside a library that
+    catches KeyboardInterrupt): unwinding from an arbitrary point was seen to end in RecursionError, in
+    ImportError on a half-imported module, or to be swallowed."""
+    import os
+    import sys
+
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    try:
+        os.write(2, b"interrupted\n")
+    finally:
+        os._exit(130)
+
+
+def on_interrupt() -> None:
+    """Make SIGINT end the command through `interrupted` (unless someone installed their own handler)."""
+    import signal
+
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, interrupted)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import inspect
-import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,10 +14,11 @@ import torch
 import torch.nn as nn
 
 from tblock_cli.block import build_block
-from tblock_cli.config import BlockConfig
-from tblock_cli.errors import LoadError, is_out_of_memory, one_line
+from tblock_cli.config import TO_CONSTRUCTOR, BlockConfig, parse_kwargs
+from tblock_cli.errors import USER_ERRORS, LoadError, is_out_of_memory, one_line
+from tblock_cli.probes import train_mode
 
-# Constructor keywords tblock fills from its flags, under the names blocks commonly use.
+# Constructor keywords tblock fills from its flags (config.TO_CONSTRUCTOR), under the names blocks commonly use.
 ALIASES: dict[str, tuple[str, ...]] = {
     "d_model": ("d_model", "embed_dim", "dim", "n_embd", "hidden_size", "model_dim", "emb_dim", "d_embed"),
     "n_heads": ("n_heads", "nhead", "num_heads", "n_head", "nheads", "heads", "num_attention_heads"),
@@ -121,10 +121,14 @@ def load_factory(spec: str) -> Callable:
     target, sep, name = spec.rpartition(":")
     if not sep or not target or not name:
         raise LoadError(f"--block {spec!r}: expected package.module:NAME or path/to/file.py:NAME")
-    if target.endswith(".py") or "/" in target or "\\" in target:
+    if target.endswith(".py") or "/" in target or "\\" in target or Path(target).is_file():
         path = Path(target).expanduser().resolve()
+        if path.is_dir():
+            raise LoadError(f"--block {spec}: {target} is a folder; give path/to/file.py:NAME")
         if not path.is_file():
             raise LoadError(f"--block {spec}: file {target} not found")
+        if path.suffix != ".py":
+            raise LoadError(f"--block {spec}: {target} is not a .py file; give path/to/file.py:NAME or package.module:NAME")
         folder = str(path.parent)
         if folder not in sys.path:
             sys.path.insert(0, folder)  # so the file can import its siblings
@@ -134,14 +138,22 @@ def load_factory(spec: str) -> Callable:
             module = importlib.util.module_from_spec(ispec)
             sys.modules[mod_name] = module
             ispec.loader.exec_module(module)
-        except (Exception, SystemExit) as e:  # noqa: BLE001 - a file that calls sys.exit() is a load error too
+        except USER_ERRORS as e:  # a file that calls sys.exit() is a load error too
             raise LoadError(f"--block {spec}: importing {target} failed: {one_line(e)}") from None
     else:
+        if not all(part.isidentifier() for part in target.split(".")):
+            raise LoadError(f"--block {spec}: {target!r} is not a .py file and not an importable module name; "
+                            f"give path/to/file.py:NAME or package.module:NAME")
         if "" not in sys.path and str(Path.cwd()) not in sys.path:
             sys.path.insert(0, str(Path.cwd()))  # as `python -m` would: `examples.my_block` from the repo root
         try:
             module = importlib.import_module(target)
-        except (Exception, SystemExit) as e:  # noqa: BLE001
+        except ModuleNotFoundError as e:
+            if e.name is None or not target.startswith(e.name):  # the module imports something missing
+                raise LoadError(f"--block {spec}: cannot import module {target!r}: {one_line(e)}") from None
+            raise LoadError(f"--block {spec}: cannot import module {target!r} ({one_line(e)}): {target} is not a .py "
+                            f"file and not an importable module; give path/to/file.py:NAME or package.module:NAME") from None
+        except USER_ERRORS as e:
             raise LoadError(f"--block {spec}: cannot import module {target!r}: {one_line(e)}") from None
     if not hasattr(module, name):
         raise LoadError(f"--block {spec}: {target} has no attribute {name!r}")
@@ -149,18 +161,6 @@ def load_factory(spec: str) -> Callable:
     if not callable(obj):
         raise LoadError(f"--block {spec}: {name} is not a class or a factory function")
     return obj
-
-
-def parse_kwargs(text: str | None) -> dict:
-    if text is None:
-        return {}
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise LoadError(f"--kwargs is not valid JSON: {e.msg} (at character {e.pos})") from None
-    if not isinstance(value, dict):
-        raise LoadError("--kwargs must be a JSON object, e.g. '{\"norm_first\": true}'")
-    return value
 
 
 def constructor_kwargs(factory: Callable, cfg: BlockConfig) -> tuple[dict, bool]:
@@ -190,9 +190,9 @@ def constructor_kwargs(factory: Callable, cfg: BlockConfig) -> tuple[dict, bool]
 def flag_values(cfg: BlockConfig) -> dict:
     """The flags a user block's constructor may take, by canonical name. causal only with --causal:
     without it the block keeps its own default (a causal-by-default block stays causal)."""
-    values = {"d_model": cfg.d_model, "n_heads": cfg.n_heads, "d_ff": cfg.ffn_dim, "dropout": cfg.dropout}
-    if cfg.causal:
-        values["causal"] = True
+    values = {k: getattr(cfg, k) for k in TO_CONSTRUCTOR} | {"d_ff": cfg.ffn_dim}
+    if not cfg.causal:
+        del values["causal"]
     return values
 
 
@@ -213,7 +213,7 @@ def construct(spec: str, factory: Callable, cfg: BlockConfig, extra: dict) -> nn
         try:
             module = factory(**kwargs)
             break
-        except (Exception, SystemExit) as e:  # noqa: BLE001 - any rejection: try the next way, then report all
+        except USER_ERRORS as e:  # any rejection: try the next way, then report all
             if is_out_of_memory(e):
                 raise
             tried.append(f"({shown}): {one_line(e)}")
@@ -232,9 +232,12 @@ def pad_keyword(module: nn.Module, asked: str | None = None, name: str = "") -> 
         params = {}
     if asked is not None:
         takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-        if asked not in params and not takes_any:
-            raise LoadError(f"--pad-keyword {asked}: {name or type(module).__name__}.forward takes no such keyword "
-                            f"(it takes {', '.join(params) or 'nothing'})")
+        named = [k for k, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        where = f"--pad-keyword {asked}: {name or type(module).__name__}.forward"
+        if named and asked == named[0] and params[asked].kind is not inspect.Parameter.KEYWORD_ONLY:
+            raise LoadError(f"{where} takes its input as {asked}; name the mask's keyword (it takes {', '.join(params)})")
+        if asked not in named and not (takes_any and asked not in params):
+            raise LoadError(f"{where} takes no such keyword (it takes {', '.join(params) or 'nothing'})")
         return asked
     return next((k for k in PAD_KEYWORDS if k in params), None)
 
@@ -242,17 +245,13 @@ def pad_keyword(module: nn.Module, asked: str | None = None, name: str = "") -> 
 def probe(subject: Subject, cfg: BlockConfig, device: torch.device, dtype: torch.dtype, *, same_shape: bool) -> None:
     """Call the block once on (B, T, d) input so a broken forward is a load error, not 14 errors."""
     x = torch.randn(cfg.batch, cfg.seq, cfg.d_model, device=device, dtype=dtype)
-    was_training = subject.module.training
-    subject.module.eval()
     try:
-        with torch.no_grad():
+        with train_mode(subject.module, False), torch.no_grad():
             out = subject.module(x)
-    except (Exception, SystemExit) as e:  # noqa: BLE001
+    except USER_ERRORS as e:
         if is_out_of_memory(e):
             raise
         raise LoadError(f"--block {subject.name}: forward on x of shape {tuple(x.shape)} failed: {one_line(e)}") from None
-    finally:
-        subject.module.train(was_training)
     try:
         out = first_tensor(out)
     except TypeError as e:

@@ -13,14 +13,22 @@ RESIDUAL_PROBES = 8
 
 
 @contextmanager
-def train_mode(module: nn.Module, on: bool):
-    """Put the module in train (on) or eval mode for a while; restore what it was."""
-    was = module.training
-    module.train(on)
+def kept_modes(module: nn.Module):
+    """Every submodule's training flag as it was, after (a frozen BatchNorm in eval inside a training model stays so)."""
+    was = [(m, m.training) for m in module.modules()]
     try:
         yield
     finally:
-        module.train(was)
+        for m, training in was:
+            m.training = training
+
+
+@contextmanager
+def train_mode(module: nn.Module, on: bool):
+    """Put the module in train (on) or eval mode for a while; restore what each part was."""
+    with kept_modes(module):
+        module.train(on)
+        yield
 
 
 def f64(t: torch.Tensor) -> torch.Tensor:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from contextlib import ExitStack, contextmanager
 
 import torch
 
@@ -42,6 +43,30 @@ def resolve_device(spec: str) -> torch.device:
 def _mps_available() -> bool:
     backend = getattr(torch.backends, "mps", None)
     return bool(backend and backend.is_available())
+
+
+@contextmanager
+def session(threads: int | None, module: torch.nn.Module | None = None):
+    """torch's intra-op threads set for a while (None: untouched), and the module's training modes as they
+    were: both restored after, however the run ends."""
+    from tblock_cli.probes import kept_modes
+
+    was = torch.get_num_threads()
+    with ExitStack() as stack:
+        if module is not None:
+            stack.enter_context(kept_modes(module))
+        try:
+            if threads is not None:
+                torch.set_num_threads(threads)
+            yield
+        finally:
+            torch.set_num_threads(was)
+
+
+def placed(module: torch.nn.Module, device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether every floating parameter and buffer is already of this device and dtype (moving would change nothing)."""
+    tensors = [*module.parameters(), *module.buffers()]
+    return all(t.device == device and t.dtype == dtype for t in tensors if t.is_floating_point())
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:

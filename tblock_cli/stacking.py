@@ -10,7 +10,7 @@ import torch
 import torch.nn as nn
 
 from tblock_cli.config import BlockConfig
-from tblock_cli.errors import reraise_as_measure_error
+from tblock_cli.errors import USER_ERRORS, reraise_as_measure_error
 from tblock_cli.probes import f64, residual_gain
 from tblock_cli.report import Finding, RunInfo, Status, failing_of
 
@@ -193,7 +193,7 @@ def run_depth(cfg: BlockConfig, device: torch.device, dtype: torch.dtype,
     x = torch.randn(cfg.batch, cfg.seq, cfg.d_model, generator=gen).to(device=device, dtype=dtype)
     try:
         stats, applied, final_rms, input_rms = measure_stack(layers, blocks, x, final_norm, gen)
-    except Exception as e:  # noqa: BLE001 - the block under test raised
+    except USER_ERRORS as e:  # the block under test raised (sys.exit included)
         reraise_as_measure_error(e, f"{name} raised during the forward/backward")
     return DepthReport(name, cfg.norm if make_layers is None else "user", tuple(stats), applied, final_rms, input_rms,
                        tuple(depth_findings(stats, applied, final_rms, input_rms)), strict, run)

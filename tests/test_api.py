@@ -77,3 +77,47 @@ def test_import_does_not_import_torch():
     code = "import sys, tblock_cli; assert 'torch' not in sys.modules; print(tblock_cli.__all__)"
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
     assert "check" in out and "assert_ok" in out
+
+
+# --- the caller's module comes back as it went in: dtype, device, modes, weights, gradients; threads too
+
+def _snapshot(module):
+    return ({k: v.clone() for k, v in module.state_dict().items()}, [m.training for m in module.modules()],
+            [p.grad for p in module.parameters()])
+
+
+def _assert_unchanged(module, before):
+    state, modes, grads = before
+    now = module.state_dict()
+    assert all(now[k].dtype == v.dtype and now[k].device == v.device and torch.equal(now[k], v) for k, v in state.items())
+    assert [m.training for m in module.modules()] == modes
+    assert all(p.grad is g for p, g in zip(module.parameters(), grads))
+
+
+@pytest.mark.parametrize("run", [
+    lambda m: tblock_cli.check(m, dtype="bfloat16", seq=6, threads=2),
+    lambda m: tblock_cli.check(m, seq=6),
+    lambda m: tblock_cli.params(m, dtype="float16", seq=6, threads=2),
+    lambda m: tblock_cli.bench(m, seq=[6], mode="train", min_time=0.01, threads=2),
+    lambda m: tblock_cli.depth(m, layers=2, seq=6, threads=2),
+], ids=["check-bf16", "check", "params-f16", "bench-train", "depth"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_api_leaves_the_callers_module_and_threads_as_they_were(run, dtype):
+    module = nn.Sequential(nn.LayerNorm(32), nn.Linear(32, 32), nn.BatchNorm1d(6), nn.Dropout(0.1)).to(dtype)  # BatchNorm over the 6 tokens
+    module.train()
+    module[3].eval()  # a mixed state: one part in eval inside a training module
+    before, threads = _snapshot(module), torch.get_num_threads()
+    run(module)
+    _assert_unchanged(module, before)
+    assert torch.get_num_threads() == threads
+
+
+def test_threads_and_modes_are_restored_when_the_block_raises():
+    from tblock_cli.errors import MeasureError
+
+    threads = torch.get_num_threads()
+    module = zoo.FailsWithGrad(32, 4)
+    module.train()
+    with pytest.raises(MeasureError):
+        tblock_cli.depth(module, layers=2, seq=6, threads=3)
+    assert torch.get_num_threads() == threads and module.training

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import time
 from contextlib import contextmanager
 from typing import Callable
@@ -17,13 +16,9 @@ from tblock_cli.benchmark.report import BenchReport, BenchResult
 from tblock_cli.benchmark.saved import compare
 from tblock_cli.benchmark.timing import Latency, measure, step_fn, synchronizer
 from tblock_cli.config import BlockConfig
-from tblock_cli.errors import ConfigError, MeasureError, reraise_as_measure_error
+from tblock_cli.errors import USER_ERRORS, ConfigError, MeasureError, reraise_as_measure_error
 from tblock_cli.loading import Subject
 from tblock_cli.report import RunInfo
-
-# --min-time is capped so a typo (600000) cannot hold the machine for days.
-MAX_MIN_TIME = 600.0
-MAX_DECODE = 65536
 
 
 @contextmanager
@@ -109,39 +104,6 @@ def plan(cfg: BlockConfig, seqs: list[int], modes: list[str], need_weights: bool
     return points
 
 
-def parse_seqs(seq) -> list[int]:
-    """'128,512', 512 or [128, 512] -> sorted distinct positive ints."""
-    if isinstance(seq, str):
-        parts = [s for s in seq.replace(" ", "").split(",") if s]
-        if not parts:
-            raise ConfigError(f"--seq takes a comma-separated list of integers, e.g. 128,512; got {seq!r}")
-        try:
-            seqs = [int(s) for s in parts]
-        except ValueError:
-            raise ConfigError(f"--seq takes a comma-separated list of integers, e.g. 128,512; got {seq!r}") from None
-    elif isinstance(seq, int):
-        seqs = [seq]
-    else:
-        seqs = [int(s) for s in seq]
-    if not seqs or any(s <= 0 for s in seqs):
-        raise ConfigError(f"--seq values must be > 0, got {seq!r}")
-    return sorted(set(seqs))
-
-
-def validate_bench(seq, mode: str, baseline: str | None, min_time: float, decode: int | None) -> list[int]:
-    """Every bench-only flag checked before anything is built or measured."""
-    seqs = parse_seqs(seq)
-    if mode not in ("infer", "train", "both"):
-        raise ConfigError(f"--mode must be infer, train or both, got {mode!r}")
-    if baseline not in (None, "torch"):
-        raise ConfigError(f"--baseline takes 'torch', got {baseline!r}")
-    if not (isinstance(min_time, (int, float)) and math.isfinite(min_time) and 0 < min_time <= MAX_MIN_TIME):
-        raise ConfigError(f"--min-time must be a number of seconds in (0, {MAX_MIN_TIME:g}], got {min_time}")
-    if decode is not None and not 1 <= decode <= MAX_DECODE:
-        raise ConfigError(f"--decode must be in [1, {MAX_DECODE}], got {decode}")
-    return seqs
-
-
 def check_sizes(cfg: BlockConfig, seqs: list[int], modes: list[str], device: torch.device, decode: int | None = None) -> None:
     """Refuse, before allocating anything, a sweep point estimated larger than the free memory."""
     for seq in seqs + ([seqs[0] + decode] if decode else []):
@@ -183,7 +145,7 @@ def run_bench(subject: Subject, cfg: BlockConfig, device: torch.device, dtype: t
                 fn = step_fn(call, module, x, mode)
                 try:
                     latency, prof = measure(fn, device, min_time, clock)
-                except Exception as e:  # noqa: BLE001 - the block under test raised
+                except USER_ERRORS as e:  # the block under test raised (sys.exit included)
                     reraise_as_measure_error(e, f"{call_name(target, subject)} raised in {mode} mode at seq {seq}")
             if nw is not None and not hooked:
                 raise ConfigError(f"--need-weights: no nn.MultiheadAttention forward ran in {subject.name}; a fused path bypassed it")
@@ -214,7 +176,7 @@ def run_bench(subject: Subject, cfg: BlockConfig, device: torch.device, dtype: t
             x = torch.randn(cfg.batch, seq, cfg.d_model, generator=gen).to(device=device, dtype=dtype)
             try:
                 parts.append(run_breakdown(subject, cfg, x, device, min_time, clock))
-            except Exception as e:  # noqa: BLE001
+            except USER_ERRORS as e:
                 reraise_as_measure_error(e, f"{subject.name} raised during --breakdown at seq {seq}")
     item = dtype.itemsize
     sizes = {s: {"weights_returned": cfg.batch * s * s * item, "matrix_per_head": cfg.batch * cfg.n_heads * s * s * item} for s in seqs}
@@ -292,7 +254,7 @@ def decode_results(subject: Subject, cfg: BlockConfig, device: torch.device, dty
                                        cfg.batch, cached, size, tuple(per)))
     except ConfigError:
         raise
-    except Exception as e:  # noqa: BLE001
+    except USER_ERRORS as e:
         reraise_as_measure_error(e, f"{subject.name} raised while decoding")
     finally:
         module.train(was)

@@ -9,6 +9,7 @@ import json
 import math
 import os
 
+from tblock_cli.config import COMPARED
 from tblock_cli.errors import ConfigError
 from tblock_cli.report import SCHEMA_VERSION, ensure_writable
 
@@ -24,9 +25,9 @@ def point_label(key: tuple) -> str:
     return f"{mode} seq {seq}{extra}"
 
 
-# Config keys that must match for two runs to be compared point by point (threads, seed, min_time may differ).
-COMPARED_CONFIG = ("d_model", "n_heads", "d_ff", "dropout", "norm", "activation", "eps", "bias", "causal", "layers", "batch",
-                   "dtype", "block", "kwargs", "seq", "mode", "need_weights", "baseline", "decode")
+# Config keys that must match for two runs to be compared point by point: the shared flags declared
+# compared (threads, seed may differ), then the block and bench's own (min_time may differ).
+COMPARED_CONFIG = COMPARED + ("block", "kwargs", "mode", "need_weights", "baseline", "decode")
 
 
 def _is_int(v) -> bool:

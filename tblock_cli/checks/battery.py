@@ -12,7 +12,7 @@ from tblock_cli.checks import attention, forward, gradients, mixing, structure
 from tblock_cli.checks.context import Context
 from tblock_cli.checks.result import CheckReport, CheckResult, Outcome
 from tblock_cli.config import BlockConfig
-from tblock_cli.errors import is_out_of_memory, one_line
+from tblock_cli.errors import USER_ERRORS, is_out_of_memory, one_line
 from tblock_cli.loading import Subject
 from tblock_cli.report import RunInfo, Status
 
@@ -83,7 +83,7 @@ def run_checks(subject: Subject, cfg: BlockConfig, device: torch.device, dtype: 
         started = time.perf_counter()
         try:
             outcome = check.run(ctx)
-        except Exception as e:  # noqa: BLE001 - the block under test raised; report it, go on
+        except USER_ERRORS as e:  # the block under test raised (sys.exit included); report it, go on
             if is_out_of_memory(e):
                 raise
             outcome = Outcome(Status.ERROR, "error.raised", None, {"error": one_line(e)})

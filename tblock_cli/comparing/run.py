@@ -101,9 +101,9 @@ def run_compare(a, b, setup, *, options: dict, kwargs_a=None, kwargs_b=None, dty
 
 
 def threads(n):
-    from tblock_cli.api import threads as api_threads  # the one way threads are set and restored
+    from tblock_cli.runtime import session  # the one way threads are set and restored
 
-    return api_threads(n)
+    return session(n)
 
 
 def runtime_name(dtype: torch.dtype) -> str:
