@@ -163,16 +163,21 @@ def hf_block(spec: str, cfg: BlockConfig, options: dict, extra: dict) -> tuple[n
     return module, spec, cfg
 
 
-def check(block=None, *, strict: bool = False, progress: Callable[[str], None] | None = None, **options):
-    """Run the check battery. `block`: an nn.Module, a factory, a SPEC string, or None (built-in)."""
+def check(block=None, *, strict: bool = False, progress: Callable[[str], None] | None = None,
+          tp: int | None = None, fsdp: int | None = None, tp_plan: str | None = None, **options):
+    """Run the check battery. `block`: an nn.Module, a factory, a SPEC string, or None (built-in).
+    tp / fsdp: also check the block sharded over that many ranks (tp_plan: a JSON plan file for tp)."""
     from tblock_cli.checks import run_checks
+    from tblock_cli.distributed import prepare
 
     s = setup(block, options, same_shape=False)
     with threads(s.cfg.threads):
         runtime.ensure_fits(runtime.check_estimate(s.cfg), s.device, "check")
         subject = s.make()
+        sharding = prepare(subject, s.cfg, s.device, s.dtype, tp=tp, fsdp=fsdp, tp_plan=tp_plan)
+        distributed = {k: v for k, v in (("tp", tp), ("fsdp", fsdp), ("tp_plan", tp_plan)) if v is not None}
         return run_checks(subject, s.cfg, s.device, s.dtype, strict=strict, progress=progress,
-                          run=s.run(subject, strict=strict))
+                          run=s.run(subject, strict=strict, **distributed), sharding=sharding)
 
 
 def params(block=None, *, tree_depth: int | None = None, **options):

@@ -143,6 +143,9 @@ def check(
     batch: Batch = None, seq: Seq = None, dtype: Dtype = None, device: Device = None, seed: Seed = None,
     threads: Threads = None, block: BlockSpec = None, kwargs: Kwargs = None,
     strict: Annotated[bool, typer.Option("--strict", help="Treat warnings as failures.")] = False,
+    tp: Annotated[Optional[int], typer.Option("--tp", help="Also check the block tensor-parallel over N local ranks (gloo on CPU, NCCL on GPUs; under torchrun, its world).", show_default=False)] = None,
+    fsdp: Annotated[Optional[int], typer.Option("--fsdp", help="Also check the block under FSDP2 (fully_shard) over N ranks, each its own micro-batch.", show_default=False)] = None,
+    tp_plan: Annotated[Optional[str], typer.Option("--tp-plan", help="The --tp plan as JSON: module name -> colwise, rowwise or replicate. (default: derived from the dataflow)", show_default=False)] = None,
     json_: Json = False,
 ):
     """Run the diagnostic battery on a block. Exit 0 when nothing fails, 1 when a check fails or errors, 2 on bad input."""
@@ -152,14 +155,18 @@ def check(
         from tblock_cli import api
 
         with err.status("checking", spinner="dots") as status:
-            return api.check(block, strict=strict, progress=lambda name: status.update(f"check: {name}"), **options)
+            return api.check(block, strict=strict, progress=lambda name: status.update(f"check: {name}"),
+                             tp=tp, fsdp=fsdp, tp_plan=tp_plan, **options)
 
     def show(report):
         from tblock_cli import render
 
         out.print(render.check_view(report))
 
-    run_command(compute, show, json_=json_)
+    from tblock_cli.distributed.spawn import quiet_unless_rank_zero
+
+    with quiet_unless_rank_zero():
+        run_command(compute, show, json_=json_)
 
 
 @app.command()
