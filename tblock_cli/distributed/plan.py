@@ -54,7 +54,8 @@ def derive(module: nn.Module, dataflow, n: int, n_heads: int) -> Plan:
     if fused:
         name = fused[0]
         what = roles[name].split(".")[1]
-        raise ConfigError(f"--tp: `{name}` computes {' and '.join(what)} in one matrix ({roles[name]}); column-sharding it "
+        listed = ", ".join(what[:-1]) + " and " + what[-1]
+        raise ConfigError(f"--tp: `{name}` computes {listed} in one matrix ({roles[name]}); column-sharding it "
                           f"would give each rank a slice of [{'|'.join(what)}], not of each: split it into separate "
                           f"{', '.join(what)} nn.Linear layers (d_model -> d_model each), or shard by hand with --tp-plan")
     styles = {}

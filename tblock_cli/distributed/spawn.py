@@ -30,6 +30,10 @@ RANK_TIMEOUT_S = 600
 # How long a terminated rank gets to exit before it is killed.
 GRACE_S = 3.0
 LOOPBACK = "127.0.0.1"
+# What a rank raises when a peer left the world (gloo: "Connection closed by peer", DistBackendError), and how
+# long to wait for the peer's own error after seeing one.
+PEER_LOST = ("DistBackendError", "Connection closed", "Connection reset", "Broken pipe")
+PEER_WAIT_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -126,9 +130,25 @@ def _collect(procs, results, n: int) -> object:
                 raise RankFailure(min(set(range(n)) - set(answers)), f"no answer in {RANK_TIMEOUT_S} s") from None
             continue
         if not ok:
-            raise RankFailure(rank, *value)
+            raise _cause(RankFailure(rank, *value), results)
         answers[rank] = value
     return answers[0]
+
+
+def _cause(first: RankFailure, results) -> RankFailure:
+    """The failure to report: a rank whose peer failed first sees only a broken connection; wait a moment for
+    the peer's own error and name that one."""
+    if not any(w in first.error for w in PEER_LOST):
+        return first
+    end = time.monotonic() + PEER_WAIT_S
+    while time.monotonic() < end:
+        try:
+            rank, ok, value = results.get(timeout=max(0.01, end - time.monotonic()))
+        except queue.Empty:
+            break
+        if not ok and not any(w in value[0] for w in PEER_LOST):
+            return RankFailure(rank, *value)
+    return first
 
 
 def _tear_down(procs) -> None:
@@ -174,16 +194,16 @@ def _child(fn, rank: int, n: int, device: torch.device, port: int, method: str, 
             torch.cuda.set_device(device)
         store = dist.TCPStore(LOOPBACK, port, n, is_master=False, timeout=datetime.timedelta(seconds=RANK_TIMEOUT_S))
         dist.init_process_group(backend_for(device), store=store, rank=rank, world_size=n)
-        try:
-            value = fn(rank, n, device, *args)
-        finally:
-            dist.destroy_process_group()
-        results.put((rank, True, value))
+        results.put((rank, True, fn(rank, n, device, *args)))
     except KeyboardInterrupt:
         pass  # the parent tears the world down and says so
-    except BaseException as e:  # noqa: BLE001 - any failure is this rank's answer
+    except BaseException as e:  # noqa: BLE001 - any failure is this rank's answer, sent before its peers lose it
         results.put((rank, False, (one_line(e), getattr(e, "tblock_where", None))))
     finally:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
         results.close()
         results.join_thread()
 
