@@ -122,7 +122,7 @@ def test_a_failing_rank_is_one_line_and_the_world_is_torn_down():
     with pytest.raises(RankFailure) as raised:
         run_ranks(_raises_on_rank_1, 2, torch.device("cpu"))
     assert (raised.value.rank, str(raised.value)) == (1, "rank 1: ValueError: boom")
-    with pytest.raises(RankFailure, match="rank 0: died with exit code 3"):
+    with pytest.raises(RankFailure, match="rank 0: died with exit code 3 and no answer"):
         run_ranks(_dies_on_rank_0, 2, torch.device("cpu"))
     assert leftovers() == ([], before[1])
     assert zoo.DISTRIBUTED["GlobalHeads"]["tp"] == "fail"

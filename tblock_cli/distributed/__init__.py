@@ -26,6 +26,8 @@ def prepare(subject, cfg, device, dtype, *, tp: int | None, fsdp: int | None, tp
             raise ConfigError(f"{flag} {n}: a world of fewer than 2 ranks shards nothing; give 2 or more")
     if not tp and not fsdp:
         return None
+    if device.type not in ("cpu", "cuda"):
+        raise ConfigError(f"--tp/--fsdp run on gloo (CPU) or NCCL (CUDA), not {device.type}; use --device cpu")
     plan = None
     if tp:
         from tblock_cli.distributed.plan import plan_for

@@ -55,9 +55,12 @@ def derive(module: nn.Module, dataflow, n: int, n_heads: int) -> Plan:
         name = fused[0]
         what = roles[name].split(".")[1]
         listed = ", ".join(what[:-1]) + " and " + what[-1]
+        kind = type(dict(module.named_modules()).get(name)).__name__
+        fix = ("" if kind == "Linear" else f" (a {kind}: ColwiseParallel takes nn.Linear)") + \
+            ("" if kind != "Linear" else ", or shard by hand with --tp-plan")
         raise ConfigError(f"--tp: `{name}` computes {listed} in one matrix ({roles[name]}); column-sharding it "
                           f"would give each rank a slice of [{'|'.join(what)}], not of each: split it into separate "
-                          f"{', '.join(what)} nn.Linear layers (d_model -> d_model each), or shard by hand with --tp-plan")
+                          f"{', '.join(what)} nn.Linear layers (d_model -> d_model each){fix}")
     styles = {}
     for name, role in roles.items():
         style = "colwise" if role in COLWISE_ROLES else "rowwise" if role in ROWWISE_ROLES else None

@@ -124,7 +124,7 @@ def _collect(procs, results, n: int) -> object:
                 if rank not in answers and p.exitcode is not None:
                     time.sleep(0.2)  # its answer may still be in the pipe
                     if results.empty():
-                        raise RankFailure(rank, f"died with exit code {p.exitcode}") from None
+                        raise RankFailure(rank, _death(p.exitcode)) from None
                     break
             if time.monotonic() > deadline:
                 raise RankFailure(min(set(range(n)) - set(answers)), f"no answer in {RANK_TIMEOUT_S} s") from None
@@ -149,6 +149,14 @@ def _cause(first: RankFailure, results) -> RankFailure:
         if not ok and not any(w in value[0] for w in PEER_LOST):
             return RankFailure(rank, *value)
     return first
+
+
+def _death(code: int) -> str:
+    if code < 0:
+        import signal
+
+        return f"killed by {signal.Signals(-code).name} with no answer"
+    return f"died with exit code {code} and no answer"
 
 
 def _tear_down(procs) -> None:

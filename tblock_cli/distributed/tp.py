@@ -24,7 +24,7 @@ def check_tensor_parallel(ctx):
     n, plan = sharding.tp, sharding.plan
     shape = (ctx.cfg.batch, ctx.cfg.seq, ctx.cfg.d_model)
     sharded = {"ranks": n, "colwise": sorted(k for k, s in plan.styles.items() if s == "colwise"),
-               "rowwise": sorted(k for k, s in plan.styles.items() if s == "rowwise")}
+               "rowwise": sorted(k for k, s in plan.styles.items() if s == "rowwise"), "plan": plan.to_dict()}
     try:
         got = run_ranks(tp_rank, n, ctx.device, ctx.subject, plan.styles, ctx.cfg.seed, shape, ctx.dtype)
     except RankFailure as e:

@@ -230,10 +230,13 @@ _DIST = {
     "tensor_parallel.raised": _tp_raised,
     "fsdp.off": "run with --fsdp N to check the block under FSDP2",
     "fsdp.equal": lambda f: (f"--fsdp {f['ranks']}: per-rank micro-batches give the whole batch's averaged gradients and the same "
-                             f"parameters after an AdamW step (max relative diff, limit {f['limit']:g})"),
+                             f"parameters after an SGD step (max relative diff, limit {f['limit']:g})"),
     "fsdp.differs": lambda f: (f"--fsdp {f['ranks']}: differs from one process on the whole batch of {f['batch']}: output "
                                f"{f['output']:.2e}, input grad {f['input_grad']:.2e}, parameter grad {f['param_grad']:.2e} "
-                               f"(worst {f['worst_param']}), after a step {f['step']:.2e} (limit {f['limit']:g})"),
+                               f"(worst {f['worst_param']}), after a step {f['step']:.2e} (limit {f['limit']:g})"
+                               + ("" if f["param_grad"] != float("inf") else
+                                  f"; `{f['worst_param']}` gets no gradient under fully_shard: the forward uses a reference "
+                                  f"to it kept outside the module (a list, a closure), not the parameter FSDP gathers")),
     "fsdp.raised": lambda f: (f"rank {f['rank']}: " + (f"`{f['where']}` " if f.get("where") else "the forward ")
                               + f"raised under fully_shard: {f['error']}"),
 }
