@@ -198,7 +198,8 @@ def params(block=None, *, tree_depth: int | None = None, **options):
 
 def bench(block=None, *, seq=(128, 512), need_weights: bool = False, mode: str = "both", baseline: str | None = None,
           min_time: float = 0.5, decode: int | None = None, breakdown: bool = False, compare_with: dict | None = None,
-          progress: Callable[[str, int, int], None] | None = None, **options):
+          progress: Callable[[str, int, int], None] | None = None, tp: int | None = None, tp_plan: str | None = None,
+          **options):
     """Latency, peak memory and the attention kernel, per sequence length and mode.
 
     decode=N also generates N tokens after a seq[0]-token prompt, with the block's KV cache and by
@@ -208,6 +209,8 @@ def bench(block=None, *, seq=(128, 512), need_weights: bool = False, mode: str =
     from tblock_cli.benchmark.saved import config_mismatch
 
     seqs = validate_bench(seq, mode, baseline, min_time, decode)
+    if tp is not None or tp_plan is not None:
+        return _bench_tp(block, seqs[0], tp, tp_plan, options)
     if decode and block is None:
         options = {**options, "causal": True}  # cached decoding is causal decoding
     s = setup(block, {**options, "seq": seqs[0]})
@@ -225,6 +228,20 @@ def bench(block=None, *, seq=(128, 512), need_weights: bool = False, mode: str =
         return run_bench(subject, s.cfg, s.device, s.dtype, seqs=seqs, modes=modes, need_weights=need_weights,
                          baseline=baseline == "torch", min_time=min_time, progress=progress, run=run,
                          decode=decode, breakdown=breakdown, compare_with=compare_with)
+
+
+def _bench_tp(block, seq: int, tp: int | None, tp_plan: str | None, options: dict):
+    """bench --tp N: the sharded block's forward + backward per rank, and its share in collectives."""
+    from tblock_cli.distributed import prepare
+    from tblock_cli.distributed.bench import run_tp_bench
+
+    s = setup(block, {**options, "seq": seq})
+    with threads(s.cfg.threads):
+        runtime.ensure_fits(runtime.estimate_bytes(s.cfg), s.device, "bench")
+        subject = s.make()
+        sharding = prepare(subject, s.cfg, s.device, s.dtype, tp=tp, fsdp=None, tp_plan=tp_plan)
+        return run_tp_bench(subject, s.cfg, s.device, s.dtype, sharding.plan, tp,
+                            s.run(subject, seq=seq, tp=tp, **({"tp_plan": tp_plan} if tp_plan else {})))
 
 
 def load_saved(path: str) -> dict:

@@ -226,6 +226,8 @@ def bench(
     breakdown: Annotated[bool, typer.Option("--breakdown", help="Time and peak memory per component (projections, attention kernel, FFN, norms, residual adds).")] = False,
     save: Annotated[Optional[str], typer.Option("--save", help="Write this run's JSON to FILE, to --compare against later.", show_default=False)] = None,
     compare: Annotated[Optional[str], typer.Option("--compare", help="Compare with a run saved by --save: exit 1 if slower beyond the noise or >1% more memory.", show_default=False)] = None,
+    tp: Annotated[Optional[int], typer.Option("--tp", help="Instead: the block tensor-parallel over N local ranks, per-rank latency (forward + backward at the first --seq) and the share in collectives.", show_default=False)] = None,
+    tp_plan: Annotated[Optional[str], typer.Option("--tp-plan", help="The --tp plan as JSON: module name -> colwise, rowwise or replicate. (default: derived from the dataflow)", show_default=False)] = None,
     plot: Plot = None,
     json_: Json = False,
 ):
@@ -249,7 +251,8 @@ def bench(
                 bar.update(task, completed=done, total=total, description=f"measuring {desc}")
 
             report = api.bench(block, seq=seq, need_weights=need_weights, mode=mode, baseline=baseline, min_time=min_time,
-                               decode=decode, breakdown=breakdown, progress=step, compare_with=saved, **options)
+                               decode=decode, breakdown=breakdown, progress=step, compare_with=saved, tp=tp, tp_plan=tp_plan,
+                               **options)
         if save is not None:
             api.save_report(report, save)
         return report
@@ -257,7 +260,7 @@ def bench(
     def show(report):
         from tblock_cli import render
 
-        out.print(render.bench_view(report))
+        out.print(render.tp_bench_view(report) if tp is not None else render.bench_view(report))
 
     def save_plot(report, path):
         from tblock_cli import render

@@ -3,6 +3,7 @@ against the unsharded block, and the local world torn down after success and fai
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -126,3 +127,31 @@ def test_a_failing_rank_is_one_line_and_the_world_is_torn_down():
         run_ranks(_dies_on_rank_0, 2, torch.device("cpu"))
     assert leftovers() == ([], before[1])
     assert zoo.DISTRIBUTED["GlobalHeads"]["tp"] == "fail"
+
+
+def test_bench_tp_counts_collectives_once_and_reports_per_rank():
+    """Self times of the calling thread's c10d events, not gloo's worker-thread records that overlap them."""
+    from types import SimpleNamespace as E
+
+    from rich.console import Console
+
+    from tblock_cli import render
+    from tblock_cli.distributed.bench import RankTiming, TPBench, collective_seconds
+
+    events = [E(key="_c10d_functional::all_reduce", self_cpu_time_total=1_000), E(key="c10d::allreduce_", self_cpu_time_total=30_000),
+              E(key="_c10d_functional::wait_tensor", self_cpu_time_total=20_000), E(key="gloo:all_reduce", self_cpu_time_total=60_000),
+              E(key="aten::mm", self_cpu_time_total=50_000)]
+    assert collective_seconds(events) == pytest.approx(0.051)
+    report = TPBench((RankTiming(0, (0.03, 0.02, 0.04), 0.051, 0.102), RankTiming(1, (0.02,), 0.0, 0.1)), (0.01, 0.01), 128,
+                     api.setup(None, {"d_model": 64}).run(None, tp=2))
+    data = report.to_dict()
+    assert [(r["median_s"], r["collective_share"]) for r in data["ranks"]] == [(0.03, 0.5), (0.02, 0.0)]
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = json.loads((Path(__file__).parent.parent / "docs" / "tblock.schema.json").read_text())
+    jsonschema.validate(data, schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({**data, "ranks": [{"rank": 0}]}, schema)
+    console = Console(width=100, record=True, file=open(os.devnull, "w"))
+    console.print(render.tp_bench_view(report))
+    text = console.export_text()
+    assert "x3.00" in text and "50%" in text and "x2.00" in text

@@ -119,7 +119,7 @@ def world_max(values: list[float], device: torch.device) -> list[float]:
     """Each value's maximum over the ranks."""
     import torch.distributed as dist
 
-    t = torch.tensor(values, dtype=torch.float64 if device.type != "mps" else torch.float32, device=device)
+    t = torch.tensor(values, dtype=torch.float64, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return t.tolist()
 
