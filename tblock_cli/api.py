@@ -210,6 +210,10 @@ def bench(block=None, *, seq=(128, 512), need_weights: bool = False, mode: str =
 
     seqs = validate_bench(seq, mode, baseline, min_time, decode)
     if tp is not None or tp_plan is not None:
+        given = [f for f, on in (("--decode", decode), ("--breakdown", breakdown), ("--baseline", baseline),
+                                 ("--compare", compare_with is not None), ("--need-weights", need_weights)) if on]
+        if given:
+            raise ConfigError(f"bench --tp times the sharded forward + backward alone; drop {', '.join(given)}")
         return _bench_tp(block, seqs[0], tp, tp_plan, options)
     if decode and block is None:
         options = {**options, "causal": True}  # cached decoding is causal decoding

@@ -240,6 +240,8 @@ def bench(
 
         from tblock_cli import api
 
+        if tp is not None and plot is not None:
+            raise ConfigError("--plot draws the sequence sweep; bench --tp has none")
         saved = api.load_saved(compare) if compare else None
         if save is not None:
             ensure_writable(save, "--save")
