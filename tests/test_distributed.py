@@ -155,3 +155,45 @@ def test_bench_tp_counts_collectives_once_and_reports_per_rank():
     console.print(render.tp_bench_view(report))
     text = console.export_text()
     assert "x3.00" in text and "50%" in text and "x2.00" in text
+
+
+# os._exit skips multiprocessing's own clean-up at exit, so only run_ranks' teardown can end the ranks
+# (with it disabled, both were still alive after the parent exited).
+HANGS = """
+import os, time
+import torch
+from tblock_cli.distributed.spawn import run_ranks
+
+def hang(rank, n, device):
+    time.sleep(120)
+
+try:
+    run_ranks(hang, 2, torch.device("cpu"))
+except KeyboardInterrupt:
+    os._exit(130)
+"""
+
+
+def test_ctrl_c_leaves_no_rank(tmp_path):
+    """SIGINT to the parent alone (the ranks sleep on, unaware): the parent must end them before it exits.
+    (A terminal's Ctrl-C reaches the whole group; the ranks then stop by themselves as well.)"""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    script = tmp_path / "hangs.py"
+    script.write_text(HANGS)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)}
+    p = subprocess.Popen([sys.executable, str(script)], env=env, start_new_session=True,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    kids, deadline = [], time.monotonic() + 120
+    while len(kids) < 2 and time.monotonic() < deadline and p.poll() is None:
+        time.sleep(0.2)
+        kids = [k for t in os.listdir(f"/proc/{p.pid}/task") for k in open(f"/proc/{p.pid}/task/{t}/children").read().split()]
+    assert len(kids) == 2, "the ranks never started"
+    time.sleep(1.0)
+    os.kill(p.pid, signal.SIGINT)
+    assert p.wait(timeout=30) == 130
+    alive = [k for k in kids if os.path.exists(f"/proc/{k}") and open(f"/proc/{k}/stat").read().split()[2] != "Z"]
+    assert alive == []
