@@ -42,7 +42,7 @@ class Plan:
         return {"source": self.source, "modules": [{"module": m, "role": r, "style": s} for m, r, s in self.rows()]}
 
 
-def derive(module: nn.Module, dataflow, n: int, n_heads: int) -> Plan:
+def derive(module: nn.Module, dataflow, n: int, n_heads: int, d_model: int) -> Plan:
     """The Megatron plan from the traced roles; ConfigError naming what cannot be sharded and how to fix it."""
     mha = next((name for name, m in module.named_modules() if isinstance(m, nn.MultiheadAttention)), None)
     if mha is not None:
@@ -72,7 +72,7 @@ def derive(module: nn.Module, dataflow, n: int, n_heads: int) -> Plan:
         raise ConfigError("--tp: the dataflow shows no projection pair to shard (q/k/v or FFN in, then an output "
                           "projection); give the plan with --tp-plan FILE")
     plan = Plan(styles, roles, "derived")
-    validate(module, plan, n, n_heads)
+    validate(module, plan, n, n_heads, d_model)
     return plan
 
 
@@ -94,7 +94,7 @@ def through_norm(module: nn.Module, dataflow, roles: dict) -> list[str]:
     return found
 
 
-def load(path: str, module: nn.Module, dataflow, n: int, n_heads: int) -> Plan:
+def load(path: str, module: nn.Module, dataflow, n: int, n_heads: int, d_model: int) -> Plan:
     """A JSON object module name -> colwise / rowwise / replicate, checked against the block."""
     try:
         with open(path) as f:
@@ -112,11 +112,11 @@ def load(path: str, module: nn.Module, dataflow, n: int, n_heads: int) -> Plan:
                           f"(its modules: {', '.join(n_ for n_ in names if n_)[:300]})")
     roles = {m.name: m.role for m in dataflow.modules}
     plan = Plan({k: v for k, v in raw.items() if v != "replicate"}, roles, path)
-    validate(module, plan, n, n_heads)
+    validate(module, plan, n, n_heads, d_model)
     return plan
 
 
-def validate(module: nn.Module, plan: Plan, n: int, n_heads: int) -> None:
+def validate(module: nn.Module, plan: Plan, n: int, n_heads: int, d_model: int) -> None:
     """Every sharded module is one PyTorch can shard, and every split width divides by n."""
     if n_heads % n:
         raise ConfigError(f"--tp {n}: {n_heads} attention heads do not split evenly over {n} ranks; "
@@ -135,6 +135,11 @@ def validate(module: nn.Module, plan: Plan, n: int, n_heads: int) -> None:
         if width % n:
             raise ConfigError(f"--tp {n}: `{name}` splits its {what} ({width}) over {n} ranks, and {width} is not "
                               f"divisible by {n}; use a rank count that divides it")
+        head_dim = d_model // n_heads
+        if plan.roles.get(name) in ("attn.k", "attn.v") and style == "colwise" and width // head_dim % n:
+            raise ConfigError(f"--tp {n}: `{name}` has {width // head_dim} head(s) of {head_dim}, which do not split over "
+                              f"{n} ranks without cutting a head (grouped-query attention: the key/value heads must be "
+                              f"divisible by the rank count)")
 
 
 def _split_width(m: nn.Module, style: str) -> tuple[int, str]:
@@ -151,5 +156,5 @@ def plan_for(subject, cfg, device: torch.device, dtype: torch.dtype, n: int, pat
     x = torch.randn(cfg.batch, cfg.seq, cfg.d_model, generator=gen).to(device=device, dtype=dtype)
     dataflow = trace(subject.module, subject, x, cfg.d_model)
     if path is not None:
-        return load(path, subject.module, dataflow, n, cfg.n_heads)
-    return derive(subject.module, dataflow, n, cfg.n_heads)
+        return load(path, subject.module, dataflow, n, cfg.n_heads, cfg.d_model)
+    return derive(subject.module, dataflow, n, cfg.n_heads, cfg.d_model)
