@@ -17,17 +17,23 @@ from tblock_cli.loading import builtin_subject
 from tblock_cli.subject import check_options, layer_maker, setup
 
 
-def check(block=None, *, strict: bool = False, progress: Callable[[str], None] | None = None, **options):
-    """Run the check battery. `block`: an nn.Module, a factory, a SPEC string, or None (built-in)."""
+def check(block=None, *, strict: bool = False, progress: Callable[[str], None] | None = None,
+          tp: int | None = None, fsdp: int | None = None, tp_plan: str | None = None, **options):
+    """Run the check battery. `block`: an nn.Module, a factory, a SPEC string, or None (built-in).
+    tp / fsdp: also check the block sharded over that many ranks (tp_plan: a JSON plan file for tp)."""
     from tblock_cli.checks import run_checks
+    from tblock_cli.distributed import prepare
 
-    check_options({"strict": strict, "progress": progress}, strict=bool, progress=Callable)
+    check_options({"strict": strict, "progress": progress, "tp": tp, "fsdp": fsdp, "tp_plan": tp_plan}, strict=bool,
+                  progress=Callable, tp=int, fsdp=int, tp_plan=str)
     s = setup(block, options, same_shape=False)
     with s.session():
         runtime.ensure_fits(runtime.check_estimate(s.cfg), s.device, "check")
         subject = s.make()
+        sharding = prepare(subject, s.cfg, s.device, s.dtype, tp=tp, fsdp=fsdp, tp_plan=tp_plan)
+        distributed = {k: v for k, v in (("tp", tp), ("fsdp", fsdp), ("tp_plan", tp_plan)) if v is not None}
         return run_checks(subject, s.cfg, s.device, s.dtype, strict=strict, progress=progress,
-                          run=s.run(subject, strict=strict))
+                          run=s.run(subject, strict=strict, **distributed), sharding=sharding)
 
 
 def params(block=None, *, tree_depth: int | None = None, **options):
@@ -49,7 +55,8 @@ def params(block=None, *, tree_depth: int | None = None, **options):
 
 def bench(block=None, *, seq=(128, 512), need_weights: bool = False, mode: str = "both", baseline: str | None = None,
           min_time: float = 0.5, decode: int | None = None, breakdown: bool = False, compare_with: dict | None = None,
-          progress: Callable[[str, int, int], None] | None = None, **options):
+          progress: Callable[[str, int, int], None] | None = None, tp: int | None = None, tp_plan: str | None = None,
+          **options):
     """Latency, peak memory and the attention kernel, per sequence length and mode.
 
     decode=N also generates N tokens after a seq[0]-token prompt, with the block's KV cache and by
@@ -60,13 +67,19 @@ def bench(block=None, *, seq=(128, 512), need_weights: bool = False, mode: str =
     from tblock_cli.benchmark.saved import config_mismatch, validate_saved
 
     check_options(locals(), need_weights=bool, mode=str, baseline=str, min_time=float, decode=int, breakdown=bool,
-                  compare_with=dict, progress=Callable)
+                  compare_with=dict, progress=Callable, tp=int, tp_plan=str)
     if isinstance(seq, bool) or not isinstance(seq, (int, str, list, tuple)) or \
             (isinstance(seq, (list, tuple)) and not all(isinstance(n, int) and not isinstance(n, bool) for n in seq)):
         raise ConfigError(f"--seq must be an integer, a list of integers or a comma-separated string, got {seq!r}")
     seqs = validate_bench(seq, mode, baseline, min_time, decode)
     if compare_with is not None:
         validate_saved(compare_with, "compare_with")
+    if tp is not None or tp_plan is not None:
+        given = [f for f, on in (("--decode", decode), ("--breakdown", breakdown), ("--baseline", baseline),
+                                 ("--compare", compare_with is not None), ("--need-weights", need_weights)) if on]
+        if given:
+            raise ConfigError(f"bench --tp times the sharded forward + backward alone; drop {', '.join(given)}")
+        return _bench_tp(block, seqs[0], tp, tp_plan, options)
     if decode and block is None:
         options = {**options, "causal": True}  # cached decoding is causal decoding
     s = setup(block, {**options, "seq": seqs[0]})
@@ -84,6 +97,20 @@ def bench(block=None, *, seq=(128, 512), need_weights: bool = False, mode: str =
         return run_bench(subject, s.cfg, s.device, s.dtype, seqs=seqs, modes=modes, need_weights=need_weights,
                          baseline=baseline == "torch", min_time=min_time, progress=progress, run=run,
                          decode=decode, breakdown=breakdown, compare_with=compare_with)
+
+
+def _bench_tp(block, seq: int, tp: int | None, tp_plan: str | None, options: dict):
+    """bench --tp N: the sharded block's forward + backward per rank, and its share in collectives."""
+    from tblock_cli.distributed import prepare
+    from tblock_cli.distributed.bench import run_tp_bench
+
+    s = setup(block, {**options, "seq": seq})
+    with s.session():
+        runtime.ensure_fits(runtime.estimate_bytes(s.cfg), s.device, "bench")
+        subject = s.make()
+        sharding = prepare(subject, s.cfg, s.device, s.dtype, tp=tp, fsdp=None, tp_plan=tp_plan)
+        return run_tp_bench(subject, s.cfg, s.device, s.dtype, sharding.plan, tp,
+                            s.run(subject, seq=seq, tp=tp, **({"tp_plan": tp_plan} if tp_plan else {})))
 
 
 def load_saved(path: str) -> dict:

@@ -142,6 +142,9 @@ def check(
     *,
     strict: Annotated[bool, typer.Option("--strict", help="Treat warnings as failures.", **SWITCH)] = False,
     junit_xml: Annotated[Optional[str], typer.Option("--junit-xml", help="Also write the results as JUnit XML to FILE, for CI.", show_default=False, metavar="FILE")] = None,
+    tp: Annotated[Optional[int], typer.Option("--tp", help="Also check the block tensor-parallel over N local ranks (gloo on CPU, NCCL on GPUs; under torchrun, its world).", show_default=False, metavar="N")] = None,
+    fsdp: Annotated[Optional[int], typer.Option("--fsdp", help="Also check the block under FSDP2 (fully_shard) over N ranks, each its own micro-batch.", show_default=False, metavar="N")] = None,
+    tp_plan: Annotated[Optional[str], typer.Option("--tp-plan", help="The --tp plan as JSON: module name -> colwise, rowwise or replicate. (default: derived from the dataflow)", show_default=False, metavar="FILE")] = None,
     json_: Json = False,
     **options,
 ):
@@ -155,7 +158,8 @@ def check(
         from tblock_cli import api
 
         with err.status("checking", spinner="dots") as status:
-            report = api.check(block, strict=strict, progress=lambda name: status.update(f"check: {name}"), **options)
+            report = api.check(block, strict=strict, progress=lambda name: status.update(f"check: {name}"),
+                               tp=tp, fsdp=fsdp, tp_plan=tp_plan, **options)
         if junit_xml is not None:
             from tblock_cli.junit import write_junit
 
@@ -167,7 +171,10 @@ def check(
 
         out.print(render.check_view(report))
 
-    run_command(compute, show, json_=json_)
+    from tblock_cli.distributed.spawn import quiet_unless_rank_zero
+
+    with quiet_unless_rank_zero():
+        run_command(compute, show, json_=json_)
 
 
 @command(app)
@@ -222,6 +229,8 @@ def bench(
     breakdown: Annotated[bool, typer.Option("--breakdown", help="Time and peak memory per component (projections, attention kernel, FFN, norms, residual adds).", **SWITCH)] = False,
     save: Annotated[Optional[str], typer.Option("--save", help="Write this run's JSON to FILE, to --compare against later.", show_default=False)] = None,
     compare: Annotated[Optional[str], typer.Option("--compare", help="Compare with a run saved by --save: exit 1 if slower beyond the noise or >1% more memory.", show_default=False)] = None,
+    tp: Annotated[Optional[int], typer.Option("--tp", help="Instead: the block tensor-parallel over N local ranks, per-rank latency (forward + backward at the first --seq) and the share in collectives.", show_default=False, metavar="N")] = None,
+    tp_plan: Annotated[Optional[str], typer.Option("--tp-plan", help="The --tp plan as JSON: module name -> colwise, rowwise or replicate. (default: derived from the dataflow)", show_default=False, metavar="FILE")] = None,
     plot: Plot = None,
     json_: Json = False,
     **options,
@@ -243,6 +252,8 @@ def bench(
 
         from tblock_cli import api
 
+        if tp is not None and plot is not None:
+            raise ConfigError("--plot draws the sequence sweep; bench --tp has none")
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=err, transient=True) as bar:
             task = bar.add_task("measuring", total=None)
@@ -251,7 +262,8 @@ def bench(
                 bar.update(task, completed=done, total=total, description=f"measuring {desc}")
 
             report = api.bench(block, seq=seq, need_weights=need_weights, mode=mode, baseline=baseline, min_time=min_time,
-                               decode=decode, breakdown=breakdown, progress=step, compare_with=saved, **options)
+                               decode=decode, breakdown=breakdown, progress=step, compare_with=saved, tp=tp, tp_plan=tp_plan,
+                               **options)
         if save is not None:
             api.save_report(report, save)
         return report
@@ -259,7 +271,7 @@ def bench(
     def show(report):
         from tblock_cli import render
 
-        out.print(render.bench_view(report))
+        out.print(render.tp_bench_view(report) if tp is not None else render.bench_view(report))
 
     def save_plot(report, path):
         from tblock_cli import render

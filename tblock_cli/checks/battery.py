@@ -12,6 +12,7 @@ from tblock_cli.checks import attention, forward, gradients, mixing, structure
 from tblock_cli.checks.context import Context
 from tblock_cli.checks.result import CheckReport, CheckResult, Outcome
 from tblock_cli.config import BlockConfig
+from tblock_cli.distributed import fsdp, tp
 from tblock_cli.errors import USER_ERRORS, is_out_of_memory, one_line
 from tblock_cli.loading import Subject
 from tblock_cli.report import RunInfo, Status
@@ -53,6 +54,8 @@ REGISTRY: tuple[Check, ...] = (
     Check("need_weights", forward.check_need_weights, (), None, "`nn.MultiheadAttention` called with `need_weights=True` (its weights computed and dropped): a **warning** with the bytes"),
     Check("dtype", forward.check_dtype, COMPARES, None, "the run's dtype differs from a float64 copy beyond its tolerance (relative RMS 2e-6, 5e-3, 4e-2)"),
     Check("ffn_share", structure.check_ffn_share, (), None, "the FFN's share from dataflow roles against what its matrices predict; **warns** on a linear FFN (two projections with no nonlinearity) and on parameters outside attention, FFN and norms (> 1 %)"),
+    Check("tensor_parallel", tp.check_tensor_parallel, COMPARES + GRADS, None, "with `--tp N`: outputs, input gradients or full parameter gradients of the block sharded by PyTorch's `parallelize_module` (plan from the dataflow roles, or `--tp-plan`) that differ from the unsharded block with the same weights; names the first module whose output differs ([distributed.md](distributed.md))"),
+    Check("fsdp", fsdp.check_fsdp, COMPARES + GRADS + ("independent",), None, "with `--fsdp N`: under `fully_shard`, each rank its own micro-batch, gradients that differ from one process's on the whole batch (averaged as FSDP reduces them), or parameters that differ after the same optimizer step"),
     Check("reference", structure.check_reference, ("shape", "deterministic"), None, "the built-in block against `nn.TransformerEncoderLayer` with copied weights (1e-5, float32)"),
 )
 CHECK_NAMES = tuple(c.name for c in REGISTRY)
@@ -67,9 +70,9 @@ def docs_table() -> str:
 
 def run_checks(subject: Subject, cfg: BlockConfig, device: torch.device, dtype: torch.dtype, *,
                strict: bool = False, progress: Callable[[str], None] | None = None, run: RunInfo | None = None,
-               only: tuple[str, ...] | None = None) -> CheckReport:
+               only: tuple[str, ...] | None = None, sharding=None) -> CheckReport:
     """Run the battery; a check that raises becomes `error` and the rest still run; unmet needs skip."""
-    ctx = Context(subject, cfg, device, dtype)
+    ctx = Context(subject, cfg, device, dtype, sharding=sharding)
     results = []
     for check in REGISTRY:
         if only is not None and check.name not in only:

@@ -31,6 +31,7 @@ class Context:
     backward: tuple | None = None  # (x.grad, {name: grad}) of one train-mode backward, once computed
     causal_itself: bool | None = None  # outputs ignore later positions without --causal, once computed
     _dataflow: object = None
+    sharding: object = None  # distributed.Sharding of check --tp / --fsdp, or None
 
     def __post_init__(self):
         self.gen = torch.Generator().manual_seed(self.cfg.seed)

@@ -154,3 +154,17 @@ def memory_bars(report, width: int, fit) -> Group:
         style = "red" if r.need_weights else ("cyan" if r.target == "block" else "magenta")
         lines.append(Text.assemble(label, (fit.bar(n).ljust(width), style), f" {r.peak_bytes / 2**20:,.1f} MiB"))
     return Group(*lines)
+
+
+def tp_bench_view(report) -> Group:
+    """bench --tp N: per-rank latency of the sharded forward + backward, and the share spent in collectives."""
+    table = Table(title=f"tensor-parallel over {len(report.ranks)} ranks, seq {report.seq}: train-mode forward + backward",
+                  title_justify="left", box=box.SIMPLE_HEAVY)
+    for col in ("rank", "median ms", "vs unsharded", "in collectives"):
+        table.add_column(col, justify="right")
+    for r in report.ranks:
+        table.add_row(str(r.rank), f"{r.median * 1e3:,.2f}", f"x{r.median / report.unsharded_median:.2f}", f"{r.collective_share:.0%}")
+    table.add_row("1 process", f"{report.unsharded_median * 1e3:,.2f}", "x1.00", "-")
+    env = report.run.environment if report.run else {}
+    return Group(table, Text(f"[torch {env.get('torch', '?')}, {env.get('device', '?')}, {env.get('dtype', '?')}; "
+                             f"collectives from the profiler's c10d/gloo/NCCL events]", style="dim"))

@@ -1,0 +1,69 @@
+"""The fsdp check: the block under PyTorch's `fully_shard`, each rank its own micro-batch, against one process on the whole batch."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+# The step is plain SGD: it moves each parameter by lr x its gradient, so the sharded step applied to the wrong
+# shard shows at the gradients' scale. AdamW was tried first and gave a false alarm on the built-in block: it
+# normalises each element, so a gradient near zero (a key bias, legitimately ~0) that rounds to 1e-9 on one
+# side and 0 on the other moves by ~lr on one side only (1.7e-3 apart).
+LR = 0.1
+
+
+def check_fsdp(ctx):
+    """Skipped without the flag; else the verdict on what the ranks measured (checks import this module: results are imported here)."""
+    from tblock_cli.checks.result import failed, passed, skipped
+
+    sharding = ctx.sharding
+    if sharding is None or not sharding.fsdp:
+        return skipped("fsdp.off")
+    from tblock_cli.distributed.spawn import RankFailure, run_ranks
+
+    n = sharding.fsdp
+    shape = (ctx.cfg.batch, ctx.cfg.seq, ctx.cfg.d_model)
+    try:
+        got = run_ranks(fsdp_rank, n, ctx.device, ctx.subject, ctx.cfg.seed, shape, ctx.dtype)
+    except RankFailure as e:
+        return failed("fsdp.raised", e.where, rank=e.rank, error=e.error, where=e.where, ranks=n)
+    worst = max(got["output"], got["input_grad"], got["param_grad"], got["step"])
+    facts = {"ranks": n, "batch": n * ctx.cfg.batch, "limit": ctx.tol, **got}
+    if not math.isfinite(worst) or worst > ctx.tol:
+        return failed("fsdp.differs", worst, **facts)
+    return passed("fsdp.equal", worst, **facts)
+
+
+def fsdp_rank(rank: int, n: int, device: torch.device, subject, seed: int, shape: tuple, dtype: torch.dtype) -> dict:
+    """On one rank: the whole batch in one unsharded copy; this rank's micro-batch through the fully sharded block."""
+    import copy
+
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from tblock_cli.distributed.compare import forward_backward, full, grad_diffs, inputs, same_weights, world_max
+    from tblock_cli.probes import rel_diff
+
+    module = same_weights(subject.module, device)
+    ref = copy.deepcopy(module)
+    B, T, d = shape
+    x, v = inputs(seed, (n * B, T, d), device, dtype)
+    expected = forward_backward(subject.like(ref), x, v)
+    fully_shard(module, mesh=init_device_mesh(device.type, (n,)))
+    mine = slice(rank * B, (rank + 1) * B)
+    got = forward_backward(subject.like(module), x[mine], v[mine])
+    # FSDP averages the ranks' gradients: the mean of n micro-batch gradients is the whole batch's over n.
+    grads = grad_diffs(got.grads, expected.grads, scale=1.0 / n)
+    names = list(grads)
+    for name, p in ref.named_parameters():
+        p.grad = None if expected.grads[name] is None else expected.grads[name] / n
+    for m in (ref, module):
+        torch.optim.SGD([p for p in m.parameters() if p.grad is not None], lr=LR).step()
+    after = dict(module.named_parameters())
+    steps = [rel_diff(full(after[name]).detach(), p.detach()) for name, p in ref.named_parameters()]
+    gx = float("inf") if got.x_grad is None or expected.x_grad is None else rel_diff(got.x_grad, expected.x_grad[mine])
+    per = world_max([rel_diff(got.out, expected.out[mine]), gx, *[grads[k] for k in names], max(steps, default=0.0)], device)
+    worst = max(range(len(names)), key=lambda i: per[2 + i]) if names else None
+    return {"output": per[0], "input_grad": per[1], "param_grad": per[2 + worst] if names else 0.0,
+            "worst_param": names[worst] if names else None, "step": per[-1]}

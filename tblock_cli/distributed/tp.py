@@ -1,0 +1,72 @@
+"""The tensor_parallel check: the block sharded by PyTorch's `parallelize_module` against the unsharded block, same weights."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+NO_MODULE = 1 << 30  # "no module output differed", as the minimum over ranks
+
+
+def check_tensor_parallel(ctx):
+    """Skipped without the flag; else the verdict on what the ranks measured (checks import this module: results are imported here)."""
+    from tblock_cli.checks.result import failed, passed, skipped
+
+    sharding = ctx.sharding
+    if sharding is None or not sharding.tp:
+        return skipped("tensor_parallel.off")
+    from tblock_cli.distributed.spawn import RankFailure, run_ranks
+
+    n, plan = sharding.tp, sharding.plan
+    shape = (ctx.cfg.batch, ctx.cfg.seq, ctx.cfg.d_model)
+    sharded = {"ranks": n, "colwise": sorted(k for k, s in plan.styles.items() if s == "colwise"),
+               "rowwise": sorted(k for k, s in plan.styles.items() if s == "rowwise"), "plan": plan.to_dict()}
+    try:
+        got = run_ranks(tp_rank, n, ctx.device, ctx.subject, plan.styles, ctx.cfg.seed, shape, ctx.dtype)
+    except RankFailure as e:
+        return failed("tensor_parallel.raised", e.where, rank=e.rank, error=e.error, where=e.where,
+                      role=plan.roles.get(e.where or "", ""), **sharded)
+    # The battery's tolerance per dtype: sharded matmuls add partial sums in another order, and float32 agreed to
+    # 1.4e-7..4.2e-7 (relative) on every TP-ready block measured; the global head count is off by 3.3e-2.
+    limit = ctx.tol
+    worst = max(got["output"], got["input_grad"], got["param_grad"])
+    first = got["first_module"]
+    facts = {**sharded, **got, "limit": limit, "role": plan.roles.get(first or "", "")}
+    if not math.isfinite(worst) or worst > limit:
+        return failed("tensor_parallel.differs", worst, **facts)
+    return passed("tensor_parallel.equal", worst, **facts)
+
+
+def tp_rank(rank: int, n: int, device: torch.device, subject, styles: dict, seed: int, shape: tuple, dtype: torch.dtype) -> dict:
+    """On one rank: the unsharded block, then the same weights sharded by the plan; differences as maxima over ranks."""
+    import copy
+
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    from tblock_cli.distributed import compare as c
+    from tblock_cli.probes import rel_diff
+
+    module = c.same_weights(subject.module, device)
+    x, v = c.inputs(seed, shape, device, dtype)
+    expected = c.forward_backward(subject.like(copy.deepcopy(module)), x, v)
+    mesh = init_device_mesh(device.type, (n,))
+    parallelize_module(module, mesh, {name: (ColwiseParallel if s == "colwise" else RowwiseParallel)() for name, s in styles.items()})
+    got = c.forward_backward(subject.like(module), x, v)
+    # The first module (in the order modules finished) whose output differs, on any rank.
+    from tblock_cli.checks.context import TOLERANCE
+
+    ref_outputs, limit = dict(expected.outputs), TOLERANCE[dtype]
+    order = [name for name, _ in got.outputs]
+    diffs = [c.diff_local(t, ref_outputs[name], rank, n) if name in ref_outputs else None for name, t in got.outputs]
+    differs = [i for i, d in enumerate(diffs) if d is not None and not d <= limit]
+    first = c.world_min(differs[0] if differs else NO_MODULE, device)
+    grads = c.grad_diffs(got.grads, expected.grads)
+    names = list(grads)
+    x_grad = float("inf") if (got.x_grad is None) != (expected.x_grad is None) else \
+        0.0 if got.x_grad is None else rel_diff(got.x_grad, expected.x_grad)
+    per = c.world_max([rel_diff(got.out, expected.out), x_grad, *[grads[k] for k in names]], device)
+    worst = max(range(len(names)), key=lambda i: per[2 + i]) if names else None
+    return {"output": per[0], "input_grad": per[1], "param_grad": per[2 + worst] if names else 0.0,
+            "worst_param": names[worst] if names else None, "first_module": order[first] if first < len(order) else None}
