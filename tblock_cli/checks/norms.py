@@ -13,9 +13,9 @@ from tblock_cli.probes import f64
 # Input RMS for the large-magnitude probe: above 256, where an fp16 square overflows (256^2 > 65504), and far from
 # fp16's own limit (a norm's input may reach 65504 / 16 before anything else overflows).
 LARGE_RMS = 1e3
-# Relative RMS error of a norm alone at LARGE_RMS against its float64 copy. Measured: correct norms (LayerNorm,
-# upcasting RMSNorms) <= 1e-7 float32, <= 1e-3 fp16, <= 8e-3 bf16; an fp16 RMSNorm squaring before it upcasts: 1.0
-# (it returns 0).
+# Relative RMS error of a norm alone at LARGE_RMS against its float64 copy. Measured at d_model 64/512 on LayerNorm
+# (built-in), Llama's upcasting RMSNorm and Gemma's (1 + w): <= 6.4e-8 float32, <= 3.0e-4 fp16, <= 2.4e-3 bf16; an
+# fp16 RMSNorm squaring before it upcasts: 1.0 (it returns 0). 0.1 in half precision sits 40x above the worst.
 NORM_ERROR = {torch.float64: 1e-9, torch.float32: 1e-4, torch.float16: 0.1, torch.bfloat16: 0.1}
 # Output RMS at init of a (1 + w) norm (one whose output is not zero with its parameters zeroed), on unit-RMS
 # input: 1.0 with w = 0 at init (Gemma); 2.0 with w initialised to 1, as a plain norm's weight is. 1.5 between.
@@ -31,7 +31,7 @@ def check_norms(ctx: Context) -> Outcome:
     if not norms:
         return skipped("norms.none")
     mods = dict(ctx.subject.module.named_modules())
-    large, offset, seen = [], [], []
+    large, offset, seen, errors = [], [], [], []
     for name, width in norms.items():
         m = mods[name]
         x = torch.randn(2, 8, width, generator=ctx.gen, dtype=torch.float64)
@@ -51,6 +51,7 @@ def check_norms(ctx: Context) -> Outcome:
             continue
         err = (f64(got) - f64(ref)).norm().item() / max(f64(ref).norm().item(), 1e-30)
         seen.append(name)
+        errors.append(err)
         if not err <= NORM_ERROR[ctx.dtype]:
             large.append({"name": name, "error": err, "got_rms": rms(got), "expected_rms": rms(ref)})
         if any(True for _ in m.parameters()) and rms(bare) > 0.5:
@@ -66,4 +67,4 @@ def check_norms(ctx: Context) -> Outcome:
                       **facts)
     if not seen:
         return skipped("norms.none")
-    return passed("norms.ok", len(seen), **facts)
+    return passed("norms.ok", len(seen), worst=max(errors), **facts)

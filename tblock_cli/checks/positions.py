@@ -14,24 +14,24 @@ from tblock_cli.checks.result import Outcome, failed, passed, skipped, warned
 from tblock_cli.probes import train_mode
 
 # Largest deviation of identical-token scores from a Toeplitz matrix (each row shifted so its own diagonal entry is 0,
-# a row offset being invisible to softmax), relative to max(1, |score|). Measured at d_model 32/64/512: correct
-# relative blocks (RoPE, GQA, window, ALiBi, RoPE on values) <= 1e-6 in float32 and <= 0.017 in bfloat16 at 320
-# tokens; a rotary layout mismatch 0.3-1.5 at any length; rotary angles computed in bfloat16 0.1-0.5 at 320 tokens.
+# a row offset being invisible to softmax), relative to max(1, |score|). Measured at d_model 64/512: correct relative
+# blocks (RoPE, GQA, sliding window, ALiBi, RoPE on values, Gemma, 3-D mask) <= 3e-7 float32, <= 1.9e-3 fp16 and
+# <= 0.014 bf16 at 320 tokens; a rotary layout mismatch 0.35-0.88 at any length; rotary angles computed in bf16
+# 0.55-0.73 at 320 tokens (in fp16: 0.013-0.024, under the limit: fp16 keeps integer positions exact to 2048).
 TOEPLITZ_LIMIT = {torch.float64: 1e-8, torch.float32: 1e-4, torch.float16: 0.05, torch.bfloat16: 0.05}
 # Half precision is probed at this length too: bfloat16 holds integers exactly only up to 256 (fp16's products of
 # position and frequency lose the fraction there too), so angles computed in the run dtype break past it.
 LONG_SEQ = 320
-# An additive bias is judged where the scores minus their q.k part vary by more than this along a row (ALiBi's
-# smallest slope 2^-8 over 16 tokens is 0.06; a block with no bias measures <= 1e-6 float32, 0.02 bfloat16).
+# An additive bias is judged where the scores minus their q.k part vary by more than this along a row. Measured over
+# 64 tokens at d_model 64/512: blocks with no bias (RoPE, window, 3-D float mask) <= 7e-12; ALiBi 16-32.
 BIAS_MIN = 0.05
-# A bias is ALiBi-like (linear in |i - j| per head) when a straight line fits it within this share of its range;
-# a learned relative bias (T5 buckets) is not judged. ALiBi measured < 1e-6 (float32), < 0.02 (bfloat16).
+# A bias is ALiBi-like (linear in distance per head) when a straight line fits it within this share of its range; a
+# learned relative bias (T5 buckets) is not judged. ALiBi measured <= 6e-8 float32, 5e-4 fp16, 1.6e-2 bf16.
 LINEAR_FIT = 0.05
-# Slopes whose successive ratios differ by more than this share are not geometric (the paper's: one ratio, 2^(-8/n)),
-# and slopes off the paper's by more than it are not the paper's. Measured on ALiBi over 64 tokens: <= 1e-6 float32,
-# <= 0.06 in half precision (the smallest slope, 2^-8, moves a bf16 logit by less than its rounding); planted linear
-# slopes: ratios spread 0.5-1.
-GEOMETRIC_TOL = {torch.float64: 0.01, torch.float32: 0.01, torch.float16: 0.2, torch.bfloat16: 0.2}
+# Slopes whose successive ratios spread by more than this share are not geometric (the paper's: one ratio, 2^(-8/n)),
+# and slopes off the paper's by more than it are not the paper's. Measured on ALiBi: spread and offset <= 2e-8
+# float32, <= 1.9e-3 in half precision; planted linear slopes: spread 0.33-0.43.
+GEOMETRIC_TOL = {torch.float64: 0.01, torch.float32: 0.01, torch.float16: 0.05, torch.bfloat16: 0.05}
 # Scores probed for a bias over this many tokens: long enough for the smallest slope to rise above rounding.
 BIAS_SEQ = 64
 
