@@ -1261,6 +1261,11 @@ class AlibiWrongSlopes(Alibi3):
         return torch.arange(1, self.n + 1, dtype=torch.float32) / self.n  # bug: linear slopes, not the geometric set
 
 
+class AlibiSlopesReversed(Alibi3):
+    def slopes(self):
+        return super().slopes().flip(0)  # bug: the paper's slopes, last head first (a checkpoint's heads mismatch)
+
+
 class ActOnUp(Rel3):
     def ffn(self, h):
         return self.down_proj(self.gate_proj(h) * F.silu(self.up_proj(h)))  # bug: the activation on up_proj
@@ -1322,6 +1327,7 @@ PLANTED_3 = {
     "NormSquaresInHalf": ("norms", {"dtype": "float16"}),
     "OffsetNormInitOne": ("norms", {}),
     "AlibiWrongSlopes": ("position_bias", {}),
+    "AlibiSlopesReversed": ("position_bias", {}),
     "ActOnUp": ("names", {}),
     "ActAfterProduct": ("names", {}),
     "EvalReturnsEarly": ("train_eval", {}),

@@ -172,8 +172,8 @@ def check_position_bias(ctx: Context) -> Outcome:
         tol = GEOMETRIC_TOL[ctx.dtype]
         if ratios and max(ratios) - min(ratios) > tol * max(ratios):
             return failed("position_bias.not_geometric", round(max(ratios) - min(ratios), 4), ratios=ratios, **facts)
-        expected = sorted(paper_slopes(len(slopes)), reverse=True)
-        off = max(abs(a / b - 1) for a, b in zip(ordered, expected))
+        # in head order: the paper's first head has the largest slope (reversed, a checkpoint's heads would not match)
+        off = max(abs(a / b - 1) for a, b in zip(slopes, paper_slopes(len(slopes))))
         if off > tol:
             return warned("position_bias.not_paper", round(off, 4), off=off, **facts)
     return passed("position_bias.alibi", None, calls=len(biases), **facts)

@@ -75,7 +75,10 @@ def eval_unused(ctx: Context) -> list[str]:
 
 def check_train_eval(ctx: Context) -> Outcome:
     """With every dropout zeroed, a train-mode forward computes what the eval forward does."""
-    unused = eval_unused(ctx)
+    try:
+        unused = eval_unused(ctx)
+    except Exception:  # noqa: BLE001 - a backward that raises is the gradient checks' business; compare forwards alone
+        unused = []
     if unused:
         return failed("train_eval.eval_unused", len(unused), params=unused)
     rebuilt = rebuilt_without_dropout(ctx)

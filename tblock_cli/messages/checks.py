@@ -278,8 +278,8 @@ MESSAGES.update({
                                               f"geometric sequence (the paper's: "
                                               f"{', '.join(f'{m:.4g}' for m in f['expected'])})"),
     "position_bias.not_paper": lambda f: (f"ALiBi slopes {', '.join(f'{m:.4g}' for m in f['slopes'])} are geometric but "
-                                          f"not the paper's {', '.join(f'{m:.4g}' for m in f['expected'])} (off by "
-                                          f"{f['off']:.0%}): the sequence starts or steps wrong"),
+                                          f"not the paper's {', '.join(f'{m:.4g}' for m in f['expected'])} in head order (off by "
+                                          f"{f['off']:.0%}): the sequence starts, steps or runs the wrong way"),
     # names
     "names.none": "no projection carries a conventional name (gate/up/down, q/k/v/o, w2/w3 ...)",
     "names.agree": lambda f: f"conventional names agree with dataflow roles: {names(f['names'])}",
