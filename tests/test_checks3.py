@@ -76,3 +76,41 @@ def test_left_padded_nan_from_torch_mha_is_reported_not_failed():
     by = battery("Good", only=("padding",), causal=True)
     assert by["padding"].status == Status.PASS
     assert any(n.get("twice") for n in by["padding"].facts["nonfinite"])
+
+
+def test_names_contradiction_names_both_projections():
+    c = battery("ActOnUp", only=("names",))["names"]
+    assert c.kind == "names.contradict"
+    assert c.facts["wrong"] == [{"name": "gate_proj", "role": "ffn.in", "promised": "ffn.gate"}]
+    assert [h["name"] for h in c.facts["holders"]] == ["up_proj"]
+    assert battery("ActAfterProduct", only=("names",))["names"].facts["pairs"] == [["gate_proj", "up_proj"]]
+
+
+def test_eval_only_path_names_the_parameters_eval_never_touches():
+    c = battery("EvalReturnsEarly", only=("train_eval",))["train_eval"]
+    assert c.kind == "train_eval.eval_unused"
+    assert sorted(c.facts["params"]) == ["down_proj.weight", "ffn_norm.weight", "gate_proj.weight", "up_proj.weight"]
+
+
+def test_a_functional_dropout_is_removed_by_rebuilding_with_dropout_zero():
+    """Rel3's residual dropout is a plain float `p` that zeroing *drop* attributes cannot find: train forwards stay
+    random unless the block is rebuilt through its constructor with dropout=0."""
+    c = battery("Rel3", only=("train_eval",), dropout=0.1)["train_eval"]
+    assert c.kind == "train_eval.agree" and c.facts["rebuilt"] is True
+
+
+def test_safety_failures_name_their_cause_and_skip_what_they_spoil():
+    by = battery("TrainRunningStat", only=("train_state", "copy", "train_eval", "dtype"))
+    assert by["train_state"].kind == "train_state.second_backward" and by["train_state"].facts["step"] == 2
+    assert by["train_eval"].kind == "needs.train_safe"
+    by = battery("ClosureCapture", only=("copy", "dtype", "train_eval"))
+    assert by["copy"].kind == "copy.unfaithful" and "ffn_norm" in by["copy"].facts["shared"]
+    assert by["dtype"].kind == "needs.copyable" and by["train_eval"].kind == "needs.copyable"
+    held = battery("TrainStateHistory", only=("train_state",))["train_state"]
+    assert held.kind == "train_state.history" and held.facts["held"] == ["k_cache"]
+
+
+def test_alibi_scale_is_judged_on_qk_alone():
+    """ALiBi's bias spreads the scores (x2.3 at d_model 512 when counted); the q.k part alone is scaled."""
+    c = battery("Alibi3", only=("attention",), d_model=64, **zoo.CORRECT_3["Alibi3"])["attention"]
+    assert 0.8 < c.value < 1.3, c
