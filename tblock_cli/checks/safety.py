@@ -14,15 +14,33 @@ from tblock_cli.checks.result import Outcome, failed, passed, warned
 from tblock_cli.errors import one_line
 from tblock_cli.probes import train_mode
 
+# Nodes walked up a held tensor's graph looking for the input; a block's graph has a few hundred.
+GRAPH_WALK_MAX = 20000
 
-def held_with_history(module: nn.Module) -> list[str]:
-    """Tensors the module keeps (buffers, plain attributes, lists/dicts of them) that carry an autograd graph."""
+
+def reaches(grad_fn, inputs: set[int]) -> bool:
+    """Whether a graph leads back to one of the inputs (a weight recomputed from parameters, as the old weight_norm
+    keeps it, does not: that is per-step state by design, not a graph of the data)."""
+    seen, todo = set(), [grad_fn]
+    while todo and len(seen) < GRAPH_WALK_MAX:
+        node = todo.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        if id(getattr(node, "variable", None)) in inputs:
+            return True
+        todo.extend(n for n, _ in getattr(node, "next_functions", ()))
+    return False
+
+
+def held_with_history(module: nn.Module, inputs: set[int]) -> list[str]:
+    """Tensors the module keeps (buffers, plain attributes, lists/dicts of them) whose graph reaches the input."""
     held = []
     for name, m in module.named_modules():
         params = {id(p) for p in m.parameters(recurse=False)}
         for key, value in list(m._buffers.items()) + [(k, v) for k, v in vars(m).items() if not k.startswith("_")]:
             for t in tensors(value):
-                if id(t) not in params and t.grad_fn is not None:
+                if id(t) not in params and t.grad_fn is not None and reaches(t.grad_fn, inputs):
                     held.append(f"{name}.{key}" if name else key)
                     break
     return sorted(set(held))
@@ -32,20 +50,24 @@ def check_train_state(ctx: Context) -> Outcome:
     """Two train forwards + backwards in a row (a training loop's first two steps); then no module state with a graph."""
     module = ctx.subject.module
     saved = {n: p.grad for n, p in module.named_parameters()}
+    inputs: set[int] = set()
+    kept = []  # the inputs stay alive so their ids stay theirs
     try:
         with train_mode(module, True), torch.enable_grad():
             for step in (1, 2):  # noqa: B007 - the failing step is reported
                 x = ctx.x().requires_grad_(True)  # as embeddings are: state computed from x then holds x's graph
+                inputs.add(id(x))
+                kept.append(x)
                 out = ctx.subject(x.clone())
                 loss = projected(ctx, out)
                 if loss.requires_grad:
                     loss.backward()
     except RuntimeError as e:
-        return failed("train_state.second_backward", step, step=step, error=one_line(e), held=held_with_history(module))
+        return failed("train_state.second_backward", step, step=step, error=one_line(e), held=held_with_history(module, inputs))
     finally:
         for n, p in module.named_parameters():
             p.grad = saved[n]
-    held = held_with_history(module)
+    held = held_with_history(module, inputs)
     if held:
         return warned("train_state.history", len(held), held=held)
     return passed("train_state.clean", 0)
