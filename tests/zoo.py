@@ -1276,6 +1276,17 @@ class ActAfterProduct(Rel3):
         return self.down_proj(F.silu(self.gate_proj(h) * self.up_proj(h)))  # bug: act(gate * up), not act(gate) * up
 
 
+class SDPADropoutInEval(Rel3):
+    """Its attention dropout defaults to 0 and the constructor does not take it: dropout=0.1 is never injected."""
+
+    def __init__(self, d_model=64, n_heads=4, d_ff=None, causal=True):
+        super().__init__(d_model, n_heads, d_ff, 0.0, causal)
+        self.attn_dropout = 0.0
+
+    def attend(self, q, k, v, allowed):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=self.attn_dropout)  # bug: in eval too
+
+
 class EvalReturnsEarly(Rel3):
     def forward(self, x, pad_mask=None):
         x = x + self.attention(self.attn_norm(x), pad_mask)
@@ -1331,6 +1342,7 @@ PLANTED_3 = {
     "ActOnUp": ("names", {}),
     "ActAfterProduct": ("names", {}),
     "EvalReturnsEarly": ("train_eval", {}),
+    "SDPADropoutInEval": ("determinism", {}),
     "ClosureCapture": ("copy", {}),
     "TrainStateHistory": ("train_state", {}),
     "TrainRunningStat": ("train_state", {}),

@@ -33,6 +33,22 @@ def zero_dropout(module: nn.Module) -> int:
     return n
 
 
+def raise_dropout(module: nn.Module, p: float = 0.1) -> int:
+    """Set every dropout probability that is 0 to p (modules, float attributes named *drop*); how many. A block built
+    without dropout cannot show dropout left on in eval; raised, it can."""
+    n = 0
+    for m in module.modules():
+        if isinstance(m, nn.modules.dropout._DropoutNd):
+            if m.p == 0:
+                m.p, n = p, n + 1
+            continue
+        for key, value in list(vars(m).items()):
+            if "drop" in key.lower() and type(value) is float and value == 0.0:
+                setattr(m, key, p)
+                n += 1
+    return n
+
+
 def rebuilt_without_dropout(ctx: Context) -> nn.Module | None:
     """The user's block built again through its constructor with dropout=0 (a functional dropout reading a plain
     attribute cannot be zeroed from outside), holding the original's weights; None where that is not possible."""

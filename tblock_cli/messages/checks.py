@@ -242,6 +242,10 @@ MESSAGES.update({
                                   f"(a lambda or closure capturing a submodule?); float64 copies, EMA and per-device "
                                   f"copies would all compute with the original's weights"),
     "copy.raises": "deepcopy of the block raises: {error}",
+    # determinism, third generation
+    "determinism.raised_dropout": ("with its zero dropout probabilities raised to 0.1, two eval forwards differ by {diff:.2e}: "
+                                   "dropout is applied in eval (F.dropout(training=True)? a dropout_p passed to SDPA "
+                                   "whatever self.training?), hidden while the block is built with dropout 0"),
     # train_eval, third generation
     "train_eval.eval_unused": lambda f: (f"parameters that a train backward reaches and an eval backward never "
                                          f"touches: {names(f['params'])}: eval skips part of the block (an early return "
