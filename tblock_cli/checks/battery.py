@@ -37,7 +37,7 @@ class Check:
 REGISTRY: tuple[Check, ...] = (
     Check("shape", forward.check_shape, (), "shape", "an output not of the input's (B, T, d) shape (batch and seq kept different so a (T, B) mix-up shows); an output dtype other than the input's is a **warning** (something upcasts or downcasts)"),
     Check("finite", forward.check_finite, (), "finite", "NaN/inf on random, constant-token (zero variance), zero and large inputs; each norm with `eps=0` alone on a zero-variance input"),
-    Check("determinism", forward.check_determinism, ("finite",), "deterministic", "two eval forwards that differ beyond rounding (dropout in eval, noise, state that changes the output)"),
+    Check("determinism", forward.check_determinism, ("finite",), "deterministic", "two eval forwards that differ beyond rounding (dropout in eval, noise, state that changes the output), also in a copy with its zero dropout probabilities raised to 0.1 (dropout applied in eval, hidden by a default of 0)"),
     Check("input_unchanged", forward.check_input_unchanged, (), "input_kept", "the caller's tensor changed in place, in eval or train"),
     Check("grad_input", gradients.check_grad_input, GRADS, None, "no gradient, a non-finite or an all-zero gradient at the input (detach, no_grad)"),
     Check("grad_params", gradients.check_grad_params, GRADS, None, "a parameter with no gradient (unused, under `no_grad`, detached); zero gradients are a note (a key bias can legitimately get one)"),
