@@ -27,7 +27,8 @@ import zoo  # noqa: E402
 
 BAD = {Status.WARN, Status.FAIL, Status.ERROR}
 BUILTIN = {"built-in pre": {"norm": "pre"}, "built-in post": {"norm": "post"}, "built-in causal": {"causal": True}}
-CORRECT = {**{k: v for k, v in zoo.CORRECT.items() if k != "NoPadKeyword"}, **{k: {"causal": True} for k in zoo.CACHED_CORRECT}}
+CORRECT = {**{k: v for k, v in zoo.CORRECT.items() if k != "NoPadKeyword"}, **{k: {"causal": True} for k in zoo.CACHED_CORRECT},
+           **zoo.CORRECT_3}
 # Hugging Face layers, when transformers is installed: every family tblock drives, flags implied.
 HF = ["gpt2", "bert", "roberta", "llama", "mistral", "qwen2", "gemma", "phi3", "gpt_neox"]
 
@@ -45,9 +46,9 @@ def correct_blocks() -> list[tuple[str, dict]]:
     return blocks + [(f"hf:{t}", {}) for t in HF]
 
 
-def false_alarms(dtypes, widths, seqs) -> int:
+def false_alarms(dtypes, widths, seqs, only=None) -> int:
     alarms = runs = 0
-    blocks = correct_blocks()
+    blocks = [b for b in correct_blocks() if only is None or b[0] in only]
     for name, flags in blocks:
         for dtype in dtypes:
             for d in widths:
@@ -67,11 +68,11 @@ def false_alarms(dtypes, widths, seqs) -> int:
 
 def missed_bugs(sizes) -> int:
     planted = {**{k: v for k, v in zoo.PLANTED.items()}, **zoo.PLANTED_2, **{k: (v, {}) for k, v in zoo.WARNED.items()},
-               **{k: ("kv_cache", {"causal": True}) for k in zoo.CACHE_BUGS}}
+               **{k: ("kv_cache", {"causal": True}) for k in zoo.CACHE_BUGS}, **zoo.PLANTED_3}
     missed = runs = 0
     for name, (check, flags) in planted.items():
         for size in sizes:
-            merged = {**size, **flags}
+            merged = {**size, **flags}  # a "dtype" flag names the run dtype the bug needs
             r = tblock_cli.check(spec(name), strict=True, **merged)
             by = {c.name: c for c in r.checks}
             runs += 1
@@ -85,13 +86,18 @@ def missed_bugs(sizes) -> int:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="float32 and d_model 64 only")
+    parser.add_argument("--dtypes", help="comma-separated dtypes for the false-alarm sweep (default: by --quick)")
+    parser.add_argument("--widths", help="comma-separated d_model values for the false-alarm sweep (default: by --quick)")
+    parser.add_argument("--only", help="comma-separated block names (zoo names or hf:TYPE) to sweep for false alarms")
+    parser.add_argument("--no-bugs", action="store_true", help="skip the planted-bug sweep")
     args = parser.parse_args()
     torch.set_num_threads(1)
     t0 = time.perf_counter()
-    dtypes = ["float32"] if args.quick else ["float32", "float16", "bfloat16"]
-    widths = [64] if args.quick else [64, 512]
-    bad = false_alarms(dtypes, widths, [10, 64])
-    bad += missed_bugs([{}, {"d_model": 64, "n_heads": 4, "d_ff": 256}])
+    dtypes = args.dtypes.split(",") if args.dtypes else ["float32"] if args.quick else ["float32", "float16", "bfloat16"]
+    widths = [int(w) for w in args.widths.split(",")] if args.widths else [64] if args.quick else [64, 512]
+    bad = false_alarms(dtypes, widths, [10, 64], args.only.split(",") if args.only else None)
+    if not args.no_bugs:
+        bad += missed_bugs([{}, {"d_model": 64, "n_heads": 4, "d_ff": 256}])
     print(f"{time.perf_counter() - t0:.0f} s, torch {torch.__version__}, 1 thread")
     return 1 if bad else 0
 

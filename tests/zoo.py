@@ -44,7 +44,8 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(d))
 
     def forward(self, x):
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+        h = x.float()  # squared in float32, as Llama's: an fp16 square overflows above |x| ~ 256
+        return (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * self.weight
 
 
 class LlamaBlock(nn.Module):
@@ -282,7 +283,9 @@ class ExtraParams(Good):
         self.pos = nn.Parameter(torch.randn(512, d_model) * 0.02)
 
     def forward(self, x, pad_mask=None):
-        return super().forward(x + self.pos[: x.shape[1]], pad_mask)
+        # positions counted from each sample's first real token, so left padding moves none (its one bug is the share)
+        pos = torch.arange(x.shape[1], device=x.device) if pad_mask is None else ((~pad_mask).long().cumsum(-1) - 1).clamp(min=0)
+        return super().forward(x + self.pos[pos], pad_mask)
 
 
 class NoPadKeyword(nn.Module):
@@ -533,7 +536,8 @@ class Rotary(nn.Module):
 
     def forward(self, t):
         T = t.shape[-2]
-        freqs = torch.outer(torch.arange(T, device=t.device, dtype=self.inv_freq.dtype), self.inv_freq)
+        # angles in float32 whatever the module's dtype: a bf16 inv_freq holds positions exactly only up to 256
+        freqs = torch.outer(torch.arange(T, device=t.device, dtype=torch.float32), self.inv_freq.float())
         cos, sin = freqs.cos().to(t.dtype), freqs.sin().to(t.dtype)
         t1, t2 = t[..., 0::2], t[..., 1::2]
         return torch.stack((t1 * cos - t2 * sin, t1 * sin + t2 * cos), dim=-1).flatten(-2)
@@ -716,8 +720,8 @@ class CachedRoPE(RoPEBlock):
 
     def rotate(self, t, start):
         T = t.shape[-2]
-        pos = torch.arange(start, start + T, device=t.device, dtype=self.rotary.inv_freq.dtype)
-        freqs = torch.outer(pos, self.rotary.inv_freq)
+        pos = torch.arange(start, start + T, device=t.device, dtype=torch.float32)
+        freqs = torch.outer(pos, self.rotary.inv_freq.float())
         cos, sin = freqs.cos().to(t.dtype), freqs.sin().to(t.dtype)
         t1, t2 = t[..., 0::2], t[..., 1::2]
         return torch.stack((t1 * cos - t2 * sin, t1 * sin + t2 * cos), dim=-1).flatten(-2)
@@ -979,6 +983,371 @@ class NoSoftmax(HandSoftmax):
 
 CORRECT["ManualSoftmax"] = {}
 PLANTED_2["NoSoftmax"] = ("attention", {})
+
+
+# ----------------------------------------------------------------------------- third generation: bugs real projects shipped
+# A Llama-style causal block with its attention written out (so positions, biases and masks can be planted): RoPE in
+# the rotate_half layout with angles in float32, masks filled with the dtype's finite minimum, a norm that upcasts.
+
+
+class UpcastRMSNorm(nn.Module):
+    """RMSNorm computed in float32 whatever the input dtype (as Llama's); offset=1 gives Gemma's (1 + w) with w = 0 at init.
+    Called with a residual it adds first and returns (normed, sum): a fused add."""
+
+    def __init__(self, d, eps=1e-6, offset=0.0):
+        super().__init__()
+        self.eps, self.offset = eps, offset
+        self.weight = nn.Parameter(torch.zeros(d) if offset else torch.ones(d))
+
+    def forward(self, x, residual=None):
+        if residual is not None:
+            x = x + residual
+            return self.normed(x), x
+        return self.normed(x)
+
+    def normed(self, x):
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (h * (self.offset + self.weight.float())).to(x.dtype)
+
+
+def rotate_half(t):
+    t1, t2 = t.chunk(2, dim=-1)
+    return torch.cat((-t2, t1), dim=-1)
+
+
+def rope_freqs(pos, dim, angle_dtype=torch.float32, base=10000.0):
+    """(B, T) positions -> (B, 1, T, dim / 2) angles, computed in angle_dtype."""
+    inv = 1.0 / base ** (torch.arange(0, dim, 2, device=pos.device, dtype=torch.float32) / dim)
+    return (pos.to(angle_dtype)[..., None] * inv.to(angle_dtype))[:, None]
+
+
+def sinusoid(pos, d):
+    """(B, T) positions -> (B, T, d) sinusoidal absolute position vectors."""
+    inv = 1.0 / 10000 ** (torch.arange(0, d, 2, device=pos.device, dtype=torch.float32) / d)
+    a = pos.float()[..., None] * inv
+    return torch.cat((a.sin(), a.cos()), dim=-1)
+
+
+class Rel3(nn.Module):
+    """Correct: Llama-style, RoPE (rotate_half layout, angles in float32), attention written out, finite mask fills,
+    SwiGLU FFN with its residual dropout a plain float `p`."""
+
+    def __init__(self, d_model=64, n_heads=4, d_ff=None, dropout=0.0, causal=True, n_kv_heads=None, window=None):
+        super().__init__()
+        self.n, self.nkv, self.hd = n_heads, n_kv_heads or n_heads, d_model // n_heads
+        self.causal, self.window, self.p = causal, window, dropout
+        self.attn_norm = UpcastRMSNorm(d_model)
+        self.q_proj = nn.Linear(d_model, d_model, bias=False)
+        self.k_proj = nn.Linear(d_model, self.nkv * self.hd, bias=False)
+        self.v_proj = nn.Linear(d_model, self.nkv * self.hd, bias=False)
+        self.o_proj = nn.Linear(d_model, d_model, bias=False)
+        self.ffn_norm = UpcastRMSNorm(d_model)
+        hidden = d_ff or 2 * d_model
+        self.gate_proj = nn.Linear(d_model, hidden, bias=False)
+        self.up_proj = nn.Linear(d_model, hidden, bias=False)
+        self.down_proj = nn.Linear(hidden, d_model, bias=False)
+
+    def positions(self, pad_mask, B, T, device):
+        return torch.arange(T, device=device).expand(B, T)  # a relative scheme needs no restart after padding
+
+    def cos_sin(self, pos, dtype):
+        f = rope_freqs(pos, self.hd)
+        emb = torch.cat((f, f), dim=-1)
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+    def rotate(self, t, pos, sign=1.0):
+        cos, sin = self.cos_sin(pos, t.dtype)
+        return t * cos + sign * rotate_half(t) * sin
+
+    def bias(self, T, device, dtype):
+        return None
+
+    def allowed(self, B, T, pad_mask, device):
+        a = torch.ones(T, T, dtype=torch.bool, device=device)
+        if self.causal:
+            a = a.tril()
+        if self.window:
+            a = a & ~torch.ones_like(a).tril(-self.window)
+        a = a[None, None]
+        return a if pad_mask is None else a & ~pad_mask[:, None, None, :]
+
+    def fill(self, s, allowed):
+        return s.masked_fill(~allowed, torch.finfo(s.dtype).min)
+
+    def softmax(self, s):
+        return torch.softmax(s, dim=-1)
+
+    def attend(self, q, k, v, allowed):
+        s = q @ k.transpose(-2, -1) / math.sqrt(self.hd)
+        b = self.bias(q.shape[-2], q.device, q.dtype)
+        if b is not None:
+            s = s + b
+        return self.softmax(self.fill(s, allowed)) @ v
+
+    def values(self, v, pos):
+        return v
+
+    def unvalues(self, y, pos):
+        return y
+
+    def attention(self, h, pad_mask):
+        B, T, _ = h.shape
+        q, k, v = heads(self.q_proj(h), self.n), heads(self.k_proj(h), self.nkv), heads(self.v_proj(h), self.nkv)
+        pos = self.positions(pad_mask, B, T, h.device)
+        q, k, v = self.rotate(q, pos), self.rotate(k, pos), self.values(v, pos)
+        if self.nkv != self.n:
+            k, v = k.repeat_interleave(self.n // self.nkv, dim=1), v.repeat_interleave(self.n // self.nkv, dim=1)
+        y = self.unvalues(self.attend(q, k, v, self.allowed(B, T, pad_mask, h.device)), pos)
+        return self.o_proj(merge(y))
+
+    def ffn(self, h):
+        return self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
+
+    def forward(self, x, pad_mask=None):
+        x = x + self.attention(self.attn_norm(x), pad_mask)
+        return x + F.dropout(self.ffn(self.ffn_norm(x)), self.p, self.training)
+
+
+def GQA3(d_model=64, n_heads=4, d_ff=None, dropout=0.0, causal=True):
+    """Correct: grouped-query attention, two query heads per key/value head."""
+    return Rel3(d_model, n_heads, d_ff, dropout, causal, n_kv_heads=max(1, n_heads // 2))
+
+
+def Window3(d_model=64, n_heads=4, d_ff=None, dropout=0.0, causal=True):
+    """Correct: sliding-window attention (each token sees itself and the 3 before it)."""
+    return Rel3(d_model, n_heads, d_ff, dropout, causal, window=4)
+
+
+def alibi_slopes(n):
+    """The ALiBi paper's slopes: geometric from 2^(-8/n), for n a power of two (interleaved otherwise)."""
+    p = 2 ** math.floor(math.log2(n))
+    first = [2 ** (-8 * (i + 1) / p) for i in range(p)]
+    return first + alibi_slopes(2 * p)[0::2][: n - p] if p < n else first
+
+
+class Alibi3(Rel3):
+    """Correct: ALiBi (no rotation; a per-head bias -m_h |i - j| added to the scaled scores)."""
+
+    def slopes(self):
+        return torch.tensor(alibi_slopes(self.n))
+
+    def rotate(self, t, pos, sign=1.0):
+        return t
+
+    def bias(self, T, device, dtype):
+        i = torch.arange(T, device=device)
+        dist = (i[:, None] - i[None, :]).abs().float()
+        return (-self.slopes().to(device)[:, None, None] * dist).to(dtype)[None]  # (1, nh, T, T)
+
+
+class AbsPos3(Rel3):
+    """Correct: sinusoidal absolute positions added inside the block, counted from each sample's first real token."""
+
+    def rotate(self, t, pos, sign=1.0):
+        return t
+
+    def positions(self, pad_mask, B, T, device):
+        if pad_mask is None:
+            return torch.arange(T, device=device).expand(B, T)
+        return ((~pad_mask).long().cumsum(-1) - 1).clamp(min=0)
+
+    def forward(self, x, pad_mask=None):
+        pos = self.positions(pad_mask, x.shape[0], x.shape[1], x.device)
+        x = x + self.attention(self.attn_norm(x) + sinusoid(pos, x.shape[-1]).to(x.dtype), pad_mask)
+        return x + F.dropout(self.ffn(self.ffn_norm(x)), self.p, self.training)
+
+
+class Mask3D3(Rel3):
+    """Correct: the padding mask turned into one (B, T, T) additive mask before the heads see it."""
+
+    def attention(self, h, pad_mask):
+        self._mask3d = None
+        B, T, _ = h.shape
+        keep = self.allowed(B, T, pad_mask, h.device)[:, 0].expand(B, T, T)  # (B, T, T)
+        self._mask3d = torch.zeros(B, T, T, dtype=h.dtype, device=h.device).masked_fill(~keep, torch.finfo(h.dtype).min)
+        return super().attention(h, pad_mask)
+
+    def fill(self, s, allowed):
+        return s + self._mask3d[:, None]
+
+
+class Fp16Llama3(Rel3):
+    """Correct: written for fp16: softmax in float32, mask fills at the dtype's minimum, the norm upcasts."""
+
+    def softmax(self, s):
+        return torch.softmax(s, dim=-1, dtype=torch.float32).to(s.dtype)
+
+
+class Gemma3(Rel3):
+    """Correct: Gemma-style (1 + w) norms with w = 0 at init, the second one fused with the residual add."""
+
+    def __init__(self, d_model=64, n_heads=4, d_ff=None, dropout=0.0, causal=True):
+        super().__init__(d_model, n_heads, d_ff, dropout, causal)
+        self.attn_norm = UpcastRMSNorm(d_model, offset=1.0)
+        self.ffn_norm = UpcastRMSNorm(d_model, offset=1.0)
+
+    def forward(self, x, pad_mask=None):
+        a = self.attention(self.attn_norm(x), pad_mask)
+        h, x = self.ffn_norm(a, x)
+        return x + F.dropout(self.ffn(h), self.p, self.training)
+
+
+class RoPEValues3(Rel3):
+    """Correct: values rotated at their positions and the weighted sum rotated back at the query's."""
+
+    def values(self, v, pos):
+        return self.rotate(v, pos)
+
+    def unvalues(self, y, pos):
+        return self.rotate(y, pos, sign=-1.0)
+
+
+# Correct blocks in the ten styles of issue 20 (CachedRoPE: RoPE with a KV cache; Rel3 in bfloat16: RoPE in bf16).
+POS = {"positional": True}
+CORRECT_3 = {"Rel3": POS, "CachedRoPE": {"causal": True}, "GQA3": POS, "Window3": POS, "Alibi3": POS, "AbsPos3": POS,
+             "Mask3D3": POS, "Fp16Llama3": POS, "Gemma3": POS, "RoPEValues3": POS}
+
+
+class RoPELayoutMismatch(Rel3):
+    def cos_sin(self, pos, dtype):
+        emb = rope_freqs(pos, self.hd).repeat_interleave(2, dim=-1)  # bug: interleaved-pair angles, half-split rotation
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+class ValuesNotRotatedBack(RoPEValues3):
+    def unvalues(self, y, pos):
+        return y  # bug: values rotated, the weighted sum never rotated back
+
+
+class AbsPosNoRestart(AbsPos3):
+    def positions(self, pad_mask, B, T, device):
+        return torch.arange(T, device=device).expand(B, T)  # bug: left padding shifts every real token's position
+
+
+class RoPEAnglesHalf(Rel3):
+    def cos_sin(self, pos, dtype):
+        f = rope_freqs(pos, self.hd, angle_dtype=dtype)  # bug: positions x frequencies in the run dtype (bf16: 8 bits)
+        emb = torch.cat((f, f), dim=-1)
+        return emb.cos(), emb.sin()
+
+
+class LeftPadNaN(Rel3):
+    def fill(self, s, allowed):
+        return s.masked_fill(~allowed, float("-inf"))  # bug: a fully masked row (a left pad under causal) gives NaN
+
+
+class HalfRMSNorm(UpcastRMSNorm):
+    def normed(self, x):
+        v = x.pow(2).mean(-1, keepdim=True).float()  # bug: squared before the upcast: fp16 overflows above |x| ~ 256
+        return (x.float() * torch.rsqrt(v + self.eps) * (self.offset + self.weight.float())).to(x.dtype)
+
+
+class NormSquaresInHalf(Rel3):
+    def __init__(self, d_model=64, n_heads=4, d_ff=None, dropout=0.0, causal=True):
+        super().__init__(d_model, n_heads, d_ff, dropout, causal)
+        self.attn_norm, self.ffn_norm = HalfRMSNorm(d_model), HalfRMSNorm(d_model)
+
+
+class OffsetNormInitOne(Gemma3):
+    def __init__(self, *a, **k):
+        super().__init__(*a, **k)
+        for norm in (self.attn_norm, self.ffn_norm):
+            nn.init.ones_(norm.weight)  # bug: (1 + w) with w = 1: every norm doubles its output
+
+
+class AlibiWrongSlopes(Alibi3):
+    def slopes(self):
+        return torch.arange(1, self.n + 1, dtype=torch.float32) / self.n  # bug: linear slopes, not the geometric set
+
+
+class AlibiSlopesReversed(Alibi3):
+    def slopes(self):
+        return super().slopes().flip(0)  # bug: the paper's slopes, last head first (a checkpoint's heads mismatch)
+
+
+class ActOnUp(Rel3):
+    def ffn(self, h):
+        return self.down_proj(self.gate_proj(h) * F.silu(self.up_proj(h)))  # bug: the activation on up_proj
+
+
+class ActAfterProduct(Rel3):
+    def ffn(self, h):
+        return self.down_proj(F.silu(self.gate_proj(h) * self.up_proj(h)))  # bug: act(gate * up), not act(gate) * up
+
+
+class SDPADropoutInEval(Rel3):
+    """Its attention dropout defaults to 0 and the constructor does not take it: dropout=0.1 is never injected."""
+
+    def __init__(self, d_model=64, n_heads=4, d_ff=None, causal=True):
+        super().__init__(d_model, n_heads, d_ff, 0.0, causal)
+        self.attn_dropout = 0.0
+
+    def attend(self, q, k, v, allowed):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=self.attn_dropout)  # bug: in eval too
+
+
+class EvalReturnsEarly(Rel3):
+    def forward(self, x, pad_mask=None):
+        x = x + self.attention(self.attn_norm(x), pad_mask)
+        if not self.training:
+            return x  # bug: eval skips the FFN
+        return x + F.dropout(self.ffn(self.ffn_norm(x)), self.p, self.training)
+
+
+class ClosureCapture(Rel3):
+    def __init__(self, *a, **k):
+        super().__init__(*a, **k)
+        norm = self.ffn_norm
+        self.prenorm = lambda t: norm(t)  # bug: a closure over the submodule: a deepcopy still calls the original
+
+    def forward(self, x, pad_mask=None):
+        x = x + self.attention(self.attn_norm(x), pad_mask)
+        return x + F.dropout(self.ffn(self.prenorm(x)), self.p, self.training)
+
+
+class TrainStateHistory(Rel3):
+    def __init__(self, *a, **k):
+        super().__init__(*a, **k)
+        self.register_buffer("k_cache", None, persistent=False)
+
+    def attention(self, h, pad_mask):
+        if self.training:
+            self.k_cache = self.k_proj(h)  # bug: a cache written in a training forward keeps the graph alive
+        return super().attention(h, pad_mask)
+
+
+class TrainRunningStat(Rel3):
+    def __init__(self, *a, **k):
+        super().__init__(*a, **k)
+        self.register_buffer("running", torch.ones(()))
+
+    def forward(self, x, pad_mask=None):
+        if self.training:
+            self.running = 0.9 * self.running + 0.1 * x.pow(2).mean()  # bug: a running statistic updated with grad on
+        return super().forward(x / self.running.sqrt(), pad_mask)
+
+
+# The third generation: name -> (the check that must flag it, its flags; "dtype" names the run dtype it needs).
+PLANTED_3 = {
+    "RoPELayoutMismatch": ("relative", POS),
+    "ValuesNotRotatedBack": ("padding", POS),
+    "AbsPosNoRestart": ("padding", POS),
+    "RoPEAnglesHalf": ("relative", {"dtype": "bfloat16", **POS}),
+    "LeftPadNaN": ("padding", {}),
+    "NormSquaresInHalf": ("norms", {"dtype": "float16"}),
+    "OffsetNormInitOne": ("norms", {}),
+    "AlibiWrongSlopes": ("position_bias", {}),
+    "AlibiSlopesReversed": ("position_bias", {}),
+    "ActOnUp": ("names", {}),
+    "ActAfterProduct": ("names", {}),
+    "EvalReturnsEarly": ("train_eval", {}),
+    "SDPADropoutInEval": ("determinism", {}),
+    "ClosureCapture": ("copy", {}),
+    "TrainStateHistory": ("train_state", {}),
+    "TrainRunningStat": ("train_state", {}),
+}
+
 
 
 # ----------------------------------------------------------------------------- past one device (check --tp / --fsdp)

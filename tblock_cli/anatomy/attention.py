@@ -52,6 +52,29 @@ def self_masked(logits: torch.Tensor) -> bool:
     return bool((~(torch.isfinite(diag) & (diag > MASKED_LOGIT))).all())
 
 
+def qk_std(logits: torch.Tensor, product: torch.Tensor) -> float:
+    """The std of the part of the scores that the q.k product explains: the scores regressed on the product over the
+    unmasked entries. An additive bias (ALiBi, a relative bias) is uncorrelated with a random input's product and
+    drops out; with no bias this is the std of the scores themselves."""
+    z = logits.detach().double()
+    valid = torch.isfinite(z) & (z > MASKED_LOGIT)
+    zv = z[valid]
+    try:
+        pv = product.detach().double().to(z.device).expand_as(z)[valid]
+    except RuntimeError:  # a product laid out otherwise (heads folded into the batch): the scores as they are
+        return zv.std().item() if zv.numel() > 1 else 0.0
+    if zv.numel() < 2 or pv.var() == 0:
+        return zv.std().item() if zv.numel() > 1 else 0.0
+    slope = ((zv - zv.mean()) * (pv - pv.mean())).mean() / pv.var(unbiased=False)
+    return (slope.abs() * pv.std()).item()
+
+
+def uniform_rows(t: torch.Tensor) -> bool:
+    """Every row (token) of t equal: on an input of identical tokens, no position has entered yet."""
+    rows = t.detach().double().reshape(-1, t.shape[-1])
+    return bool((rows - rows[:1]).abs().max() <= 1e-3 * rows.abs().max().clamp_min(1e-30))
+
+
 def score_stats(logits: torch.Tensor) -> tuple[float, float, float]:
     """(std of unmasked logits, entropy relative to uniform, mean max probability) of (..., L, S) scores."""
     z = logits.detach().double()

@@ -39,6 +39,7 @@ class Dataflow:
     split_kv: tuple[str, ...] = ()  # key/value projections that read the raw stream while their queries read a normalised one
     output_normed: bool = False  # the block's output comes straight from a norm (Post-LN)
     norms: dict = field(default_factory=dict)  # module name -> width of every norm module found (find_norms)
+    act_after_product: tuple[tuple[str, ...], ...] = ()  # projections multiplied together before an activation acts
 
     def group_params(self, matrices_only: bool = False) -> dict[str, int]:
         out = dict.fromkeys(GROUPS, 0)
@@ -108,5 +109,6 @@ def trace(module: nn.Module, call, x: torch.Tensor, d_model: int) -> Dataflow:
                        for n in c.k + c.v if n in tr.linear_in and not normed(n)})
     placement = (tr.stream_norms, tuple(q for q in queries if not normed(q)), tuple(n for n in ffn_ins if not normed(n)),
                  tuple(split_kv + tr.split_streams), tr.get(out) == {"@norm": 0})
-    return Dataflow(tuple(modules), tuple(tr.attention), tuple(chains), tokens, total, *placement, norms)
+    return Dataflow(tuple(modules), tuple(tr.attention), tuple(chains), tokens, total, *placement, norms,
+                    tuple(sorted(set(tr.act_after_product))))
 

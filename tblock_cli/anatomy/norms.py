@@ -19,7 +19,9 @@ def find_norms(module: nn.Module, d_model: int, device, dtype) -> dict[str, int]
     """
     found: dict[str, int] = {}
     gen = torch.Generator().manual_seed(0)
-    tol = NORM_INVARIANCE_TOL * (1 if dtype in (torch.float32, torch.float64) else 100)
+    # half precision rounds each token's output: an RMSNorm computed in the run dtype measured up to 1.5e-3 (fp16)
+    # and 1.2e-2 (bf16) on scaled copies of one token
+    tol = NORM_INVARIANCE_TOL * {torch.float16: 100, torch.bfloat16: 400}.get(dtype, 1)
     for name, m in module.named_modules():
         if isinstance(m, (nn.Linear, nn.Embedding, nn.MultiheadAttention)):
             continue

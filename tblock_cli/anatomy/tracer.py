@@ -15,10 +15,12 @@ from tblock_cli.anatomy.attention import (
     WEIGHT_SUM_TOL,
     AttentionCall,
     apply_masks,
+    qk_std,
     rms,
     score_stats,
     sdpa_signature,
     self_masked,
+    uniform_rows,
 )
 from tblock_cli.anatomy.mha import MHACall
 from tblock_cli.ops import ACTIVATIONS, LINEAR, MATMULS, NORMS, SCALING, SOFTMAX
@@ -78,6 +80,13 @@ class Tracer(TorchFunctionMode):
         self.stream_norms = False
         self.split_streams: list[str] = []  # MHA calls whose query is normalised but whose key or value is not
         self.module_stack: list[str] = [""]
+        # capture (position probes): per call its scores (biases, masks in) and its q.k product, float64; per
+        # projection whether its input rows were equal (identical tokens: False where positions entered before it).
+        self.capture = False
+        self.captured: dict[int, dict] = {}  # index of the attention call (recorded just before it) -> scores
+        self.uniform_in: dict[str, bool] = {}
+        self.products: dict[int, tuple[str, str]] = {}  # id(a * b) of two projections' outputs -> their names
+        self.act_after_product: list[tuple[str, ...]] = []  # projections multiplied together before an activation
 
     def leave(self, name: str, out) -> None:
         if len(self.module_stack) > 1:
@@ -149,6 +158,8 @@ class Tracer(TorchFunctionMode):
                 self.put(out, self.union(self.get(t) for t in acts))
                 return
             self.linear_in[proj] = self.union(self.get(t) for t in acts if t is not weight)
+            if self.capture and isinstance(x, torch.Tensor) and x.ndim >= 2:
+                self.uniform_in[proj] = self.uniform_in.get(proj, True) and uniform_rows(x)
             self.out_shape[proj] = tuple(out.shape)
             fan_in = weight.shape[1] if func is F.linear else weight.shape[0]
             self.flops[proj] = self.flops.get(proj, 0) + 2 * weight.numel() * (x.numel() // max(1, fan_in))
@@ -168,10 +179,14 @@ class Tracer(TorchFunctionMode):
         elif name in MATMULS and len(acts) >= 2:
             self.matmul(name, args, acts, out)
         elif name in ACTIVATIONS:
+            pair = self.products.get(id(acts[0])) if acts else None
+            if pair is not None:
+                self.act_after_product.append(pair)
             self.put(out, self.union((self.get(t) for t in acts), ACT))
         elif name in SCALING:
             with_prov = [t for t in acts if self.get(t) or t.numel() > 1]
             flag = NONLINEAR if len([t for t in acts if self.get(t)]) >= 2 else 0
+            self.note_product(acts, out)
             self.put(out, self.union((self.get(t) for t in with_prov), flag))
             self.track_scalar(name, args, out)
         elif name in LINEAR:
@@ -180,6 +195,24 @@ class Tracer(TorchFunctionMode):
                 self.scalar[id(out)] = self.scalar.get(id(acts[0]), 1.0)
         else:
             self.put(out, self.union((self.get(t) for t in acts), NONLINEAR))
+
+    def note_product(self, acts, out) -> None:
+        """a * b of two different projections' outputs, neither through an activation yet (a gated FFN's product)."""
+        direct = [self.get(t) for t in acts[:2]]
+        if len(acts) < 2 or not isinstance(out, torch.Tensor) or not all(len(p) == 1 for p in direct):
+            return
+        (a, fa), (b, fb) = (next(iter(p.items())) for p in direct)
+        if a != b and not a.startswith("@") and not b.startswith("@") and a in self.linear_in and b in self.linear_in \
+                and not (fa | fb):
+            self.products[id(out)] = (a, b)
+
+    def qk_ratio(self, logits: torch.Tensor, product: torch.Tensor, q, k) -> tuple[float | None, str, float]:
+        """The scale judged on q.k alone (an additive position bias does not count): (ratio, note, std of the q.k part)."""
+        return (*self.scale_ratio(std := qk_std(logits, product), q, k), std)
+
+    def keep_scores(self, logits: torch.Tensor, product: torch.Tensor | None) -> None:
+        if self.capture:
+            self.captured[len(self.attention)] = {"logits": logits.detach().double().cpu(), "product": product}
 
     def matmul(self, name, args, acts, out):
         a, b = acts[0], acts[1]
@@ -199,13 +232,13 @@ class Tracer(TorchFunctionMode):
             self.weights_call(w, b if w is a else a, next(k for k in self.get(w) if k in self.scores), out)
             return
         marker = f"@scores{len(self.scores)}"
-        self.scores[marker] = (a, b)
+        self.scores[marker] = (a, b, out)
         self.put(out, {**self.union((self.get(a), self.get(b)), NONLINEAR), marker: 0})
 
     def weights_call(self, w: torch.Tensor, values: torch.Tensor, marker: str, out) -> None:
         """Attention whose weights came from a q.k product by other means than softmax: a softmax written out
         (rows non-negative, summing to 1), or none at all (raw scores times values)."""
-        q, k = self.scores[marker]
+        q, k, product = self.scores[marker]
         W = w.detach().double()
         rows = W.sum(-1)
         live = rows.abs() > 1e-6  # fully masked rows, zeroed, carry no weight
@@ -216,10 +249,13 @@ class Tracer(TorchFunctionMode):
             valid = torch.isfinite(logits)
             centred = logits - (logits.masked_fill(~valid, 0).sum(-1, keepdim=True) / valid.sum(-1, keepdim=True).clamp_min(1))
             std, ent, mp = score_stats(centred.masked_fill(~valid, float("-inf")))
-            ratio, note = self.scale_ratio(std, q, k)
+            ratio, note, _ = self.qk_ratio(centred.masked_fill(~valid, float("-inf")), product, q, k) \
+                if product.shape[-2:] == W.shape[-2:] else (*self.scale_ratio(std, q, k), std)
+            self.keep_scores(centred.masked_fill(~valid, float("-inf")), product)
         else:
             std, ent, mp = score_stats(W)
             ratio, note = None, "no softmax: the raw scores weight the values"
+            self.keep_scores(W, None)
         batch = W.shape[0] if W.ndim >= 3 else 1
         heads = W.shape[1] if W.ndim == 4 else 1
         e = q.shape[-1] if q.ndim >= 2 else 1
@@ -237,11 +273,15 @@ class Tracer(TorchFunctionMode):
         if not markers or x.ndim < 2:
             self.put(out, self.union((self.get(t) for t in ins), NONLINEAR))
             return
-        a, b = self.scores[markers[-1]]
+        a, b, product = self.scores[markers[-1]]
         # (..., L, E) x (..., E, S): q rows are a's, keys are b's columns (or einsum's second operand).
         heads = x.shape[1] if x.ndim == 4 else 1
         std, ent, mp = score_stats(x)
-        ratio, note = self.scale_ratio(std, a, b)
+        if isinstance(product, torch.Tensor) and product.shape[-2:] == x.shape[-2:]:
+            ratio, note, _ = self.qk_ratio(x, product, a, b)
+        else:
+            ratio, note = self.scale_ratio(std, a, b)
+        self.keep_scores(x, product if isinstance(product, torch.Tensor) else None)
         L, S = x.shape[-2], x.shape[-1]
         e = a.shape[-1] if a.ndim >= 2 else 1
         batch = x.shape[0] if x.ndim >= 3 else 1
@@ -287,10 +327,11 @@ class Tracer(TorchFunctionMode):
         scale = a["scale"] if a["scale"] is not None else 1 / math.sqrt(E)
         if k.ndim == 4 and q.ndim == 4 and k.shape[1] != q.shape[1] and q.shape[1] % k.shape[1] == 0:
             k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
-        logits = (q.detach().double() @ k.detach().double().transpose(-2, -1)) * scale
-        logits = apply_masks(logits, a["attn_mask"], a["is_causal"])
+        product = (q.detach().double() @ k.detach().double().transpose(-2, -1)) * scale
+        logits = apply_masks(product, a["attn_mask"], a["is_causal"])
         std, ent, mp = score_stats(logits)
-        ratio, note = self.scale_ratio(std, q, k)
+        ratio, note, _ = self.qk_ratio(logits, product, q, k)
+        self.keep_scores(logits, product)
         note += "; scale " + (f"{a['scale']:.4g} passed" if a["scale"] is not None else "1/sqrt(E) by default")
         L, S = q.shape[-2], k.shape[-2]
         heads = q.shape[1] if q.ndim == 4 else 1
@@ -326,6 +367,10 @@ class Tracer(TorchFunctionMode):
         if blocked is not None:
             logits = logits.masked_fill(blocked, float("-inf"))
         std, ent, mp = score_stats(logits)
+        self.keep_scores(logits, logits)
+        if self.capture:
+            for n, t in ((owner or "in_proj", query), (owner or "in_proj", key)):
+                self.uniform_in[n] = self.uniform_in.get(n, True) and uniform_rows(t)
         rq, rk = rms(q), rms(k)
         ratio = std / (rq * rk) if rq and rk else None
         flops = 4 * B * H * L * S * dh

@@ -8,7 +8,7 @@ from typing import Callable
 
 import torch
 
-from tblock_cli.checks import attention, forward, gradients, mixing, structure
+from tblock_cli.checks import attention, forward, gradients, mixing, naming, norms, positions, safety, structure
 from tblock_cli.checks.context import Context
 from tblock_cli.checks.result import CheckReport, CheckResult, Outcome
 from tblock_cli.config import BlockConfig
@@ -19,7 +19,7 @@ from tblock_cli.report import RunInfo, Status
 
 # What a need means, as the docs table names it.
 NEEDS = {"shape": "shape", "finite": "finite", "deterministic": "deterministic", "input_kept": "input kept",
-         "independent": "independent samples"}
+         "independent": "independent samples", "train_safe": "repeatable training step", "copyable": "faithful deepcopy"}
 COMPARES = ("shape", "finite", "deterministic")  # checks that compare two forwards of random inputs
 GRADS = ("finite", "input_kept")  # checks that take a gradient through the block
 
@@ -38,7 +38,7 @@ class Check:
 REGISTRY: tuple[Check, ...] = (
     Check("shape", forward.check_shape, (), "shape", "an output not of the input's (B, T, d) shape (batch and seq kept different so a (T, B) mix-up shows); an output dtype other than the input's is a **warning** (something upcasts or downcasts)"),
     Check("finite", forward.check_finite, (), "finite", "NaN/inf on random, constant-token (zero variance), zero and large inputs; each norm with `eps=0` alone on a zero-variance input"),
-    Check("determinism", forward.check_determinism, ("finite",), "deterministic", "two eval forwards that differ beyond rounding (dropout in eval, noise, state that changes the output)"),
+    Check("determinism", forward.check_determinism, ("finite",), "deterministic", "two eval forwards that differ beyond rounding (dropout in eval, noise, state that changes the output), also in a copy with its zero dropout probabilities raised to 0.1 (dropout applied in eval, hidden by a default of 0)"),
     Check("input_unchanged", forward.check_input_unchanged, (), "input_kept", "the caller's tensor changed in place, in eval or train"),
     Check("grad_input", gradients.check_grad_input, GRADS, None, "no gradient, a non-finite or an all-zero gradient at the input (detach, no_grad)"),
     Check("grad_params", gradients.check_grad_params, GRADS, None, "a parameter with no gradient (unused, under `no_grad`, detached); zero gradients are a note (a key bias can legitimately get one)"),
@@ -47,16 +47,22 @@ REGISTRY: tuple[Check, ...] = (
     Check("padding", mixing.check_padding, COMPARES + GRADS + ("independent",), None, "padded inputs that reach real outputs (values in eval, gradients in train); and the real positions of a padded batch that differ from the same tokens run alone, with right padding, and with left padding for causal blocks (declared or causal by themselves) without positions inside"),
     Check("causal", mixing.check_causal, COMPARES + GRADS, None, "with `--causal`: outputs up to t that move when inputs after t change, or have a gradient w.r.t. them"),
     Check("order", mixing.check_order, COMPARES + GRADS, None, "without `--causal`: permuted tokens in must give the same outputs permuted out; a failure is a **warning** (heads merged without transposing back, a roll or shift)"),
-    Check("train_eval", structure.check_train_eval, COMPARES, None, "with every dropout zeroed, a train-mode forward that differs from the eval forward (an eval-only path)"),
+    Check("train_state", safety.check_train_state, GRADS, "train_safe", "a second train forward + backward that fails (module state written in a training forward keeps the first graph); tensors the module keeps that carry autograd history are a **warning**"),
+    Check("copy", safety.check_copy, (), "copyable", "a `deepcopy` that is not faithful: the copy's forward calls the original's modules or reads its parameters (a closure or a lambda capturing a submodule), or the copy raises"),
+    Check("train_eval", structure.check_train_eval, COMPARES + ("train_safe", "copyable"), None, "parameters a train backward reaches that an eval backward never touches; with every dropout zeroed (the block rebuilt through its constructor with `dropout=0` where it takes one), a train-mode forward that differs from the eval forward (an eval-only path)"),
     Check("attention", attention.check_attention, ("finite",), None, "per attention call: logit std, entropy relative to uniform, mean max probability; fails on a softmax over the query axis; **warns** when the scores look unscaled or scaled more than 1/sqrt(d_head), when no token attends to itself (a masked diagonal), and when a q.k product weights the values with no softmax (a softmax written out by hand, rows non-negative and summing to 1, counts as one)"),
     Check("kv_cache", attention.check_kv_cache, COMPARES, None, "with `--causal` and a `decode` method: cached decoding that differs from the full forward; a graph growing across steps; caches that share state ([decoding.md](decoding.md))"),
     Check("norm_placement", structure.check_norm_placement, ("finite",), None, "in a block with norms of its residual stream: an FFN that reads the stream with no norm before it, attention that does while no norm follows the add (a missing norm, or Pre- and Post-LN mixed in one block), keys/values that skip the norm the queries get: **warnings**"),
     Check("need_weights", forward.check_need_weights, (), None, "`nn.MultiheadAttention` called with `need_weights=True` (its weights computed and dropped): a **warning** with the bytes"),
-    Check("dtype", forward.check_dtype, COMPARES, None, "the run's dtype differs from a float64 copy beyond its tolerance (relative RMS 2e-6, 5e-3, 4e-2)"),
+    Check("dtype", forward.check_dtype, COMPARES + ("copyable",), None, "the run's dtype differs from a float64 copy beyond its tolerance (relative RMS 2e-6, 5e-3, 4e-2)"),
     Check("ffn_share", structure.check_ffn_share, (), None, "the FFN's share from dataflow roles against what its matrices predict; **warns** on a linear FFN (two projections with no nonlinearity) and on parameters outside attention, FFN and norms (> 1 %)"),
     Check("tensor_parallel", tp.check_tensor_parallel, COMPARES + GRADS, None, "with `--tp N`: outputs, input gradients or full parameter gradients of the block sharded by PyTorch's `parallelize_module` (plan from the dataflow roles, or `--tp-plan`) that differ from the unsharded block with the same weights; names the first module whose output differs ([distributed.md](distributed.md))"),
     Check("fsdp", fsdp.check_fsdp, COMPARES + GRADS + ("independent",), None, "with `--fsdp N`: under `fully_shard`, each rank its own micro-batch, gradients that differ from one process's on the whole batch (averaged as FSDP reduces them), or parameters that differ after the same optimizer step"),
     Check("reference", structure.check_reference, ("shape", "deterministic"), None, "the built-in block against `nn.TransformerEncoderLayer` with copied weights (1e-5, float32)"),
+    Check("norms", norms.check_norms, ("finite", "copyable"), None, "each norm alone: relative RMS error against its float64 copy at input RMS 1e3 (an fp16 RMSNorm squaring before it upcasts returns 0: error 1.0; limit 0.1 half, 1e-4 float32); a `(1 + w)` norm whose output RMS at init exceeds 1.5 (w initialised to 1 doubles it)"),
+    Check("relative", positions.check_relative, ("finite",), None, "with every token identical, attention scores (each row taken relative to its own diagonal) that are not a function of i - j: a rotary cos/sin layout that does not match its rotation, rotary angles computed in half precision (probed at 320 tokens in fp16/bf16); blocks whose positions enter before the q/k projections (absolute) are skipped"),
+    Check("position_bias", positions.check_position_bias, ("finite",), None, "an additive bias linear in distance (ALiBi) that rises with distance or whose slopes are not geometric; slopes geometric but not the paper's set are a **warning**; a learned (non-linear) bias is not judged"),
+    Check("names", naming.check_names, (), None, "conventional names that contradict dataflow roles (gate/up/down, q/k/v/o, w2/w3, wq/wk/wv): a **warning** naming both; a gated FFN whose activation follows the product (`act(gate * up)`): a **warning**"),
 )
 CHECK_NAMES = tuple(c.name for c in REGISTRY)
 

@@ -74,11 +74,30 @@ def check_determinism(ctx: Context) -> Outcome:
     x = ctx.x()
     a, b = eval_forward(ctx, x), eval_forward(ctx, x)
     if torch.equal(a, b):
-        return passed("determinism.identical", 0.0)
+        return dropout_raised(ctx, x)
     diff = rel_diff(a, b)
     if diff <= ctx.tol:
         return warned("determinism.rounding", diff, diff=diff)
     return failed("determinism.random", diff, diff=diff)
+
+
+def dropout_raised(ctx: Context, x: torch.Tensor) -> Outcome:
+    """Eval forwards of a copy whose zero dropout probabilities are raised to 0.1 must stay identical: a block built
+    with dropout 0 (its constructor takes none) would otherwise hide a dropout applied in eval."""
+    from tblock_cli.checks.structure import raise_dropout
+
+    try:
+        twin = copy.deepcopy(ctx.subject.module)
+    except Exception:  # noqa: BLE001 - the copy check says why; the plain comparison stands
+        return passed("determinism.identical", 0.0)
+    raised = raise_dropout(twin)
+    if not raised:
+        return passed("determinism.identical", 0.0)
+    subject = ctx.subject.like(twin)
+    diff = rel_diff(eval_forward(ctx, x, subject=subject), eval_forward(ctx, x, subject=subject))
+    if diff > ctx.tol:
+        return failed("determinism.raised_dropout", diff, diff=diff, raised=raised)
+    return passed("determinism.identical", 0.0, raised=raised)
 
 
 def check_input_unchanged(ctx: Context) -> Outcome:

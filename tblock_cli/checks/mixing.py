@@ -6,6 +6,7 @@ import re
 
 import torch
 
+from tblock_cli.anatomy.mha import attention_modules
 from tblock_cli.checks.context import Context, eval_forward, input_grad, nonfinite_kind, projected
 from tblock_cli.checks.result import Outcome, failed, passed, skipped, warned
 from tblock_cli.errors import one_line
@@ -109,7 +110,15 @@ def check_padding(ctx: Context) -> Outcome:
     # token, so a decoder that ignores its mask cannot show it there. Not with positions inside: left
     # padding moves the real tokens' positions (a model passes position ids for that).
     causal = ctx.cfg.causal or causal_by_itself(ctx, x)
-    sides = ["right"] + (["left"] if causal and positional_reason(ctx) is None else [])
+    positional = positional_reason(ctx)
+    # Left padding too where the block is causal (right pads come after every real token, so a decoder that ignores
+    # its mask cannot show it there) or has positions inside: relative schemes (RoPE, ALiBi, relative biases) are
+    # shift-invariant and absolute positions taken from the mask restart at the first real token, so a left-padded
+    # batch equals the tokens run alone for all of them.
+    sides = ["right"] + (["left"] if causal or positional is not None else [])
+    # nn.MultiheadAttention gives NaN at a fully masked query row (PyTorch's own behaviour, PYTORCH-NOTES): reported,
+    # not failed; a block's own -inf fill doing the same fails
+    mha = bool(attention_modules(ctx.subject.module))
     nonfinite = []
     worst = 0.0
     for side in sides:
@@ -118,9 +127,28 @@ def check_padding(ctx: Context) -> Outcome:
             nonfinite.append({"side": side, "got": got})
             continue
         if eq > ctx.tol:
-            return failed("padding.differs_alone", eq, side=side, diff=eq)
+            return failed("padding.differs_alone", eq, side=side, diff=eq, positional=positional is not None)
         worst = max(worst, eq)
+        spread = spread_through_twice(ctx, x, side == "left")
+        if spread and not mha:
+            return failed("padding.nan_spreads", None, side=side, got=spread, **full)
+        if spread:
+            nonfinite.append({"side": side, "got": spread, "twice": True})
+    if nonfinite and not mha:
+        return failed("padding.nan_spreads", None, side=nonfinite[0]["side"], got=nonfinite[0]["got"], **full)
     return passed("padding.respected", worst, sides=sides, diff=worst, nonfinite=nonfinite, **full)
+
+
+def spread_through_twice(ctx: Context, x: torch.Tensor, left: bool) -> str | None:
+    """What the real positions get when the padded batch's output runs through the block again (two such layers
+    stacked): a non-finite value at a padded row reaches every real one through 0 * NaN in the weighted sum."""
+    B, T, _ = x.shape
+    mask = padding_mask(ctx, B, T, left)
+    once = eval_forward(ctx, x, mask)
+    if torch.isfinite(once).all():
+        return None
+    twice = eval_forward(ctx, once, mask)
+    return None if torch.isfinite(twice[~mask]).all() else nonfinite_kind(twice[~mask])
 
 
 def future_grad(ctx: Context, x: torch.Tensor, t: int, train: bool) -> torch.Tensor | None:

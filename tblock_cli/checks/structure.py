@@ -33,9 +33,72 @@ def zero_dropout(module: nn.Module) -> int:
     return n
 
 
+def raise_dropout(module: nn.Module, p: float = 0.1) -> int:
+    """Set every dropout probability that is 0 to p (modules, float attributes named *drop*); how many. A block built
+    without dropout cannot show dropout left on in eval; raised, it can."""
+    n = 0
+    for m in module.modules():
+        if isinstance(m, nn.modules.dropout._DropoutNd):
+            if m.p == 0:
+                m.p, n = p, n + 1
+            continue
+        for key, value in list(vars(m).items()):
+            if "drop" in key.lower() and type(value) is float and value == 0.0:
+                setattr(m, key, p)
+                n += 1
+    return n
+
+
+def rebuilt_without_dropout(ctx: Context) -> nn.Module | None:
+    """The user's block built again through its constructor with dropout=0 (a functional dropout reading a plain
+    attribute cannot be zeroed from outside), holding the original's weights; None where that is not possible."""
+    from dataclasses import replace
+
+    from tblock_cli.loading import ALIASES, construct, constructor_kwargs, load_factory
+
+    spec = ctx.subject.name
+    if ctx.subject.builtin or spec.startswith("hf:") or not ctx.cfg.dropout:
+        return None
+    try:
+        factory = load_factory(spec)
+        named, _ = constructor_kwargs(factory, ctx.cfg)
+        if not set(named) & set(ALIASES["dropout"]):
+            return None
+        module = construct(spec, factory, replace(ctx.cfg, dropout=0.0), {})
+        module.load_state_dict(ctx.subject.module.state_dict())
+        return module.to(device=ctx.device, dtype=ctx.dtype)
+    except Exception:  # noqa: BLE001 - any failure: fall back to zeroing the copy's dropout
+        return None
+
+
+def eval_unused(ctx: Context) -> list[str]:
+    """Parameters a train-mode backward reaches that an eval-mode backward never touches (an eval-only path)."""
+    from tblock_cli.checks.gradients import train_backward
+
+    _, train = train_backward(ctx)
+    params = [(n, p) for n, p in ctx.subject.module.named_parameters() if p.requires_grad and train.get(n) is not None]
+    if not params:
+        return []
+    x = ctx.x()
+    with train_mode(ctx.subject.module, False), torch.enable_grad():
+        out = ctx.subject(x.clone())
+        loss = (out.float() * torch.randn(out.shape, generator=ctx.gen).to(out.device)).sum()
+        if not loss.requires_grad:
+            return [n for n, _ in params]
+        grads = torch.autograd.grad(loss, [p for _, p in params], allow_unused=True)
+    return [n for (n, _), g in zip(params, grads) if g is None]
+
+
 def check_train_eval(ctx: Context) -> Outcome:
     """With every dropout zeroed, a train-mode forward computes what the eval forward does."""
-    module = copy.deepcopy(ctx.subject.module)
+    try:
+        unused = eval_unused(ctx)
+    except Exception:  # noqa: BLE001 - a backward that raises is the gradient checks' business; compare forwards alone
+        unused = []
+    if unused:
+        return failed("train_eval.eval_unused", len(unused), params=unused)
+    rebuilt = rebuilt_without_dropout(ctx)
+    module = rebuilt if rebuilt is not None else copy.deepcopy(ctx.subject.module)
     zero_dropout(module)
     twin = ctx.subject.like(module)
     batch_norms = [m for m in module.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
@@ -53,8 +116,8 @@ def check_train_eval(ctx: Context) -> Outcome:
     ev = eval_forward(ctx, x, subject=twin)
     diff = rel_diff(a, ev)
     if diff > ctx.tol:
-        return failed("train_eval.differs", diff, diff=diff)
-    return passed("train_eval.agree", diff)
+        return failed("train_eval.differs", diff, diff=diff, rebuilt=rebuilt is not None)
+    return passed("train_eval.agree", diff, rebuilt=rebuilt is not None)
 
 
 def check_norm_placement(ctx: Context) -> Outcome:

@@ -11,6 +11,8 @@ NEED_REASON = {
     "deterministic": "outputs random in eval (see determinism): two forwards cannot be compared",
     "input_kept": "the forward changes its input in place (see input_unchanged): gradients through it are unreliable",
     "independent": "samples leak into each other (see batch): a sample alone cannot be compared with its padded batch",
+    "train_safe": "a second training step fails (see train_state): train mode cannot be probed again",
+    "copyable": "a deepcopy of the block is not faithful (see copy): a copy would not compute what the block does",
 }
 
 
@@ -33,12 +35,18 @@ def _fully_padded(f: dict) -> str:
 
 def _padding_respected(f: dict) -> str:
     sides = "right and left padding" if len(f["sides"]) == 2 else "right padding"
-    notes = "".join(f"; {n['side']} padding gives {n['got']} at real positions (fully masked pad rows spread); not compared"
-                    for n in f["nonfinite"])
+    notes = "".join(f"; {n['side']} padding gives {n['got']} at real positions "
+                    + ("after a second pass (nn.MultiheadAttention's NaN at fully masked pad rows spreads)" if n.get("twice")
+                       else "(fully masked pad rows spread); not compared") for n in f["nonfinite"])
     return f"padded inputs reach no real output; {sides} = tokens run alone (max {f['diff']:.1e}); {_fully_padded(f)}{notes}"
 
 
 def _padding_differs(f: dict) -> str:
+    if f["side"] == "left" and f.get("positional"):
+        why = ("positions inside are not derived from the mask (absolute position ids that do not restart at the first "
+               "real token), or the relative scheme is broken (a rotary cos/sin layout that does not match its rotation, "
+               "values rotated and never rotated back), or the mask is ignored")
+        return f"with left padding, real positions differ from the same tokens run alone by {f['diff']:.2e}: {why}"
     why = ("the causal block ignores its mask (pads before a token reach it)" if f["side"] == "left" else
            "real tokens do not attend as they do alone: mask polarity (--pad-means keep?) or masked queries zeroed")
     return f"with {f['side']} padding, real positions differ from the same tokens run alone by {f['diff']:.2e}: {why}"
@@ -241,3 +249,89 @@ _DIST = {
                               + f"raised under fully_shard: {f['error']}"),
 }
 MESSAGES.update(_DIST)
+
+
+def _relative(f: dict) -> str:
+    where = f"{f['where']} at {f['seq']} tokens"
+    long = f"; not probed at length 320 ({f['long_error']})" if f.get("long_error") else ""
+    return where + long
+
+
+def _names_contradict(f: dict) -> str:
+    w = f["wrong"][0]
+    holders = f"; {names([h['name'] for h in f['holders']])} does ({w['promised']})" if f["holders"] else ""
+    return (f"`{w['name']}` is named as {w['promised']} but the dataflow makes it {w['role']}{holders}: the names "
+            f"contradict what the modules do (the activation on the wrong projection?), so a checkpoint would load the "
+            f"weights the wrong way round")
+
+
+MESSAGES.update({
+    # padding, third generation
+    "padding.nan_spreads": lambda f: (f"with {f['side']} padding, padded rows come out non-finite and a second pass "
+                                      f"through the block gives {f['got']} at real positions: fully masked rows filled "
+                                      f"with -inf give NaN, and two such layers in a row spread it (fill with "
+                                      f"finfo.min, or zero those rows); {_fully_padded(f)}"),
+    # train_state
+    "train_state.clean": "two train forwards + backwards in a row run; no module state keeps an autograd graph",
+    "train_state.second_backward": lambda f: (f"train forward + backward number {f['step']} fails ({f['error']}): module state "
+                                              f"written in a training forward carries autograd history"
+                                              + (f" ({names(f['held'])})" if f["held"] else "")
+                                              + "; detach it, or write it under no_grad"),
+    "train_state.history": lambda f: (f"after a train forward the module keeps tensors with autograd history "
+                                      f"({names(f['held'])}): module state carries autograd history (a cache written "
+                                      f"in training?), which keeps every step's graph alive"),
+    # copy
+    "copy.faithful": "a deepcopy's forward touches none of the original's modules, parameters or buffers",
+    "copy.unfaithful": lambda f: (f"deepcopy is not faithful: the copy's forward uses the original's {names(f['shared'])} "
+                                  f"(a lambda or closure capturing a submodule?); float64 copies, EMA and per-device "
+                                  f"copies would all compute with the original's weights"),
+    "copy.raises": "deepcopy of the block raises: {error}",
+    # determinism, third generation
+    "determinism.raised_dropout": ("with its zero dropout probabilities raised to 0.1, two eval forwards differ by {diff:.2e}: "
+                                   "dropout is applied in eval (F.dropout(training=True)? a dropout_p passed to SDPA "
+                                   "whatever self.training?), hidden while the block is built with dropout 0"),
+    # train_eval, third generation
+    "train_eval.eval_unused": lambda f: (f"parameters that a train backward reaches and an eval backward never "
+                                         f"touches: {names(f['params'])}: eval skips part of the block (an early return "
+                                         f"in eval?)"),
+    # norms
+    "norms.none": "no norm found (a module invariant to scaling each token)",
+    "norms.ok": lambda f: (f"{len(f['norms'])} norm(s) alone agree with float64 at input RMS {f['scale']:g} in "
+                           f"{f['dtype']}; none doubles its input at init"),
+    "norms.large": lambda f: "; ".join(
+        f"{n['name']} alone at input RMS {f['scale']:g} ({f['dtype']}) differs from float64 by {n['error']:.2e} "
+        f"(> {f['limit']:g}; output RMS {n['got_rms']:.3g}, expected {n['expected_rms']:.3g}): it squares before it "
+        f"upcasts? (fp16 overflows above |x| ~ 256)" for n in f["large"]),
+    "norms.offset_init": lambda f: "; ".join(
+        f"{o['name']} is a (1 + w) norm whose output RMS at init is {o['gain']:.2f} (> {f['limit']:g}): its w is "
+        f"initialised to 1, as a plain norm's weight would be, so it doubles its input" for o in f["offset"]),
+    # relative
+    "relative.no_attention": "no attention computation seen",
+    "relative.absolute": "no attention call whose q and k projections read position-free inputs (absolute positions enter "
+                         "before them): not a relative scheme",
+    "relative.toeplitz": lambda f: (f"with every token identical the scores depend on i - j only (max deviation "
+                                    f"{f['error']:.1e}, limit {f['limit']:g}; {_relative(f)})"),
+    "relative.not_toeplitz": lambda f: (f"with every token identical the scores are not a function of i - j (deviation "
+                                        f"{f['error']:.2e} > {f['limit']:g}, {_relative(f)}): the relative scheme is "
+                                        f"broken (rotary cos/sin laid out for interleaved pairs but a half-split "
+                                        f"rotation, or angles computed in half precision?)"),
+    # position_bias
+    "position_bias.no_attention": "no attention computation seen",
+    "position_bias.none": "no additive bias on the q.k scores",
+    "position_bias.learned": "an additive bias not linear in distance (a learned relative bias): not judged",
+    "position_bias.alibi": lambda f: f"ALiBi bias: slopes {', '.join(f'{m:.4g}' for m in f['slopes'])}: geometric, the paper's",
+    "position_bias.rises": lambda f: (f"the additive bias grows with distance for some head (slopes "
+                                      f"{', '.join(f'{m:.4g}' for m in f['slopes'])}): its sign is flipped"),
+    "position_bias.not_geometric": lambda f: (f"ALiBi slopes {', '.join(f'{m:.4g}' for m in f['slopes'])} are not a "
+                                              f"geometric sequence (the paper's: "
+                                              f"{', '.join(f'{m:.4g}' for m in f['expected'])})"),
+    "position_bias.not_paper": lambda f: (f"ALiBi slopes {', '.join(f'{m:.4g}' for m in f['slopes'])} are geometric but "
+                                          f"not the paper's {', '.join(f'{m:.4g}' for m in f['expected'])} in head order (off by "
+                                          f"{f['off']:.0%}): the sequence starts, steps or runs the wrong way"),
+    # names
+    "names.none": "no projection carries a conventional name (gate/up/down, q/k/v/o, w2/w3 ...)",
+    "names.agree": lambda f: f"conventional names agree with dataflow roles: {names(f['names'])}",
+    "names.contradict": _names_contradict,
+    "names.act_after_product": lambda f: (f"the activation follows the product of {' and '.join(f'`{n}`' for n in f['pairs'][0])}: "
+                                          f"act(gate * up), not act(gate) * up"),
+})

@@ -1,0 +1,70 @@
+"""Checks of each norm alone: at large magnitude against float64, and its output scale at init."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from tblock_cli.checks.context import Context, dtype_name
+from tblock_cli.checks.result import Outcome, failed, passed, skipped
+from tblock_cli.probes import f64
+
+# Input RMS for the large-magnitude probe: above 256, where an fp16 square overflows (256^2 > 65504), and far from
+# fp16's own limit (a norm's input may reach 65504 / 16 before anything else overflows).
+LARGE_RMS = 1e3
+# Relative RMS error of a norm alone at LARGE_RMS against its float64 copy. Measured at d_model 64/512 on LayerNorm
+# (built-in), Llama's upcasting RMSNorm and Gemma's (1 + w): <= 6.4e-8 float32, <= 3.0e-4 fp16, <= 2.4e-3 bf16; an
+# fp16 RMSNorm squaring before it upcasts: 1.0 (it returns 0). 0.1 in half precision sits 40x above the worst.
+NORM_ERROR = {torch.float64: 1e-9, torch.float32: 1e-4, torch.float16: 0.1, torch.bfloat16: 0.1}
+# Output RMS at init of a (1 + w) norm (one whose output is not zero with its parameters zeroed), on unit-RMS
+# input: 1.0 with w = 0 at init (Gemma); 2.0 with w initialised to 1, as a plain norm's weight is. 1.5 between.
+OFFSET_GAIN_MAX = 1.5
+
+
+def rms(t: torch.Tensor) -> float:
+    return f64(t).pow(2).mean().sqrt().item()
+
+
+def check_norms(ctx: Context) -> Outcome:
+    norms = ctx.dataflow().norms
+    if not norms:
+        return skipped("norms.none")
+    mods = dict(ctx.subject.module.named_modules())
+    large, offset, seen, errors = [], [], [], []
+    for name, width in norms.items():
+        m = mods[name]
+        x = torch.randn(2, 8, width, generator=ctx.gen, dtype=torch.float64)
+        with torch.no_grad():
+            try:
+                big = x * LARGE_RMS
+                got = m(big.to(device=ctx.device, dtype=ctx.dtype))
+                ref = copy.deepcopy(m).to(dtype=torch.float64)(big.to(ctx.device))
+                unit = m(x.to(device=ctx.device, dtype=ctx.dtype))
+                zeroed = copy.deepcopy(m)
+                for p in zeroed.parameters():
+                    p.zero_()
+                bare = zeroed(x.to(device=ctx.device, dtype=ctx.dtype))
+            except Exception:  # noqa: BLE001 - a norm that needs more than a tensor: find_norms called it, but be safe
+                continue
+        if not isinstance(got, torch.Tensor) or got.shape != big.shape:
+            continue
+        err = (f64(got) - f64(ref)).norm().item() / max(f64(ref).norm().item(), 1e-30)
+        seen.append(name)
+        errors.append(err)
+        if not err <= NORM_ERROR[ctx.dtype]:
+            large.append({"name": name, "error": err, "got_rms": rms(got), "expected_rms": rms(ref)})
+        if any(True for _ in m.parameters()) and rms(bare) > 0.5:
+            gain = rms(unit)
+            if gain > OFFSET_GAIN_MAX:
+                offset.append({"name": name, "gain": gain})
+    facts = {"norms": seen, "dtype": dtype_name(ctx.dtype), "scale": LARGE_RMS}
+    if large:
+        worst = max(large, key=lambda n: n["error"])
+        return failed("norms.large", round(worst["error"], 4), large=large, limit=NORM_ERROR[ctx.dtype], **facts)
+    if offset:
+        return failed("norms.offset_init", round(max(o["gain"] for o in offset), 3), offset=offset, limit=OFFSET_GAIN_MAX,
+                      **facts)
+    if not seen:
+        return skipped("norms.none")
+    return passed("norms.ok", len(seen), worst=max(errors), **facts)

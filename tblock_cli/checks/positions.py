@@ -1,0 +1,183 @@
+"""Checks of positions inside attention: a relative scheme's scores depend on i - j only (Toeplitz), and an additive
+position bias (ALiBi) falls with distance at the paper's geometric slopes."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from tblock_cli.anatomy.mha import MASKED_LOGIT
+from tblock_cli.anatomy.tracer import Tracer
+from tblock_cli.checks.context import Context
+from tblock_cli.checks.result import Outcome, failed, passed, skipped, warned
+from tblock_cli.probes import train_mode
+
+# Largest deviation of identical-token scores from a Toeplitz matrix (each row shifted so its own diagonal entry is 0,
+# a row offset being invisible to softmax), relative to max(1, |score|). Measured at d_model 64/512: correct relative
+# blocks (RoPE, GQA, sliding window, ALiBi, RoPE on values, Gemma, 3-D mask) <= 3e-7 float32, <= 1.9e-3 fp16 and
+# <= 0.014 bf16 at 320 tokens; a rotary layout mismatch 0.35-0.88 at any length; rotary angles computed in bf16
+# 0.55-0.73 at 320 tokens (in fp16: 0.013-0.024, under the limit: fp16 keeps integer positions exact to 2048).
+TOEPLITZ_LIMIT = {torch.float64: 1e-8, torch.float32: 1e-4, torch.float16: 0.05, torch.bfloat16: 0.05}
+# Half precision is probed at this length too: bfloat16 holds integers exactly only up to 256 (fp16's products of
+# position and frequency lose the fraction there too), so angles computed in the run dtype break past it.
+LONG_SEQ = 320
+# An additive bias is judged where the scores minus their q.k part vary by more than this along a row. Measured over
+# 64 tokens at d_model 64/512: blocks with no bias (RoPE, window, 3-D float mask) <= 7e-12; ALiBi 16-32.
+BIAS_MIN = 0.05
+# A bias is ALiBi-like (linear in distance per head) when a straight line fits it within this share of its range; a
+# learned relative bias (T5 buckets) is not judged. ALiBi measured <= 6e-8 float32, 5e-4 fp16, 1.6e-2 bf16.
+LINEAR_FIT = 0.05
+# Slopes whose successive ratios spread by more than this share are not geometric (the paper's: one ratio, 2^(-8/n)),
+# and slopes off the paper's by more than it are not the paper's. Measured on ALiBi: spread and offset <= 2e-8
+# float32, <= 1.9e-3 in half precision; planted linear slopes: spread 0.33-0.43.
+GEOMETRIC_TOL = {torch.float64: 0.01, torch.float32: 0.01, torch.float16: 0.05, torch.bfloat16: 0.05}
+# A slope this close to 0 is a head without a bias (ALiBi's smallest, for 64 heads, is 2^-8 ~ 4e-3).
+SLOPE_FLOOR = 1e-4
+# Scores probed for a bias over this many tokens: long enough for the smallest slope to rise above rounding.
+BIAS_SEQ = 64
+
+
+def captured_scores(ctx: Context, x: torch.Tensor) -> tuple[list, Tracer]:
+    """One eval forward of x with the tracer capturing each attention call's scores and q.k product."""
+    module = ctx.subject.module
+    tr = Tracer(module, ctx.cfg.d_model)
+    tr.capture = True
+    with train_mode(module, False), torch.enable_grad(), tr:
+        ctx.subject(x.clone())
+    return [(c, tr.captured.get(i)) for i, c in enumerate(tr.attention)], tr
+
+
+def centred_rows(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(..., T, T) scores with each row's own diagonal entry subtracted, and where they are live (not masked)."""
+    valid = torch.isfinite(z) & (z > MASKED_LOGIT)
+    diag = z.diagonal(dim1=-2, dim2=-1)[..., :, None]
+    live = valid & valid.diagonal(dim1=-2, dim2=-1)[..., :, None]
+    return (z - diag).masked_fill(~live, 0.0), live
+
+
+def toeplitz_error(z: torch.Tensor) -> float:
+    """Largest deviation of each diagonal's live entries from their mean, relative to max(1, |live score|)."""
+    c, live = centred_rows(z)
+    T = z.shape[-1]
+    worst = 0.0
+    for o in range(-(T - 1), T):
+        d, m = c.diagonal(o, -2, -1), live.diagonal(o, -2, -1)
+        if not m.any():
+            continue
+        n = m.sum(-1, keepdim=True).clamp_min(1)
+        mean = d.sum(-1, keepdim=True) / n
+        worst = max(worst, ((d - mean).abs() * m).max().item())
+    scale = max(1.0, z[torch.isfinite(z) & (z > MASKED_LOGIT)].abs().max().item()) if live.any() else 1.0
+    return worst / scale
+
+
+def relative_calls(ctx: Context, T: int) -> list[dict]:
+    """Per square attention call whose q and k projections read identical rows: its Toeplitz error at length T."""
+    x = ctx.randn(1, 1, ctx.cfg.d_model).expand(1, T, ctx.cfg.d_model).contiguous()
+    out = []
+    calls, tr = captured_scores(ctx, x)
+    for c, got in calls:
+        if got is None or got["logits"].shape[-1] != got["logits"].shape[-2] or got["logits"].shape[-1] != T:
+            continue
+        sources = [n for n in c.q + c.k if n in tr.uniform_in]
+        if not sources or not all(tr.uniform_in[n] for n in sources):
+            continue  # positions entered before the projections (absolute): scores need not be Toeplitz
+        out.append({"where": c.where or "root", "seq": T, "error": toeplitz_error(got["logits"])})
+    return out
+
+
+def check_relative(ctx: Context) -> Outcome:
+    """With every token identical, scores of a relative (or no) position scheme depend on i - j only."""
+    if not ctx.dataflow().attention:
+        return skipped("relative.no_attention")
+    lengths = [max(ctx.cfg.seq, 8)] + ([LONG_SEQ] if ctx.dtype in (torch.float16, torch.bfloat16) else [])
+    calls, long_error = [], None
+    for T in lengths:
+        try:
+            calls += relative_calls(ctx, T)
+        except Exception as e:  # noqa: BLE001 - a block with a maximum length below LONG_SEQ: judged at its own length
+            if T != LONG_SEQ:
+                raise
+            long_error = type(e).__name__
+    if not calls:
+        return skipped("relative.absolute")
+    limit = TOEPLITZ_LIMIT[ctx.dtype]
+    worst = max(calls, key=lambda c: c["error"])
+    facts = {"where": worst["where"], "seq": worst["seq"], "error": worst["error"], "limit": limit, "long_error": long_error}
+    if worst["error"] > limit:
+        return failed("relative.not_toeplitz", worst["error"], **facts)
+    return passed("relative.toeplitz", worst["error"], **facts)
+
+
+def line_fit(f: torch.Tensor) -> tuple[float, float]:
+    """Slope of f(d) = c - m d over d = 0..n-1 (least squares), and the fit's worst residual."""
+    d = torch.arange(f.numel(), dtype=torch.float64)
+    A = torch.stack((torch.ones_like(d), -d), dim=1)
+    coef = torch.linalg.lstsq(A, f[:, None]).solution[:, 0]
+    return coef[1].item(), (A @ coef - f).abs().max().item()
+
+
+def paper_slopes(n: int) -> list[float]:
+    """ALiBi's slopes for n heads: geometric from 2^(-8/n); for n not a power of two, the paper's interleaving."""
+    p = 2 ** math.floor(math.log2(n))
+    first = [2 ** (-8 * (i + 1) / p) for i in range(p)]
+    return first + paper_slopes(2 * p)[0::2][: n - p] if p < n else first
+
+
+def head_biases(ctx: Context) -> list[torch.Tensor]:
+    """Per attention call with an additive bias: its (heads, T) bias by distance 0..T-1, from the row's own entry."""
+    T = max(ctx.cfg.seq, BIAS_SEQ)
+    first, _ = captured_scores(ctx, ctx.x(1, T))
+    second, _ = captured_scores(ctx, ctx.x(1, T))
+    out = []
+    for (_, got), (_, other) in zip(first, second):
+        if got is None or other is None or got["product"] is None or other["product"] is None \
+                or got["logits"].shape[-1] != T or got["logits"].shape[-2] != T or other["logits"].shape != got["logits"].shape:
+            continue
+        z, p = got["logits"], got["product"].detach().double().cpu().expand_as(got["logits"])
+        z2, p2 = other["logits"], other["product"].detach().double().cpu().expand_as(z)
+        # an input-independent bias cancels between two inputs: the difference of the scores is the scale times
+        # the difference of the products, exactly
+        valid = torch.isfinite(z) & (z > MASKED_LOGIT) & torch.isfinite(z2) & (z2 > MASKED_LOGIT)
+        dz, dp = (z - z2)[valid], (p - p2)[valid]
+        slope = (dz * dp).sum() / (dp * dp).sum().clamp_min(1e-30)
+        bias = (z - slope * p).masked_fill(~valid, float("-inf")).reshape(-1, T, T)
+        c, live = centred_rows(bias)
+        if (c.abs() * live).max().item() <= BIAS_MIN:
+            continue
+        # by distance d = i - j >= 0 (the keys before; a causal block has no others), averaged down each diagonal
+        f = torch.stack([(c.diagonal(-d, -2, -1) * live.diagonal(-d, -2, -1)).sum(-1)
+                         / live.diagonal(-d, -2, -1).sum(-1).clamp_min(1) for d in range(T)], dim=-1)
+        out.append(f)
+    return out
+
+
+def check_position_bias(ctx: Context) -> Outcome:
+    """An additive bias linear in distance (ALiBi) must fall with distance, at geometric slopes (the paper's set)."""
+    if not ctx.dataflow().attention:
+        return skipped("position_bias.no_attention")
+    biases = head_biases(ctx)
+    if not biases:
+        return skipped("position_bias.none")
+    for f in biases:
+        fits = [line_fit(row) for row in f]
+        span = (f.amax(-1) - f.amin(-1)).clamp_min(1e-30)
+        if any(res > LINEAR_FIT * s for (_, res), s in zip(fits, span.tolist())):
+            return passed("position_bias.learned", None, heads=f.shape[0])
+        slopes = [m for m, _ in fits]
+        facts = {"slopes": [round(m, 6) for m in slopes], "expected": [round(m, 6) for m in paper_slopes(len(slopes))]}
+        if min(slopes) < -SLOPE_FLOOR:
+            return failed("position_bias.rises", round(min(slopes), 6), **facts)
+        if min(slopes) <= SLOPE_FLOOR:  # some heads carry no bias: not the ALiBi the slopes below describe
+            return passed("position_bias.learned", None, heads=f.shape[0])
+        ordered = sorted(slopes, reverse=True)
+        ratios = [b / a for a, b in zip(ordered, ordered[1:])]
+        tol = GEOMETRIC_TOL[ctx.dtype]
+        if ratios and max(ratios) - min(ratios) > tol * max(ratios):
+            return failed("position_bias.not_geometric", round(max(ratios) - min(ratios), 4), ratios=ratios, **facts)
+        # in head order: the paper's first head has the largest slope (reversed, a checkpoint's heads would not match)
+        off = max(abs(a / b - 1) for a, b in zip(slopes, paper_slopes(len(slopes))))
+        if off > tol:
+            return warned("position_bias.not_paper", round(off, 4), off=off, **facts)
+    return passed("position_bias.alibi", None, calls=len(biases), **facts)

@@ -1,0 +1,111 @@
+"""Checks that the block survives what training and tools do to it: a second forward + backward, and a deepcopy."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.nn as nn
+from torch.overrides import TorchFunctionMode
+
+from tblock_cli.anatomy.tracer import tensors
+from tblock_cli.checks.context import Context, eval_forward, projected
+from tblock_cli.checks.result import Outcome, failed, passed, warned
+from tblock_cli.errors import one_line
+from tblock_cli.probes import train_mode
+
+# Nodes walked up a held tensor's graph looking for the input; a block's graph has a few hundred.
+GRAPH_WALK_MAX = 20000
+
+
+def reaches(grad_fn, inputs: set[int]) -> bool:
+    """Whether a graph leads back to one of the inputs (a weight recomputed from parameters, as the old weight_norm
+    keeps it, does not: that is per-step state by design, not a graph of the data)."""
+    seen, todo = set(), [grad_fn]
+    while todo and len(seen) < GRAPH_WALK_MAX:
+        node = todo.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        if id(getattr(node, "variable", None)) in inputs:
+            return True
+        todo.extend(n for n, _ in getattr(node, "next_functions", ()))
+    return False
+
+
+def held_with_history(module: nn.Module, inputs: set[int]) -> list[str]:
+    """Tensors the module keeps (buffers, plain attributes, lists/dicts of them) whose graph reaches the input."""
+    held = []
+    for name, m in module.named_modules():
+        params = {id(p) for p in m.parameters(recurse=False)}
+        for key, value in list(m._buffers.items()) + [(k, v) for k, v in vars(m).items() if not k.startswith("_")]:
+            for t in tensors(value):
+                if id(t) not in params and t.grad_fn is not None and reaches(t.grad_fn, inputs):
+                    held.append(f"{name}.{key}" if name else key)
+                    break
+    return sorted(set(held))
+
+
+def check_train_state(ctx: Context) -> Outcome:
+    """Two train forwards + backwards in a row (a training loop's first two steps); then no module state with a graph."""
+    module = ctx.subject.module
+    saved = {n: p.grad for n, p in module.named_parameters()}
+    inputs: set[int] = set()
+    kept = []  # the inputs stay alive so their ids stay theirs
+    try:
+        with train_mode(module, True), torch.enable_grad():
+            for step in (1, 2):  # noqa: B007 - the failing step is reported
+                x = ctx.x().requires_grad_(True)  # as embeddings are: state computed from x then holds x's graph
+                inputs.add(id(x))
+                kept.append(x)
+                out = ctx.subject(x.clone())
+                loss = projected(ctx, out)
+                if loss.requires_grad:
+                    loss.backward()
+    except RuntimeError as e:
+        return failed("train_state.second_backward", step, step=step, error=one_line(e), held=held_with_history(module, inputs))
+    finally:
+        for n, p in module.named_parameters():
+            p.grad = saved[n]
+    held = held_with_history(module, inputs)
+    if held:
+        return warned("train_state.history", len(held), held=held)
+    return passed("train_state.clean", 0)
+
+
+class ParamUse(TorchFunctionMode):
+    """Notes which of a set of tensors (the original's parameters and buffers) a forward touches."""
+
+    def __init__(self, watched: dict[int, str]):
+        super().__init__()
+        self.watched, self.touched = watched, set()
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        for t in tensors((args, kwargs or {})):
+            if id(t) in self.watched:
+                self.touched.add(self.watched[id(t)])
+        return func(*args, **(kwargs or {}))
+
+
+def check_copy(ctx: Context) -> Outcome:
+    """A deepcopy is a faithful copy: its forward touches none of the original's modules, parameters or buffers."""
+    module = ctx.subject.module
+    try:
+        twin = copy.deepcopy(module)
+    except Exception as e:  # noqa: BLE001 - the copy itself fails: say why
+        return failed("copy.raises", None, error=one_line(e))
+    called: list[str] = []
+    hooks = [m.register_forward_pre_hook(lambda _m, _a, _n=n: called.append(_n or "(root)"))
+             for n, m in module.named_modules()]
+    watched = {id(t): n for n, t in list(module.named_parameters()) + list(module.named_buffers())}
+    use = ParamUse(watched)
+    try:
+        with use:
+            got = eval_forward(ctx, ctx.x(), subject=ctx.subject.like(twin))
+    finally:
+        for h in hooks:
+            h.remove()
+    shared = sorted(set(called) | use.touched)
+    if shared:
+        return failed("copy.unfaithful", len(shared), shared=shared)
+    return passed("copy.faithful", 0, shape=list(got.shape))

@@ -1,0 +1,116 @@
+"""The third generation (issue 20): each class of bug real projects shipped caught by the check that names its class,
+and correct blocks in the same styles left clean."""
+
+import pytest
+import torch
+
+from tblock_cli.checks import Status, run_checks
+from tblock_cli.checks.positions import paper_slopes, toeplitz_error
+from tblock_cli.config import build_config
+from tblock_cli.loading import make_subject
+
+import zoo
+from conftest import zoo_spec
+
+CPU = torch.device("cpu")
+BAD = {Status.FAIL, Status.ERROR, Status.WARN}
+THIRD = ("padding", "train_state", "copy", "train_eval", "attention", "norms", "relative", "position_bias", "names")
+
+
+def battery(name, dtype=torch.float32, only=None, **flags):
+    dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype  # a flag's "dtype" names the run dtype
+    cfg = build_config(**{"d_model": 32, "n_heads": 4, **flags})
+    subject = make_subject(cfg, CPU, dtype, zoo_spec(name), same_shape=False)
+    report = run_checks(subject, cfg, CPU, dtype, only=only)
+    return {c.name: c for c in report.checks}
+
+
+@pytest.mark.parametrize("name", sorted(zoo.PLANTED_3))
+def test_third_generation_bug_is_caught_by_its_class(name):
+    check, flags = zoo.PLANTED_3[name]
+    by = battery(name, only=(check,), **flags)
+    assert by[check].status in BAD, by[check]
+
+
+@pytest.mark.parametrize("name", sorted(zoo.CORRECT_3))
+def test_correct_third_generation_block_passes_everything(name):
+    by = battery(name, **zoo.CORRECT_3[name])
+    assert not [c for c in by.values() if c.status in BAD], list(by.values())
+
+
+@pytest.mark.parametrize("name", sorted(zoo.CORRECT_3))
+@pytest.mark.parametrize("dtype,d_model", [(torch.bfloat16, 32), (torch.float32, 64)])
+def test_correct_third_generation_block_is_clean_in_the_new_checks(name, dtype, d_model):
+    by = battery(name, dtype, only=THIRD, d_model=d_model, **zoo.CORRECT_3[name])
+    assert not [c for c in by.values() if c.status in BAD], list(by.values())
+
+
+def test_toeplitz_error_is_zero_for_a_function_of_i_minus_j_and_sees_one_entry_moved():
+    i = torch.arange(6, dtype=torch.float64)
+    z = torch.cos(0.7 * (i[:, None] - i[None, :]))[None] + 5.0 * i[:, None]  # a row offset is invisible to softmax
+    assert toeplitz_error(z) < 1e-12
+    z[0, 4, 1] += 0.5  # on the diagonal i - j = 3 with two others: 2/3 of the move off their mean
+    assert toeplitz_error(z) == pytest.approx(0.5 * 2 / 3 / z.abs().max().item(), rel=1e-6)
+
+
+def test_paper_slopes_are_alibis():
+    assert paper_slopes(8) == [2 ** -k for k in range(1, 9)]
+    assert paper_slopes(4) == [2 ** -2, 2 ** -4, 2 ** -6, 2 ** -8]
+    assert paper_slopes(6) == paper_slopes(4) + paper_slopes(8)[0::2][:2]
+
+
+def test_measured_slopes_of_a_correct_alibi_are_the_papers():
+    by = battery("Alibi3", only=("position_bias",), **zoo.CORRECT_3["Alibi3"])
+    assert by["position_bias"].kind == "position_bias.alibi"
+    assert by["position_bias"].facts["slopes"] == pytest.approx(paper_slopes(4), rel=1e-4)
+
+
+def test_left_padding_failure_names_both_explanations_for_a_positional_block():
+    by = battery("AbsPosNoRestart", only=("padding",), **zoo.PLANTED_3["AbsPosNoRestart"][1])
+    assert by["padding"].kind == "padding.differs_alone" and by["padding"].facts["side"] == "left"
+    assert "not derived from the mask" in by["padding"].detail and "relative scheme is broken" in by["padding"].detail
+
+
+def test_left_padded_nan_from_torch_mha_is_reported_not_failed():
+    """nn.MultiheadAttention's own NaN at a fully masked row (PyTorch's behaviour) is information, not a failure."""
+    by = battery("Good", only=("padding",), causal=True)
+    assert by["padding"].status == Status.PASS
+    assert any(n.get("twice") for n in by["padding"].facts["nonfinite"])
+
+
+def test_names_contradiction_names_both_projections():
+    c = battery("ActOnUp", only=("names",))["names"]
+    assert c.kind == "names.contradict"
+    assert c.facts["wrong"] == [{"name": "gate_proj", "role": "ffn.in", "promised": "ffn.gate"}]
+    assert [h["name"] for h in c.facts["holders"]] == ["up_proj"]
+    assert battery("ActAfterProduct", only=("names",))["names"].facts["pairs"] == [["gate_proj", "up_proj"]]
+
+
+def test_eval_only_path_names_the_parameters_eval_never_touches():
+    c = battery("EvalReturnsEarly", only=("train_eval",))["train_eval"]
+    assert c.kind == "train_eval.eval_unused"
+    assert sorted(c.facts["params"]) == ["down_proj.weight", "ffn_norm.weight", "gate_proj.weight", "up_proj.weight"]
+
+
+def test_a_functional_dropout_is_removed_by_rebuilding_with_dropout_zero():
+    """Rel3's residual dropout is a plain float `p` that zeroing *drop* attributes cannot find: train forwards stay
+    random unless the block is rebuilt through its constructor with dropout=0."""
+    c = battery("Rel3", only=("train_eval",), dropout=0.1)["train_eval"]
+    assert c.kind == "train_eval.agree" and c.facts["rebuilt"] is True
+
+
+def test_safety_failures_name_their_cause_and_skip_what_they_spoil():
+    by = battery("TrainRunningStat", only=("train_state", "copy", "train_eval", "dtype"))
+    assert by["train_state"].kind == "train_state.second_backward" and by["train_state"].facts["step"] == 2
+    assert by["train_eval"].kind == "needs.train_safe"
+    by = battery("ClosureCapture", only=("copy", "dtype", "train_eval"))
+    assert by["copy"].kind == "copy.unfaithful" and "ffn_norm" in by["copy"].facts["shared"]
+    assert by["dtype"].kind == "needs.copyable" and by["train_eval"].kind == "needs.copyable"
+    held = battery("TrainStateHistory", only=("train_state",))["train_state"]
+    assert held.kind == "train_state.history" and held.facts["held"] == ["k_cache"]
+
+
+def test_alibi_scale_is_judged_on_qk_alone():
+    """ALiBi's bias spreads the scores (x2.3 at d_model 512 when counted); the q.k part alone is scaled."""
+    c = battery("Alibi3", only=("attention",), d_model=64, **zoo.CORRECT_3["Alibi3"])["attention"]
+    assert 0.8 < c.value < 1.3, c
