@@ -106,7 +106,8 @@ def setup(block=None, options: dict | None = None, *, same_shape: bool = True, a
     if builtin and kwargs is not None:
         raise LoadError("--kwargs only applies with --block SPEC")
     if not builtin:
-        given = [k for k in BUILTIN_ONLY + (() if layers_apply else ("layers",)) if k in options]
+        hf = isinstance(block, str) and block.startswith("hf:")  # an hf: model is built with --layers layers
+        given = [k for k in BUILTIN_ONLY + (() if layers_apply or hf else ("layers",)) if k in options]
         if given:
             names = ", ".join("--" + k.replace("_", "-") for k in given)
             warnings.append(f"{names} shape(s) only the built-in block; the user block is built from its own code "
@@ -158,8 +159,9 @@ def hf_block(spec: str, cfg: BlockConfig, options: dict, extra: dict) -> tuple[n
     from tblock_cli import hf
 
     module = hf.build(spec[3:], cfg, extra)
-    implied = {"causal": module.causal, "positional": module.positional, "pad_keyword": "attention_mask", "pad_means": "keep"}
-    cfg = dataclasses.replace(cfg, **{k: v for k, v in implied.items() if k not in options})
+    implied = {"causal": module.causal, "positional": module.positional, "pad_keyword": module.pad_keyword, "pad_means": "keep"}
+    cfg = dataclasses.replace(cfg, **{k: v for k, v in implied.items() if k not in options},
+                              warnings=cfg.warnings + module.warnings)
     return module, spec, cfg
 
 
@@ -278,8 +280,11 @@ def _layer_maker(s: Setup, block) -> Callable[[int], list[Subject]] | None:
         from tblock_cli import hf
 
         def hf_layers(n: int) -> list[Subject]:
-            first = s.make()  # the calling convention (mask keyword, causal); the layers come from an n-layer model
-            return [first.like(layer) for layer in hf.build(block[3:], dataclasses.replace(s.cfg, layers=n), s.kwargs).single_layers()]
+            first = s.make()  # the calling convention (mask keyword, causal) around the model setup built
+            layers = first.module.single_layers()
+            if len(layers) != n:  # only when asked for another depth than --layers: a model of n layers
+                layers = hf.build(block[3:], dataclasses.replace(s.cfg, layers=n), s.kwargs).single_layers()
+            return [first.like(layer) for layer in layers]
         return hf_layers
     if isinstance(block, str):
         from tblock_cli.loading import user_layers

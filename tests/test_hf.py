@@ -22,10 +22,8 @@ runner = CliRunner()
 
 def model_and_wrapper(model_type, **flags):
     cfg = build_config(**{"d_model": 64, "n_heads": 4, "d_ff": 256, "dropout": 0.0, **flags})
-    config = hf.build_config(model_type, cfg, {})
-    torch.manual_seed(0)
-    base = transformers.AutoModel.from_config(config).eval()
-    return base, hf.HFLayers.of_model(model_type, config, base).eval()
+    wrapper = hf.build(model_type, cfg, {}).eval()
+    return wrapper._stack, wrapper
 
 
 @pytest.mark.parametrize("model_type", ["gpt2", "bert", "llama", "qwen2"])
@@ -77,10 +75,15 @@ def test_mask_polarity_inverted_is_caught():
     assert {c.name: c.status for c in r.checks}["padding"] == Status.FAIL
 
 
-def test_causal_mask_replaced_by_bidirectional_is_caught():
-    _, wrapper = model_and_wrapper("gpt2")
+def test_causal_mask_replaced_by_bidirectional_is_caught(monkeypatch):
+    from transformers.masking_utils import create_bidirectional_mask
+    from transformers.models.gpt2 import modeling_gpt2
+
+    _, wrapper = model_and_wrapper("gpt2", causal=True)
     wrapper.config._attn_implementation = "eager"  # eager attention is causal through its mask alone
-    wrapper.causal = False  # the model's causal mask swapped for a bidirectional one
+    # the model's causal mask swapped for a bidirectional one
+    monkeypatch.setattr(modeling_gpt2, "create_causal_mask", lambda **kw: create_bidirectional_mask(
+        config=kw["config"], inputs_embeds=kw["inputs_embeds"], attention_mask=kw["attention_mask"]))
     r = tblock_cli.check(wrapper, causal=True, pad_keyword="attention_mask", pad_means="keep")
     assert {c.name: c.status for c in r.checks}["causal"] == Status.FAIL
 

@@ -1,0 +1,87 @@
+"""What tblock knows about particular families: config fields tied to the layer count or the head size, layers that
+are not one module each, and rules a family breaks on purpose (the checks read `by_design`)."""
+
+from __future__ import annotations
+
+import re
+
+import torch.nn as nn
+
+from tblock_cli.config import BlockConfig
+from tblock_cli.errors import LoadError
+
+# Families whose attention scores are unscaled by design (their init folds 1/sqrt(d_head) into q).
+UNSCALED = {t: f"unscaled by design of {t}: its init folds 1/sqrt(d_head) into the query weights"
+            for t in ("t5", "mt5", "umt5", "longt5", "switch_transformers", "pop2piano", "udop", "pix2struct")}
+UNSCALED["gpt_neo"] = "unscaled by design of gpt_neo: it computes q.k with no 1/sqrt(d_head) (as trained)"
+# Granite and its MoE variants scale scores by attention_multiplier = 1/d_head (muP); their checkpoints set it
+# (granite-3.0-8b: 0.0078125 at d_head 128); AutoConfig's default 1.0 would leave the scores unscaled.
+MUP = ("granite", "granitemoe", "granitemoeshared", "granitemoehybrid")
+# MiniMax adds its residual after the input norm (hidden = LN(x); x = alpha * hidden + beta * attn(hidden)).
+AFTER_NORM = {"minimax": "by design of minimax: its residual is taken after the input norm, scaled by the "
+                         "layernorm_*_alpha factors"}
+# Layers that mix tokens without softmax attention: state-space and linear-attention mixers.
+MIXER = re.compile(r"mamba|ssm|mixer|deltanet|linearattention|lightning|rwkv|retention|hyena", re.I)
+# Families whose layers cannot be driven one module at a time, and why.
+REFUSED = {
+    "funnel": "funnel's layers take separate query, key and value streams and pool the sequence between blocks",
+    "xlm": "xlm keeps its layers as parallel lists (attentions, ffns, norms), not one module per layer",
+    "flaubert": "flaubert keeps its layers as parallel lists (attentions, ffns, norms), not one module per layer",
+}
+
+
+def family_overrides(model_type: str, config, cfg: BlockConfig, extra: dict) -> dict:
+    """Config fields whose right value depends on the layer count or head size in a family-specific way."""
+    if model_type in REFUSED:
+        raise LoadError(f"--block hf:{model_type}: not driven: {REFUSED[model_type]}")
+    out = {}
+    if model_type == "gpt_neo" and "attention_types" not in extra:  # its alternation, cut to the layer count
+        out["attention_types"] = [[[t], 1] for t in config.attention_layers[: cfg.layers]] if cfg.layers <= len(
+            config.attention_layers) else [[["global", "local"], (cfg.layers + 1) // 2]]
+        if cfg.layers % 2 and cfg.layers > len(config.attention_layers):
+            raise LoadError(f"--block hf:gpt_neo: --layers {cfg.layers} must be even beyond {len(config.attention_layers)}")
+    if model_type in MUP and "attention_multiplier" not in extra:
+        out["attention_multiplier"] = 1.0 / cfg.head_dim
+    if "layer_types" in config.to_dict() and isinstance(config.layer_types, list) and "layer_types" not in extra:
+        # the checkpoint's pattern (sliding / full, attention / mamba ...), repeated to the layer count
+        pattern = config.layer_types
+        out["layer_types"] = [pattern[i % len(pattern)] for i in range(cfg.layers)]
+    return out
+
+
+def by_design(model_type: str, layers: nn.Module) -> dict[str, str]:
+    """Rules of tblock's checks this family breaks on purpose, with the reason: rule -> sentence."""
+    rules = {}
+    if model_type in UNSCALED:
+        rules["attention.unscaled"] = UNSCALED[model_type]
+    if model_type in MUP:
+        rules["attention.overscaled"] = (f"by design of {model_type}: scores scaled by attention_multiplier = 1/d_head "
+                                         f"(muP), as its checkpoints set it")
+    if model_type in AFTER_NORM:
+        rules["residual.after_norm"] = AFTER_NORM[model_type]
+    mixers = sorted({type(m).__name__ for m in layers.modules() if MIXER.search(type(m).__name__)})
+    if mixers:
+        rules["attention.no_softmax"] = (f"by design of {model_type}: {', '.join(mixers[:3])} mix tokens without "
+                                         f"softmax (state-space or linear attention)")
+    return rules
+
+
+def find_layers(model_type: str, stack: nn.Module, n: int) -> tuple[str, nn.ModuleList]:
+    """The list of n layer modules inside stack: one module per layer, named like layers (xlm's first list of
+    length n is its attentions)."""
+    found = []
+    for name, m in stack.named_modules():
+        if not isinstance(m, nn.ModuleList) or len(m) != n or not len(m):
+            continue
+        kinds = {type(x).__name__ for x in m}
+        if len(kinds) > 2 or any(isinstance(x, nn.ModuleList) for x in m):
+            continue
+        kind = next(iter(kinds)).lower()
+        if re.search(r"attention|norm|mlp|ffn|feedforward|embedding|linear", kind) and not re.search(r"layer|block", kind):
+            continue
+        named = bool(re.search(r"(^|\.)(layers?|h|blocks?|layer_list)$", name))
+        found.append((not named, name.count("."), name, m))
+    if not found:
+        raise LoadError(f"--block hf:{model_type}: found no list of {n} layer modules in {type(stack).__name__}")
+    _, _, name, m = min(found, key=lambda f: f[:3])
+    return name, m
