@@ -169,6 +169,12 @@ def _nonfinite_kind(t: torch.Tensor) -> str:
     return "/".join(kinds) or "non-finite values"
 
 
+def by_design(ctx: Context, rule: str) -> str | None:
+    """Why the block breaks `rule` on purpose, when its loader knows the family (hf:TYPE sets `by_design`);
+    None for any other block, which is then judged by the rule."""
+    return getattr(ctx.subject.module, "by_design", {}).get(rule)
+
+
 # --------------------------------------------------------------------------- the checks
 # Each returns (status, value, detail); the runner stamps the name and decides skips.
 
@@ -318,6 +324,8 @@ def check_residual(ctx: Context):
     # input's scale survives: doubling the input leaves the output unchanged. Not asked of a block whose
     # output comes from a norm (Post-LN): with small branches at init it is nearly scale-invariant by design.
     doubled = rel_diff(eval_forward(ctx, 2 * x), eval_forward(ctx, x))
+    if doubled <= ctx.tol and not ctx.dataflow().output_normed and by_design(ctx, "residual.after_norm"):
+        return Status.PASS, round(gains[worst], 4), f"tr(J)/n = {shown}; the residual starts at a norm {by_design(ctx, 'residual.after_norm')}"
     if doubled <= ctx.tol and not ctx.dataflow().output_normed:
         return Status.FAIL, round(gains[worst], 4), (f"doubling the input changes the output by {doubled:.1e} only: every path "
                                                      f"from the input starts at a norm, so the residual adds LN(x), not x")
@@ -560,6 +568,8 @@ def check_attention(ctx: Context):
         return Status.FAIL, value, (f"softmax over the query axis in {wrong_axis.where or 'root'}: each key's weights sum to 1, "
                                     f"not each query's (softmax(dim=-2)?); " + "; ".join(parts))
     raw = next((c for c in flow.attention if not c.normalised), None)
+    if raw is not None and by_design(ctx, "attention.no_softmax"):
+        return Status.PASS, value, f"no softmax in {raw.where or 'root'} {by_design(ctx, 'attention.no_softmax')}; " + "; ".join(parts)
     if raw is not None:
         return Status.WARN, value, (f"no softmax in {raw.where or 'root'}: a q.k product weights the values directly (rows not "
                                     f"non-negative summing to 1; linear attention does this by design); " + "; ".join(parts))
@@ -568,11 +578,15 @@ def check_attention(ctx: Context):
         return Status.WARN, value, (f"no token attends to itself in {blind.where or 'root'}: the diagonal of the scores is "
                                     f"masked (a causal mask from triu(0) instead of triu(1)?); " + "; ".join(parts))
     low = min((c for c in flow.attention if c.scale_ratio is not None), key=lambda c: c.scale_ratio, default=None)
+    if low is not None and low.scale_ratio <= OVERSCALED_RATIO and low.head_dim >= 4 and by_design(ctx, "attention.overscaled"):
+        return Status.PASS, round(low.scale_ratio, 3), f"scale x{low.scale_ratio:.2f} {by_design(ctx, 'attention.overscaled')}; " + "; ".join(parts)
     if low is not None and low.scale_ratio <= OVERSCALED_RATIO and low.head_dim >= 4:
         return Status.WARN, round(low.scale_ratio, 3), (
             f"scores scaled more than 1/sqrt(d_head) in {low.where or 'root'}: logit std is {low.scale_ratio:.2f}x what "
             f"q.k/sqrt(d_head) predicts (1/sqrt(d_model) gives 1/sqrt(n_heads); the scale applied twice gives "
             f"1/sqrt(d_head); muP's 1/d_head is deliberate); " + "; ".join(parts))
+    if worst is not None and worst.scale_ratio >= UNSCALED_RATIO and worst.head_dim >= 4 and by_design(ctx, "attention.unscaled"):
+        return Status.PASS, value, f"scale x{worst.scale_ratio:.2f} {by_design(ctx, 'attention.unscaled')}; " + "; ".join(parts)
     if worst is not None and worst.scale_ratio >= UNSCALED_RATIO and worst.head_dim >= 4:
         return Status.WARN, value, (f"scores look unscaled in {worst.where or 'root'}: logit std is {worst.scale_ratio:.2f}x what "
                                     f"q.k/sqrt(d_head) predicts from {worst.scale_note} (sqrt(d_head) = {worst.head_dim ** 0.5:.2f} "
@@ -637,6 +651,8 @@ def check_norm_placement(ctx: Context):
         return Status.SKIP, None, "no norm of the residual stream found: nothing to place"
     if not flow.attention and not flow.found["ffn"]:
         return Status.SKIP, None, "no attention and no FFN found"
+    if flow.unnormed_ffn and by_design(ctx, "norm.unnormed_ffn"):
+        return Status.PASS, ", ".join(flow.unnormed_ffn), by_design(ctx, "norm.unnormed_ffn")
     if flow.unnormed_ffn:
         return Status.WARN, ", ".join(flow.unnormed_ffn), (
             f"the FFN ({', '.join(flow.unnormed_ffn)}) reads the residual stream with no norm before it, though the block has "
@@ -645,6 +661,8 @@ def check_norm_placement(ctx: Context):
         return Status.WARN, ", ".join(flow.split_kv), (
             f"keys/values ({', '.join(flow.split_kv)}) read the un-normalised stream while their queries read the normalised "
             f"one: the norm applied to the queries only (attn(LN(x), x, x)?)")
+    if flow.unnormed_attention and not flow.output_normed and by_design(ctx, "norm.unnormed_attention"):
+        return Status.PASS, ", ".join(flow.unnormed_attention), by_design(ctx, "norm.unnormed_attention")
     if flow.unnormed_attention and not flow.output_normed:
         return Status.WARN, ", ".join(flow.unnormed_attention), (
             f"attention ({', '.join(flow.unnormed_attention)}) reads the un-normalised stream and no norm follows the residual "
@@ -734,6 +752,8 @@ def check_ffn_share(ctx: Context):
         pairs = "; ".join(f"`{a}` and `{b}` compose to one linear map" for a, b in flow.linear_chains)
         return Status.WARN, round(share, 4), f"{pairs}: no nonlinearity between the FFN's projections; {detail}"
     other = groups["other"] / flow.total
+    if other > OTHER_SHARE_MAX and by_design(ctx, "ffn_share.other"):
+        return Status.PASS, round(share, 4), f"{detail}; {other:.1%} of parameters {by_design(ctx, 'ffn_share.other')}"
     if other > OTHER_SHARE_MAX:
         return Status.WARN, round(share, 4), f"{detail}; {other:.1%} of parameters sit outside attention, FFN and norms"
     return Status.PASS, round(share, 4), detail
@@ -801,7 +821,7 @@ def run_checks(subject: Subject, cfg: BlockConfig, device: torch.device, dtype: 
             continue
         if progress:
             progress(check.name)
-        unmet = next((ctx.unmet[n] for n in check.needs if n in ctx.unmet), None)
+        unmet = next((ctx.unmet[n] for n in check.needs if n in ctx.unmet), None) or by_design(ctx, check.name + ".skip")
         if unmet:
             results.append(CheckResult(check.name, Status.SKIP, None, unmet))
             continue

@@ -244,6 +244,15 @@ class _Tracer(TorchFunctionMode):
         self.stream_norms = False
         self.split_streams: list[str] = []  # MHA calls whose query is normalised but whose key or value is not
         self.module_stack: list[str] = [""]
+        self.proj_outs: set[int] = set()  # ids of projection outputs
+
+    def norm_out(self, inp, out) -> None:
+        """A norm module's output: a new start of the residual stream, unless it normalises one projection's output
+        (olmo2's full-width q_norm) or an attention output (bitnet's attn_sub_norm): then it stays what it read."""
+        if isinstance(inp, torch.Tensor) and (id(inp) in self.proj_outs or any(k.startswith("@attn") for k in self.get(inp))):
+            self.put(out, self.union([self.get(inp)], NONLINEAR))
+        else:
+            self.put(out, {"@norm": 0})
 
     def leave(self, name: str, out) -> None:
         if len(self.module_stack) > 1:
@@ -284,7 +293,7 @@ class _Tracer(TorchFunctionMode):
             return out
         if name in ("__get__", "__set__") or not any(True for _ in _tensors(out)):
             return out
-        if name in LINEAR and self.follow_weight(args, out):
+        if name in LINEAR and self.follow_weight(args, out, sliced=name in ("__getitem__", "index_select")):
             return out
         try:
             self.record(func, name, args, kwargs, out)
@@ -292,10 +301,13 @@ class _Tracer(TorchFunctionMode):
             pass
         return out
 
-    def follow_weight(self, args, out) -> bool:
-        """A view or cast of a weight matrix (W.t(), W.T, W.to(dtype)) is that weight: same owner."""
+    def follow_weight(self, args, out, sliced: bool = False) -> bool:
+        """A view or cast of a weight matrix (W.t(), W.T, W.to(dtype)) is that weight: same owner. So is one expert's
+        slice of a 3-D experts weight (W[e], W[expert_ids]): mixture-of-experts layers keep the experts stacked."""
         src = args[0] if args and isinstance(args[0], torch.Tensor) else None
-        if src is None or id(src) not in self.owner or not isinstance(out, torch.Tensor) or out.numel() != src.numel():
+        if src is None or id(src) not in self.owner or not isinstance(out, torch.Tensor):
+            return False
+        if out.numel() != src.numel() and not (sliced and src.ndim == 3):
             return False
         self.owner[id(out)] = self.owner[id(src)]
         self.params.add(id(out))
@@ -305,7 +317,8 @@ class _Tracer(TorchFunctionMode):
     def record(self, func, name, args, kwargs, out):
         ins = [t for t in _tensors((args, kwargs))]
         acts = [t for t in ins if not self.is_param(t)]
-        if func is F.linear or (name in ("addmm", "matmul", "mm", "__matmul__") and any(id(t) in self.owner for t in ins)):
+        if func is F.linear or (name in ("addmm", "matmul", "mm", "__matmul__", "bmm", "grouped_mm", "_grouped_mm")
+                                and any(id(t) in self.owner for t in ins)):
             weight = kwargs.get("weight", args[1] if func is F.linear and len(args) > 1 else None)
             if weight is None:
                 weight = next(t for t in ins if id(t) in self.owner)
@@ -316,9 +329,10 @@ class _Tracer(TorchFunctionMode):
                 return
             self.linear_in[proj] = self.union(self.get(t) for t in acts if t is not weight)
             self.out_shape[proj] = tuple(out.shape)
-            fan_in = weight.shape[1] if func is F.linear else weight.shape[0]
+            fan_in = weight.shape[-1] if func is F.linear else weight.shape[-2]
             self.flops[proj] = self.flops.get(proj, 0) + 2 * weight.numel() * (x.numel() // max(1, fan_in))
             self.put(out, {proj: 0})
+            self.proj_outs.add(id(out))
         elif func is F.multi_head_attention_forward:
             self.mha(args, kwargs, out)
         elif func is F.scaled_dot_product_attention:
@@ -562,6 +576,10 @@ def assign_roles(tr: _Tracer) -> tuple[dict[str, str], list[tuple[str, str]]]:
     for n, p in tr.linear_in.items():
         if n not in role and any(k.startswith("@attn") for k in p):
             role[n] = "attn.out"
+    for n in [n for n, r in role.items() if r != "attn.out"]:
+        src = list(tr.linear_in.get(n, {}))
+        if len(src) == 1 and src[0] in tr.linear_in and src[0] not in role:  # fed by one projection alone
+            role[src[0]] = role[n]
     # FFN: a projection that consumes another (non-attention) projection's output.
     chains = []
     consumed: dict[str, list[tuple[str, int]]] = {}
@@ -620,7 +638,7 @@ def trace(module: nn.Module, call, x: torch.Tensor, d_model: int) -> Dataflow:
     for name, m in module.named_modules():
         if norms.get(name) == d_model:  # a norm of the residual stream; per-head norms keep q as q
             tr.stream_norms = True
-            hooks.append(m.register_forward_hook(lambda _m, _a, o, _n=name: tr.put(o, {"@norm": 0})))
+            hooks.append(m.register_forward_hook(lambda _m, a, o: tr.norm_out(a[0] if a else None, o)))
         hooks.append(m.register_forward_pre_hook(lambda _m, _a, _n=name: tr.module_stack.append(_n)))
         hooks.append(m.register_forward_hook(lambda _m, _a, o, _n=name: tr.leave(_n, o)))
     try:
@@ -656,7 +674,9 @@ def trace(module: nn.Module, call, x: torch.Tensor, d_model: int) -> Dataflow:
     total = sum(p.numel() for p in module.parameters())
     assert sum(m.params for m in modules) == total, (sum(m.params for m in modules), total)
     tokens = x.shape[0] * x.shape[1] if x.ndim >= 2 else 1
-    normed = lambda n: "@norm" in tr.linear_in.get(n, {})  # noqa: E731
+    def normed(n: str, depth: int = 0) -> bool:  # a low-rank chain reads what its first projection reads
+        src = tr.linear_in.get(n, {})
+        return "@norm" in src or (depth < 3 and any(normed(s, depth + 1) for s in src if s in tr.linear_in and s != n))
     queries = sorted({q for c in tr.attention for q in c.q if q in tr.linear_in})
     ffn_ins = sorted(n for n, r in role.items() if r in ("ffn.in", "ffn.gate"))
     split_kv = sorted({n for c in tr.attention if c.q and all(normed(q) for q in c.q if q in tr.linear_in)

@@ -55,7 +55,8 @@ class HFLayers(nn.Module):
         params = inspect.signature(stack.forward).parameters
         self.entry = "inputs_embeds" if "inputs_embeds" in params else "hidden_states"
         self.cache_name = next((n for n in ("cache", "past_key_values") if n in params), None)
-        self.pads = "attention_mask" in params
+        # a padding mask where the model takes tokens (inputs_embeds); vision encoders' attention_mask is no such mask
+        self.pads = self.entry == "inputs_embeds" and "attention_mask" in params
         self.causal = False  # set by build from what the model does
         self.positional = False
         self.by_design: dict[str, str] = {}

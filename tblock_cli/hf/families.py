@@ -14,12 +14,19 @@ from tblock_cli.errors import LoadError
 UNSCALED = {t: f"unscaled by design of {t}: its init folds 1/sqrt(d_head) into the query weights"
             for t in ("t5", "mt5", "umt5", "longt5", "switch_transformers", "pop2piano", "udop", "pix2struct")}
 UNSCALED["gpt_neo"] = "unscaled by design of gpt_neo: it computes q.k with no 1/sqrt(d_head) (as trained)"
+# ALiBi families: bloom scales q.k inside baddbmm(alibi, q, k^T, alpha=1/sqrt(d_head)), where the trace does not see
+# the factor; both add per-head linear biases whose spread, not a missing scale, sets the logit std.
+UNSCALED["bloom"] = "scaled by design of bloom inside baddbmm(alibi, q, k^T, alpha=1/sqrt(d_head)), plus ALiBi biases"
+UNSCALED["mpt"] = "by design of mpt: ALiBi biases added to the scaled scores set their spread"
 # Granite and its MoE variants scale scores by attention_multiplier = 1/d_head (muP); their checkpoints set it
 # (granite-3.0-8b: 0.0078125 at d_head 128); AutoConfig's default 1.0 would leave the scores unscaled.
 MUP = ("granite", "granitemoe", "granitemoeshared", "granitemoehybrid")
 # MiniMax adds its residual after the input norm (hidden = LN(x); x = alpha * hidden + beta * attn(hidden)).
 AFTER_NORM = {"minimax": "by design of minimax: its residual is taken after the input norm, scaled by the "
                          "layernorm_*_alpha factors"}
+# Norms on each sublayer's output before the residual add: the stream itself is never normalised.
+SUBLAYER_NORMED = {t: f"by design of {t}: its norms sit on each sublayer's output before the residual add; the "
+                      f"residual stream itself is not normalised" for t in ("olmo2", "olmo3")}
 # Layers that mix tokens without softmax attention: state-space and linear-attention mixers.
 MIXER = re.compile(r"mamba|ssm|mixer|deltanet|linearattention|lightning|rwkv|retention|hyena", re.I)
 # Families whose layers cannot be driven one module at a time, and why.
@@ -36,10 +43,13 @@ def family_overrides(model_type: str, config, cfg: BlockConfig, extra: dict) -> 
         raise LoadError(f"--block hf:{model_type}: not driven: {REFUSED[model_type]}")
     out = {}
     if model_type == "gpt_neo" and "attention_types" not in extra:  # its alternation, cut to the layer count
+        out["attention_layers"] = [["global", "local"][i % 2] for i in range(cfg.layers)]
         out["attention_types"] = [[[t], 1] for t in config.attention_layers[: cfg.layers]] if cfg.layers <= len(
             config.attention_layers) else [[["global", "local"], (cfg.layers + 1) // 2]]
         if cfg.layers % 2 and cfg.layers > len(config.attention_layers):
             raise LoadError(f"--block hf:gpt_neo: --layers {cfg.layers} must be even beyond {len(config.attention_layers)}")
+    if model_type == "deepseek_v2" and config.num_experts_per_tok is None and "num_experts_per_tok" not in extra:
+        out["num_experts_per_tok"] = 6  # AutoConfig leaves it None, which the router cannot take; DeepSeek-V2's value
     if model_type in MUP and "attention_multiplier" not in extra:
         out["attention_multiplier"] = 1.0 / cfg.head_dim
     if "layer_types" in config.to_dict() and isinstance(config.layer_types, list) and "layer_types" not in extra:
@@ -59,10 +69,23 @@ def by_design(model_type: str, layers: nn.Module) -> dict[str, str]:
                                          f"(muP), as its checkpoints set it")
     if model_type in AFTER_NORM:
         rules["residual.after_norm"] = AFTER_NORM[model_type]
+    if model_type in SUBLAYER_NORMED:
+        rules["norm.unnormed_ffn"] = rules["norm.unnormed_attention"] = SUBLAYER_NORMED[model_type]
+    if model_type == "modernbert":
+        rules["norm.unnormed_attention"] = ("by design of modernbert: its first layer has no attention norm; the "
+                                            "embeddings' final norm precedes it")
     mixers = sorted({type(m).__name__ for m in layers.modules() if MIXER.search(type(m).__name__)})
     if mixers:
-        rules["attention.no_softmax"] = (f"by design of {model_type}: {', '.join(mixers[:3])} mix tokens without "
-                                         f"softmax (state-space or linear attention)")
+        names = ", ".join(mixers[:3])
+        rules["attention.no_softmax"] = f"by design of {model_type}: {names} mix tokens without softmax (state-space or linear attention)"
+        rules["norm.unnormed_ffn"] = (f"by design of {model_type}: the projections read as an FFN before any norm are inside "
+                                      f"{names}, which reads the normalised stream through its input projection")
+        rules["ffn_share.other"] = f"sit in {names} (by design of {model_type}: neither attention nor FFN)"
+        rules["kv_cache.skip"] = (f"{model_type} mixes tokens with {names}: a recurrent state that generate advances one "
+                                  f"token at a time, not a key/value cache; cached decoding not compared")
+    if model_type == "xglm":
+        rules["dtype.skip"] = ("xglm cannot run in float64: its attention fills a mask with torch.full((), "
+                               "finfo(float64).min), which overflows when cast (a transformers bug)")
     return rules
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 import torch.nn as nn
 
@@ -45,7 +47,9 @@ def build_config(model_type: str, cfg: BlockConfig, extra: dict):
 def _init_fields(config) -> dict:
     """The default config's own values, without derived or bookkeeping entries a constructor refuses."""
     d = config.to_dict()
-    for k in ("model_type", "transformers_version", "architectures", "_name_or_path", "dtype", "torch_dtype"):
+    # out_features / out_indices name backbone stages by layer number (dinov2's 'stage12'): recomputed from the layers
+    for k in ("model_type", "transformers_version", "architectures", "_name_or_path", "dtype", "torch_dtype",
+              "out_features", "out_indices", "stage_names"):
         d.pop(k, None)
     return {k: v for k, v in d.items() if sizes.settable(config, k) or k in ("attention_types",)}
 
@@ -118,16 +122,55 @@ def _build(model_type: str, cfg: BlockConfig, extra: dict) -> HFLayers:
     which = extra.get("stack")
     stack = _stack(model_type, base, config, which)
     n_layers = _layer_count(config, which)
-    _, layers = families.find_layers(model_type, stack, n_layers)
+    path, layers = families.find_layers(model_type, stack, n_layers)
+    stack = _entry(stack, path, layers)
     memory = None
     if which == "decoder":  # cross-attention reads a fixed encoder output, the same for every sample
         memory = torch.randn(1, cfg.seq, cfg.d_model, generator=torch.Generator().manual_seed(cfg.seed))
     module = HFLayers(model_type, config, stack, layers, (0, len(layers) - 1), memory)
-    module.causal = is_causal(module, cfg.d_model)
+    try:
+        module.causal = is_causal(module, cfg.d_model)
+    except RuntimeError as e:
+        if getattr(config, "_experts_implementation", "eager") == "eager" or "stride" not in str(e):
+            raise
+        # CPU grouped_mm wants 16-byte aligned expert strides, which small expert widths miss; the eager
+        # experts loop computes the same function
+        config._experts_implementation = "eager"
+        module.causal = is_causal(module, cfg.d_model)
     module.positional = _positional(module, base, cfg.d_model)
     module.by_design = families.by_design(model_type, module.layers)
     module.warnings = _unreached(model_type, module, cfg)
     return module
+
+
+def _entry(stack: nn.Module, path: str, layers: nn.ModuleList) -> nn.Module:
+    """What tblock calls: the stack when its forward takes inputs_embeds; else the module holding the layers when
+    its forward takes hidden states (vision encoders: the patch embedding is left out); else the layers in a row,
+    each given no mask, as whisper's encoder calls them."""
+    if "inputs_embeds" in inspect.signature(stack.forward).parameters:
+        return stack
+    owner = stack.get_submodule(path.rpartition(".")[0]) if "." in path else stack
+    params = list(inspect.signature(owner.forward).parameters)
+    if params and params[0] == "hidden_states":
+        return owner
+    return InOrder(layers)
+
+
+class InOrder(nn.Module):
+    """Layers called one after another on hidden states with no mask: for stacks whose forward starts from raw
+    features (whisper's mel frames), which pass their encoder layers no attention mask either."""
+
+    def __init__(self, layers: nn.ModuleList):
+        super().__init__()
+        self.layers = layers
+
+    def forward(self, hidden_states: torch.Tensor, **kwargs) -> torch.Tensor:
+        for layer in self.layers:
+            params = inspect.signature(layer.forward).parameters
+            kw = {"attention_mask": None} if "attention_mask" in params else {}
+            hidden_states = layer(hidden_states, **kw)
+            hidden_states = hidden_states[0] if isinstance(hidden_states, (tuple, list)) else hidden_states
+        return hidden_states
 
 
 def _layer_count(config, which: str | None) -> int:
@@ -166,11 +209,11 @@ def _unreached(model_type: str, module: HFLayers, cfg: BlockConfig) -> tuple[str
     if cfg.d_ff is not None and not ({cfg.d_ff, 2 * cfg.d_ff} & widths):
         out.append(f"--d-ff {cfg.d_ff} does not reach hf:{model_type}: no projection of that width in its layers "
                    f"(pass its FFN width field with --kwargs)")
-    heads = {getattr(m, n) for m in module.layers.modules() for n in ("num_heads", "num_attention_heads", "n_head", "n_heads")
-             if isinstance(getattr(m, n, None), int)}
+    heads = {getattr(m, n) for m in module.layers.modules() if "attention" in type(m).__name__.lower()
+             for n in ("num_heads", "num_attention_heads", "n_head", "n_heads") if isinstance(getattr(m, n, None), int)}
     if heads and cfg.n_heads not in heads:
         out.append(f"--n-heads {cfg.n_heads} does not reach hf:{model_type}: its attention has {sorted(heads)} heads")
-    if cfg.dropout > 0 and not any(isinstance(v, float) and v == cfg.dropout and any(w in k for w in sizes.DROPOUT_WORDS)
+    if cfg.dropout not in (0, BlockConfig.dropout) and not any(isinstance(v, float) and v == cfg.dropout and any(w in k for w in sizes.DROPOUT_WORDS)
                                    for k, v in module.config.to_dict().items()):
         out.append(f"--dropout {cfg.dropout} does not reach hf:{model_type}: its config has no dropout field")
     return tuple(out)

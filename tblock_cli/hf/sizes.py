@@ -29,7 +29,7 @@ PER_HEAD = ("head_dim", "d_kv", "d_head", "kv_channels", "attention_head_dim", "
             "local_head_dim")
 EVEN = ("rotary_dim", "rotary_emb_dim", "qk_rope_head_dim")  # split into (cos, sin) halves
 # Fields measured in model widths: scaled by new d_model / the checkpoint's.
-PER_WIDTH = ("q_lora_rank", "kv_lora_rank", "word_embed_proj_dim", "project_dim")
+PER_WIDTH = ("q_lora_rank", "kv_lora_rank", "word_embed_proj_dim", "project_dim", "mamba_d_ssm", "mamba_n_heads")
 DROPOUT_WORDS = ("dropout", "pdrop", "drop_prob")
 # A negative value for a field named like these is a mistake, not a setting.
 NON_NEGATIVE_WORDS = ("size", "window", "dim", "head", "layer", "rank", "expert", "num_", "n_", "length", "position")
