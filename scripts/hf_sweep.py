@@ -4,7 +4,8 @@ Each type runs in its own subprocess with a timeout, so one hang or crash cannot
 Markdown table (type, driven, statuses, seconds); `--out FILE` also keeps one JSON line per type. Slow (minutes
 per hundred types at one thread): kept out of the test suite.
 
-    python scripts/hf_sweep.py --out /tmp/hf_sweep.jsonl            # every buildable type
+    python scripts/hf_sweep.py --popular --out /tmp/hf_sweep.jsonl  # the popular families
+    python scripts/hf_sweep.py --out /tmp/hf_sweep.jsonl            # every buildable type (hours)
     python scripts/hf_sweep.py --types llama t5 vit --timeout 120   # a few
 """
 
@@ -31,6 +32,16 @@ except TBlockError as e:
 row["seconds"] = round(time.time() - t0, 1)
 print("ROW " + json.dumps(row))
 """
+
+
+# Popular families of every kind: decoders, encoders, encoder-decoders, vision, mixture-of-experts, hybrids.
+POPULAR = """gpt2 gptj gpt_neo gpt_neox gpt_bigcode codegen bloom mpt falcon opt xglm ctrl llama mistral mixtral qwen2 qwen2_moe
+qwen3 qwen3_moe qwen3_next gemma gemma2 gemma3_text phi phi3 phimoe stablelm starcoder2 olmo olmo2 olmoe cohere cohere2
+granite granitemoe deepseek_v2 deepseek_v3 doge minimax jamba falcon_h1 mamba mamba2 bitnet exaone4 glm glm4 helium
+hunyuan_v1_dense internlm3 smollm3 ernie4_5 seed_oss arcee apertus nemotron persimmon biogpt
+bert roberta xlm-roberta distilbert albert electra deberta deberta-v2 modernbert camembert mpnet nystromformer
+ernie megatron-bert funnel xlm t5 mt5 umt5 bart mbart pegasus marian whisper m2m_100 led prophetnet
+vit deit dinov2 beit swin clip siglip""".split()
 
 
 def buildable_types() -> list[str]:
@@ -75,10 +86,11 @@ def summary(row: dict) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--types", nargs="*")
+    ap.add_argument("--popular", action="store_true", help="the POPULAR families only")
     ap.add_argument("--timeout", type=float, default=180)
     ap.add_argument("--out")
     args = ap.parse_args()
-    types = args.types or buildable_types()
+    types = args.types or (POPULAR if args.popular else buildable_types())
     out = open(args.out, "a") if args.out else None
     rows = []
     print("| type | driven | statuses | s |\n|---|---|---|---|", flush=True)

@@ -599,6 +599,13 @@ def assign_roles(tr: _Tracer) -> tuple[dict[str, str], list[tuple[str, str]]]:
                 role[s] = "ffn.gate" if (s in acted and len(acted) < len(preds)) else "ffn.in"
             if not f:
                 chains.append((s, out_name))
+    # A projection no other consumes, beside FFN projections in the same module (a mixture-of-experts layer's
+    # shared-expert gate, sigmoid(gate(x)) * shared_expert(x)): part of that FFN.
+    ffn_parents = {n.rpartition(".")[0] for n, r in role.items() if r.startswith("ffn")}
+    for n in tr.linear_in:
+        parent = n.rpartition(".")[0]
+        if n not in role and parent and any(p == parent or p.startswith(parent + ".") for p in ffn_parents):
+            role[n] = "ffn.gate"
     return role, chains
 
 

@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -138,3 +139,100 @@ def test_depth_stacks_the_models_own_layers():
     r = tblock_cli.depth("hf:gpt2", layers=3, d_model=64, n_heads=4, d_ff=128, seq=6)
     assert len(r.layers) == 3 and [s.placement for s in r.layers] == ["pre"] * 3  # GPT-2 is Pre-LN
     assert all(0.9 < s.residual_gain < 1.1 for s in r.layers)
+
+
+# ----------------------------------------------------------------------------- driven as the model drives them
+def statuses(report):
+    return {c.name: c.status for c in report.checks}
+
+
+@pytest.mark.parametrize("model_type", ["t5", "distilbert"])
+def test_encoders_are_not_driven_causal_and_padded_equals_alone(model_type):
+    r = tblock_cli.check(f"hf:{model_type}", d_model=32, n_heads=4, d_ff=64, threads=1)
+    by = statuses(r)
+    assert r.run.config["causal"] is False and by["causal"] == by["kv_cache"] == Status.SKIP
+    padding = next(c for c in r.checks if c.name == "padding")
+    assert padding.status == Status.PASS and padding.value < 1e-5  # padded = the same tokens alone
+
+
+def test_t5_decoder_stack_is_causal_and_driven_with_its_cache():
+    r = tblock_cli.check("hf:t5", d_model=32, n_heads=4, d_ff=64, threads=1, kwargs={"stack": "decoder"})
+    by = statuses(r)
+    assert r.run.config["causal"] is True and by["causal"] == by["kv_cache"] == Status.PASS, r.failing
+
+
+def test_t5_unscaled_scores_pass_by_design_but_the_same_trait_warns_without_the_family():
+    r = tblock_cli.check("hf:t5", d_model=64, n_heads=4, d_ff=128, threads=1)
+    attention = next(c for c in r.checks if c.name == "attention")
+    assert attention.status == Status.PASS and "unscaled by design of t5" in attention.detail
+    _, wrapper = model_and_wrapper("t5")
+    wrapper.by_design = {}  # the same layers, as a user block whose family tblock does not know
+    r = tblock_cli.check(wrapper, pad_keyword="attention_mask", pad_means="keep", threads=1)
+    assert statuses(r)["attention"] == Status.WARN
+
+
+def test_d_ff_reaches_configs_that_name_the_ffn_width_otherwise():
+    for model_type, width in (("opt", "fc1"), ("distilbert", "ffn.lin1")):
+        _, wrapper = model_and_wrapper(model_type, d_ff=96)
+        layer = wrapper.layers[0]
+        assert layer.get_submodule(width).out_features == 96, model_type
+        assert not wrapper.warnings
+
+
+def test_size_dependent_fields_follow_the_head_size():
+    for model_type, field, expected in (("gptj", "rotary_dim", 4), ("gemma2", "query_pre_attn_scalar", 16),
+                                        ("granite", "attention_multiplier", 1 / 16)):
+        _, wrapper = model_and_wrapper(model_type)
+        assert getattr(wrapper.config, field) == expected, (model_type, getattr(wrapper.config, field))
+
+
+@pytest.mark.parametrize("kwargs, says", [('{"num_key_value_head": 2}', "num_key_value_heads"),
+                                          ('{"sliding_window": -5}', "sliding_window must be >= 0"),
+                                          ('{"stack": "decoder"}', "one layer stack")])
+def test_bad_kwargs_are_one_line_usage_errors(kwargs, says):
+    res = runner.invoke(app, ["params", "--block", "hf:mistral", *SMALL, "--kwargs", kwargs])
+    assert res.exit_code == 2 and says in res.stderr and "Traceback" not in res.stderr, res.output
+
+
+def test_models_that_cannot_be_driven_say_why_in_one_line():
+    res = runner.invoke(app, ["check", "--block", "hf:funnel", *SMALL])
+    assert res.exit_code == 2 and "pool the sequence" in res.stderr
+
+
+def test_a_huge_layer_is_refused_before_any_weight_exists():
+    start = time.perf_counter()
+    res = runner.invoke(app, ["check", "--block", "hf:llama", "--d-model", "32768", "--n-heads", "64", "--d-ff", "131072"])
+    assert res.exit_code == 2 and "MiB" in res.stderr
+    assert time.perf_counter() - start < 10  # counted on the meta device: no 17 G-parameter allocation
+
+
+@pytest.mark.parametrize("model_type, attention, ffn", [
+    # llama, dense: q, k, v, o of d x d; gate, up, down of d x d_ff
+    ("llama", 4 * 64 * 64, 3 * 64 * 256),
+    # mistral keeps its 4 q heads per kv head: 1 kv head of 16 at 4 heads
+    ("mistral", 2 * 64 * 64 + 2 * 64 * 16, 3 * 64 * 256),
+    # mixtral: 8 experts of 3 d x d_ff matrices and the router's d x 8; attention as mistral's
+    ("mixtral", 2 * 64 * 64 + 2 * 64 * 16, 8 * 3 * 64 * 256 + 64 * 8),
+])
+def test_params_groups_equal_a_hand_count_from_the_config(model_type, attention, ffn):
+    r = tblock_cli.params(f"hf:{model_type}", d_model=64, n_heads=4, d_ff=256, threads=1)
+    assert r.groups["attention"] == attention and r.groups["ffn"] == ffn and r.groups["other"] == 0
+
+
+def test_moe_float64_reference_runs_the_eager_experts():
+    r = tblock_cli.check("hf:mixtral", d_model=32, n_heads=4, d_ff=64, threads=1)
+    assert statuses(r)["dtype"] == Status.PASS and r.ok
+
+
+def test_layers_builds_the_model_once_and_is_not_called_builtin_only(monkeypatch):
+    real, built = transformers.AutoModel.from_config, []
+
+    def counted(*a, **kw):
+        if torch.get_default_device().type != "meta":
+            built.append(1)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(transformers.AutoModel, "from_config", counted)
+    r = tblock_cli.depth("hf:llama", layers=2, d_model=32, n_heads=4, d_ff=64, seq=6, threads=1)
+    assert len(r.layers) == 2 and len(built) == 1
+    assert not any("built-in" in w for w in r.run.warnings)

@@ -73,10 +73,28 @@ def is_causal(module: HFLayers, d_model: int) -> bool:
 
 def _parameter_count(model_type: str, config) -> int:
     """Parameters of the model this config builds, counted on the meta device: shapes, no storage."""
-    from transformers import AutoModel
 
     with torch.device("meta"):
-        return sum(p.numel() for p in AutoModel.from_config(config).parameters())
+        return sum(p.numel() for p in _model(config).parameters())
+
+
+def _model(config) -> nn.Module:
+    """AutoModel for the config; a composite model's part (AlignTextConfig) that AutoModel does not map is built
+    by its own class, named after its config class in the family's modeling module."""
+    import importlib
+
+    from transformers import AutoModel
+
+    try:
+        return AutoModel.from_config(config)
+    except ValueError as e:
+        if "Unrecognized configuration class" not in str(e):
+            raise
+        module = importlib.import_module(type(config).__module__.replace(".configuration_", ".modeling_"))
+        cls = getattr(module, type(config).__name__.replace("Config", "Model"), None)
+        if cls is None:
+            raise
+        return cls(config)
 
 
 def _stack(model_type: str, base: nn.Module, config, which: str | None) -> nn.Module:
@@ -106,10 +124,24 @@ def build(model_type: str, cfg: BlockConfig, extra: dict) -> HFLayers:
         raise LoadError(f"--block hf:{model_type}: building or driving the model failed: {sizes.one_line(e)}") from None
 
 
+def _part(model_type: str, extra: dict) -> tuple[str, dict]:
+    """A composite model (vision-language, audio-language): the model type of its text part, or of the part
+    --kwargs '{"stack": NAME}' names (vision, audio, ...); any other type as it is."""
+    defaults = sizes.default_config(model_type)
+    if any(isinstance(getattr(defaults, n, None), int) for n in sizes.LAYERS):
+        return model_type, extra
+    parts = {k[: -len("_config")]: v for k, v in vars(defaults).items() if k.endswith("_config") and hasattr(v, "model_type")}
+    if not parts:
+        return model_type, extra
+    which = extra.get("stack") or ("text" if "text" in parts else next(iter(parts)))
+    if which not in parts:
+        raise ConfigError(f"--kwargs stack: hf:{model_type} has the parts {', '.join(parts)}, not {which!r}")
+    return parts[which].model_type, {k: v for k, v in extra.items() if k != "stack"}
+
+
 def _build(model_type: str, cfg: BlockConfig, extra: dict) -> HFLayers:
     sizes.import_transformers()
-    from transformers import AutoModel
-
+    model_type, extra = _part(model_type, extra)
     config = build_config(model_type, cfg, extra)
     if "attn_implementation" in extra:
         config._attn_implementation = extra["attn_implementation"]
@@ -118,7 +150,7 @@ def _build(model_type: str, cfg: BlockConfig, extra: dict) -> HFLayers:
     n = _parameter_count(model_type, config)
     runtime.ensure_fits(n * (2 * item + 8) + runtime.PROCESS_BYTES, runtime.resolve_device(cfg.device), f"hf:{model_type}")
     torch.manual_seed(cfg.seed)
-    base = AutoModel.from_config(config).eval()
+    base = _model(config).eval()
     which = extra.get("stack")
     stack = _stack(model_type, base, config, which)
     n_layers = _layer_count(config, which)
