@@ -3,6 +3,7 @@ are not one module each, and rules a family breaks on purpose (the checks read `
 
 from __future__ import annotations
 
+import math
 import re
 
 import torch.nn as nn
@@ -26,7 +27,7 @@ AFTER_NORM = {"minimax": "by design of minimax: its residual is taken after the 
                          "layernorm_*_alpha factors"}
 # Norms on each sublayer's output before the residual add: the stream itself is never normalised.
 SUBLAYER_NORMED = {t: f"by design of {t}: its norms sit on each sublayer's output before the residual add; the "
-                      f"residual stream itself is not normalised" for t in ("olmo2", "olmo3")}
+                      f"residual stream itself is not normalised" for t in ("olmo2", "olmo3", "exaone4")}
 # Layers that mix tokens without softmax attention: state-space and linear-attention mixers.
 MIXER = re.compile(r"mamba|ssm|mixer|deltanet|linearattention|lightning|rwkv|retention|hyena", re.I)
 # Families whose layers cannot be driven one module at a time, and why.
@@ -34,6 +35,10 @@ REFUSED = {
     "funnel": "funnel's layers take separate query, key and value streams and pool the sequence between blocks",
     "xlm": "xlm keeps its layers as parallel lists (attentions, ffns, norms), not one module per layer",
     "flaubert": "flaubert keeps its layers as parallel lists (attentions, ffns, norms), not one module per layer",
+    **{t: f"{t} pads the sequence to a multiple of its attention window before its layers run"
+       for t in ("led", "longformer")},
+    **{t: f"{t} merges patches between stages: its layers take a 2-D grid and change the sequence length"
+       for t in ("swin", "swinv2", "donut-swin", "maskformer-swin")},
 }
 
 
@@ -50,6 +55,10 @@ def family_overrides(model_type: str, config, cfg: BlockConfig, extra: dict) -> 
             raise LoadError(f"--block hf:gpt_neo: --layers {cfg.layers} must be even beyond {len(config.attention_layers)}")
     if model_type == "deepseek_v2" and config.num_experts_per_tok is None and "num_experts_per_tok" not in extra:
         out["num_experts_per_tok"] = 6  # AutoConfig leaves it None, which the router cannot take; DeepSeek-V2's value
+    if model_type == "mamba2" and "head_dim" not in extra:  # its heads split the expanded width, not d_model
+        out["head_dim"] = config.expand * cfg.d_model // cfg.n_heads
+        if "n_groups" not in extra:  # groups of heads sharing B and C must divide the heads
+            out["n_groups"] = math.gcd(config.n_groups, cfg.n_heads)
     if model_type in MUP and "attention_multiplier" not in extra:
         out["attention_multiplier"] = 1.0 / cfg.head_dim
     if "layer_types" in config.to_dict() and isinstance(config.layer_types, list) and "layer_types" not in extra:
@@ -83,6 +92,13 @@ def by_design(model_type: str, layers: nn.Module) -> dict[str, str]:
         rules["ffn_share.other"] = f"sit in {names} (by design of {model_type}: neither attention nor FFN)"
         rules["kv_cache.skip"] = (f"{model_type} mixes tokens with {names}: a recurrent state that generate advances one "
                                   f"token at a time, not a key/value cache; cached decoding not compared")
+    if model_type == "phimoe":
+        rules["train_eval.skip"] = ("phimoe's router (sparsemixer) takes another path in training by design "
+                                    "(training=self.training): train and eval are different functions")
+    if model_type == "nystromformer":
+        why = "nystromformer's landmarks are means of consecutive segments of every position"
+        rules["padding.skip"] = f"{why}, padded ones included: padding reaches real outputs by design"
+        rules["order.skip"] = f"{why}: token order matters by design"
     if model_type == "xglm":
         rules["dtype.skip"] = ("xglm cannot run in float64: its attention fills a mask with torch.full((), "
                                "finfo(float64).min), which overflows when cast (a transformers bug)")

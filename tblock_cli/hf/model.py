@@ -219,7 +219,15 @@ def _positional(module: HFLayers, base: nn.Module, d_model: int) -> bool:
     if any("rotary" in type(m).__name__.lower() for m in base.modules()):
         return True
     seen = {}
-    hook = module.layers[0].register_forward_pre_hook(lambda _m, _a, kw: seen.update(kw), with_kwargs=True)
+    layer = module.layers[0]
+
+    def bound(_m, args, kwargs):  # positional arguments by name too (mpnet passes position_bias positionally)
+        try:
+            seen.update(inspect.signature(layer.forward).bind_partial(*args, **kwargs).arguments)
+        except TypeError:
+            seen.update(kwargs)
+
+    hook = layer.register_forward_pre_hook(bound, with_kwargs=True)
     try:
         with torch.no_grad():
             module(torch.zeros(1, 2, d_model, dtype=next(module.layers.parameters()).dtype))
@@ -239,8 +247,10 @@ def _unreached(model_type: str, module: HFLayers, cfg: BlockConfig) -> tuple[str
         for p in m.parameters(recurse=False):
             widths.update(p.shape)
     if cfg.d_ff is not None and not ({cfg.d_ff, 2 * cfg.d_ff} & widths):
-        out.append(f"--d-ff {cfg.d_ff} does not reach hf:{model_type}: no projection of that width in its layers "
-                   f"(pass its FFN width field with --kwargs)")
+        named = any(n in module.config.to_dict() for n in sizes.FFN + sizes.EXPERT_FFN)
+        out.append(f"--d-ff {cfg.d_ff} does not reach hf:{model_type}: " + (
+            "no projection of that width in its layers (pass its FFN width field with --kwargs)" if named else
+            "its config has no FFN width (its layers have no FFN of their own)"))
     heads = {getattr(m, n) for m in module.layers.modules() if "attention" in type(m).__name__.lower()
              for n in ("num_heads", "num_attention_heads", "n_head", "n_heads") if isinstance(getattr(m, n, None), int)}
     if heads and cfg.n_heads not in heads:

@@ -18,13 +18,15 @@ D_MODEL = ("hidden_size", "d_model", "n_embd", "dim", "embed_dim", "model_dim", 
 HEADS = ("num_attention_heads", "n_head", "n_heads", "num_heads", "attention_heads", "encoder_attention_heads",
          "decoder_attention_heads", "num_decoder_attention_heads")
 KV_HEADS = ("num_key_value_heads", "num_kv_heads", "n_head_kv", "multi_query_group_num")
-LAYERS = ("num_hidden_layers", "num_layers", "n_layer", "n_layers", "encoder_layers", "decoder_layers", "num_decoder_layers")
+LAYERS = ("num_hidden_layers", "num_layers", "n_layer", "n_layers", "encoder_layers", "decoder_layers", "num_decoder_layers",
+          "num_encoder_layers")
 # The FFN's hidden width under every name seen in transformers configs (ctrl's dff, distilbert's hidden_dim, ...).
 FFN = ("intermediate_size", "n_inner", "ffn_dim", "encoder_ffn_dim", "decoder_ffn_dim", "d_ff", "dff", "d_inner",
        "ffn_hidden_size", "intermediate_dim", "inner_hidden_size", "decoder_intermediate_size")
-# Widths of other FFNs in the same layer (experts, shared experts): kept in the family's proportion to the FFN.
-FFN_RELATIVE = ("moe_intermediate_size", "shared_expert_intermediate_size", "expert_intermediate_size",
-                "mlp_hidden_size", "dense_intermediate_size")
+# An expert's width: the FFN a mixture-of-experts layer runs (qwen3_moe has no dense FFN in any layer by default).
+EXPERT_FFN = ("moe_intermediate_size", "expert_intermediate_size")
+# Widths of other FFNs in the same layer (shared experts): kept in the family's proportion to an expert's.
+FFN_RELATIVE = ("shared_expert_intermediate_size", "mlp_hidden_size", "dense_intermediate_size")
 # Fields measured in head dimensions: scaled by new head_dim / the checkpoint's head_dim.
 PER_HEAD = ("head_dim", "d_kv", "d_head", "kv_channels", "attention_head_dim", "qk_nope_head_dim", "qk_rope_head_dim",
             "v_head_dim", "qk_head_dim", "rotary_dim", "rotary_emb_dim", "query_pre_attn_scalar", "global_head_dim",
@@ -105,12 +107,16 @@ def size_overrides(config, cfg: BlockConfig, extra: dict) -> dict:
     h0 = next((getattr(config, n) for n in HEADS if isinstance(getattr(config, n, None), int)), None)
     head0 = getattr(config, "head_dim", None)
     head0 = head0 if isinstance(head0, int) and head0 > 0 else (d0 // h0 if d0 and h0 else None)
-    ffn0 = next((getattr(config, n) for n in FFN if isinstance(getattr(config, n, None), int)), None)
+    ffn0 = next((getattr(config, n) for n in EXPERT_FFN + FFN if isinstance(getattr(config, n, None), int)), None)
     d, h, head = cfg.d_model, cfg.n_heads, cfg.head_dim
-    out: dict = {"vocab_size": VOCAB, "pad_token_id": None, "bos_token_id": None, "eos_token_id": None}
+    # token ids past the small vocabulary dropped; those inside kept (roberta counts positions from its pad id)
+    out: dict = {"vocab_size": VOCAB, **{n: None for n in ("pad_token_id", "bos_token_id", "eos_token_id")
+                                         if not (isinstance(getattr(config, n, None), int) and getattr(config, n) < VOCAB)}}
 
-    def put(name, value):
-        if name not in extra and settable(config, name):
+    fields = config.to_dict()
+
+    def put(name, value):  # real fields only: prophetnet refuses num_hidden_layers, an alias of its own
+        if name not in extra and name in fields and settable(config, name):
             out[name] = value
 
     for n in D_MODEL:
@@ -122,18 +128,22 @@ def size_overrides(config, cfg: BlockConfig, extra: dict) -> dict:
             put(n, h)
     for n in KV_HEADS:
         k0 = getattr(config, n, None)
-        if isinstance(k0, int) and not isinstance(k0, bool) and h0:  # the family's grouping kept: q heads per kv head
+        if k0 is None:  # None reads as one kv head per head, but some families' layers divide by it
+            put(n, h)
+        elif isinstance(k0, int) and not isinstance(k0, bool) and h0:  # the family's grouping kept: q heads per kv head
             put(n, max(1, h * k0 // h0) if (h * k0) % h0 == 0 else h)
     for n in LAYERS:
         if isinstance(getattr(config, n, None), int):
             put(n, cfg.layers)
-    for n in FFN:
+    for n in FFN + EXPERT_FFN:
         if hasattr(config, n) and not isinstance(getattr(config, n), (bool, str, list)):
             put(n, cfg.ffn_dim)
     for n in FFN_RELATIVE:
         v = getattr(config, n, None)
         if isinstance(v, int) and v > 0:
             put(n, max(1, round(v * cfg.ffn_dim / ffn0)) if ffn0 else cfg.ffn_dim)
+    if fields.get("head_dim", 0) is None:  # None means d_model / n_heads, but some families' layers use it raw
+        put("head_dim", head)
     for n in PER_HEAD:
         v = getattr(config, n, None)
         if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 and head0:
