@@ -369,7 +369,7 @@ class _Tracer(TorchFunctionMode):
             other = b if probs[0] in self.get(a) else a
             call = self.attention[i]
             mix = 2 * other.numel() * call.q_len  # (..., S, d_v) values, each weighted for L queries
-            v_width = other.numel() // max(1, call.batch * call.k_len)
+            v_width = self.cached_width(other, other.numel() // max(1, call.batch * call.k_len))
             self.attention[i] = replace(call, v=self.sources(other), flops=call.flops + mix, kv_width=call.kv_width + v_width)
             self.put(out, {f"@attn{i}": 0})
             return
@@ -426,7 +426,7 @@ class _Tracer(TorchFunctionMode):
         e = a.shape[-1] if a.ndim >= 2 else 1
         batch = x.shape[0] if x.ndim >= 3 else 1
         flops = 2 * (x.numel() // max(1, S)) * S * e
-        k_width = b.numel() // max(1, batch * S)
+        k_width = self.cached_width(b, b.numel() // max(1, batch * S))
         dim = args[1] if len(args) > 1 else kwargs.get("dim", -1)
         key_axis = dim is None or dim % x.ndim == x.ndim - 1
         self.attention.append(AttentionCall("softmax(QK^T)V", self.module_stack[-1], self.sources(a), self.sources(b), (),
@@ -435,6 +435,14 @@ class _Tracer(TorchFunctionMode):
         marker = f"@probs{len(self.attention) - 1}"
         self.probs[marker] = len(self.attention) - 1
         self.put(out, {marker: 0})
+
+    def cached_width(self, t: torch.Tensor, seen: int) -> int:
+        """Elements per token a cache keeps for keys (or values) t: the width of the one projection they come from
+        when that is smaller than what reaches the product (grouped-query heads repeated by repeat_kv; a fused qkv
+        projection is wider and keeps `seen`)."""
+        src = self.sources(t)
+        shape = self.out_shape.get(src[0]) if len(src) == 1 else None
+        return min(seen, shape[-1]) if shape else seen
 
     def track_scalar(self, name: str, args, out) -> None:
         """x * c or x / c with a number c: remember the factor, so a q scaled before the product counts as scaled."""
@@ -478,7 +486,8 @@ class _Tracer(TorchFunctionMode):
         flops = 2 * (q.numel() // E) * S * E + 2 * (q.numel() // E) * S * v.shape[-1]
         self.attention.append(AttentionCall("scaled_dot_product_attention", self.module_stack[-1], self.sources(a["query"]),
                                             self.sources(a["key"]), self.sources(v), heads, E, batch, L, S, std, ent, mp,
-                                            ratio, note, flops, (a["key"].numel() + v.numel()) // max(1, batch * S), True,
+                                            ratio, note, flops, self.cached_width(a["key"], a["key"].numel() // max(1, batch * S))
+                                            + self.cached_width(v, v.numel() // max(1, batch * S)), True,
                                             self_masked(logits)))
         self.put(out, {f"@attn{len(self.attention) - 1}": 0})
 

@@ -236,3 +236,8 @@ def test_layers_builds_the_model_once_and_is_not_called_builtin_only(monkeypatch
     r = tblock_cli.depth("hf:llama", layers=2, d_model=32, n_heads=4, d_ff=64, seq=6, threads=1)
     assert len(r.layers) == 2 and len(built) == 1
     assert not any("built-in" in w for w in r.run.warnings)
+
+
+def test_kv_cache_bytes_count_the_kv_heads_the_cache_holds_not_the_repeated_ones():
+    r = tblock_cli.params("hf:llama", d_model=64, n_heads=4, d_ff=128, threads=1, kwargs={"num_key_value_heads": 2})
+    assert r.to_dict()["kv_cache"]["bytes_per_token"] == 2 * 2 * 16 * 4  # keys and values, 2 kv heads of 16, float32
