@@ -213,9 +213,20 @@ def test_a_huge_layer_is_refused_before_any_weight_exists():
     ("mistral", 2 * 64 * 64 + 2 * 64 * 16, 3 * 64 * 256),
     # mixtral: 8 experts of 3 d x d_ff matrices and the router's d x 8; attention as mistral's
     ("mixtral", 2 * 64 * 64 + 2 * 64 * 16, 8 * 3 * 64 * 256 + 64 * 8),
+    # falcon, multi-query: one fused d x (d + 2 d_head) projection and the d x d dense; a 2-matrix GELU FFN
+    ("falcon", 64 * (64 + 2 * 16) + 64 * 64, 2 * 64 * 256),
+    # olmo2, QK-norm over the full width: q_norm and k_norm are norms, the four projections attention
+    ("olmo2", 4 * 64 * 64, 3 * 64 * 256),
+    # deepseek_v3, multi-head latent attention: low-rank q and kv through their ranks (its first layers are dense)
+    ("deepseek_v3", "mla", 3 * 64 * 256),
 ])
 def test_params_groups_equal_a_hand_count_from_the_config(model_type, attention, ffn):
     r = tblock_cli.params(f"hf:{model_type}", d_model=64, n_heads=4, d_ff=256, threads=1)
+    if attention == "mla":
+        c = hf.build_config(model_type, build_config(d_model=64, n_heads=4, d_ff=256), {})
+        d, H, q, kv, rope = 64, c.num_attention_heads, c.q_lora_rank, c.kv_lora_rank, c.qk_rope_head_dim
+        attention = (d * q + q * H * (c.qk_nope_head_dim + rope) + d * (kv + rope) + kv * H * (c.qk_nope_head_dim + c.v_head_dim)
+                     + H * c.v_head_dim * d)
     assert r.groups["attention"] == attention and r.groups["ffn"] == ffn and r.groups["other"] == 0
 
 

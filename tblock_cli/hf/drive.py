@@ -116,7 +116,7 @@ class HFLayers(nn.Module):
             kwargs[self.cache_name] = cache
             kwargs["use_cache"] = use_cache
         if self.memory is not None:
-            kwargs["encoder_hidden_states"] = self.memory.to(x.dtype).expand(B, -1, -1)
+            kwargs["encoder_hidden_states"] = self.memory.to(device=x.device, dtype=x.dtype).expand(B, -1, -1)
         try:
             self._stack(**accepted(self._stack.forward, kwargs))
         except _Done as done:
