@@ -98,10 +98,9 @@ class HFLayers(nn.Module):
 
         def swap_in(_m, args, kwargs):
             seen["cache"] = next((v for v in list(kwargs.values()) + list(args[1:]) if _is_cache(v)), None)
-            if args:
-                return (x, *args[1:]), kwargs
-            key = "hidden_states" if "hidden_states" in kwargs else next(iter(kwargs))
-            return args, {**kwargs, key: x}
+            h = args[0] if args else kwargs.get("hidden_states", next(iter(kwargs.values()), None))
+            # every argument that is the hidden states (funnel passes them as query, key and value)
+            return tuple(x if a is h else a for a in args), {k: x if v is h else v for k, v in kwargs.items()}
 
         def stop(_m, _args, out):
             raise _Done(_first(out))

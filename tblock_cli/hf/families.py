@@ -19,6 +19,8 @@ UNSCALED["gpt_neo"] = "unscaled by design of gpt_neo: it computes q.k with no 1/
 # the factor; both add per-head linear biases whose spread, not a missing scale, sets the logit std.
 UNSCALED["bloom"] = "scaled by design of bloom inside baddbmm(alibi, q, k^T, alpha=1/sqrt(d_head)), plus ALiBi biases"
 UNSCALED["mpt"] = "by design of mpt: ALiBi biases added to the scaled scores set their spread"
+UNSCALED["funnel"] = ("by design of funnel: relative-position and token-type scores added to the scaled content "
+                      "scores set their spread at init")
 # Granite and its MoE variants scale scores by attention_multiplier = 1/d_head (muP); their checkpoints set it
 # (granite-3.0-8b: 0.0078125 at d_head 128); AutoConfig's default 1.0 would leave the scores unscaled.
 MUP = ("granite", "granitemoe", "granitemoeshared", "granitemoehybrid")
@@ -32,7 +34,6 @@ SUBLAYER_NORMED = {t: f"by design of {t}: its norms sit on each sublayer's outpu
 MIXER = re.compile(r"mamba|ssm|mixer|deltanet|linearattention|lightning|rwkv|retention|hyena", re.I)
 # Families whose layers cannot be driven one module at a time, and why.
 REFUSED = {
-    "funnel": "funnel's layers take separate query, key and value streams and pool the sequence between blocks",
     "xlm": "xlm keeps its layers as parallel lists (attentions, ffns, norms), not one module per layer",
     "flaubert": "flaubert keeps its layers as parallel lists (attentions, ffns, norms), not one module per layer",
     **{t: f"{t} pads the sequence to a multiple of its attention window before its layers run"
@@ -59,6 +60,8 @@ def family_overrides(model_type: str, config, cfg: BlockConfig, extra: dict) -> 
         out["head_dim"] = config.expand * cfg.d_model // cfg.n_heads
         if "n_groups" not in extra:  # groups of heads sharing B and C must divide the heads
             out["n_groups"] = math.gcd(config.n_groups, cfg.n_heads)
+    if model_type == "funnel" and "block_sizes" not in extra:  # one block: no pooling between blocks
+        out.update(block_sizes=[cfg.layers], block_repeats=[1], num_decoder_layers=0)  # its upsampling decoder: not run
     if model_type in MUP and "attention_multiplier" not in extra:
         out["attention_multiplier"] = 1.0 / cfg.head_dim
     if "layer_types" in config.to_dict() and isinstance(config.layer_types, list) and "layer_types" not in extra:
@@ -95,6 +98,9 @@ def by_design(model_type: str, layers: nn.Module) -> dict[str, str]:
     if model_type == "phimoe":
         rules["train_eval.skip"] = ("phimoe's router (sparsemixer) takes another path in training by design "
                                     "(training=self.training): train and eval are different functions")
+    if model_type == "funnel":
+        rules["ffn_share.other"] = ("sit in funnel's relative-position and token-type attention parameters (r_kernel, "
+                                    "r_*_bias, seg_embed), by design")
     if model_type == "nystromformer":
         why = "nystromformer's landmarks are means of consecutive segments of every position"
         rules["padding.skip"] = f"{why}, padded ones included: padding reaches real outputs by design"

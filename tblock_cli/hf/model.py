@@ -21,7 +21,7 @@ PROBE_T = 4
 CAUSAL_TOL = 1e-6
 # Keyword names of position information a model hands its layers (rotary cos/sin, ALiBi, relative biases).
 POSITION_KEYS = ("position_embeddings", "position_bias", "alibi", "rotary_pos_emb", "rel_embeddings",
-                 "relative_pos", "sinusoidal_pos", "freqs_cis")
+                 "relative_pos", "sinusoidal_pos", "freqs_cis", "attention_inputs")  # funnel packs them into the last
 
 
 def build_config(model_type: str, cfg: BlockConfig, extra: dict):
@@ -85,6 +85,8 @@ def _model(config) -> nn.Module:
 
     from transformers import AutoModel
 
+    if getattr(config, "architectures", None) is None:  # AutoModel iterates it for types mapped to two classes (funnel)
+        config.architectures = []
     try:
         return AutoModel.from_config(config)
     except ValueError as e:
@@ -98,7 +100,7 @@ def _model(config) -> nn.Module:
 
 
 def _stack(model_type: str, base: nn.Module, config, which: str | None) -> nn.Module:
-    encdec = getattr(config, "is_encoder_decoder", False) or (hasattr(base, "encoder") and hasattr(base, "decoder"))
+    encdec = getattr(config, "is_encoder_decoder", False)
     if which is not None and which not in STACKS:
         raise ConfigError(f"--kwargs stack: must be 'encoder' or 'decoder', got {which!r}")
     if not encdec:
