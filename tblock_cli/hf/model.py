@@ -51,7 +51,7 @@ def _init_fields(config) -> dict:
     for k in ("model_type", "transformers_version", "architectures", "_name_or_path", "dtype", "torch_dtype",
               "out_features", "out_indices", "stage_names"):
         d.pop(k, None)
-    return {k: v for k, v in d.items() if sizes.settable(config, k) or k in ("attention_types",)}
+    return {k: v for k, v in d.items() if sizes.settable(config, k)}
 
 
 def is_causal(module: HFLayers, d_model: int) -> bool:
@@ -71,9 +71,8 @@ def is_causal(module: HFLayers, d_model: int) -> bool:
     return bool(((a - b).abs().max() <= CAUSAL_TOL * a.abs().max().clamp_min(1)).item())
 
 
-def _parameter_count(model_type: str, config) -> int:
+def _parameter_count(config) -> int:
     """Parameters of the model this config builds, counted on the meta device: shapes, no storage."""
-
     with torch.device("meta"):
         return sum(p.numel() for p in _model(config).parameters())
 
@@ -149,7 +148,7 @@ def _build(model_type: str, cfg: BlockConfig, extra: dict) -> HFLayers:
         config._attn_implementation = extra["attn_implementation"]
     # The gate before any weight exists: weights, their gradients and check's float64 copy (8 bytes each).
     item = runtime.DTYPES[cfg.dtype].itemsize
-    n = _parameter_count(model_type, config)
+    n = _parameter_count(config)
     runtime.ensure_fits(n * (2 * item + 8) + runtime.PROCESS_BYTES, runtime.resolve_device(cfg.device), f"hf:{model_type}")
     torch.manual_seed(cfg.seed)
     base = _model(config).eval()
