@@ -25,7 +25,7 @@ from torch.overrides import TorchFunctionMode
 
 from tblock_cli.probes import train_mode
 
-ATTENTION_ROLES = ("attn.q", "attn.k", "attn.v", "attn.qk", "attn.kv", "attn.qkv", "attn.out")
+ATTENTION_ROLES = ("attn.q", "attn.k", "attn.v", "attn.qk", "attn.kv", "attn.qkv", "attn.out", "attn.gate")
 FFN_ROLES = ("ffn.in", "ffn.gate", "ffn.out")
 GROUPS = ("attention", "ffn", "norm", "other")
 
@@ -585,7 +585,11 @@ def assign_roles(tr: _Tracer) -> tuple[dict[str, str], list[tuple[str, str]]]:
     for n, p in tr.linear_in.items():
         if n not in role and any(k.startswith("@attn") for k in p):
             role[n] = "attn.out"
-    for n in [n for n, r in role.items() if r != "attn.out"]:
+    for n in [n for n, r in role.items() if r == "attn.out"]:  # a gate on the attention output (afmoe, qwen3_next)
+        for src in tr.linear_in.get(n, {}):
+            if src in tr.linear_in and src not in role:
+                role[src] = "attn.gate"
+    for n in [n for n, r in role.items() if r not in ("attn.out", "attn.gate")]:
         src = list(tr.linear_in.get(n, {}))
         if len(src) == 1 and src[0] in tr.linear_in and src[0] not in role:  # fed by one projection alone
             role[src[0]] = role[n]
