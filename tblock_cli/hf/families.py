@@ -64,10 +64,13 @@ def family_overrides(model_type: str, config, cfg: BlockConfig, extra: dict) -> 
         out.update(block_sizes=[cfg.layers], block_repeats=[1], num_decoder_layers=0)  # its upsampling decoder: not run
     if model_type in MUP and "attention_multiplier" not in extra:
         out["attention_multiplier"] = 1.0 / cfg.head_dim
-    if "layer_types" in config.to_dict() and isinstance(config.layer_types, list) and "layer_types" not in extra:
-        # the checkpoint's pattern (sliding / full, attention / mamba ...), repeated to the layer count
-        pattern = config.layer_types
-        out["layer_types"] = [pattern[i % len(pattern)] for i in range(cfg.layers)]
+    n0 = next((getattr(config, n) for n in ("num_hidden_layers", "num_layers", "n_layer") if isinstance(getattr(config, n, None), int)), 0)
+    for name, pattern in config.to_dict().items():
+        if name.endswith("layer_types") and isinstance(pattern, list) and pattern and name not in extra or (
+                isinstance(pattern, list) and n0 > 1 and len(pattern) == n0 and name not in extra and name not in out):
+            # per-layer lists (sliding / full, attention / mamba, dense / MoE): the checkpoint's pattern, cut or
+            # repeated to the layer count
+            out[name] = [pattern[i % len(pattern)] for i in range(cfg.layers)]
     return out
 
 
@@ -101,6 +104,11 @@ def by_design(model_type: str, layers: nn.Module) -> dict[str, str]:
     if model_type == "funnel":
         rules["ffn_share.other"] = ("sit in funnel's relative-position and token-type attention parameters (r_kernel, "
                                     "r_*_bias, seg_embed), by design")
+    if model_type == "convbert":
+        why = "convbert's span-based convolution reads neighbouring positions"
+        rules["padding.skip"] = f"{why}, padded ones included (its model does not mask them): padding reaches real outputs by design"
+        rules["order.skip"] = f"{why}: token order matters by design"
+        rules["ffn_share.other"] = "sit in convbert's span-based convolution (neither attention nor FFN), by design"
     if model_type == "nystromformer":
         why = "nystromformer's landmarks are means of consecutive segments of every position"
         rules["padding.skip"] = f"{why}, padded ones included: padding reaches real outputs by design"
