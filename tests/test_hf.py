@@ -252,3 +252,11 @@ def test_layers_builds_the_model_once_and_is_not_called_builtin_only(monkeypatch
 def test_kv_cache_bytes_count_the_kv_heads_the_cache_holds_not_the_repeated_ones():
     r = tblock_cli.params("hf:llama", d_model=64, n_heads=4, d_ff=128, threads=1, kwargs={"num_key_value_heads": 2})
     assert r.to_dict()["kv_cache"]["bytes_per_token"] == 2 * 2 * 16 * 4  # keys and values, 2 kv heads of 16, float32
+
+
+@pytest.mark.parametrize("model_type", ["doge", "bloom", "gemma3_text", "bart", "gptj", "jamba"])
+def test_families_whose_masks_positions_or_mixers_are_their_own_are_clean_under_strict(model_type):
+    """doge's mask, bloom's ALiBi, gemma3's layer types, bart's positional mask, gptj's rotary_dim, jamba's mamba
+    mixer: all the model's business, so no check may warn."""
+    r = tblock_cli.check(f"hf:{model_type}", d_model=64, n_heads=4, d_ff=128, threads=1, strict=True)
+    assert r.ok and not r.run.warnings, [(c.name, c.detail) for c in r.failing] or r.run.warnings
