@@ -260,3 +260,18 @@ def test_families_whose_masks_positions_or_mixers_are_their_own_are_clean_under_
     mixer: all the model's business, so no check may warn."""
     r = tblock_cli.check(f"hf:{model_type}", d_model=64, n_heads=4, d_ff=128, threads=1, strict=True)
     assert r.ok and not r.run.warnings, [(c.name, c.detail) for c in r.failing] or r.run.warnings
+
+
+def test_d_ff_reaches_a_user_block_that_calls_it_intermediate_dim():
+    class TorchtuneStyle(torch.nn.Module):  # torchtune names the FFN width intermediate_dim
+        def __init__(self, embed_dim=32, num_heads=4, intermediate_dim=999):
+            super().__init__()
+            self.attn = torch.nn.MultiheadAttention(embed_dim, num_heads, batch_first=True)
+            self.ffn = torch.nn.Sequential(torch.nn.Linear(embed_dim, intermediate_dim), torch.nn.GELU(),
+                                           torch.nn.Linear(intermediate_dim, embed_dim))
+
+        def forward(self, x):
+            return x + self.attn(x, x, x, need_weights=False)[0] + self.ffn(x)
+
+    r = tblock_cli.params(TorchtuneStyle, d_model=32, n_heads=4, d_ff=64)
+    assert r.groups["ffn"] == 2 * 32 * 64 + 64 + 32
