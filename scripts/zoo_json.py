@@ -4,7 +4,8 @@
     python scripts/zoo_json.py --against before.json    # exit 1 on any key removed or value changed
 
 The environment block (torch version, threads) and wall-clock fields are left out: they are not the checks'.
-Added keys (new fields on a check result or a finding) are allowed; a removed key or a changed value is listed.
+Added keys (new fields on a check result or a finding) and added checks are allowed; a removed key or check, or a
+changed value, is listed. Counts are derived from the checks and not compared apart.
 """
 
 from __future__ import annotations
@@ -58,10 +59,13 @@ def run_all() -> dict:
 
 
 def strip(obj):
+    """Without volatile keys, and with the zoo's path cut to its file name: a run from another checkout compares."""
     if isinstance(obj, dict):
         return {k: strip(v) for k, v in obj.items() if k not in VOLATILE}
     if isinstance(obj, list):
         return [strip(v) for v in obj]
+    if isinstance(obj, str) and "zoo.py:" in obj:
+        return "zoo.py:" + obj.split("zoo.py:", 1)[1]
     return obj
 
 
@@ -70,11 +74,16 @@ def differences(old, new, path: str = "") -> list[str]:
     if isinstance(old, dict) and isinstance(new, dict):
         out = []
         for k, v in old.items():
+            if k == "counts":  # derived from the checks, which are compared one by one
+                continue
             if k not in new:
                 out.append(f"{path}/{k}: removed")
             else:
                 out.extend(differences(v, new[k], f"{path}/{k}"))
         return out
+    if isinstance(old, list) and isinstance(new, list) and all(isinstance(x, dict) and "name" in x for x in old + new):
+        # check results by name: a check added since is an addition, one removed or changed is a difference
+        return differences({x["name"]: x for x in old}, {x["name"]: x for x in new}, path)
     if isinstance(old, list) and isinstance(new, list):
         if len(old) != len(new):
             return [f"{path}: {len(old)} items -> {len(new)}"]
@@ -96,7 +105,7 @@ def main() -> int:
         Path(args.save).write_text(json.dumps(now, indent=1, sort_keys=True))
         print(f"saved {len(now)} check runs to {args.save}")
         return 0
-    old = json.loads(Path(args.against).read_text())
+    old = strip(json.loads(Path(args.against).read_text()))
     diffs = differences(old, now)
     for d in diffs:
         print(d)

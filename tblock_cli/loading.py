@@ -22,7 +22,8 @@ from tblock_cli.probes import train_mode
 ALIASES: dict[str, tuple[str, ...]] = {
     "d_model": ("d_model", "embed_dim", "dim", "n_embd", "hidden_size", "model_dim", "emb_dim", "d_embed"),
     "n_heads": ("n_heads", "nhead", "num_heads", "n_head", "nheads", "heads", "num_attention_heads"),
-    "d_ff": ("d_ff", "dim_feedforward", "ffn_dim", "ff_dim", "intermediate_size", "mlp_dim", "d_inner", "dim_ff"),
+    "d_ff": ("d_ff", "dim_feedforward", "ffn_dim", "ff_dim", "intermediate_size", "mlp_dim", "d_inner", "dim_ff",
+             "intermediate_dim", "dff", "encoder_ffn_dim", "ffn_hidden_size"),
     "dropout": ("dropout", "dropout_p", "p_dropout", "dropout_rate", "attn_dropout"),
     "causal": ("causal", "is_causal"),
 }

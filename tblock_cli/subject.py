@@ -184,8 +184,9 @@ def hf_block(spec: str, cfg: BlockConfig, options: dict, extra: dict) -> tuple[n
     from tblock_cli import hf
 
     module = hf.build(spec[3:], cfg, extra)
-    implied = {"causal": module.causal, "positional": module.positional, "pad_keyword": "attention_mask", "pad_means": "keep"}
-    cfg = dataclasses.replace(cfg, **{k: v for k, v in implied.items() if k not in options})
+    implied = {"causal": module.causal, "positional": module.positional, "pad_keyword": module.pad_keyword, "pad_means": "keep"}
+    cfg = dataclasses.replace(cfg, **{k: v for k, v in implied.items() if k not in options},
+                              warnings=cfg.warnings + module.warnings)
     return module, spec, cfg
 
 
@@ -197,8 +198,11 @@ def layer_maker(s: Setup, block) -> Callable[[int], list[Subject]] | None:
         from tblock_cli import hf
 
         def hf_layers(n: int) -> list[Subject]:
-            first = s.make()  # the calling convention (mask keyword, causal); the layers come from an n-layer model
-            return [first.like(layer) for layer in hf.build(block[3:], dataclasses.replace(s.cfg, layers=n), s.kwargs).single_layers()]
+            first = s.make()  # the calling convention (mask keyword, causal) around the model setup built
+            layers = first.module.single_layers()
+            if len(layers) != n:  # only when asked for another depth than --layers: a model of n layers
+                layers = hf.build(block[3:], dataclasses.replace(s.cfg, layers=n), s.kwargs).single_layers()
+            return [first.like(layer) for layer in layers]
         return hf_layers
     if isinstance(block, str):
         from tblock_cli.loading import user_layers

@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -22,10 +23,8 @@ runner = CliRunner()
 
 def model_and_wrapper(model_type, **flags):
     cfg = build_config(**{"d_model": 64, "n_heads": 4, "d_ff": 256, "dropout": 0.0, **flags})
-    config = hf.build_config(model_type, cfg, {})
-    torch.manual_seed(0)
-    base = transformers.AutoModel.from_config(config).eval()
-    return base, hf.HFLayers.of_model(model_type, config, base).eval()
+    wrapper = hf.build(model_type, cfg, {}).eval()
+    return wrapper._stack, wrapper
 
 
 @pytest.mark.parametrize("model_type", ["gpt2", "bert", "llama", "qwen2"])
@@ -77,10 +76,15 @@ def test_mask_polarity_inverted_is_caught():
     assert {c.name: c.status for c in r.checks}["padding"] == Status.FAIL
 
 
-def test_causal_mask_replaced_by_bidirectional_is_caught():
-    _, wrapper = model_and_wrapper("gpt2")
+def test_causal_mask_replaced_by_bidirectional_is_caught(monkeypatch):
+    from transformers.masking_utils import create_bidirectional_mask
+    from transformers.models.gpt2 import modeling_gpt2
+
+    _, wrapper = model_and_wrapper("gpt2", causal=True)
     wrapper.config._attn_implementation = "eager"  # eager attention is causal through its mask alone
-    wrapper.causal = False  # the model's causal mask swapped for a bidirectional one
+    # the model's causal mask swapped for a bidirectional one
+    monkeypatch.setattr(modeling_gpt2, "create_causal_mask", lambda **kw: create_bidirectional_mask(
+        config=kw["config"], inputs_embeds=kw["inputs_embeds"], attention_mask=kw["attention_mask"]))
     r = tblock_cli.check(wrapper, causal=True, pad_keyword="attention_mask", pad_means="keep")
     assert {c.name: c.status for c in r.checks}["causal"] == Status.FAIL
 
@@ -135,3 +139,139 @@ def test_depth_stacks_the_models_own_layers():
     r = tblock_cli.depth("hf:gpt2", layers=3, d_model=64, n_heads=4, d_ff=128, seq=6)
     assert len(r.layers) == 3 and [s.placement for s in r.layers] == ["pre"] * 3  # GPT-2 is Pre-LN
     assert all(0.9 < s.residual_gain < 1.1 for s in r.layers)
+
+
+# ----------------------------------------------------------------------------- driven as the model drives them
+def statuses(report):
+    return {c.name: c.status for c in report.checks}
+
+
+@pytest.mark.parametrize("model_type", ["t5", "distilbert"])
+def test_encoders_are_not_driven_causal_and_padded_equals_alone(model_type):
+    r = tblock_cli.check(f"hf:{model_type}", d_model=32, n_heads=4, d_ff=64, threads=1)
+    by = statuses(r)
+    assert r.run.config["causal"] is False and by["causal"] == by["kv_cache"] == Status.SKIP
+    padding = next(c for c in r.checks if c.name == "padding")
+    assert padding.status == Status.PASS and padding.value < 1e-5  # padded = the same tokens alone
+
+
+def test_t5_decoder_stack_is_causal_and_driven_with_its_cache():
+    r = tblock_cli.check("hf:t5", d_model=32, n_heads=4, d_ff=64, threads=1, kwargs={"stack": "decoder"})
+    by = statuses(r)
+    assert r.run.config["causal"] is True and by["causal"] == by["kv_cache"] == Status.PASS, r.failing
+
+
+def test_t5_unscaled_scores_pass_by_design_but_the_same_trait_warns_without_the_family():
+    r = tblock_cli.check("hf:t5", d_model=64, n_heads=4, d_ff=128, threads=1)
+    attention = next(c for c in r.checks if c.name == "attention")
+    assert attention.status == Status.PASS and "unscaled by design of t5" in attention.detail
+    _, wrapper = model_and_wrapper("t5")
+    wrapper.by_design = {}  # the same layers, as a user block whose family tblock does not know
+    r = tblock_cli.check(wrapper, pad_keyword="attention_mask", pad_means="keep", threads=1)
+    assert statuses(r)["attention"] == Status.WARN
+
+
+def test_d_ff_reaches_configs_that_name_the_ffn_width_otherwise():
+    for model_type, width in (("opt", "fc1"), ("distilbert", "ffn.lin1")):
+        _, wrapper = model_and_wrapper(model_type, d_ff=96)
+        layer = wrapper.layers[0]
+        assert layer.get_submodule(width).out_features == 96, model_type
+        assert not wrapper.warnings
+
+
+def test_size_dependent_fields_follow_the_head_size():
+    for model_type, field, expected in (("gptj", "rotary_dim", 4), ("gemma2", "query_pre_attn_scalar", 16),
+                                        ("granite", "attention_multiplier", 1 / 16)):
+        _, wrapper = model_and_wrapper(model_type)
+        assert getattr(wrapper.config, field) == expected, (model_type, getattr(wrapper.config, field))
+
+
+@pytest.mark.parametrize("kwargs, says", [('{"num_key_value_head": 2}', "num_key_value_heads"),
+                                          ('{"sliding_window": -5}', "sliding_window must be >= 0"),
+                                          ('{"stack": "decoder"}', "one layer stack")])
+def test_bad_kwargs_are_one_line_usage_errors(kwargs, says):
+    res = runner.invoke(app, ["params", "--block", "hf:mistral", *SMALL, "--kwargs", kwargs])
+    assert res.exit_code == 2 and says in res.stderr and "Traceback" not in res.stderr, res.output
+
+
+def test_models_that_cannot_be_driven_say_why_in_one_line():
+    res = runner.invoke(app, ["check", "--block", "hf:xlm", *SMALL])
+    assert res.exit_code == 2 and "parallel lists" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_a_huge_layer_is_refused_before_any_weight_exists():
+    start = time.perf_counter()
+    res = runner.invoke(app, ["check", "--block", "hf:llama", "--d-model", "32768", "--n-heads", "64", "--d-ff", "131072"])
+    assert res.exit_code == 2 and "MiB" in res.stderr
+    assert time.perf_counter() - start < 10  # counted on the meta device: no 17 G-parameter allocation
+
+
+@pytest.mark.parametrize("model_type, attention, ffn", [
+    # llama, dense: q, k, v, o of d x d; gate, up, down of d x d_ff
+    ("llama", 4 * 64 * 64, 3 * 64 * 256),
+    # mistral keeps its 4 q heads per kv head: 1 kv head of 16 at 4 heads
+    ("mistral", 2 * 64 * 64 + 2 * 64 * 16, 3 * 64 * 256),
+    # mixtral: 8 experts of 3 d x d_ff matrices and the router's d x 8; attention as mistral's
+    ("mixtral", 2 * 64 * 64 + 2 * 64 * 16, 8 * 3 * 64 * 256 + 64 * 8),
+    # falcon, multi-query: one fused d x (d + 2 d_head) projection and the d x d dense; a 2-matrix GELU FFN
+    ("falcon", 64 * (64 + 2 * 16) + 64 * 64, 2 * 64 * 256),
+    # olmo2, QK-norm over the full width: q_norm and k_norm are norms, the four projections attention
+    ("olmo2", 4 * 64 * 64, 3 * 64 * 256),
+    # deepseek_v3, multi-head latent attention: low-rank q and kv through their ranks (its first layers are dense)
+    ("deepseek_v3", "mla", 3 * 64 * 256),
+])
+def test_params_groups_equal_a_hand_count_from_the_config(model_type, attention, ffn):
+    r = tblock_cli.params(f"hf:{model_type}", d_model=64, n_heads=4, d_ff=256, threads=1)
+    if attention == "mla":
+        c = hf.build_config(model_type, build_config(d_model=64, n_heads=4, d_ff=256), {})
+        d, H, q, kv, rope = 64, c.num_attention_heads, c.q_lora_rank, c.kv_lora_rank, c.qk_rope_head_dim
+        attention = (d * q + q * H * (c.qk_nope_head_dim + rope) + d * (kv + rope) + kv * H * (c.qk_nope_head_dim + c.v_head_dim)
+                     + H * c.v_head_dim * d)
+    assert r.groups["attention"] == attention and r.groups["ffn"] == ffn and r.groups["other"] == 0
+
+
+def test_moe_float64_reference_runs_the_eager_experts():
+    r = tblock_cli.check("hf:mixtral", d_model=32, n_heads=4, d_ff=64, threads=1)
+    assert statuses(r)["dtype"] == Status.PASS and r.ok
+
+
+def test_layers_builds_the_model_once_and_is_not_called_builtin_only(monkeypatch):
+    real, built = transformers.AutoModel.from_config, []
+
+    def counted(*a, **kw):
+        if torch.get_default_device().type != "meta":
+            built.append(1)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(transformers.AutoModel, "from_config", counted)
+    r = tblock_cli.depth("hf:llama", layers=2, d_model=32, n_heads=4, d_ff=64, seq=6, threads=1)
+    assert len(r.layers) == 2 and len(built) == 1
+    assert not any("built-in" in w for w in r.run.warnings)
+
+
+def test_kv_cache_bytes_count_the_kv_heads_the_cache_holds_not_the_repeated_ones():
+    r = tblock_cli.params("hf:llama", d_model=64, n_heads=4, d_ff=128, threads=1, kwargs={"num_key_value_heads": 2})
+    assert r.to_dict()["kv_cache"]["bytes_per_token"] == 2 * 2 * 16 * 4  # keys and values, 2 kv heads of 16, float32
+
+
+@pytest.mark.parametrize("model_type", ["doge", "bloom", "gemma3_text", "bart", "gptj", "jamba"])
+def test_families_whose_masks_positions_or_mixers_are_their_own_are_clean_under_strict(model_type):
+    """doge's mask, bloom's ALiBi, gemma3's layer types, bart's positional mask, gptj's rotary_dim, jamba's mamba
+    mixer: all the model's business, so no check may warn."""
+    r = tblock_cli.check(f"hf:{model_type}", d_model=64, n_heads=4, d_ff=128, threads=1, strict=True)
+    assert r.ok and not r.run.warnings, [(c.name, c.detail) for c in r.failing] or r.run.warnings
+
+
+def test_d_ff_reaches_a_user_block_that_calls_it_intermediate_dim():
+    class TorchtuneStyle(torch.nn.Module):  # torchtune names the FFN width intermediate_dim
+        def __init__(self, embed_dim=32, num_heads=4, intermediate_dim=999):
+            super().__init__()
+            self.attn = torch.nn.MultiheadAttention(embed_dim, num_heads, batch_first=True)
+            self.ffn = torch.nn.Sequential(torch.nn.Linear(embed_dim, intermediate_dim), torch.nn.GELU(),
+                                           torch.nn.Linear(intermediate_dim, embed_dim))
+
+        def forward(self, x):
+            return x + self.attn(x, x, x, need_weights=False)[0] + self.ffn(x)
+
+    r = tblock_cli.params(TorchtuneStyle, d_model=32, n_heads=4, d_ff=64)
+    assert r.groups["ffn"] == 2 * 32 * 64 + 64 + 32

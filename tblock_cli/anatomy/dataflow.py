@@ -66,7 +66,7 @@ def trace(module: nn.Module, call, x: torch.Tensor, d_model: int) -> Dataflow:
     for name, m in module.named_modules():
         if norms.get(name) == d_model:  # a norm of the residual stream; per-head norms keep q as q
             tr.stream_norms = True
-            hooks.append(m.register_forward_hook(lambda _m, _a, o, _n=name: tr.put(o, {"@norm": 0})))
+            hooks.append(m.register_forward_hook(lambda _m, a, o: tr.norm_out(a[0] if a else None, o)))
         hooks.append(m.register_forward_pre_hook(lambda _m, _a, _n=name: tr.module_stack.append(_n)))
         hooks.append(m.register_forward_hook(lambda _m, _a, o, _n=name: tr.leave(_n, o)))
     try:
@@ -102,7 +102,9 @@ def trace(module: nn.Module, call, x: torch.Tensor, d_model: int) -> Dataflow:
     total = sum(p.numel() for p in module.parameters())
     assert sum(m.params for m in modules) == total, (sum(m.params for m in modules), total)
     tokens = x.shape[0] * x.shape[1] if x.ndim >= 2 else 1
-    normed = lambda n: "@norm" in tr.linear_in.get(n, {})  # noqa: E731
+    def normed(n: str, depth: int = 0) -> bool:  # a low-rank chain reads what its first projection reads
+        src = tr.linear_in.get(n, {})
+        return "@norm" in src or (depth < 3 and any(normed(s, depth + 1) for s in src if s in tr.linear_in and s != n))
     queries = sorted({q for c in tr.attention for q in c.q if q in tr.linear_in})
     ffn_ins = sorted(n for n, r in role.items() if r in ("ffn.in", "ffn.gate"))
     split_kv = sorted({n for c in tr.attention if c.q and all(normed(q) for q in c.q if q in tr.linear_in)

@@ -8,7 +8,7 @@ import torch.nn as nn
 
 from tblock_cli.anatomy.tracer import ACT, Tracer, qualified
 
-ATTENTION_ROLES = ("attn.q", "attn.k", "attn.v", "attn.qk", "attn.kv", "attn.qkv", "attn.out")
+ATTENTION_ROLES = ("attn.q", "attn.k", "attn.v", "attn.qk", "attn.kv", "attn.qkv", "attn.out", "attn.gate")
 FFN_ROLES = ("ffn.in", "ffn.gate", "ffn.out")
 GROUPS = ("attention", "ffn", "norm", "other")
 
@@ -47,6 +47,14 @@ def assign_roles(tr: Tracer) -> tuple[dict[str, str], list[tuple[str, str]]]:
     for n, p in tr.linear_in.items():
         if n not in role and any(k.startswith("@attn") for k in p):
             role[n] = "attn.out"
+    for n in [n for n, r in role.items() if r == "attn.out"]:  # a gate on the attention output (afmoe, qwen3_next)
+        for src in tr.linear_in.get(n, {}):
+            if src in tr.linear_in and src not in role:
+                role[src] = "attn.gate"
+    for n in [n for n, r in role.items() if r not in ("attn.out", "attn.gate")]:
+        src = list(tr.linear_in.get(n, {}))
+        if len(src) == 1 and src[0] in tr.linear_in and src[0] not in role:  # fed by one projection alone (low rank, MLA)
+            role[src[0]] = role[n]
     # FFN: a projection that consumes another (non-attention) projection's output.
     chains = []
     consumed: dict[str, list[tuple[str, int]]] = {}
@@ -66,6 +74,13 @@ def assign_roles(tr: Tracer) -> tuple[dict[str, str], list[tuple[str, str]]]:
                 role[s] = "ffn.gate" if (s in acted and len(acted) < len(preds)) else "ffn.in"
             if not f:
                 chains.append((s, out_name))
+    # A projection no other consumes, beside FFN projections in the same module (a mixture-of-experts layer's
+    # shared-expert gate, sigmoid(gate(x)) * shared_expert(x)): part of that FFN.
+    ffn_parents = {n.rpartition(".")[0] for n, r in role.items() if r.startswith("ffn")}
+    for n in tr.linear_in:
+        parent = n.rpartition(".")[0]
+        if n not in role and parent and any(p == parent or p.startswith(parent + ".") for p in ffn_parents):
+            role[n] = "ffn.gate"
     return role, chains
 
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
-import math
 from dataclasses import replace
 
 import torch
@@ -14,15 +12,13 @@ from torch.overrides import TorchFunctionMode
 from tblock_cli.anatomy.attention import (
     WEIGHT_SUM_TOL,
     AttentionCall,
-    apply_masks,
     qk_std,
     rms,
     score_stats,
-    sdpa_signature,
     self_masked,
     uniform_rows,
 )
-from tblock_cli.anatomy.mha import MHACall
+from tblock_cli.anatomy.calls import record_mha, record_sdpa
 from tblock_cli.ops import ACTIVATIONS, LINEAR, MATMULS, NORMS, SCALING, SOFTMAX
 
 # Provenance flags: an activation function acted (gelu, silu, ...), or another nonlinearity did (a
@@ -80,6 +76,15 @@ class Tracer(TorchFunctionMode):
         self.stream_norms = False
         self.split_streams: list[str] = []  # MHA calls whose query is normalised but whose key or value is not
         self.module_stack: list[str] = [""]
+        self.proj_outs: set[int] = set()  # ids of projection outputs
+
+    def norm_out(self, inp, out) -> None:
+        """A norm module's output: a new start of the residual stream, unless it normalises one projection's output
+        (olmo2's full-width q_norm) or an attention output (bitnet's attn_sub_norm): then it stays what it read."""
+        if isinstance(inp, torch.Tensor) and (id(inp) in self.proj_outs or any(k.startswith("@attn") for k in self.get(inp))):
+            self.put(out, self.union([self.get(inp)], NONLINEAR))
+        else:
+            self.put(out, {"@norm": 0})
         # capture (position probes): per call its scores (biases, masks in) and its q.k product, float64; per
         # projection whether its input rows were equal (identical tokens: False where positions entered before it).
         self.capture = False
@@ -127,7 +132,7 @@ class Tracer(TorchFunctionMode):
             return out
         if name in ("__get__", "__set__") or not any(True for _ in tensors(out)):
             return out
-        if name in LINEAR and self.follow_weight(args, out):
+        if name in LINEAR and self.follow_weight(args, out, sliced=name in ("__getitem__", "index_select")):
             return out
         try:
             self.record(func, name, args, kwargs, out)
@@ -135,10 +140,13 @@ class Tracer(TorchFunctionMode):
             pass
         return out
 
-    def follow_weight(self, args, out) -> bool:
-        """A view or cast of a weight matrix (W.t(), W.T, W.to(dtype)) is that weight: same owner."""
+    def follow_weight(self, args, out, sliced: bool = False) -> bool:
+        """A view or cast of a weight matrix (W.t(), W.T, W.to(dtype)) is that weight: same owner. So is one expert's
+        slice of a 3-D experts weight (W[e], W[expert_ids]): mixture-of-experts layers keep the experts stacked."""
         src = args[0] if args and isinstance(args[0], torch.Tensor) else None
-        if src is None or id(src) not in self.owner or not isinstance(out, torch.Tensor) or out.numel() != src.numel():
+        if src is None or id(src) not in self.owner or not isinstance(out, torch.Tensor):
+            return False
+        if out.numel() != src.numel() and not (sliced and src.ndim == 3):
             return False
         self.owner[id(out)] = self.owner[id(src)]
         self.params.add(id(out))
@@ -148,7 +156,8 @@ class Tracer(TorchFunctionMode):
     def record(self, func, name, args, kwargs, out):
         ins = [t for t in tensors((args, kwargs))]
         acts = [t for t in ins if not self.is_param(t)]
-        if func is F.linear or (name in ("addmm", "matmul", "mm", "__matmul__") and any(id(t) in self.owner for t in ins)):
+        if func is F.linear or (name in ("addmm", "matmul", "mm", "__matmul__", "bmm", "grouped_mm", "_grouped_mm")
+                                and any(id(t) in self.owner for t in ins)):
             weight = kwargs.get("weight", args[1] if func is F.linear and len(args) > 1 else None)
             if weight is None:
                 weight = next(t for t in ins if id(t) in self.owner)
@@ -161,13 +170,14 @@ class Tracer(TorchFunctionMode):
             if self.capture and isinstance(x, torch.Tensor) and x.ndim >= 2:
                 self.uniform_in[proj] = self.uniform_in.get(proj, True) and uniform_rows(x)
             self.out_shape[proj] = tuple(out.shape)
-            fan_in = weight.shape[1] if func is F.linear else weight.shape[0]
+            fan_in = weight.shape[-1] if func is F.linear else weight.shape[-2]
             self.flops[proj] = self.flops.get(proj, 0) + 2 * weight.numel() * (x.numel() // max(1, fan_in))
             self.put(out, {proj: 0})
+            self.proj_outs.add(id(out))
         elif func is F.multi_head_attention_forward:
-            self.mha(args, kwargs, out)
+            record_mha(self, args, kwargs, out)
         elif func is F.scaled_dot_product_attention:
-            self.sdpa(args, kwargs, out)
+            record_sdpa(self, args, kwargs, out)
         elif name in NORMS and func is getattr(F, name, None):
             if out.shape[-1] == self.d_model:  # a norm of the residual stream: a new start for provenance
                 self.put(out, {"@norm": 0})
@@ -222,7 +232,7 @@ class Tracer(TorchFunctionMode):
             other = b if probs[0] in self.get(a) else a
             call = self.attention[i]
             mix = 2 * other.numel() * call.q_len  # (..., S, d_v) values, each weighted for L queries
-            v_width = other.numel() // max(1, call.batch * call.k_len)
+            v_width = self.cached_width(other, other.numel() // max(1, call.batch * call.k_len))
             self.attention[i] = replace(call, v=self.sources(other), flops=call.flops + mix, kv_width=call.kv_width + v_width)
             self.put(out, {f"@attn{i}": 0})
             return
@@ -286,7 +296,7 @@ class Tracer(TorchFunctionMode):
         e = a.shape[-1] if a.ndim >= 2 else 1
         batch = x.shape[0] if x.ndim >= 3 else 1
         flops = 2 * (x.numel() // max(1, S)) * S * e
-        k_width = b.numel() // max(1, batch * S)
+        k_width = self.cached_width(b, b.numel() // max(1, batch * S))
         dim = args[1] if len(args) > 1 else kwargs.get("dim", -1)
         key_axis = dim is None or dim % x.ndim == x.ndim - 1
         self.attention.append(AttentionCall("softmax(QK^T)V", self.module_stack[-1], self.sources(a), self.sources(b), (),
@@ -295,6 +305,14 @@ class Tracer(TorchFunctionMode):
         marker = f"@probs{len(self.attention) - 1}"
         self.probs[marker] = len(self.attention) - 1
         self.put(out, {marker: 0})
+
+    def cached_width(self, t: torch.Tensor, seen: int) -> int:
+        """Elements per token a cache keeps for keys (or values) t: the width of the one projection they come from
+        when that is smaller than what reaches the product (grouped-query heads repeated by repeat_kv; a fused qkv
+        projection is wider and keeps `seen`)."""
+        src = self.sources(t)
+        shape = self.out_shape.get(src[0]) if len(src) == 1 else None
+        return min(seen, shape[-1]) if shape else seen
 
     def track_scalar(self, name: str, args, out) -> None:
         """x * c or x / c with a number c: remember the factor, so a q scaled before the product counts as scaled."""
@@ -316,85 +334,3 @@ class Tracer(TorchFunctionMode):
         folded = abs(self.scalar.get(id(q), 1.0) * self.scalar.get(id(k), 1.0))
         note = "the q and k that reach the product" + (f" (a factor {folded:.4g} folded into them)" if folded != 1.0 else "")
         return logit_std * folded / (rq * rk), note
-
-    def sdpa(self, args, kwargs, out):
-        sig = inspect.signature(sdpa_signature)
-        bound = sig.bind(*args, **kwargs)
-        bound.apply_defaults()
-        a = bound.arguments
-        q, k, v = a["query"], a["key"], a["value"]
-        E = q.shape[-1]
-        scale = a["scale"] if a["scale"] is not None else 1 / math.sqrt(E)
-        if k.ndim == 4 and q.ndim == 4 and k.shape[1] != q.shape[1] and q.shape[1] % k.shape[1] == 0:
-            k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
-        product = (q.detach().double() @ k.detach().double().transpose(-2, -1)) * scale
-        logits = apply_masks(product, a["attn_mask"], a["is_causal"])
-        std, ent, mp = score_stats(logits)
-        ratio, note, _ = self.qk_ratio(logits, product, q, k)
-        self.keep_scores(logits, product)
-        note += "; scale " + (f"{a['scale']:.4g} passed" if a["scale"] is not None else "1/sqrt(E) by default")
-        L, S = q.shape[-2], k.shape[-2]
-        heads = q.shape[1] if q.ndim == 4 else 1
-        batch = q.shape[0] if q.ndim >= 3 else 1
-        flops = 2 * (q.numel() // E) * S * E + 2 * (q.numel() // E) * S * v.shape[-1]
-        self.attention.append(AttentionCall("scaled_dot_product_attention", self.module_stack[-1], self.sources(a["query"]),
-                                            self.sources(a["key"]), self.sources(v), heads, E, batch, L, S, std, ent, mp,
-                                            ratio, note, flops, (a["key"].numel() + v.numel()) // max(1, batch * S), True,
-                                            self_masked(logits)))
-        self.put(out, {f"@attn{len(self.attention) - 1}": 0})
-
-    def mha(self, args, kwargs, out):
-        call = MHACall.of(args, kwargs)
-        a = call.args
-        query, key = a["query"], a["key"]
-        H, E = call.heads, call.embed_dim
-        dh = E // H
-        w = a["in_proj_weight"]
-        owner = self.owner.get(id(w if w is not None else a["q_proj_weight"]), "")
-        mha_name = owner.rsplit(".", 1)[0] if "." in owner else ""
-        wq, wk, wv = call.weights()
-        bq, bk, _ = call.biases()
-        batched = call.batched
-        qq = query if batched else query[:, None]
-        kk = key if batched else key[:, None]
-        L, B, S = qq.shape[0], qq.shape[1], kk.shape[0]
-        q = F.linear(qq.detach().double(), wq.detach().double(), None if bq is None else bq.detach().double())
-        k = F.linear(kk.detach().double(), wk.detach().double(), None if bk is None else bk.detach().double())
-        q = q.reshape(L, B * H, dh).transpose(0, 1)
-        k = k.reshape(S, B * H, dh).transpose(0, 1)
-        logits = (q @ k.transpose(1, 2) / math.sqrt(dh)).reshape(B, H, L, S)
-        blocked = call.blocked(B, L, S, logits.device)  # float masks count as masks where below MASKED_LOGIT, not as biases
-        if blocked is not None:
-            logits = logits.masked_fill(blocked, float("-inf"))
-        std, ent, mp = score_stats(logits)
-        self.keep_scores(logits, logits)
-        if self.capture:
-            for n, t in ((owner or "in_proj", query), (owner or "in_proj", key)):
-                self.uniform_in[n] = self.uniform_in.get(n, True) and uniform_rows(t)
-        rq, rk = rms(q), rms(k)
-        ratio = std / (rq * rk) if rq and rk else None
-        flops = 4 * B * H * L * S * dh
-        roles = (owner,) if owner else ()
-        sep = a["use_separate_proj_weight"]
-        qn = (self.owner.get(id(a["q_proj_weight"]), ""),) if sep else roles
-        kn = (self.owner.get(id(a["k_proj_weight"]), ""),) if sep else roles
-        vn = (self.owner.get(id(a["v_proj_weight"]), ""),) if sep else roles
-        self.attention.append(AttentionCall("nn.MultiheadAttention", mha_name, qn, kn, vn, H, dh, B, L, S, std, ent, mp, ratio,
-                                            "scale 1/sqrt(d_head), built into nn.MultiheadAttention", flops, 2 * E, True,
-                                            self_masked(logits)))
-        in_flops = 2 * (L * B) * (wq.numel()) + 2 * (S * B) * (wk.numel() + wv.numel())
-        for n in set(qn + kn + vn):
-            self.flops[n] = self.flops.get(n, 0) + in_flops // max(1, len(set(qn + kn + vn)))
-            self.out_shape[n] = (B, L, E) if batched else (L, E)
-        out_w = a["out_proj_weight"]
-        out_name = self.owner.get(id(out_w), f"{mha_name}.out_proj")
-        self.flops[out_name] = self.flops.get(out_name, 0) + 2 * L * B * out_w.numel()
-        self.out_shape[out_name] = (B, L, E) if batched else (L, E)
-        self.mha_out.add(out_name)
-        self.linear_in[out_name] = {f"@attn{len(self.attention) - 1}": 0}
-        if owner:  # the in-projection reads the query (and key, value) stream
-            self.linear_in.setdefault(owner, self.union(self.get(t) for t in (query, key, a["value"])))
-        if "@norm" in self.get(query) and not all("@norm" in self.get(t) for t in (key, a["value"])):
-            self.split_streams.append(mha_name or "(root)")
-        self.put(out, {out_name: 0})
-

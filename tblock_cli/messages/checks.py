@@ -74,6 +74,9 @@ def _ffn_share(f: dict) -> str:
 MESSAGES = {
     **{f"needs.{need}": reason for need, reason in NEED_REASON.items()},
     "error.raised": "{error}",
+    # a family's rule broken on purpose (hf:TYPE): the reason its loader knows
+    "by_design": "{reason}",
+    "by_design.skip": "{reason}",
     # shape
     "shape.kept": "output keeps the input's shape (B, T, d) and dtype",
     "shape.changed": lambda f: f"input {shape(f['input'])} came out as {shape(f['output'])}",

@@ -1,0 +1,140 @@
+"""What tblock knows about particular families: config fields tied to the layer count or the head size, layers that
+are not one module each, and rules a family breaks on purpose (the checks read `by_design`)."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import torch.nn as nn
+
+from tblock_cli.config import BlockConfig
+from tblock_cli.errors import LoadError
+
+# Families whose attention scores are unscaled by design (their init folds 1/sqrt(d_head) into q).
+UNSCALED = {t: f"unscaled by design of {t}: its init folds 1/sqrt(d_head) into the query weights"
+            for t in ("t5", "mt5", "umt5", "longt5", "switch_transformers", "pop2piano", "udop", "pix2struct")}
+UNSCALED["gpt_neo"] = "unscaled by design of gpt_neo: it computes q.k with no 1/sqrt(d_head) (as trained)"
+# ALiBi families: bloom scales q.k inside baddbmm(alibi, q, k^T, alpha=1/sqrt(d_head)), where the trace does not see
+# the factor; both add per-head linear biases whose spread, not a missing scale, sets the logit std.
+UNSCALED["bloom"] = "scaled by design of bloom inside baddbmm(alibi, q, k^T, alpha=1/sqrt(d_head)), plus ALiBi biases"
+UNSCALED["mpt"] = "by design of mpt: ALiBi biases added to the scaled scores set their spread"
+UNSCALED["funnel"] = ("by design of funnel: relative-position and token-type scores added to the scaled content "
+                      "scores set their spread at init")
+# Granite and its MoE variants scale scores by attention_multiplier = 1/d_head (muP); their checkpoints set it
+# (granite-3.0-8b: 0.0078125 at d_head 128); AutoConfig's default 1.0 would leave the scores unscaled.
+MUP = ("granite", "granitemoe", "granitemoeshared", "granitemoehybrid")
+# MiniMax adds its residual after the input norm (hidden = LN(x); x = alpha * hidden + beta * attn(hidden)).
+AFTER_NORM = {"minimax": "by design of minimax: its residual is taken after the input norm, scaled by the "
+                         "layernorm_*_alpha factors"}
+# Norms on each sublayer's output before the residual add: the stream itself is never normalised.
+SUBLAYER_NORMED = {t: f"by design of {t}: its norms sit on each sublayer's output before the residual add; the "
+                      f"residual stream itself is not normalised" for t in ("olmo2", "olmo3", "exaone4")}
+# Layers that mix tokens without softmax attention: state-space and linear-attention mixers.
+MIXER = re.compile(r"mamba|ssm|mixer|deltanet|linearattention|lightning|rwkv|retention|hyena", re.I)
+# Families whose layers cannot be driven one module at a time, and why.
+REFUSED = {
+    "xlm": "xlm keeps its layers as parallel lists (attentions, ffns, norms), not one module per layer",
+    "flaubert": "flaubert keeps its layers as parallel lists (attentions, ffns, norms), not one module per layer",
+    **{t: f"{t} pads the sequence to a multiple of its attention window before its layers run"
+       for t in ("led", "longformer")},
+    **{t: f"{t} merges patches between stages: its layers take a 2-D grid and change the sequence length"
+       for t in ("swin", "swinv2", "donut-swin", "maskformer-swin")},
+}
+
+
+def family_overrides(model_type: str, config, cfg: BlockConfig, extra: dict) -> dict:
+    """Config fields whose right value depends on the layer count or head size in a family-specific way."""
+    if model_type in REFUSED:
+        raise LoadError(f"--block hf:{model_type}: not driven: {REFUSED[model_type]}")
+    out = {}
+    if model_type == "gpt_neo" and "attention_types" not in extra:  # its alternation, cut to the layer count
+        out["attention_layers"] = [["global", "local"][i % 2] for i in range(cfg.layers)]
+        out["attention_types"] = [[[t], 1] for t in config.attention_layers[: cfg.layers]] if cfg.layers <= len(
+            config.attention_layers) else [[["global", "local"], (cfg.layers + 1) // 2]]
+        if cfg.layers % 2 and cfg.layers > len(config.attention_layers):
+            raise LoadError(f"--block hf:gpt_neo: --layers {cfg.layers} must be even beyond {len(config.attention_layers)}")
+    if model_type == "deepseek_v2" and config.num_experts_per_tok is None and "num_experts_per_tok" not in extra:
+        out["num_experts_per_tok"] = 6  # AutoConfig leaves it None, which the router cannot take; DeepSeek-V2's value
+    if model_type == "mamba2" and "head_dim" not in extra:  # its heads split the expanded width, not d_model
+        out["head_dim"] = config.expand * cfg.d_model // cfg.n_heads
+        if "n_groups" not in extra:  # groups of heads sharing B and C must divide the heads
+            out["n_groups"] = math.gcd(config.n_groups, cfg.n_heads)
+    if model_type == "funnel" and "block_sizes" not in extra:  # one block: no pooling between blocks
+        out.update(block_sizes=[cfg.layers], block_repeats=[1], num_decoder_layers=0)  # its upsampling decoder: not run
+    if model_type in MUP and "attention_multiplier" not in extra:
+        out["attention_multiplier"] = 1.0 / cfg.head_dim
+    n0 = next((getattr(config, n) for n in ("num_hidden_layers", "num_layers", "n_layer") if isinstance(getattr(config, n, None), int)), 0)
+    for name, pattern in config.to_dict().items():
+        if name.endswith("layer_types") and isinstance(pattern, list) and pattern and name not in extra or (
+                isinstance(pattern, list) and n0 > 1 and len(pattern) == n0 and name not in extra and name not in out):
+            # per-layer lists (sliding / full, attention / mamba, dense / MoE): the checkpoint's pattern, cut or
+            # repeated to the layer count
+            out[name] = [pattern[i % len(pattern)] for i in range(cfg.layers)]
+    return out
+
+
+def by_design(model_type: str, layers: nn.Module) -> dict[str, str]:
+    """Rules of tblock's checks this family breaks on purpose, with the reason: rule -> sentence."""
+    rules = {}
+    if model_type in UNSCALED:
+        rules["attention.unscaled"] = UNSCALED[model_type]
+    if model_type in MUP:
+        rules["attention.overscaled"] = (f"by design of {model_type}: scores scaled by attention_multiplier = 1/d_head "
+                                         f"(muP), as its checkpoints set it")
+    if model_type in AFTER_NORM:
+        rules["residual.after_norm"] = AFTER_NORM[model_type]
+    if model_type in SUBLAYER_NORMED:
+        rules["norm_placement.ffn_unnormed"] = rules["norm_placement.attention_unnormed"] = SUBLAYER_NORMED[model_type]
+    if model_type == "modernbert":
+        rules["norm_placement.attention_unnormed"] = ("by design of modernbert: its first layer has no attention norm; the "
+                                            "embeddings' final norm precedes it")
+    mixers = sorted({type(m).__name__ for m in layers.modules() if MIXER.search(type(m).__name__)})
+    if mixers:
+        names = ", ".join(mixers[:3])
+        rules["attention.no_softmax"] = f"by design of {model_type}: {names} mix tokens without softmax (state-space or linear attention)"
+        rules["norm_placement.ffn_unnormed"] = (f"by design of {model_type}: the projections read as an FFN before any norm are inside "
+                                      f"{names}, which reads the normalised stream through its input projection")
+        rules["ffn_share.other"] = f"sit in {names} (by design of {model_type}: neither attention nor FFN)"
+        rules["kv_cache.skip"] = (f"{model_type} mixes tokens with {names}: a recurrent state that generate advances one "
+                                  f"token at a time, not a key/value cache; cached decoding not compared")
+    if model_type == "phimoe":
+        rules["train_eval.skip"] = ("phimoe's router (sparsemixer) takes another path in training by design "
+                                    "(training=self.training): train and eval are different functions")
+    if model_type == "funnel":
+        rules["ffn_share.other"] = ("sit in funnel's relative-position and token-type attention parameters (r_kernel, "
+                                    "r_*_bias, seg_embed), by design")
+    if model_type == "convbert":
+        why = "convbert's span-based convolution reads neighbouring positions"
+        rules["padding.skip"] = f"{why}, padded ones included (its model does not mask them): padding reaches real outputs by design"
+        rules["order.skip"] = f"{why}: token order matters by design"
+        rules["ffn_share.other"] = "sit in convbert's span-based convolution (neither attention nor FFN), by design"
+    if model_type == "nystromformer":
+        why = "nystromformer's landmarks are means of consecutive segments of every position"
+        rules["padding.skip"] = f"{why}, padded ones included: padding reaches real outputs by design"
+        rules["order.skip"] = f"{why}: token order matters by design"
+    if model_type == "xglm":
+        rules["dtype.skip"] = ("xglm cannot run in float64: its attention fills a mask with torch.full((), "
+                               "finfo(float64).min), which overflows when cast (a transformers bug)")
+    return rules
+
+
+def find_layers(model_type: str, stack: nn.Module, n: int) -> tuple[str, nn.ModuleList]:
+    """The list of n layer modules inside stack: one module per layer, named like layers (xlm's first list of
+    length n is its attentions)."""
+    found = []
+    for name, m in stack.named_modules():
+        if not isinstance(m, nn.ModuleList) or len(m) != n or not len(m):
+            continue
+        kinds = {type(x).__name__ for x in m}
+        if len(kinds) > 2 or any(isinstance(x, nn.ModuleList) for x in m):
+            continue
+        kind = next(iter(kinds)).lower()
+        if re.search(r"attention|norm|mlp|ffn|feedforward|embedding|linear", kind) and not re.search(r"layer|block", kind):
+            continue
+        named = bool(re.search(r"(^|\.)(layers?|h|blocks?|layer_list)$", name))
+        found.append((not named, name.count("."), name, m))
+    if not found:
+        raise LoadError(f"--block hf:{model_type}: found no list of {n} layer modules in {type(stack).__name__}")
+    _, _, name, m = min(found, key=lambda f: f[:3])
+    return name, m
