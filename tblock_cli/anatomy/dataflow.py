@@ -66,7 +66,7 @@ def trace(module: nn.Module, call, x: torch.Tensor, d_model: int) -> Dataflow:
     for name, m in module.named_modules():
         if norms.get(name) == d_model:  # a norm of the residual stream; per-head norms keep q as q
             tr.stream_norms = True
-            hooks.append(m.register_forward_hook(lambda _m, a, o: tr.norm_out(a[0] if a else None, o)))
+            hooks.append(m.register_forward_hook(lambda _m, a, o: tr.norm_out(a, o)))
         hooks.append(m.register_forward_pre_hook(lambda _m, _a, _n=name: tr.module_stack.append(_n)))
         hooks.append(m.register_forward_hook(lambda _m, _a, o, _n=name: tr.leave(_n, o)))
     try:

@@ -77,14 +77,6 @@ class Tracer(TorchFunctionMode):
         self.split_streams: list[str] = []  # MHA calls whose query is normalised but whose key or value is not
         self.module_stack: list[str] = [""]
         self.proj_outs: set[int] = set()  # ids of projection outputs
-
-    def norm_out(self, inp, out) -> None:
-        """A norm module's output: a new start of the residual stream, unless it normalises one projection's output
-        (olmo2's full-width q_norm) or an attention output (bitnet's attn_sub_norm): then it stays what it read."""
-        if isinstance(inp, torch.Tensor) and (id(inp) in self.proj_outs or any(k.startswith("@attn") for k in self.get(inp))):
-            self.put(out, self.union([self.get(inp)], NONLINEAR))
-        else:
-            self.put(out, {"@norm": 0})
         # capture (position probes): per call its scores (biases, masks in) and its q.k product, float64; per
         # projection whether its input rows were equal (identical tokens: False where positions entered before it).
         self.capture = False
@@ -92,6 +84,16 @@ class Tracer(TorchFunctionMode):
         self.uniform_in: dict[str, bool] = {}
         self.products: dict[int, tuple[str, str]] = {}  # id(a * b) of two projections' outputs -> their names
         self.act_after_product: list[tuple[str, ...]] = []  # projections multiplied together before an activation
+
+    def norm_out(self, args: tuple, out) -> None:
+        """A norm module's output: a new start of the residual stream, unless it normalises one projection's output
+        (olmo2's full-width q_norm) or an attention output (bitnet's attn_sub_norm): then it stays what it read. A norm
+        called with the residual too (Gemma's norm fused with the add: norm(a, x)) normalises the stream."""
+        inp = args[0] if len([a for a in args if isinstance(a, torch.Tensor)]) == 1 else None
+        if isinstance(inp, torch.Tensor) and (id(inp) in self.proj_outs or any(k.startswith("@attn") for k in self.get(inp))):
+            self.put(out, self.union([self.get(inp)], NONLINEAR))
+        else:
+            self.put(out, {"@norm": 0})
 
     def leave(self, name: str, out) -> None:
         if len(self.module_stack) > 1:

@@ -30,6 +30,10 @@ def check_names(ctx: Context) -> Outcome:
         promised = NAME_ROLES.get(m.name.rsplit(".", 1)[-1].lower())
         if promised is None or not m.role.startswith(JUDGED):
             continue
+        if m.role.split(".")[0] != promised[0].split(".")[0]:
+            # a name of the other sublayer (mamba's out_proj read as an FFN output): the block is not the attention +
+            # FFN the names come from, so they promise nothing here; swaps happen inside one sublayer
+            continue
         if promised[0].startswith("ffn.") and not gated:
             continue  # gate/up/down promise roles only a gated FFN has; an ungated one is judged by its chain alone
         named.append(m.name)
