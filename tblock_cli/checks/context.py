@@ -28,7 +28,7 @@ class Context:
     dtype: torch.dtype
     gen: torch.Generator = field(init=False)
     unmet: dict = field(default_factory=dict)  # need -> the check that left it unmet, filled as the battery runs
-    backward: tuple | None = None  # (x.grad, {name: grad}) of one train-mode backward, once computed
+    backward: tuple | None = None  # (x.grad, {name: grad_state}) of one train-mode backward, once computed
     causal_itself: bool | None = None  # outputs ignore later positions without --causal, once computed
     _dataflow: object = None
 
