@@ -163,16 +163,21 @@ def hf_block(spec: str, cfg: BlockConfig, options: dict, extra: dict) -> tuple[n
     return module, spec, cfg
 
 
-def check(block=None, *, strict: bool = False, progress: Callable[[str], None] | None = None, **options):
-    """Run the check battery. `block`: an nn.Module, a factory, a SPEC string, or None (built-in)."""
+def check(block=None, *, strict: bool = False, progress: Callable[[str, str | None], None] | None = None,
+          only=None, skip=None, fast: bool = False, **options):
+    """Run the check battery. `block`: an nn.Module, a factory, a SPEC string, or None (built-in).
+    only / skip: check names (a list or a comma-separated string); fast: leave out the slow checks.
+    progress(check, detail) hears each check as it starts (detail None) and the long checks' probes."""
     from tblock_cli.checks import run_checks
+    from tblock_cli.checks.battery import select
 
+    chosen = select(only, skip, fast)  # a misspelt name is refused before the block is built
     s = setup(block, options, same_shape=False)
     with threads(s.cfg.threads):
         runtime.ensure_fits(runtime.check_estimate(s.cfg), s.device, "check")
         subject = s.make()
         return run_checks(subject, s.cfg, s.device, s.dtype, strict=strict, progress=progress,
-                          run=s.run(subject, strict=strict))
+                          run=s.run(subject, strict=strict), only=chosen)
 
 
 def params(block=None, *, tree_depth: int | None = None, **options):

@@ -143,16 +143,25 @@ def check(
     batch: Batch = None, seq: Seq = None, dtype: Dtype = None, device: Device = None, seed: Seed = None,
     threads: Threads = None, block: BlockSpec = None, kwargs: Kwargs = None,
     strict: Annotated[bool, typer.Option("--strict", help="Treat warnings as failures.")] = False,
+    only: Annotated[Optional[str], typer.Option("--only", help="Run only these checks (comma-separated names).", show_default=False)] = None,
+    skip: Annotated[Optional[str], typer.Option("--skip", help="Leave out these checks (comma-separated names).", show_default=False)] = None,
+    fast: Annotated[bool, typer.Option("--fast", help="Leave out the slow checks (kv_cache, dtype): for CI loops on big layers.")] = False,
     json_: Json = False,
 ):
     """Run the diagnostic battery on a block. Exit 0 when nothing fails, 1 when a check fails or errors, 2 on bad input."""
     options = _options(locals())
+    selection = {"only": only, "skip": skip, "fast": fast}
 
     def compute():
         from tblock_cli import api
 
+        if json_ or not err.is_terminal:  # a progress line only for a person watching a terminal
+            return api.check(block, strict=strict, **selection, **options)
         with err.status("checking", spinner="dots") as status:
-            return api.check(block, strict=strict, progress=lambda name: status.update(f"check: {name}"), **options)
+            def progress(name: str, detail: str | None = None):
+                status.update(f"check: {name}" + (f" ({detail})" if detail else ""))
+
+            return api.check(block, strict=strict, progress=progress, **selection, **options)
 
     def show(report):
         from tblock_cli import render

@@ -171,10 +171,12 @@ def build(model_type: str, cfg: BlockConfig, extra: dict) -> HFLayers:
     import_transformers()
     from transformers import AutoModel
 
+    from tblock_cli.hfinit import from_config_once
+
     config = build_config(model_type, cfg, extra)
     torch.manual_seed(cfg.seed)
     try:
-        base = AutoModel.from_config(config)
+        base = from_config_once(AutoModel, config)
     except Exception as e:  # noqa: BLE001 - a size the model rejects: say which
         raise LoadError(f"--block hf:{model_type}: building the model failed: {one_line(e)}") from None
     return HFLayers.of_model(model_type, config, base)

@@ -69,10 +69,12 @@ def check_kv_cache(ctx: Context) -> Outcome:
     full = eval_forward(ctx, x)
     splits = {"prefill + one token at a time": [T // 2] + [1] * (T - T // 2),
               "chunks of 3": [3] * (T // 3) + ([T % 3] if T % 3 else [])}
-    worst, cache = 0.0, None
+    worst, cache, first = 0.0, None, None
     with train_mode(module, False), torch.no_grad():
         for label, sizes in splits.items():
+            ctx.step(f"decoding {label}")
             got, cache = kvcache.decode_chunks(module, x.clone(), sizes)
+            first = got if first is None else first
             if got.shape != full.shape:
                 return failed("kv_cache.shape", list(got.shape), split=label, got=list(got.shape), expected=list(full.shape))
             per_pos = [rel_diff(got[:, t], full[:, t]) for t in range(T)]
@@ -83,19 +85,23 @@ def check_kv_cache(ctx: Context) -> Outcome:
             if graphs:
                 return failed("kv_cache.graph", len(graphs), split=label, tensors=len(graphs))
             worst = max(worst, max(per_pos))
-        # Two sequences decoded step by step, interleaved, each with its own cache, equal each decoded alone.
+        # Two sequences decoded in turns (prefills, then a token of each), each with its own cache, equal each
+        # decoded alone in the same chunks (x's alone run is the first split's). The first split's chunks, not
+        # one token at a time: each step reads every weight, and at a 7B-size layer 27 steps instead of 64 save
+        # ~3 s, while a shared cache still shows from the first step after both prefills.
         xb = ctx.x(seq=T)
-        ones = [1] * T
-        alone_a, _ = kvcache.decode_chunks(module, x.clone(), ones)
-        alone_b, _ = kvcache.decode_chunks(module, xb.clone(), ones)
+        sizes = next(iter(splits.values()))
+        ctx.step("two sequences in turns")
+        alone_b, _ = kvcache.decode_chunks(module, xb.clone(), sizes)
         ca = cb = None
-        mixed_a, mixed_b = [], []
-        for t in range(T):
-            ya, ca = kvcache.decode_step(module, x[:, t : t + 1].clone(), ca)
-            yb, cb = kvcache.decode_step(module, xb[:, t : t + 1].clone(), cb)
+        mixed_a, mixed_b, t = [], [], 0
+        for n in sizes:
+            ya, ca = kvcache.decode_step(module, x[:, t : t + n].clone(), ca)
+            yb, cb = kvcache.decode_step(module, xb[:, t : t + n].clone(), cb)
             mixed_a.append(ya)
             mixed_b.append(yb)
-        shared = max(rel_diff(torch.cat(mixed_a, 1), alone_a), rel_diff(torch.cat(mixed_b, 1), alone_b))
+            t += n
+        shared = max(rel_diff(torch.cat(mixed_a, 1), first), rel_diff(torch.cat(mixed_b, 1), alone_b))
         if shared > ctx.tol:
             return failed("kv_cache.shared", shared, diff=shared)
     return passed("kv_cache.equal", worst, worst=worst, bytes=kvcache.cache_bytes(cache), positions=T)

@@ -12,7 +12,7 @@ from tblock_cli.checks import attention, forward, gradients, mixing, structure
 from tblock_cli.checks.context import Context
 from tblock_cli.checks.result import CheckReport, CheckResult, Outcome
 from tblock_cli.config import BlockConfig
-from tblock_cli.errors import is_out_of_memory, one_line
+from tblock_cli.errors import ConfigError, is_out_of_memory, one_line
 from tblock_cli.loading import Subject
 from tblock_cli.report import RunInfo, Status
 
@@ -32,6 +32,7 @@ class Check:
     needs: tuple[str, ...] = ()
     establishes: str | None = None  # left unmet when the check fails or errors (or says so in its outcome)
     catches: str = ""
+    slow: bool = False  # left out by --fast: its cost is many forwards of the block (see docs/performance.md)
 
 
 REGISTRY: tuple[Check, ...] = (
@@ -48,10 +49,10 @@ REGISTRY: tuple[Check, ...] = (
     Check("order", mixing.check_order, COMPARES + GRADS, None, "without `--causal`: permuted tokens in must give the same outputs permuted out; a failure is a **warning** (heads merged without transposing back, a roll or shift)"),
     Check("train_eval", structure.check_train_eval, COMPARES, None, "with every dropout zeroed, a train-mode forward that differs from the eval forward (an eval-only path)"),
     Check("attention", attention.check_attention, ("finite",), None, "per attention call: logit std, entropy relative to uniform, mean max probability; fails on a softmax over the query axis; **warns** when the scores look unscaled or scaled more than 1/sqrt(d_head), when no token attends to itself (a masked diagonal), and when a q.k product weights the values with no softmax (a softmax written out by hand, rows non-negative and summing to 1, counts as one)"),
-    Check("kv_cache", attention.check_kv_cache, COMPARES, None, "with `--causal` and a `decode` method: cached decoding that differs from the full forward; a graph growing across steps; caches that share state ([decoding.md](decoding.md))"),
+    Check("kv_cache", attention.check_kv_cache, COMPARES, None, "with `--causal` and a `decode` method: cached decoding that differs from the full forward; a graph growing across steps; caches that share state ([decoding.md](decoding.md))", slow=True),
     Check("norm_placement", structure.check_norm_placement, ("finite",), None, "in a block with norms of its residual stream: an FFN that reads the stream with no norm before it, attention that does while no norm follows the add (a missing norm, or Pre- and Post-LN mixed in one block), keys/values that skip the norm the queries get: **warnings**"),
     Check("need_weights", forward.check_need_weights, (), None, "`nn.MultiheadAttention` called with `need_weights=True` (its weights computed and dropped): a **warning** with the bytes"),
-    Check("dtype", forward.check_dtype, COMPARES, None, "the run's dtype differs from a float64 copy beyond its tolerance (relative RMS 2e-6, 5e-3, 4e-2)"),
+    Check("dtype", forward.check_dtype, COMPARES, None, "the run's dtype differs from a float64 copy beyond its tolerance (relative RMS 2e-6, 5e-3, 4e-2)", slow=True),
     Check("ffn_share", structure.check_ffn_share, (), None, "the FFN's share from dataflow roles against what its matrices predict; **warns** on a linear FFN (two projections with no nonlinearity) and on parameters outside attention, FFN and norms (> 1 %)"),
     Check("reference", structure.check_reference, ("shape", "deterministic"), None, "the built-in block against `nn.TransformerEncoderLayer` with copied weights (1e-5, float32)"),
 )
@@ -65,17 +66,45 @@ def docs_table() -> str:
     return "\n".join(rows)
 
 
+def check_names(names, flag: str) -> tuple[str, ...]:
+    """Check names from a comma-separated string or an iterable, each one in the registry (else a ConfigError
+    naming the close matches)."""
+    import difflib
+
+    if isinstance(names, str):
+        names = names.split(",")
+    names = tuple(n.strip() for n in names if n.strip())
+    for n in names:
+        if n not in CHECK_NAMES:
+            close = difflib.get_close_matches(n, CHECK_NAMES, n=3, cutoff=0.5)
+            hint = f"did you mean {', '.join(close)}? " if close else ""
+            raise ConfigError(f"{flag}: no check named {n!r}; {hint}checks: {', '.join(CHECK_NAMES)}")
+    return names
+
+
+def select(only=None, skip=None, fast: bool = False) -> tuple[str, ...] | None:
+    """The checks to run: --only NAMES, minus --skip NAMES, minus the slow ones under --fast (None: all)."""
+    if only is None and skip is None and not fast:
+        return None
+    chosen = check_names(only, "--only") if only is not None else CHECK_NAMES
+    dropped = set(check_names(skip, "--skip") if skip is not None else ()) | ({c.name for c in REGISTRY if c.slow} if fast else set())
+    return tuple(n for n in chosen if n not in dropped)
+
+
 def run_checks(subject: Subject, cfg: BlockConfig, device: torch.device, dtype: torch.dtype, *,
-               strict: bool = False, progress: Callable[[str], None] | None = None, run: RunInfo | None = None,
+               strict: bool = False, progress: Callable[[str, str | None], None] | None = None, run: RunInfo | None = None,
                only: tuple[str, ...] | None = None) -> CheckReport:
-    """Run the battery; a check that raises becomes `error` and the rest still run; unmet needs skip."""
-    ctx = Context(subject, cfg, device, dtype)
+    """Run the battery; a check that raises becomes `error` and the rest still run; unmet needs skip.
+    progress(check, detail) hears each check as it starts (detail None) and the long ones' probes."""
+    ctx = Context(subject, cfg, device, dtype, progress=progress)
     results = []
+    battery_started = time.perf_counter()
     for check in REGISTRY:
         if only is not None and check.name not in only:
             continue
+        ctx.current = check.name
         if progress:
-            progress(check.name)
+            progress(check.name, None)
         unmet = next((n for n in check.needs if n in ctx.unmet), None)
         if unmet:
             results.append(CheckResult(check.name, Status.SKIP, None, f"needs.{unmet}", {"check": ctx.unmet[unmet]}))
@@ -93,4 +122,4 @@ def run_checks(subject: Subject, cfg: BlockConfig, device: torch.device, dtype: 
                 ctx.unmet[check.establishes] = check.name
         results.append(CheckResult(check.name, outcome.status, outcome.value, outcome.kind, outcome.facts,
                                    round(time.perf_counter() - started, 4)))
-    return CheckReport(tuple(results), strict, run)
+    return CheckReport(tuple(results), strict, run, round(time.perf_counter() - battery_started, 4))

@@ -31,6 +31,13 @@ class Context:
     backward: tuple | None = None  # (x.grad, {name: grad_state}) of one train-mode backward, once computed
     causal_itself: bool | None = None  # outputs ignore later positions without --causal, once computed
     _dataflow: object = None
+    progress: Callable[[str, str | None], None] | None = None  # hears (check, probe) on long checks
+    current: str = ""  # the check running now, for progress
+
+    def step(self, detail: str) -> None:
+        """Say which probe of the running check starts (a progress line on big layers)."""
+        if self.progress is not None:
+            self.progress(self.current, detail)
 
     def __post_init__(self):
         self.gen = torch.Generator().manual_seed(self.cfg.seed)

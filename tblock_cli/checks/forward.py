@@ -48,6 +48,7 @@ def check_finite(ctx: Context) -> Outcome:
     }
     bad, norms = [], []
     for label, x in inputs.items():
+        ctx.step(f"{label} input")
         out = eval_forward(ctx, x)
         if not torch.isfinite(out).all():
             bad.append({"input": label, "got": nonfinite_kind(out)})
@@ -141,6 +142,7 @@ def check_dtype(ctx: Context) -> Outcome:
     ref_device = ctx.device if ctx.device.type != "mps" else torch.device("cpu")  # MPS has no float64
     x = ctx.x()
     out = eval_forward(ctx, x)
+    ctx.step("float64 forward")
     ref = float64_reference(ctx, x, ref_device)
     name = dtype_name(ctx.dtype)
     if not torch.isfinite(out).all():

@@ -9,7 +9,7 @@ import torch.nn as nn
 
 from tblock_cli.checks.context import Context, eval_forward, nonfinite_kind
 from tblock_cli.checks.result import Outcome, failed, passed
-from tblock_cli.probes import f64, rel_diff, residual_gain, train_mode
+from tblock_cli.probes import f64, rel_diff, residual_gain, residual_probes, train_mode
 from tblock_cli.report import Status
 
 # tr(J)/n of input -> output. An identity residual contributes exactly 1; the branches' own
@@ -36,6 +36,7 @@ def train_backward(ctx: Context) -> tuple[torch.Tensor | None, dict[str, str]]:
     the input's gradient and each parameter's grad_state (the gradients themselves are freed: at a 7B-size
     layer they are another copy of the weights)."""
     if ctx.backward is None:
+        ctx.step("training backward")
         module = ctx.subject.module
         x = ctx.x().requires_grad_(True)
         saved = {n: p.grad for n, p in module.named_parameters()}
@@ -101,8 +102,12 @@ def check_residual(ctx: Context) -> Outcome:
         layers = list(getattr(module, "layers", [])) if ctx.subject.builtin else []
         if layers:
             inputs = layer_inputs(layers, lambda: eval_forward(ctx, x))
-            gains = [residual_gain(layer, inp, ctx.gen) for layer, inp in zip(layers, inputs)]
+            gains = []
+            for i, (layer, inp) in enumerate(zip(layers, inputs)):
+                ctx.step(f"Jacobian probes, layer {i + 1}/{len(layers)}")
+                gains.append(residual_gain(layer, inp, ctx.gen))
         else:
+            ctx.step(f"{residual_probes(x.numel())} Jacobian probes")
             gains = [residual_gain(ctx.subject, x, ctx.gen)]
     worst = min(range(len(gains)), key=gains.__getitem__)
     layer = lambda i: i if len(gains) > 1 else None  # noqa: E731 - a layer index only for a stack
