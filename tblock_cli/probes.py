@@ -125,3 +125,23 @@ def float64_streamed(module: nn.Module, device: torch.device):
             h.remove()
         for m, k, t in originals.values():
             (m._parameters if k in m._parameters else m._buffers)[k] = t
+
+
+@contextmanager
+def plain_bool_checks():
+    """torch._check_with short-circuited for a plain True: torch imports sympy (through
+    torch.fx.experimental.symbolic_shapes, ~1 s, a third of check's run at its defaults) on its first call,
+    only to evaluate symbolic conditions. nn.MultiheadAttention makes that call for a key_padding_mask
+    whenever grad is on. A symbolic or false condition goes to torch's own function; restored on exit."""
+    original = torch._check_with
+
+    def check_with(error_type, cond, message=None):
+        if cond is True:
+            return None
+        return original(error_type, cond, message)
+
+    torch._check_with = check_with
+    try:
+        yield
+    finally:
+        torch._check_with = original

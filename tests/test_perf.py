@@ -108,3 +108,13 @@ def test_hf_init_once_keeps_what_transformers_init_writes():
             return Custom()
 
     assert not _marked(from_config_once(Auto, None))
+
+
+def test_check_does_not_import_sympy():
+    import subprocess
+    import sys
+
+    code = ("import sys, tblock_cli; tblock_cli.check(d_model=32, n_heads=4, threads=1, only='padding,residual,grad_input'); "
+            "print('sympy' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"  # torch imports it for symbolic shapes only: ~1 s of a check's start-up

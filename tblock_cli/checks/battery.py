@@ -14,6 +14,7 @@ from tblock_cli.checks.result import CheckReport, CheckResult, Outcome
 from tblock_cli.config import BlockConfig
 from tblock_cli.errors import ConfigError, is_out_of_memory, one_line
 from tblock_cli.loading import Subject
+from tblock_cli.probes import plain_bool_checks
 from tblock_cli.report import RunInfo, Status
 
 # What a need means, as the docs table names it.
@@ -96,15 +97,19 @@ def run_checks(subject: Subject, cfg: BlockConfig, device: torch.device, dtype: 
                only: tuple[str, ...] | None = None) -> CheckReport:
     """Run the battery; a check that raises becomes `error` and the rest still run; unmet needs skip.
     progress(check, detail) hears each check as it starts (detail None) and the long ones' probes."""
-    ctx = Context(subject, cfg, device, dtype, progress=progress)
+    with plain_bool_checks():
+        return _run(Context(subject, cfg, device, dtype, progress=progress), strict, run, only)
+
+
+def _run(ctx: Context, strict: bool, run: RunInfo | None, only: tuple[str, ...] | None) -> CheckReport:
     results = []
     battery_started = time.perf_counter()
     for check in REGISTRY:
         if only is not None and check.name not in only:
             continue
         ctx.current = check.name
-        if progress:
-            progress(check.name, None)
+        if ctx.progress:
+            ctx.progress(check.name, None)
         unmet = next((n for n in check.needs if n in ctx.unmet), None)
         if unmet:
             results.append(CheckResult(check.name, Status.SKIP, None, f"needs.{unmet}", {"check": ctx.unmet[unmet]}))
