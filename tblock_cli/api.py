@@ -174,11 +174,12 @@ def check(block=None, *, strict: bool = False, progress: Callable[[str, str | No
     chosen = select(only, skip, fast)  # a misspelt name is refused before the block is built
     s = setup(block, options, same_shape=False)
     with threads(s.cfg.threads):
-        runtime.ensure_fits(runtime.check_estimate(s.cfg), s.device, "check")
+        hf = isinstance(block, str) and block.startswith("hf:")
+        runtime.ensure_fits(runtime.check_estimate(s.cfg, hf=hf), s.device, "check")
         subject = s.make()
         # again with the block's own parameter count (a gated FFN, an HF layer), less the weights now allocated
         n = sum(p.numel() for p in subject.module.parameters())
-        runtime.ensure_fits(runtime.check_estimate(s.cfg, params=n) - n * s.dtype.itemsize, s.device, "check")
+        runtime.ensure_fits(runtime.check_estimate(s.cfg, params=n, hf=hf) - n * s.dtype.itemsize, s.device, "check")
         return run_checks(subject, s.cfg, s.device, s.dtype, strict=strict, progress=progress,
                           run=s.run(subject, strict=strict), only=chosen)
 

@@ -99,28 +99,42 @@ def estimate_bytes(cfg: BlockConfig, *, seq: int | None = None, train: bool = Tr
     return n * item * factor + activation_bytes(cfg, seq) + n * 8 * copies
 
 
-# The process before any block: torch imported (299 MiB peak RSS for `check --d-model 32`), and transformers
-# with it for an hf: block (371 MiB for `check --block hf:llama --d-model 64`); 400 MiB covers both.
-PROCESS_BYTES = 400 * MiB
-# check's peak RSS is the weights plus one more set of them (the gradients of the training backward; the
-# float64 reference is streamed one sublayer at a time, below that), plus the process: measured within
-# 12 % above that sum at d_model 1024, 2048 and 4096 (built-in block and hf:llama, docs/performance.md).
-# Its forwards' activations are counted twice (a forward's and the float64 reference's or a second
-# input's): 2x covered the 1.22-1.41x measured at batch 4-8, seq 512-1024.
-CHECK_WEIGHT_SETS = 2
+# The process before any block, as peak RSS: torch imported (299 MiB for `check --d-model 32`), and with
+# transformers for an hf: block (371 MiB for `check --block hf:llama --d-model 64`); with margin.
+PROCESS_BYTES = 320 * MiB
+HF_PROCESS_BYTES = 400 * MiB
+# check's peak RSS above the process: the weights and one more set (the training backward's gradients; the
+# float64 reference is streamed one sublayer at a time, below that) and some allocator slack. Measured
+# (peak RSS - process) / weight bytes: 1.6 and 1.96 for the built-in block at d_model 1024 and 2048,
+# 2.29, 2.13 and 2.14 for hf:llama at 1024, 2048 and 4096 (docs/performance.md); 2.2 keeps an upper
+# bound within 15 % of every point. Activations count twice (a forward's and a second input's or the
+# float64 reference's); 2x covered the 1.22-1.41x measured at batch 4-8, seq 512-1024.
+CHECK_WEIGHT_SETS = 2.2
 CHECK_ACTIVATIONS = 2
 
 
-def check_estimate(cfg: BlockConfig, params: int | None = None) -> int:
-    """An upper bound on the peak memory `tblock check` needs (params: the block's count, when known)."""
+def check_estimate(cfg: BlockConfig, params: int | None = None, hf: bool = False) -> int:
+    """An upper bound on the peak RSS `tblock check` reaches (params: the block's count, when known)."""
     n = params if params is not None else block_params(cfg)
     item = max(DTYPES[cfg.dtype].itemsize, 4)  # the reference check compares in float32
-    return PROCESS_BYTES + CHECK_WEIGHT_SETS * n * item + CHECK_ACTIVATIONS * activation_bytes(cfg)
+    process = HF_PROCESS_BYTES if hf else PROCESS_BYTES
+    return int(process + CHECK_WEIGHT_SETS * n * item + CHECK_ACTIVATIONS * activation_bytes(cfg))
+
+
+# bench's peak RSS: a process of ~370 MiB (the profiler, rich), parameters and gradients with slack, the
+# activations of the path that keeps the attention matrix. Fitted on d_model 1024 and 2048 at seq 128
+# (1.17x the weights and gradients) and d_model 512, batch 4, seq 1024 with need_weights on (1.6x the
+# activations); these factors put each point 4-11 % under the estimate.
+BENCH_PROCESS_BYTES = 400 * MiB
+BENCH_WEIGHTS = 1.25
+BENCH_ACTIVATIONS = 1.7
 
 
 def bench_estimate(cfg: BlockConfig, *, seq: int, train: bool, params: int | None = None) -> int:
-    """An upper bound on bench's peak memory at one sweep point: the process and one forward (+ backward)."""
-    return PROCESS_BYTES + estimate_bytes(cfg, seq=seq, train=train, params=params, copies=0)
+    """An upper bound on bench's peak RSS at one sweep point."""
+    n = params if params is not None else block_params(cfg)
+    weights = n * DTYPES[cfg.dtype].itemsize * (2 if train else 1)
+    return int(BENCH_PROCESS_BYTES + BENCH_WEIGHTS * weights + BENCH_ACTIVATIONS * activation_bytes(cfg, seq))
 
 
 def ensure_fits(estimate: int, device: torch.device, what: str) -> None:
