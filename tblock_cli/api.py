@@ -17,23 +17,32 @@ from tblock_cli.loading import builtin_subject
 from tblock_cli.subject import check_options, layer_maker, setup
 
 
-def check(block=None, *, strict: bool = False, progress: Callable[[str], None] | None = None,
-          tp: int | None = None, fsdp: int | None = None, tp_plan: str | None = None, **options):
+def check(block=None, *, strict: bool = False, progress: Callable[[str, str | None], None] | None = None,
+          only=None, skip=None, fast: bool = False, tp: int | None = None, fsdp: int | None = None,
+          tp_plan: str | None = None, **options):
     """Run the check battery. `block`: an nn.Module, a factory, a SPEC string, or None (built-in).
+    only / skip: check names (a list or a comma-separated string); fast: leave out the slow checks.
+    progress(check, detail) hears each check as it starts (detail None) and the long checks' probes.
     tp / fsdp: also check the block sharded over that many ranks (tp_plan: a JSON plan file for tp)."""
     from tblock_cli.checks import run_checks
+    from tblock_cli.checks.battery import select
     from tblock_cli.distributed import prepare
 
-    check_options({"strict": strict, "progress": progress, "tp": tp, "fsdp": fsdp, "tp_plan": tp_plan}, strict=bool,
-                  progress=Callable, tp=int, fsdp=int, tp_plan=str)
+    check_options({"strict": strict, "progress": progress, "tp": tp, "fsdp": fsdp, "tp_plan": tp_plan, "fast": fast},
+                  strict=bool, progress=Callable, tp=int, fsdp=int, tp_plan=str, fast=bool)
+    chosen = select(only, skip, fast)  # a misspelt name is refused before the block is built
     s = setup(block, options, same_shape=False)
     with s.session():
-        runtime.ensure_fits(runtime.check_estimate(s.cfg), s.device, "check")
+        hf = isinstance(block, str) and block.startswith("hf:")
+        runtime.ensure_fits(runtime.check_estimate(s.cfg, hf=hf), s.device, "check")
         subject = s.make()
+        # again with the block's own parameter count (a gated FFN, an HF layer), less the weights now allocated
+        n = sum(p.numel() for p in subject.module.parameters())
+        runtime.ensure_fits(runtime.check_estimate(s.cfg, params=n, hf=hf) - n * s.dtype.itemsize, s.device, "check")
         sharding = prepare(subject, s.cfg, s.device, s.dtype, tp=tp, fsdp=fsdp, tp_plan=tp_plan)
         distributed = {k: v for k, v in (("tp", tp), ("fsdp", fsdp), ("tp_plan", tp_plan)) if v is not None}
         return run_checks(subject, s.cfg, s.device, s.dtype, strict=strict, progress=progress,
-                          run=s.run(subject, strict=strict, **distributed), sharding=sharding)
+                          run=s.run(subject, strict=strict, **distributed), sharding=sharding, only=chosen)
 
 
 def params(block=None, *, tree_depth: int | None = None, **options):

@@ -145,11 +145,15 @@ def check(
     tp: Annotated[Optional[int], typer.Option("--tp", help="Also check the block tensor-parallel over N local ranks (gloo on CPU, NCCL on GPUs; under torchrun, its world).", show_default=False, metavar="N")] = None,
     fsdp: Annotated[Optional[int], typer.Option("--fsdp", help="Also check the block under FSDP2 (fully_shard) over N ranks, each its own micro-batch.", show_default=False, metavar="N")] = None,
     tp_plan: Annotated[Optional[str], typer.Option("--tp-plan", help="The --tp plan as JSON: module name -> colwise, rowwise or replicate. (default: derived from the dataflow)", show_default=False, metavar="FILE")] = None,
+    only: Annotated[Optional[str], typer.Option("--only", help="Run only these checks (comma-separated names).", show_default=False, metavar="NAMES")] = None,
+    skip: Annotated[Optional[str], typer.Option("--skip", help="Leave out these checks (comma-separated names).", show_default=False, metavar="NAMES")] = None,
+    fast: Annotated[bool, typer.Option("--fast", help="Leave out the slow checks (kv_cache, dtype): for CI loops on big layers.", **SWITCH)] = False,
     json_: Json = False,
     **options,
 ):
     """Run the diagnostic battery on a block. Exit 0 when nothing fails, 1 when a check fails or errors, 2 on bad input."""
     block = options.pop("block")
+    selection = {"only": only, "skip": skip, "fast": fast, "tp": tp, "fsdp": fsdp, "tp_plan": tp_plan}
 
     def compute():
         precheck({**options, "block": block})
@@ -157,9 +161,14 @@ def check(
             ensure_writable(junit_xml, "--junit-xml")
         from tblock_cli import api
 
-        with err.status("checking", spinner="dots") as status:
-            report = api.check(block, strict=strict, progress=lambda name: status.update(f"check: {name}"),
-                               tp=tp, fsdp=fsdp, tp_plan=tp_plan, **options)
+        if json_ or not err.is_terminal:  # a progress line only for a person watching a terminal
+            report = api.check(block, strict=strict, **selection, **options)
+        else:
+            with err.status("checking", spinner="dots") as status:
+                def progress(name: str, detail: str | None = None):
+                    status.update(f"check: {name}" + (f" ({detail})" if detail else ""))
+
+                report = api.check(block, strict=strict, progress=progress, **selection, **options)
         if junit_xml is not None:
             from tblock_cli.junit import write_junit
 

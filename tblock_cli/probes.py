@@ -8,8 +8,12 @@ from typing import Callable
 import torch
 import torch.nn as nn
 
-# tr(J)/n is estimated from this many Rademacher probes (std ~ 1/sqrt(n) per probe).
+# tr(J)/n is estimated from Rademacher probes whose estimate has std ~ 1/sqrt(n) for n probed elements:
+# 8 probes at check's default input (2 x 10 x 512 = 10,240 elements) put that std near 0.004, far from
+# the residual check's 0.5 margin. Larger inputs need fewer probes for the same precision (each probe is
+# one backward, 0.2 s at a 7B-size layer): probes = ceil(RESIDUAL_ELEMENTS / n), at most 8, at least 1.
 RESIDUAL_PROBES = 8
+RESIDUAL_ELEMENTS = 8 * 10_240
 
 
 @contextmanager
@@ -45,9 +49,15 @@ def rel_diff(a: torch.Tensor, ref: torch.Tensor) -> float:
     return (a - ref).abs().max().item() / scale if a.numel() else 0.0
 
 
+def residual_probes(numel: int) -> int:
+    """How many probes residual_gain takes for an input of numel elements (see RESIDUAL_ELEMENTS)."""
+    return max(1, min(RESIDUAL_PROBES, -(-RESIDUAL_ELEMENTS // max(1, numel))))
+
+
 def residual_gain(f: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, gen: torch.Generator,
-                  probes: int = RESIDUAL_PROBES) -> float:
+                  probes: int | None = None) -> float:
     """tr(J)/n of x -> f(x), from Rademacher probes v: E[v . (J^T v)] = tr(J)."""
+    probes = probes or residual_probes(x.numel())
     x = x.detach().clone().requires_grad_(True)
     with torch.enable_grad():
         out = f(x.clone())
@@ -56,8 +66,90 @@ def residual_gain(f: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, ge
         total = 0.0
         for k in range(probes):
             v = (torch.randint(0, 2, out.shape, generator=gen) * 2 - 1).to(device=out.device, dtype=out.dtype)
-            (g,) = torch.autograd.grad(out, x, v, retain_graph=k < probes - 1, allow_unused=True)
+            # J^T v as the gradient of the dot product: grad_outputs=v would import sympy (~1 s) on first use
+            (g,) = torch.autograd.grad((out * v).sum(), x, retain_graph=k < probes - 1, allow_unused=True)
             if g is None:
                 return 0.0
             total += (f64(v) * f64(g)).sum().item()
+        for _ in range(probes, RESIDUAL_PROBES):  # the probes not taken are drawn all the same: the checks after
+            torch.randint(0, 2, out.shape, generator=gen)  # this one see the random inputs they always saw
     return total / probes / x.numel()
+
+
+# A module whose parameters and buffers take more than this is not cast whole: its children are, each
+# while it runs. 64 MiB keeps the float64 copies alive at once to about one sublayer's matrices.
+STREAM_UNIT_BYTES = 64 * 1024**2
+
+
+def _float_tensors(module: nn.Module, recurse: bool):
+    return [(m, k, t) for m in (module.modules() if recurse else [module])
+            for table in (m._parameters, m._buffers) for k, t in table.items()
+            if t is not None and t.is_floating_point()]
+
+
+def stream_units(module: nn.Module) -> list[nn.Module]:
+    """The modules cast to float64 as wholes: a module small enough, with tensors of its own (a parent may read
+    them with its children's: nn.MultiheadAttention reads out_proj.weight), or without children; else its children."""
+    size = sum(t.numel() * 8 for _, _, t in _float_tensors(module, True))
+    children = list(module.children())
+    if size <= STREAM_UNIT_BYTES or _float_tensors(module, False) or not children:
+        return [module]
+    return [u for c in children for u in stream_units(c)]
+
+
+@contextmanager
+def float64_streamed(module: nn.Module, device: torch.device):
+    """The module computing in float64 without a float64 copy of it all: each unit (stream_units) gets float64
+    copies of its tensors just before it runs, and its own back when it returns. The float64 copy of a 7B-size
+    layer is 1.6 GB; this holds one sublayer's at a time. Everything is restored on exit, whatever happened.
+    A unit whose tensors are read where it is not called (a parent reading a child's weight) fails to run in
+    mixed dtypes: the caller then falls back to a whole copy."""
+    originals: dict[tuple[int, str], tuple[nn.Module, str, torch.Tensor]] = {}
+
+    def cast(unit, *_):
+        for m, k, t in _float_tensors(unit, True):
+            if (id(m), k) in originals:
+                continue
+            originals[(id(m), k)] = (m, k, t)
+            copy = t.detach().to(device=device, dtype=torch.float64)
+            table = m._parameters if k in m._parameters else m._buffers
+            table[k] = nn.Parameter(copy, requires_grad=False) if isinstance(t, nn.Parameter) else copy
+
+    def restore(unit, *_):
+        for m, k, _t in _float_tensors(unit, True):
+            saved = originals.pop((id(m), k), None)
+            if saved is not None:
+                table = m._parameters if k in m._parameters else m._buffers
+                table[k] = saved[2]
+
+    hooks = []
+    try:
+        for unit in stream_units(module):
+            hooks.append(unit.register_forward_pre_hook(cast))
+            hooks.append(unit.register_forward_hook(restore, always_call=True))
+        yield module
+    finally:
+        for h in hooks:
+            h.remove()
+        for m, k, t in originals.values():
+            (m._parameters if k in m._parameters else m._buffers)[k] = t
+
+
+@contextmanager
+def plain_bool_checks():
+    """torch._check_with short-circuited for a plain True: torch imports sympy (through
+    torch.fx.experimental.symbolic_shapes, ~1 s, a third of check's run at its defaults) on its first call,
+    only to evaluate symbolic conditions. nn.MultiheadAttention makes that call for a key_padding_mask
+    whenever grad is on. A symbolic or false condition goes to torch's own function; restored on exit."""
+    original = torch._check_with
+
+    def check_with(error_type, cond, message=None):
+        if cond is True:
+            return None
+        return original(error_type, cond, message)
+
+    torch._check_with = check_with
+    try:
+        yield
+    finally:
+        torch._check_with = original

@@ -100,34 +100,66 @@ def free_bytes(device: torch.device) -> int:
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
-def estimate_bytes(cfg: BlockConfig, *, seq: int | None = None, train: bool = True, copies: int = 1) -> int:
-    """A generous upper estimate of one forward (+ backward) of the built block, in bytes.
+def block_params(cfg: BlockConfig) -> int:
+    """Parameters of the built-in block of cfg's sizes (a user's or a Hugging Face block may differ: pass its count)."""
+    d, f = cfg.d_model, cfg.ffn_dim
+    return cfg.layers * (4 * d * d + 2 * d * f + 9 * d + f) + 2 * d
 
-    Parameters (+ gradients), and per layer the saved activations: about 12 tensors of (B, T, d),
-    two of (B, T, d_ff) and, on the paths that materialise it, two (B, H, T, T) attention matrices.
-    `copies` counts extra copies of the parameters (the float64 reference of `check`).
-    """
-    item = DTYPES[cfg.dtype].itemsize
+
+def activation_bytes(cfg: BlockConfig, seq: int | None = None) -> int:
+    """Saved activations of one forward: per layer about 12 tensors of (B, T, d), two of (B, T, d_ff) and, on the
+    paths that materialise it, two (B, H, T, T) attention matrices."""
     T = seq if seq is not None else cfg.seq
     d, f, B, H = cfg.d_model, cfg.ffn_dim, cfg.batch, cfg.n_heads
-    params = cfg.layers * (4 * d * d + 2 * d * f + 9 * d + f) + 2 * d
-    acts = cfg.layers * B * T * (12 * d + 2 * f + 2 * H * T)
+    return cfg.layers * B * T * (12 * d + 2 * f + 2 * H * T) * DTYPES[cfg.dtype].itemsize
+
+
+def estimate_bytes(cfg: BlockConfig, *, seq: int | None = None, train: bool = True, copies: int = 1,
+                   params: int | None = None) -> int:
+    """A generous upper estimate of the tensors of one forward (+ backward) of the block, in bytes: parameters
+    (+ gradients) and the saved activations. `copies` counts extra float64 copies of the parameters."""
+    item = DTYPES[cfg.dtype].itemsize
+    n = params if params is not None else block_params(cfg)
     factor = 2 if train else 1
-    return params * item * factor + acts * item + params * 8 * copies
+    return n * item * factor + activation_bytes(cfg, seq) + n * 8 * copies
 
 
-# check runs more than one forward + backward: a float64 copy and its forward (dtype), a dropout-free
-# copy (train_eval), the traced forward whose intermediates are kept (dataflow), float64 attention
-# scores for the statistics. Its peak RSS measured 1.22x (batch 4), 1.38x (batch 8) and 1.41x (batch 4, seq 1024) the one-pass
-# estimate at d_model 1024, 4 layers, seq 512, above a 220 MiB process with torch imported. 2x plus the
-# process keeps the gate an upper bound with room (`/usr/bin/time -f %M tblock check ...`).
-CHECK_FACTOR = 2
-PROCESS_BYTES = 300 * MiB
+# The process before any block, as peak RSS: torch imported (299 MiB for `check --d-model 32`), and with
+# transformers for an hf: block (371 MiB for `check --block hf:llama --d-model 64`); with margin.
+PROCESS_BYTES = 320 * MiB
+HF_PROCESS_BYTES = 400 * MiB
+# check's peak RSS above the process: the weights and one more set (the training backward's gradients; the
+# float64 reference is streamed one sublayer at a time, below that) and some allocator slack. Measured
+# (peak RSS - process) / weight bytes: 1.6 and 1.96 for the built-in block at d_model 1024 and 2048,
+# 2.29, 2.13 and 2.14 for hf:llama at 1024, 2048 and 4096 (docs/performance.md); 2.2 keeps an upper
+# bound within 15 % of every point. Activations count twice (a forward's and a second input's or the
+# float64 reference's); 2x covered the 1.22-1.41x measured at batch 4-8, seq 512-1024.
+CHECK_WEIGHT_SETS = 2.2
+CHECK_ACTIVATIONS = 2
 
 
-def check_estimate(cfg: BlockConfig) -> int:
-    """An upper bound on the memory `tblock check` needs (see CHECK_FACTOR)."""
-    return CHECK_FACTOR * estimate_bytes(cfg, copies=1) + PROCESS_BYTES
+def check_estimate(cfg: BlockConfig, params: int | None = None, hf: bool = False) -> int:
+    """An upper bound on the peak RSS `tblock check` reaches (params: the block's count, when known)."""
+    n = params if params is not None else block_params(cfg)
+    item = max(DTYPES[cfg.dtype].itemsize, 4)  # the reference check compares in float32
+    process = HF_PROCESS_BYTES if hf else PROCESS_BYTES
+    return int(process + CHECK_WEIGHT_SETS * n * item + CHECK_ACTIVATIONS * activation_bytes(cfg))
+
+
+# bench's peak RSS: a process of ~370 MiB (the profiler, rich), parameters and gradients with slack, the
+# activations of the path that keeps the attention matrix. Fitted on d_model 1024 and 2048 at seq 128
+# (1.17x the weights and gradients) and d_model 512, batch 4, seq 1024 with need_weights on (1.6x the
+# activations); these factors put each point 4-11 % under the estimate.
+BENCH_PROCESS_BYTES = 400 * MiB
+BENCH_WEIGHTS = 1.25
+BENCH_ACTIVATIONS = 1.7
+
+
+def bench_estimate(cfg: BlockConfig, *, seq: int, train: bool, params: int | None = None) -> int:
+    """An upper bound on bench's peak RSS at one sweep point."""
+    n = params if params is not None else block_params(cfg)
+    weights = n * DTYPES[cfg.dtype].itemsize * (2 if train else 1)
+    return int(BENCH_PROCESS_BYTES + BENCH_WEIGHTS * weights + BENCH_ACTIVATIONS * activation_bytes(cfg, seq))
 
 
 def ensure_fits(estimate: int, device: torch.device, what: str) -> None:

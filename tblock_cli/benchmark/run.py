@@ -107,7 +107,7 @@ def plan(cfg: BlockConfig, seqs: list[int], modes: list[str], need_weights: bool
 def check_sizes(cfg: BlockConfig, seqs: list[int], modes: list[str], device: torch.device, decode: int | None = None) -> None:
     """Refuse, before allocating anything, a sweep point estimated larger than the free memory."""
     for seq in seqs + ([seqs[0] + decode] if decode else []):
-        est = runtime.estimate_bytes(cfg, seq=seq, train="train" in modes)
+        est = runtime.bench_estimate(cfg, seq=seq, train="train" in modes)
         runtime.ensure_fits(est, device, f"bench at seq {seq}")
 
 

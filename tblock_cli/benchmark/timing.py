@@ -20,6 +20,12 @@ SLOW_TAIL = 1.5
 # into one sample (number_per_sample), so a sample is long enough for the clock and the loop is cheap.
 MIN_SAMPLES = 5
 TARGET_SAMPLES = 20
+# The profiled warm-up (peak memory, the kernel) is not timed, and a first call pays page faults and lazy
+# kernel set-up: it measured 1.3-2x a timed call on a d 512, seq 1024 training step, so 5 samples left
+# 27 % of bench's wall time outside them. Samples then continue until they took WARMUP_SHARE times the
+# warm-up (timed >= 80 % of each point), never past MAX_SAMPLES for that reason alone.
+WARMUP_SHARE = 4.0
+MAX_SAMPLES = 4 * MIN_SAMPLES
 
 
 @dataclass(frozen=True)
@@ -82,10 +88,12 @@ def synchronizer(device: torch.device) -> Callable[[], None]:
     return lambda: None
 
 
-def time_samples(fn: Callable[[], None], device: torch.device, min_time: float, clock: list | None = None) -> Latency:
+def time_samples(fn: Callable[[], None], device: torch.device, min_time: float, clock: list | None = None,
+                 warmup: float = 0.0) -> Latency:
     """Timed calls until min_time and MIN_SAMPLES; calls shorter than min_time / TARGET_SAMPLES batched per sample.
 
-    The caller has run fn once already (the warm-up). `clock`, when given, accumulates the seconds spent
+    The caller has run fn once already (the warm-up, `warmup` seconds): samples go on until they took
+    WARMUP_SHARE times as long, up to MAX_SAMPLES. `clock`, when given, accumulates the seconds spent
     inside timed samples.
     """
     sync = synchronizer(device)
@@ -97,7 +105,12 @@ def time_samples(fn: Callable[[], None], device: torch.device, min_time: float, 
     number = max(1, int(min_time / TARGET_SAMPLES / max(first, 1e-9)))
     samples = [first] if number == 1 else []
     spent = first
-    while spent < min_time or len(samples) < MIN_SAMPLES:
+    share = WARMUP_SHARE * warmup
+
+    def more() -> bool:
+        return spent < min_time or len(samples) < MIN_SAMPLES or (spent < share and len(samples) < MAX_SAMPLES)
+
+    while more():
         sync()
         t0 = time.perf_counter()
         for _ in range(number):
@@ -113,6 +126,7 @@ def time_samples(fn: Callable[[], None], device: torch.device, min_time: float, 
 
 def measure(fn: Callable[[], None], device: torch.device, min_time: float, clock: list) -> tuple[Latency, CallProfile]:
     """The profiled warm-up (peak memory, operators), then the timed samples."""
+    started = time.perf_counter()
     prof = profile_call(fn, device)
-    return time_samples(fn, device, min_time, clock), prof
+    return time_samples(fn, device, min_time, clock, warmup=time.perf_counter() - started), prof
 

@@ -13,8 +13,9 @@ from tblock_cli.checks.context import Context
 from tblock_cli.checks.result import CheckReport, CheckResult, Outcome
 from tblock_cli.config import BlockConfig
 from tblock_cli.distributed import fsdp, tp
-from tblock_cli.errors import USER_ERRORS, is_out_of_memory, one_line
+from tblock_cli.errors import USER_ERRORS, ConfigError, is_out_of_memory, one_line
 from tblock_cli.loading import Subject
+from tblock_cli.probes import plain_bool_checks
 from tblock_cli.report import RunInfo, Status
 
 # What a need means, as the docs table names it.
@@ -33,6 +34,7 @@ class Check:
     needs: tuple[str, ...] = ()
     establishes: str | None = None  # left unmet when the check fails or errors (or says so in its outcome)
     catches: str = ""
+    slow: bool = False  # left out by --fast: its cost is many forwards of the block (see docs/performance.md)
 
 
 REGISTRY: tuple[Check, ...] = (
@@ -51,10 +53,10 @@ REGISTRY: tuple[Check, ...] = (
     Check("copy", safety.check_copy, (), "copyable", "a `deepcopy` that is not faithful: the copy's forward calls the original's modules or reads its parameters (a closure or a lambda capturing a submodule), or the copy raises"),
     Check("train_eval", structure.check_train_eval, COMPARES + ("train_safe", "copyable"), None, "parameters a train backward reaches that an eval backward never touches; with every dropout zeroed (the block rebuilt through its constructor with `dropout=0` where it takes one), a train-mode forward that differs from the eval forward (an eval-only path)"),
     Check("attention", attention.check_attention, ("finite",), None, "per attention call: logit std, entropy relative to uniform, mean max probability; fails on a softmax over the query axis; **warns** when the scores look unscaled or scaled more than 1/sqrt(d_head), when no token attends to itself (a masked diagonal), and when a q.k product weights the values with no softmax (a softmax written out by hand, rows non-negative and summing to 1, counts as one)"),
-    Check("kv_cache", attention.check_kv_cache, COMPARES, None, "with `--causal` and a `decode` method: cached decoding that differs from the full forward; a graph growing across steps; caches that share state ([decoding.md](decoding.md))"),
+    Check("kv_cache", attention.check_kv_cache, COMPARES, None, "with `--causal` and a `decode` method: cached decoding that differs from the full forward; a graph growing across steps; caches that share state ([decoding.md](decoding.md))", slow=True),
     Check("norm_placement", structure.check_norm_placement, ("finite",), None, "in a block with norms of its residual stream: an FFN that reads the stream with no norm before it, attention that does while no norm follows the add (a missing norm, or Pre- and Post-LN mixed in one block), keys/values that skip the norm the queries get: **warnings**"),
     Check("need_weights", forward.check_need_weights, (), None, "`nn.MultiheadAttention` called with `need_weights=True` (its weights computed and dropped): a **warning** with the bytes"),
-    Check("dtype", forward.check_dtype, COMPARES + ("copyable",), None, "the run's dtype differs from a float64 copy beyond its tolerance (relative RMS 2e-6, 5e-3, 4e-2)"),
+    Check("dtype", forward.check_dtype, COMPARES + ("copyable",), None, "the run's dtype differs from a float64 copy beyond its tolerance (relative RMS 2e-6, 5e-3, 4e-2)", slow=True),
     Check("ffn_share", structure.check_ffn_share, (), None, "the FFN's share from dataflow roles against what its matrices predict; **warns** on a linear FFN (two projections with no nonlinearity) and on parameters outside attention, FFN and norms (> 1 %)"),
     Check("tensor_parallel", tp.check_tensor_parallel, COMPARES + GRADS, None, "with `--tp N`: outputs, input gradients or full parameter gradients of the block sharded by PyTorch's `parallelize_module` (plan from the dataflow roles, or `--tp-plan`) that differ from the unsharded block with the same weights; names the first module whose output differs ([distributed.md](distributed.md))"),
     Check("fsdp", fsdp.check_fsdp, COMPARES + GRADS + ("independent",), None, "with `--fsdp N`: under `fully_shard`, each rank its own micro-batch, gradients that differ from one process's on the whole batch (averaged as FSDP reduces them), or parameters that differ after the same optimizer step"),
@@ -74,23 +76,55 @@ def docs_table() -> str:
     return "\n".join(rows)
 
 
+def check_names(names, flag: str) -> tuple[str, ...]:
+    """Check names from a comma-separated string or an iterable, each one in the registry (else a ConfigError
+    naming the close matches)."""
+    import difflib
+
+    if isinstance(names, str):
+        names = names.split(",")
+    names = tuple(n.strip() for n in names if n.strip())
+    for n in names:
+        if n not in CHECK_NAMES:
+            close = difflib.get_close_matches(n, CHECK_NAMES, n=3, cutoff=0.5)
+            hint = f"did you mean {', '.join(close)}? " if close else ""
+            raise ConfigError(f"{flag}: no check named {n!r}; {hint}checks: {', '.join(CHECK_NAMES)}")
+    return names
+
+
+def select(only=None, skip=None, fast: bool = False) -> tuple[str, ...] | None:
+    """The checks to run: --only NAMES, minus --skip NAMES, minus the slow ones under --fast (None: all)."""
+    if only is None and skip is None and not fast:
+        return None
+    chosen = check_names(only, "--only") if only is not None else CHECK_NAMES
+    dropped = set(check_names(skip, "--skip") if skip is not None else ()) | ({c.name for c in REGISTRY if c.slow} if fast else set())
+    return tuple(n for n in chosen if n not in dropped)
+
+
 def run_checks(subject: Subject, cfg: BlockConfig, device: torch.device, dtype: torch.dtype, *,
-               strict: bool = False, progress: Callable[[str], None] | None = None, run: RunInfo | None = None,
+               strict: bool = False, progress: Callable[[str, str | None], None] | None = None, run: RunInfo | None = None,
                only: tuple[str, ...] | None = None, sharding=None) -> CheckReport:
-    """Run the battery; a check that raises becomes `error` and the rest still run; unmet needs skip."""
-    ctx = Context(subject, cfg, device, dtype, sharding=sharding)
+    """Run the battery; a check that raises becomes `error` and the rest still run; unmet needs skip.
+    progress(check, detail) hears each check as it starts (detail None) and the long ones' probes."""
+    with plain_bool_checks():
+        return _run(Context(subject, cfg, device, dtype, sharding=sharding, progress=progress), strict, run, only)
+
+
+def _run(ctx: Context, strict: bool, run: RunInfo | None, only: tuple[str, ...] | None) -> CheckReport:
     results = []
+    battery_started = time.perf_counter()
     for check in REGISTRY:
         if only is not None and check.name not in only:
             continue
-        if progress:
-            progress(check.name)
+        ctx.current = check.name
+        if ctx.progress:
+            ctx.progress(check.name, None)
         unmet = next((n for n in check.needs if n in ctx.unmet), None)
         if unmet:
             results.append(CheckResult(check.name, Status.SKIP, None, f"needs.{unmet}", {"check": ctx.unmet[unmet]}))
             continue
         # A family known to break a rule on purpose (hf:TYPE sets `by_design`): that check skips, or passes with the reason.
-        design = getattr(subject.module, "by_design", None) or {}
+        design = getattr(ctx.subject.module, "by_design", None) or {}
         if check.name + ".skip" in design:
             results.append(CheckResult(check.name, Status.SKIP, None, "by_design.skip", {"reason": design[check.name + ".skip"]}))
             continue
@@ -110,4 +144,4 @@ def run_checks(subject: Subject, cfg: BlockConfig, device: torch.device, dtype: 
                 ctx.unmet[check.establishes] = check.name
         results.append(CheckResult(check.name, outcome.status, outcome.value, outcome.kind, outcome.facts,
                                    round(time.perf_counter() - started, 4)))
-    return CheckReport(tuple(results), strict, run)
+    return CheckReport(tuple(results), strict, run, round(time.perf_counter() - battery_started, 4))

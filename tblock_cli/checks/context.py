@@ -28,10 +28,17 @@ class Context:
     dtype: torch.dtype
     gen: torch.Generator = field(init=False)
     unmet: dict = field(default_factory=dict)  # need -> the check that left it unmet, filled as the battery runs
-    backward: tuple | None = None  # (x.grad, {name: grad}) of one train-mode backward, once computed
+    backward: tuple | None = None  # (x.grad, {name: grad_state}) of one train-mode backward, once computed
     causal_itself: bool | None = None  # outputs ignore later positions without --causal, once computed
     _dataflow: object = None
     sharding: object = None  # distributed.Sharding of check --tp / --fsdp, or None
+    progress: Callable[[str, str | None], None] | None = None  # hears (check, probe) on long checks
+    current: str = ""  # the check running now, for progress
+
+    def step(self, detail: str) -> None:
+        """Say which probe of the running check starts (a progress line on big layers)."""
+        if self.progress is not None:
+            self.progress(self.current, detail)
 
     def __post_init__(self):
         self.gen = torch.Generator().manual_seed(self.cfg.seed)

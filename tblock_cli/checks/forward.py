@@ -11,7 +11,7 @@ from tblock_cli.anatomy.mha import attention_modules, attention_weights_bytes, m
 from tblock_cli.anatomy.norms import find_norms, with_eps
 from tblock_cli.checks.context import Context, dtype_name, eval_forward, nonfinite_kind
 from tblock_cli.checks.result import Outcome, failed, passed, skipped, warned
-from tblock_cli.probes import f64, rel_diff, train_mode
+from tblock_cli.probes import f64, float64_streamed, rel_diff, train_mode
 from tblock_cli.report import Status
 
 # Relative RMS error against a float64 copy that is still "agreeing": measured on the built-in
@@ -48,6 +48,7 @@ def check_finite(ctx: Context) -> Outcome:
     }
     bad, norms = [], []
     for label, x in inputs.items():
+        ctx.step(f"{label} input")
         out = eval_forward(ctx, x)
         if not torch.isfinite(out).all():
             bad.append({"input": label, "got": nonfinite_kind(out)})
@@ -141,15 +142,27 @@ def check_need_weights(ctx: Context) -> Outcome:
     return passed("need_weights.off", 0, calls=len(calls))
 
 
-def check_dtype(ctx: Context) -> Outcome:
+def float64_reference(ctx: Context, x: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """The block's eval output on x computed in float64: streamed through the block's own modules, sublayer by
+    sublayer (probes.float64_streamed); a whole float64 copy where streaming cannot run the block."""
     module = ctx.subject.module
+    x64 = x.to(device=device, dtype=torch.float64)
+    try:
+        with float64_streamed(module, device), train_mode(module, False), torch.no_grad():
+            return ctx.subject(x64.clone())
+    except Exception:  # noqa: BLE001 - a tensor read where its module is not called: the whole copy runs it
+        pass
+    ref_module = copy.deepcopy(module).to(device=device, dtype=torch.float64)
+    with train_mode(ref_module, False), torch.no_grad():
+        return ctx.subject.like(ref_module)(x64)
+
+
+def check_dtype(ctx: Context) -> Outcome:
     ref_device = ctx.device if ctx.device.type != "mps" else torch.device("cpu")  # MPS has no float64
     x = ctx.x()
     out = eval_forward(ctx, x)
-    ref_module = copy.deepcopy(module).to(device=ref_device, dtype=torch.float64)
-    with train_mode(ref_module, False), torch.no_grad():
-        ref = ctx.subject.like(ref_module)(x.to(device=ref_device, dtype=torch.float64))
-    del ref_module
+    ctx.step("float64 forward")
+    ref = float64_reference(ctx, x, ref_device)
     name = dtype_name(ctx.dtype)
     if not torch.isfinite(out).all():
         return failed("dtype.nonfinite", None, dtype=name, reference_finite=bool(torch.isfinite(ref).all()))

@@ -9,7 +9,7 @@ import torch.nn as nn
 
 from tblock_cli.checks.context import Context, eval_forward, nonfinite_kind
 from tblock_cli.checks.result import Outcome, failed, passed
-from tblock_cli.probes import f64, rel_diff, residual_gain, train_mode
+from tblock_cli.probes import f64, rel_diff, residual_gain, residual_probes, train_mode
 from tblock_cli.report import Status
 
 # tr(J)/n of input -> output. An identity residual contributes exactly 1; the branches' own
@@ -21,9 +21,22 @@ RESIDUAL_MIN = 0.5
 RESIDUAL_MAX = 1.5
 
 
-def train_backward(ctx: Context) -> tuple[torch.Tensor | None, dict[str, torch.Tensor | None]]:
-    """One train-mode backward of a random projection of the output, computed once for grad_input and grad_params."""
+def grad_state(g: torch.Tensor | None) -> str:
+    """What a parameter's gradient is: none, nonfinite, zero or ok (one pass each, no tensor of the gradient's size)."""
+    if g is None:
+        return "none"
+    # NaN and inf survive a sum (inf - inf is NaN): a finite sum means every element is finite
+    if not torch.isfinite(g.sum()) and not torch.isfinite(g).all():
+        return "nonfinite"
+    return "ok" if g.any() else "zero"
+
+
+def train_backward(ctx: Context) -> tuple[torch.Tensor | None, dict[str, str]]:
+    """One train-mode backward of a random projection of the output, computed once for grad_input and grad_params:
+    the input's gradient and each parameter's grad_state (the gradients themselves are freed: at a 7B-size
+    layer they are another copy of the weights)."""
     if ctx.backward is None:
+        ctx.step("training backward")
         module = ctx.subject.module
         x = ctx.x().requires_grad_(True)
         saved = {n: p.grad for n, p in module.named_parameters()}
@@ -35,11 +48,12 @@ def train_backward(ctx: Context) -> tuple[torch.Tensor | None, dict[str, torch.T
                 # a random projection: out.sum() would see nothing through a final LayerNorm
                 w = torch.randn(out.shape, generator=ctx.gen).to(out.device)
                 (out.float() * w).sum().backward()
-            grads = {n: p.grad for n, p in module.named_parameters() if p.requires_grad}
+                del out
+            states = {n: grad_state(p.grad) for n, p in module.named_parameters() if p.requires_grad}
         finally:
             for n, p in module.named_parameters():
                 p.grad = saved[n]
-        ctx.backward = (x.grad, grads)
+        ctx.backward = (x.grad, states)
     return ctx.backward
 
 
@@ -56,13 +70,13 @@ def check_grad_input(ctx: Context) -> Outcome:
 
 
 def check_grad_params(ctx: Context) -> Outcome:
-    _, grads = train_backward(ctx)
-    if not grads:
+    _, states = train_backward(ctx)
+    if not states:
         return Outcome(Status.SKIP, "grad_params.no_params", 0)
-    missing = [n for n, g in grads.items() if g is None]
-    nonfinite = [n for n, g in grads.items() if g is not None and not torch.isfinite(g).all()]
-    zero = [n for n, g in grads.items() if g is not None and torch.isfinite(g).all() and not g.any()]
-    value = f"{len(grads) - len(missing)}/{len(grads)}"
+    missing = [n for n, s in states.items() if s == "none"]
+    nonfinite = [n for n, s in states.items() if s == "nonfinite"]
+    zero = [n for n, s in states.items() if s == "zero"]
+    value = f"{len(states) - len(missing)}/{len(states)}"
     if missing:
         return failed("grad_params.missing", value, params=missing)
     if nonfinite:
@@ -88,8 +102,12 @@ def check_residual(ctx: Context) -> Outcome:
         layers = list(getattr(module, "layers", [])) if ctx.subject.builtin else []
         if layers:
             inputs = layer_inputs(layers, lambda: eval_forward(ctx, x))
-            gains = [residual_gain(layer, inp, ctx.gen) for layer, inp in zip(layers, inputs)]
+            gains = []
+            for i, (layer, inp) in enumerate(zip(layers, inputs)):
+                ctx.step(f"Jacobian probes, layer {i + 1}/{len(layers)}")
+                gains.append(residual_gain(layer, inp, ctx.gen))
         else:
+            ctx.step(f"{residual_probes(x.numel())} Jacobian probes")
             gains = [residual_gain(ctx.subject, x, ctx.gen)]
     worst = min(range(len(gains)), key=gains.__getitem__)
     layer = lambda i: i if len(gains) > 1 else None  # noqa: E731 - a layer index only for a stack

@@ -122,6 +122,7 @@ def check_padding(ctx: Context) -> Outcome:
     nonfinite = []
     worst = 0.0
     for side in sides:
+        ctx.step(f"{side} padding against each sample alone")
         eq, got = padded_equals_alone(ctx, x, side == "left")
         if got:
             nonfinite.append({"side": side, "got": got})

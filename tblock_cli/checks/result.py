@@ -65,6 +65,7 @@ class CheckReport:
     checks: tuple[CheckResult, ...]
     strict: bool
     run: RunInfo | None = None
+    seconds: float | None = None  # wall time of the whole battery (the checks' own seconds and what they share)
 
     @property
     def ok(self) -> bool:
@@ -85,4 +86,5 @@ class CheckReport:
     def to_dict(self) -> dict:
         run = self.run or RunInfo("", {}, {})
         return run.envelope("check", self.ok, {"strict": self.strict, "counts": self.counts(),
+                                               **({} if self.seconds is None else {"seconds": self.seconds}),
                                                "checks": [c.to_dict() for c in self.checks]})

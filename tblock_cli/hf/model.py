@@ -84,10 +84,12 @@ def _model(config) -> nn.Module:
 
     from transformers import AutoModel
 
+    from tblock_cli.hf.init import from_config_once
+
     if getattr(config, "architectures", None) is None:  # AutoModel iterates it for types mapped to two classes (funnel)
         config.architectures = []
     try:
-        return AutoModel.from_config(config)
+        return from_config_once(AutoModel, config)
     except ValueError as e:
         if "Unrecognized configuration class" not in str(e):
             raise
