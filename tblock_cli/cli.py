@@ -180,7 +180,7 @@ def check(
 
         out.print(render.check_view(report))
 
-    from tblock_cli.distributed.spawn import quiet_unless_rank_zero
+    from tblock_cli.distributed.ranks import quiet_unless_rank_zero
 
     with quiet_unless_rank_zero():
         run_command(compute, show, json_=json_)

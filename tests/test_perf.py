@@ -88,7 +88,7 @@ def test_hf_init_once_keeps_what_transformers_init_writes():
     from transformers import AutoModel
 
     from tblock_cli import hf
-    from tblock_cli.hfinit import _marked, from_config_once
+    from tblock_cli.hf.init import _marked, from_config_once
 
     config = hf.build_config("llama", build_config(d_model=32, n_heads=4), {})
     torch.manual_seed(0)

@@ -8,7 +8,6 @@ back as one line naming the rank; a rank that dies without one is named with its
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import importlib.util
 import os
@@ -22,6 +21,7 @@ from typing import Callable
 
 import torch
 
+from tblock_cli.distributed.ranks import is_rank_zero, under_torchrun  # noqa: F401 - part of this module's vocabulary
 from tblock_cli.errors import ConfigError, one_line
 
 # How long the parent waits for all ranks. A d_model 64 check takes a few seconds; a 7B-size layer on
@@ -46,24 +46,6 @@ class RankFailure(Exception):
 
     def __str__(self) -> str:
         return f"rank {self.rank}: {self.error}"
-
-
-def under_torchrun() -> bool:
-    return "WORLD_SIZE" in os.environ and "RANK" in os.environ
-
-
-def is_rank_zero() -> bool:
-    return not under_torchrun() or os.environ.get("RANK") == "0"
-
-
-@contextlib.contextmanager
-def quiet_unless_rank_zero():
-    """Under torchrun every rank runs the command; only rank 0 speaks."""
-    if is_rank_zero():
-        yield
-        return
-    with open(os.devnull, "w") as null, contextlib.redirect_stdout(null), contextlib.redirect_stderr(null):
-        yield
 
 
 def backend_for(device: torch.device) -> str:

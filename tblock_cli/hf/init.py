@@ -40,7 +40,7 @@ def _torch_init_marks():
 
 
 def _marked(model: nn.Module) -> bool:
-    tensors = list(model.parameters()) + list(model.buffers())
+    tensors = [t for t in list(model.parameters()) + list(model.buffers()) if not t.is_meta]  # a meta build holds no values
     return any(t.is_floating_point() and t.numel() and torch.isnan(t.sum()) for t in tensors)
 
 
