@@ -54,8 +54,11 @@ def params(block=None, *, tree_depth: int | None = None, **options):
         raise ConfigError(f"--tree-depth must be >= 1, got {tree_depth}")
     s = setup(block, options, trains=False)
     with s.session():
-        if block is None:  # counted on the meta device: shapes without storage, so gpt2-xl allocates nothing
-            subject = builtin_subject(s.cfg, torch.device("meta"), s.dtype)
+        if block is None and tree_depth is None:  # counted on the meta device: shapes without storage, so gpt2-xl
+            subject = builtin_subject(s.cfg, torch.device("meta"), s.dtype)  # allocates nothing
+        elif block is None:  # the module tree is read from one traced forward, which needs values
+            runtime.ensure_fits(runtime.estimate_bytes(s.cfg), s.device, "params")
+            subject = builtin_subject(s.cfg, s.device, s.dtype)
         else:
             runtime.ensure_fits(runtime.estimate_bytes(s.cfg), s.device, "params")
             subject = s.make()

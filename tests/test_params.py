@@ -8,6 +8,7 @@ import torch
 from rich.console import Console
 from typer.testing import CliRunner
 
+import tblock_cli
 from tblock_cli import render
 from tblock_cli.cli import app
 from tblock_cli.config import build_config
@@ -205,3 +206,16 @@ def test_user_block_without_ffn_omits_the_share():
     assert r.groups["attention"] == 4 * 32 * 32 + 4 * 32 and r.groups["norm"] == 64
     res = CliRunner().invoke(app, ["params", "--block", zoo_spec("AttentionOnly"), "--d-model", "32", "--n-heads", "4", "--json"])
     assert res.exit_code == 0 and json.loads(res.stdout)["ffn_share"] is None
+
+
+@pytest.mark.parametrize("layers", [1, 2])
+def test_tree_depth_on_the_builtin_block_counts_every_parameter_once(layers):
+    """params --tree-depth traces a forward: the built-in block is built with values for it (not on the meta device)."""
+    from tblock_cli.block import build_block
+    from tblock_cli.config import build_config
+
+    report = tblock_cli.params(d_model=32, n_heads=4, layers=layers, tree_depth=1, threads=1)
+    module = build_block(build_config(d_model=32, n_heads=4, layers=layers))
+    assert report.total == sum(p.numel() for p in module.parameters())
+    assert sum(c.params for c in report.components) == report.total
+    assert {c.name.split(" ")[0] for c in report.components} >= ({"layers"} if layers > 1 else {"ln1", "attn", "ffn"})
