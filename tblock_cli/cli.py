@@ -350,7 +350,7 @@ def compare(
                                rtol=rtol, map_file=map_file, dropout=dropout, **options)
 
     def show(report):
-        from tblock_cli.render_compare import compare_view
+        from tblock_cli.render.compare import compare_view
 
         out.print(compare_view(report))
 

@@ -117,3 +117,20 @@ class RunInfo:
 
     def envelope(self, command: str, ok: bool, body: dict) -> dict:
         return envelope(command, ok, self.subject, self.config, self.environment, body, self.warnings)
+
+
+def read_json(path: str, flag: str, expected: str):
+    """A JSON file the user named, parsed; or one ConfigError line saying why not and what it should hold."""
+    import json
+
+    from tblock_cli.errors import ConfigError
+
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except OSError as e:
+        raise ConfigError(f"{flag} {path}: cannot read it: {e.strerror or e}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise ConfigError(f"{flag} {path}: not JSON; give {expected}") from None
+    except RecursionError:
+        raise ConfigError(f"{flag} {path}: nested too deeply to be {expected}") from None

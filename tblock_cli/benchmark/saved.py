@@ -11,7 +11,7 @@ import os
 
 from tblock_cli.config import COMPARED
 from tblock_cli.errors import ConfigError
-from tblock_cli.report import SCHEMA_VERSION, ensure_writable
+from tblock_cli.report import SCHEMA_VERSION, ensure_writable, read_json
 
 SAVED_MODES = ("infer", "train", "decode")
 SAVED_TARGETS = ("block", "torch")
@@ -90,15 +90,7 @@ def load_saved(path: str, flag: str = "--compare") -> dict:
     """A run saved by bench --save, read and validated; one clear line for anything else."""
     if not isinstance(path, str) or not path.strip():
         raise ConfigError(f"{flag} needs the name of a file written by tblock bench --save")
-    try:
-        with open(path) as f:
-            data = json.load(f)
-    except OSError as e:
-        raise ConfigError(f"{flag} {path}: cannot read it: {e.strerror or e}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise ConfigError(f"{flag} {path}: not JSON; give a file written by tblock bench --save") from None
-    except RecursionError:
-        raise ConfigError(f"{flag} {path}: nested too deeply to be a tblock bench run") from None
+    data = read_json(path, flag, "a file written by tblock bench --save")
     return validate_saved(data, f"{flag} {path}")
 
 

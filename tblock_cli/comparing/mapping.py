@@ -8,7 +8,6 @@ through their module names; a name is trusted first because that is what loading
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 import torch
@@ -165,13 +164,9 @@ def by_name(a_params: dict, b_params: dict) -> dict[str, str]:
 def read_map(path: str | None) -> dict[str, str]:
     if path is None:
         return {}
-    try:
-        with open(path) as f:
-            data = json.load(f)
-    except OSError as e:
-        raise ConfigError(f"--map {path}: cannot read it: {e.strerror or e}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise ConfigError(f"--map {path}: not JSON; give an object of A parameter name -> B parameter name") from None
+    from tblock_cli.report import read_json
+
+    data = read_json(path, "--map", "an object of A parameter name -> B parameter name")
     if not isinstance(data, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in data.items()):
         raise ConfigError(f"--map {path}: give a JSON object of A parameter name -> B parameter name")
     return data

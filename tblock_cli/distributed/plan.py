@@ -9,7 +9,6 @@ engine cannot shard this way is refused with the reason, never run into a false 
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 import torch
@@ -96,13 +95,9 @@ def through_norm(module: nn.Module, dataflow, roles: dict) -> list[str]:
 
 def load(path: str, module: nn.Module, dataflow, n: int, n_heads: int, d_model: int) -> Plan:
     """A JSON object module name -> colwise / rowwise / replicate, checked against the block."""
-    try:
-        with open(path) as f:
-            raw = json.load(f)
-    except OSError as e:
-        raise ConfigError(f"--tp-plan {path}: cannot read it: {e.strerror or e}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise ConfigError(f"--tp-plan {path}: not JSON; give an object like {{\"q_proj\": \"colwise\", \"o_proj\": \"rowwise\"}}") from None
+    from tblock_cli.report import read_json
+
+    raw = read_json(path, "--tp-plan", 'an object like {"q_proj": "colwise", "o_proj": "rowwise"}')
     if not isinstance(raw, dict) or not all(isinstance(k, str) and v in STYLES for k, v in raw.items()):
         raise ConfigError(f"--tp-plan {path}: expected a JSON object module name -> one of {', '.join(STYLES)}")
     names = dict(module.named_modules())
