@@ -275,3 +275,12 @@ def test_d_ff_reaches_a_user_block_that_calls_it_intermediate_dim():
 
     r = tblock_cli.params(TorchtuneStyle, d_model=32, n_heads=4, d_ff=64)
     assert r.groups["ffn"] == 2 * 32 * 64 + 64 + 32
+
+
+def test_bench_decode_expects_the_cache_a_grouped_query_model_keeps():
+    """mistral at 4 heads keeps 1 key/value head: the expected cache comes from the traced widths, not from d_model."""
+    report = tblock_cli.bench("hf:mistral", d_model=64, n_heads=4, d_ff=256, seq=8, decode=4, min_time=0.01, threads=1)
+    cached, _ = report.decode_pair()
+    assert report.decode_expected_from == "trace"
+    assert report.decode_analytic_bytes == 2 * 1 * 16 * 2 * 12 * 4  # k + v x 1 layer x kv width 16 x batch x positions x fp32
+    assert not [f for f in report.findings if f.kind == "bench.cache_bytes_differ"], cached.cache_bytes

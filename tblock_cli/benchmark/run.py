@@ -89,6 +89,19 @@ def flops_at(subject: Subject, cfg: BlockConfig, dtype: torch.dtype, seq: int) -
         return {}
 
 
+def traced_cache_bytes(subject: Subject, cfg: BlockConfig, dtype: torch.dtype, positions: int) -> int | None:
+    """Bytes a decoding cache should hold after `positions` tokens: the keys and values per token the dataflow saw."""
+    from dataclasses import replace
+
+    from tblock_cli.counting import param_report
+
+    try:
+        kv = param_report(subject, replace(cfg, seq=positions), dtype).kv_cache
+    except Exception:  # noqa: BLE001 - the expected size is a bonus; the measured cache still stands
+        return None
+    return kv["bytes_per_token"] * cfg.batch * positions if kv else None
+
+
 def call_name(target: str, subject: Subject) -> str:
     return "nn.TransformerEncoderLayer baseline" if target == "torch" else subject.name
 
@@ -158,7 +171,7 @@ def run_bench(subject: Subject, cfg: BlockConfig, device: torch.device, dtype: t
         flops = flops_cache[seq].get("forward" if mode == "infer" else "train_step")
         results.append(BenchResult(mode, seq, nw, target, latency, prof.peak_bytes, prof.source, kernel, materialises,
                                    flops, cfg.batch * seq))
-    analytic = None
+    analytic, expected_from = None, "d_model"
     if decode:
         from tblock_cli.kvcache import analytic_cache_bytes
 
@@ -166,6 +179,9 @@ def run_bench(subject: Subject, cfg: BlockConfig, device: torch.device, dtype: t
             progress(f"decode {decode} tokens", len(points), total)
         results.extend(decode_results(subject, cfg, device, dtype, seqs[0], decode, clock))
         analytic = analytic_cache_bytes(cfg.layers, cfg.batch, seqs[0] + decode, cfg.d_model, dtype.itemsize)
+        if not subject.builtin:  # a user or HF block's cache holds the key/value widths its projections give (GQA)
+            traced = traced_cache_bytes(subject, cfg, dtype, seqs[0] + decode)
+            analytic, expected_from = (traced, "trace") if traced else (analytic, "d_model")
     parts = []
     if breakdown:
         from tblock_cli.benchmark.breakdown import breakdown as run_breakdown
@@ -183,7 +199,7 @@ def run_bench(subject: Subject, cfg: BlockConfig, device: torch.device, dtype: t
     has_tel = any(isinstance(m, nn.TransformerEncoderLayer) for m in subject.module.modules())
     report = BenchReport(subject.name, tuple(results), sizes, cfg.batch, cfg.n_heads, cfg.dropout, runtime.environment(device, dtype),
                          has_tel, run, tuple(parts), None, analytic, sum(clock), time.perf_counter() - started,
-                         trainable, train_skipped)
+                         trainable, train_skipped, expected_from)
     if compare_with is not None:
         from dataclasses import replace
 

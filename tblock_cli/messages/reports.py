@@ -67,6 +67,14 @@ def _gradient(f: dict) -> str:
             f"to the first ({f['first']:.3g})")
 
 
+def _cache_rule(f: dict) -> str:
+    """How the expected cache size was counted: from d_model (the built-in block), or from the key and value widths
+    the dataflow traced (grouped-query heads keep fewer keys than d_model)."""
+    if f.get("from") == "trace":
+        return "traced key + value widths per token x batch x positions x bytes"
+    return "2 x layers x batch x positions x d_model x bytes"
+
+
 MESSAGES = {
     # bench
     "bench.hf_need_weights": ("Hugging Face layer: need_weights is output_attentions; its sdpa attention returns no weights "
@@ -85,9 +93,9 @@ MESSAGES = {
     "bench.decode_growth": ("per-token time from the first to the last quarter of positions: cached x{cached:.2f}, "
                             "recomputed x{recomputed:.2f} (recomputing grows with the prefix, the cache should not much)"),
     "bench.cache_bytes": lambda f: (f"cache holds {fmt_bytes(f['bytes'])} ({f['bytes']:,} bytes) after the last token; "
-                                    f"2 x layers x batch x positions x d_model x bytes = {f['analytic']:,}"),
+                                    f"{_cache_rule(f)} = {f['analytic']:,}"),
     "bench.cache_bytes_differ": lambda f: (f"cache holds {fmt_bytes(f['bytes'])} ({f['bytes']:,} bytes) after the last token; "
-                                           f"2 x layers x batch x positions x d_model x bytes = {f['analytic']:,} : they differ "
+                                           f"{_cache_rule(f)} = {f['analytic']:,} : they differ "
                                            f"(a cache of another width, or extra state)"),
     "bench.noisy": lambda f: (f"{f['count']} measurement(s) are noisy (IQR > {f['iqr_limit']:.0%} of the median, or a median "
                               f"> {f['tail_limit']}x the fastest sample: other work competed for the cores); try --threads 1 "

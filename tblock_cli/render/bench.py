@@ -96,7 +96,9 @@ def decode_view(report, cached, full, fit) -> Group:
     for r in (cached, full):
         lines.append(Text(f"{run_label(r):>9} {fit.sparkline(_bucket(r.per_position), top)}"))
     if report.decode_analytic_bytes:
-        lines.append(Text(f"analytic cache: 2 x layers x batch x positions x d_model x bytes = {report.decode_analytic_bytes:,} bytes",
+        rule = ("traced key + value widths per token x batch x positions x bytes" if report.decode_expected_from == "trace"
+                else "2 x layers x batch x positions x d_model x bytes")
+        lines.append(Text(f"expected cache: {rule} = {report.decode_analytic_bytes:,} bytes",
                           style="dim"))
     return Group(*lines)
 
