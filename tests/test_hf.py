@@ -254,7 +254,7 @@ def test_kv_cache_bytes_count_the_kv_heads_the_cache_holds_not_the_repeated_ones
     assert r.to_dict()["kv_cache"]["bytes_per_token"] == 2 * 2 * 16 * 4  # keys and values, 2 kv heads of 16, float32
 
 
-@pytest.mark.parametrize("model_type", ["doge", "bloom", "gemma3_text", "bart", "gptj", "jamba"])
+@pytest.mark.parametrize("model_type", ["doge", "bloom", "gemma3_text", "bart", "gptj", "jamba", "qwen2_moe", "nemotron", "funnel"])
 def test_families_whose_masks_positions_or_mixers_are_their_own_are_clean_under_strict(model_type):
     """doge's mask, bloom's ALiBi, gemma3's layer types, bart's positional mask, gptj's rotary_dim, jamba's mamba
     mixer: all the model's business, so no check may warn."""

@@ -8,7 +8,8 @@ from tblock_cli.checks.result import Outcome, passed, skipped, warned
 # Conventional projection names (the last part of a module or parameter name) -> the roles they promise. Names
 # used for several roles across codebases (c_proj, dense, wo, fc1, w1) are left out, so a match is a promise.
 NAME_ROLES = {
-    **dict.fromkeys(("gate_proj", "gate", "w_gate", "gate_linear", "wi_0"), ("ffn.gate",)),
+    # a bare `gate` is left out: mixture-of-experts layers call their router that
+    **dict.fromkeys(("gate_proj", "w_gate", "gate_linear", "wi_0"), ("ffn.gate",)),
     **dict.fromkeys(("up_proj", "up", "w_up", "w3", "wi_1"), ("ffn.in",)),
     **dict.fromkeys(("down_proj", "down", "w_down", "w2"), ("ffn.out",)),
     **dict.fromkeys(("q_proj", "query", "wq", "to_q"), ("attn.q", "attn.qk", "attn.qkv")),

@@ -104,6 +104,15 @@ def by_design(model_type: str, layers: nn.Module) -> dict[str, str]:
     if model_type == "funnel":
         rules["ffn_share.other"] = ("sit in funnel's relative-position and token-type attention parameters (r_kernel, "
                                     "r_*_bias, seg_embed), by design")
+        cls = "funnel treats position 0 as its [CLS] token (separate_cls, its own token-type scores)"
+        rules["padding.differs_alone"] = f"by design of funnel: {cls}, so left padding moves that role onto a pad"
+        rules["relative.not_toeplitz"] = f"by design of funnel: {cls}, so its scores are not a function of i - j alone"
+        rules["position_bias.skip"] = ("funnel adds relative-position and token-type terms inside its own attention kernel "
+                                       "(rel_shift), not as one additive bias on q.k: the bias probe does not apply")
+    if model_type == "nemotron":
+        rules["norms.offset_init"] = ("by design of nemotron's transformers init: LayerNorm1P computes (1 + w) but is "
+                                      "initialised like a plain LayerNorm (w = 1), so at random init it doubles its input; "
+                                      "checkpoints carry trained w")
     if model_type == "convbert":
         why = "convbert's span-based convolution reads neighbouring positions"
         rules["padding.skip"] = f"{why}, padded ones included (its model does not mask them): padding reaches real outputs by design"
