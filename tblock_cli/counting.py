@@ -13,6 +13,7 @@ from tblock_cli.config import BlockConfig
 from tblock_cli.errors import USER_ERRORS, reraise_as_measure_error
 from tblock_cli.loading import Subject
 from tblock_cli.report import Finding, RunInfo, Status, failing_of
+from tblock_cli.runtime import dtype_name
 
 # A backward pass costs two matmuls per forward matmul (one for the input's gradient, one for the
 # weight's), so a training step is 3x the forward in matmul FLOPs; FlopCounterMode counts the same.
@@ -164,7 +165,7 @@ def builtin_report(subject: Subject, cfg: BlockConfig, dtype: torch.dtype, run: 
     return ParamReport(
         subject.name, tuple(rows), len(blocks), total, total * item, groups, share,
         {"forward": forward, "train_step": TRAIN_STEP_FACTOR * forward, "forward_seq_quadratic": quadratic},
-        "analytic", cfg.batch, cfg.seq, str(dtype).replace("torch.", ""), run, (), kv, (finding,),
+        "analytic", cfg.batch, cfg.seq, dtype_name(dtype), run, (), kv, (finding,),
     )
 
 
@@ -231,7 +232,7 @@ def user_report(subject: Subject, cfg: BlockConfig, dtype: torch.dtype, tree_dep
     return ParamReport(
         subject.name, tuple(rows), 1, total, total * item, groups, share,
         {"forward": forward, "train_step": TRAIN_STEP_FACTOR * forward, "forward_seq_quadratic": quadratic},
-        "dataflow trace", cfg.batch, cfg.seq, str(dtype).replace("torch.", ""), run,
+        "dataflow trace", cfg.batch, cfg.seq, dtype_name(dtype), run,
         chains, kv_cache_bytes(cfg, dtype, flow), findings,
     )
 

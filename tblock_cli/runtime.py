@@ -69,6 +69,11 @@ def placed(module: torch.nn.Module, device: torch.device, dtype: torch.dtype) ->
     return all(t.device == device and t.dtype == dtype for t in tensors if t.is_floating_point())
 
 
+def dtype_name(dtype: torch.dtype) -> str:
+    """float32, bfloat16, ...: a dtype as the flags and the JSON name it."""
+    return str(dtype).replace("torch.", "")
+
+
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     """The torch dtype for a name, after a tiny matmul + LayerNorm proves the device runs it."""
     if name not in DTYPES:
@@ -176,7 +181,7 @@ def environment(device: torch.device, dtype: torch.dtype) -> dict:
     env = {
         "torch": torch.__version__,
         "device": str(device),
-        "dtype": str(dtype).replace("torch.", ""),
+        "dtype": dtype_name(dtype),
         "threads": torch.get_num_threads(),
     }
     if device.type == "cuda":

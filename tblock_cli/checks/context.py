@@ -89,7 +89,3 @@ def input_grad(ctx: Context, x: torch.Tensor, loss_of: Callable, train: bool = T
 def nonfinite_kind(t: torch.Tensor) -> str:
     kinds = [k for k, present in (("NaN", torch.isnan(t).any()), ("inf", torch.isinf(t).any())) if present]
     return "/".join(kinds) or "non-finite values"
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).replace("torch.", "")

@@ -9,10 +9,11 @@ import torch
 
 from tblock_cli.anatomy.mha import attention_modules, attention_weights_bytes, mha_call_arguments
 from tblock_cli.anatomy.norms import find_norms, with_eps
-from tblock_cli.checks.context import Context, dtype_name, eval_forward, nonfinite_kind
+from tblock_cli.checks.context import Context, eval_forward, nonfinite_kind
 from tblock_cli.checks.result import Outcome, failed, passed, skipped, warned
 from tblock_cli.probes import f64, float64_streamed, rel_diff, train_mode
 from tblock_cli.report import Status
+from tblock_cli.runtime import dtype_name
 
 # Relative RMS error against a float64 copy that is still "agreeing": measured on the built-in
 # block at d_model 512 as ~2e-7 (float32), ~5e-4 (float16) and ~4e-3 (bfloat16); 10x margin.

@@ -6,9 +6,10 @@ import copy
 
 import torch
 
-from tblock_cli.checks.context import Context, dtype_name
+from tblock_cli.checks.context import Context
 from tblock_cli.checks.result import Outcome, failed, passed, skipped
 from tblock_cli.probes import f64
+from tblock_cli.runtime import dtype_name
 
 # Input RMS for the large-magnitude probe: above 256, where an fp16 square overflows (256^2 > 65504), and far from
 # fp16's own limit (a norm's input may reach 65504 / 16 before anything else overflows).

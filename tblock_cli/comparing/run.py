@@ -15,6 +15,7 @@ from tblock_cli.errors import ConfigError, reraise_as_measure_error
 from tblock_cli.kvcache import decode_chunks, has_decode
 from tblock_cli.probes import f64, rel_diff, train_mode
 from tblock_cli.report import Status
+from tblock_cli.runtime import dtype_name
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,7 +84,7 @@ def run_compare(a, b, setup, *, options: dict, kwargs_a=None, kwargs_b=None, dty
             reraise_as_measure_error(e, "compare: running a side failed")
         names = (a if isinstance(a, str) else BUILTIN if a is None else type(a).__name__,
                  b if isinstance(b, str) else BUILTIN if b is None else type(b).__name__)
-        run = sa.run(None, a=names[0], b=names[1], kwargs_a=sa.kwargs, kwargs_b=sb.kwargs, dtype_b=runtime_name(sb.dtype),
+        run = sa.run(None, a=names[0], b=names[1], kwargs_a=sa.kwargs, kwargs_b=sb.kwargs, dtype_b=dtype_name(sb.dtype),
                      atol=atol, rtol=rtol, map=map_file, followed=followed)
     diffs = component_diffs(cap_a, cap_b)
     findings = mapping_findings(mapping, followed, is_builtin(a), is_builtin(b))
@@ -104,10 +105,6 @@ def threads(n):
     from tblock_cli.runtime import session  # the one way threads are set and restored
 
     return session(n)
-
-
-def runtime_name(dtype: torch.dtype) -> str:
-    return str(dtype).replace("torch.", "")
 
 
 def relabelled(slots_b: list[Slot], slots_a: list[Slot], mapping) -> list[Slot]:

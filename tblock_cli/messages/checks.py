@@ -71,6 +71,10 @@ def _ffn_share(f: dict) -> str:
             f"{(f['share'] - f['predicted']) * 100:+.1f} pt")
 
 
+def _slopes(values) -> str:
+    return ", ".join(f"{m:.4g}" for m in values)
+
+
 MESSAGES = {
     **{f"needs.{need}": reason for need, reason in NEED_REASON.items()},
     "error.raised": "{error}",
@@ -322,14 +326,14 @@ MESSAGES.update({
     "position_bias.no_attention": "no attention computation seen",
     "position_bias.none": "no additive bias on the q.k scores",
     "position_bias.learned": "an additive bias not linear in distance (a learned relative bias): not judged",
-    "position_bias.alibi": lambda f: f"ALiBi bias: slopes {', '.join(f'{m:.4g}' for m in f['slopes'])}: geometric, the paper's",
+    "position_bias.alibi": lambda f: f"ALiBi bias: slopes {_slopes(f['slopes'])}: geometric, the paper's",
     "position_bias.rises": lambda f: (f"the additive bias grows with distance for some head (slopes "
-                                      f"{', '.join(f'{m:.4g}' for m in f['slopes'])}): its sign is flipped"),
-    "position_bias.not_geometric": lambda f: (f"ALiBi slopes {', '.join(f'{m:.4g}' for m in f['slopes'])} are not a "
+                                      f"{_slopes(f['slopes'])}): its sign is flipped"),
+    "position_bias.not_geometric": lambda f: (f"ALiBi slopes {_slopes(f['slopes'])} are not a "
                                               f"geometric sequence (the paper's: "
-                                              f"{', '.join(f'{m:.4g}' for m in f['expected'])})"),
-    "position_bias.not_paper": lambda f: (f"ALiBi slopes {', '.join(f'{m:.4g}' for m in f['slopes'])} are geometric but "
-                                          f"not the paper's {', '.join(f'{m:.4g}' for m in f['expected'])} in head order (off by "
+                                              f"{_slopes(f['expected'])})"),
+    "position_bias.not_paper": lambda f: (f"ALiBi slopes {_slopes(f['slopes'])} are geometric but "
+                                          f"not the paper's {_slopes(f['expected'])} in head order (off by "
                                           f"{f['off']:.0%}): the sequence starts, steps or runs the wrong way"),
     # names
     "names.none": "no projection carries a conventional name (gate/up/down, q/k/v/o, w2/w3 ...)",
