@@ -15,7 +15,7 @@ from tblock_cli.errors import ConfigError, reraise_as_measure_error
 from tblock_cli.kvcache import decode_chunks, has_decode
 from tblock_cli.probes import f64, rel_diff, train_mode
 from tblock_cli.report import Status
-from tblock_cli.runtime import dtype_name
+from tblock_cli.runtime import dtype_name, session
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,7 +63,7 @@ def run_compare(a, b, setup, *, options: dict, kwargs_a=None, kwargs_b=None, dty
     judge = Judge(max(TOLERANCE[sa.dtype], TOLERANCE[sb.dtype]), atol, rtol)
     from tblock_cli.anatomy import trace
 
-    with threads(cfg.threads):
+    with session(cfg.threads):
         gen = torch.Generator().manual_seed(cfg.seed)
         x = torch.randn(cfg.batch, cfg.seq, cfg.d_model, generator=gen)
         v = torch.randn(cfg.batch, cfg.seq, cfg.d_model, generator=gen)
@@ -99,12 +99,6 @@ def run_compare(a, b, setup, *, options: dict, kwargs_a=None, kwargs_b=None, dty
     run = dataclasses.replace(run, subject=f"{names[0]} vs {names[1]}", warnings=tuple(dict.fromkeys(sa.warnings + sb.warnings)))
     return CompareReport(names[0], names[1], tuple(comparisons), tuple(findings), mapping_dict(mapping),
                          tuple(diffs) if differ or dtype_b else (), None, run)
-
-
-def threads(n):
-    from tblock_cli.runtime import session  # the one way threads are set and restored
-
-    return session(n)
 
 
 def relabelled(slots_b: list[Slot], slots_a: list[Slot], mapping) -> list[Slot]:
@@ -189,7 +183,7 @@ def compile_report(a, setup, options: dict, kwargs_a) -> CompareReport:
 
     spec = spec_of(a)
     s = setup(spec, {**options, **({"kwargs": kwargs_a} if kwargs_a is not None else {})})
-    with threads(s.cfg.threads):
+    with session(s.cfg.threads):
         subject = s.make()
         gen = torch.Generator().manual_seed(s.cfg.seed)
         x = torch.randn(s.cfg.batch, s.cfg.seq, s.cfg.d_model, generator=gen).to(s.device, s.dtype)
