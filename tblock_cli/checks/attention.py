@@ -20,8 +20,9 @@ OVERSCALED_RATIO = 0.6
 MIN_HEAD_DIM = 4
 # Positions decoded by kv_cache: enough that a window or an off-by-one shows, small enough to be quick.
 KV_SEQ = 16
-# Chunks of the first split decoded by two sequences in turns: the prefill and three single tokens.
-INTERLEAVED = 4
+# Chunks of the first split decoded by two sequences in turns: the prefill and two single tokens (a shared cache
+# shows at the first of them, reading the other sequence's prefill).
+INTERLEAVED = 3
 
 
 def call_facts(c) -> dict:
@@ -90,7 +91,7 @@ def check_kv_cache(ctx: Context) -> Outcome:
         # Two sequences decoded in turns (both prefills, then a few tokens of each), each with its own cache, equal
         # each decoded alone in the same chunks (x's alone run is the first split's). A shared cache shows from the
         # first token after both prefills; each step reads every weight (0.1 s at a 7B-size layer), so the turns
-        # stop after INTERLEAVED chunks: 12 steps instead of 64.
+        # stop after INTERLEAVED chunks: 9 steps instead of 64.
         xb = ctx.x(seq=T)
         sizes = next(iter(splits.values()))[:INTERLEAVED]
         n_pos = sum(sizes)

@@ -44,12 +44,12 @@ REGISTRY: tuple[Check, ...] = (
     Check("input_unchanged", forward.check_input_unchanged, (), "input_kept", "the caller's tensor changed in place, in eval or train"),
     Check("grad_input", gradients.check_grad_input, GRADS, None, "no gradient, a non-finite or an all-zero gradient at the input (detach, no_grad)"),
     Check("grad_params", gradients.check_grad_params, GRADS, None, "a parameter with no gradient (unused, under `no_grad`, detached); zero gradients are a note (a key bias can legitimately get one)"),
+    Check("train_state", safety.check_train_state, GRADS, "train_safe", "a second train forward + backward that fails (module state written in a training forward keeps the first graph); tensors the module keeps that carry autograd history are a **warning**"),
     Check("residual", gradients.check_residual, ("shape",) + GRADS, None, "no identity path: tr(J)/n < 0.5 (Pre-LN ~1.0, Post-LN ~0.9, none ~0), per layer for built-in stacks; the identity counted twice (> 1.5); a residual taken after the norm (doubling the input leaves the output unchanged)"),
     Check("batch", mixing.check_batch, COMPARES + GRADS, "independent", "a sample alone differs from itself in the batch (eval), or sample 0's output has a gradient w.r.t. other samples (train: BatchNorm, a batch mean)"),
     Check("padding", mixing.check_padding, COMPARES + GRADS + ("independent",), None, "padded inputs that reach real outputs (values in eval, gradients in train); and the real positions of a padded batch that differ from the same tokens run alone, with right padding, and with left padding for causal blocks (declared or causal by themselves) without positions inside"),
     Check("causal", mixing.check_causal, COMPARES + GRADS, None, "with `--causal`: outputs up to t that move when inputs after t change, or have a gradient w.r.t. them"),
     Check("order", mixing.check_order, COMPARES + GRADS, None, "without `--causal`: permuted tokens in must give the same outputs permuted out; a failure is a **warning** (heads merged without transposing back, a roll or shift)"),
-    Check("train_state", safety.check_train_state, GRADS, "train_safe", "a second train forward + backward that fails (module state written in a training forward keeps the first graph); tensors the module keeps that carry autograd history are a **warning**"),
     Check("copy", safety.check_copy, (), "copyable", "a `deepcopy` that is not faithful: the copy's forward calls the original's modules or reads its parameters (a closure or a lambda capturing a submodule), or the copy raises"),
     Check("train_eval", structure.check_train_eval, COMPARES + ("train_safe", "copyable"), None, "parameters a train backward reaches that an eval backward never touches; with every dropout zeroed (the block rebuilt through its constructor with `dropout=0` where it takes one), a train-mode forward that differs from the eval forward (an eval-only path)"),
     Check("attention", attention.check_attention, ("finite",), None, "per attention call: logit std, entropy relative to uniform, mean max probability; fails on a softmax over the query axis; **warns** when the scores look unscaled or scaled more than 1/sqrt(d_head), when no token attends to itself (a masked diagonal), and when a q.k product weights the values with no softmax (a softmax written out by hand, rows non-negative and summing to 1, counts as one)"),
@@ -142,6 +142,8 @@ def _run(ctx: Context, strict: bool, run: RunInfo | None, only: tuple[str, ...] 
             broken = outcome.unmet if outcome.unmet is not None else outcome.status in (Status.FAIL, Status.ERROR)
             if broken:
                 ctx.unmet[check.establishes] = check.name
+            else:
+                ctx.met.add(check.establishes)
         results.append(CheckResult(check.name, outcome.status, outcome.value, outcome.kind, outcome.facts,
                                    round(time.perf_counter() - started, 4)))
     return CheckReport(tuple(results), strict, run, round(time.perf_counter() - battery_started, 4))

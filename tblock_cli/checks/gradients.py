@@ -7,7 +7,7 @@ from typing import Callable
 import torch
 import torch.nn as nn
 
-from tblock_cli.checks.context import Context, eval_forward, nonfinite_kind
+from tblock_cli.checks.context import Context, changed, eval_forward, nonfinite_kind, state_key
 from tblock_cli.checks.result import Outcome, failed, passed
 from tblock_cli.probes import f64, rel_diff, residual_gain, residual_probes, train_mode
 from tblock_cli.report import Status
@@ -32,9 +32,9 @@ def grad_state(g: torch.Tensor | None) -> str:
 
 
 def train_backward(ctx: Context) -> tuple[torch.Tensor | None, dict[str, str]]:
-    """One train-mode backward of a random projection of the output, computed once for grad_input and grad_params:
-    the input's gradient and each parameter's grad_state (the gradients themselves are freed: at a 7B-size
-    layer they are another copy of the weights)."""
+    """One train-mode backward of a random projection of the output, computed once for input_unchanged, grad_input,
+    grad_params and train_state (its first step): the input's gradient and each parameter's grad_state (the
+    gradients themselves are freed: at a 7B-size layer they are another copy of the weights)."""
     if ctx.backward is None:
         ctx.step("training backward")
         module = ctx.subject.module
@@ -44,7 +44,9 @@ def train_backward(ctx: Context) -> tuple[torch.Tensor | None, dict[str, str]]:
             p.grad = None
         try:
             with train_mode(module, True), torch.enable_grad():
-                out = ctx.subject(x.clone())
+                xin = x.clone()
+                out = ctx.subject(xin)
+                ctx.train_changed_input = changed(xin, x)  # input_unchanged reads it
                 # a random projection: out.sum() would see nothing through a final LayerNorm
                 w = torch.randn(out.shape, generator=ctx.gen).to(out.device)
                 (out.float() * w).sum().backward()
@@ -54,6 +56,7 @@ def train_backward(ctx: Context) -> tuple[torch.Tensor | None, dict[str, str]]:
             for n, p in module.named_parameters():
                 p.grad = saved[n]
         ctx.backward = (x.grad, states)
+        ctx.first_step = (x, state_key(module))  # train_state's first step, if nothing runs the block in between
     return ctx.backward
 
 
@@ -97,7 +100,7 @@ def layer_inputs(layers: list[nn.Module], run: Callable[[], object]) -> list[tor
 
 
 def check_residual(ctx: Context) -> Outcome:
-    module, x = ctx.subject.module, ctx.x()
+    module, x = ctx.subject.module, ctx.standard()[0]
     with train_mode(module, False):
         layers = list(getattr(module, "layers", [])) if ctx.subject.builtin else []
         if layers:
@@ -119,7 +122,7 @@ def check_residual(ctx: Context) -> Outcome:
     # A residual taken after the norm (h = LN(x); x = h + f(h)) still has gain ~1, but then nothing of the
     # input's scale survives: doubling the input leaves the output unchanged. Not asked of a block whose
     # output comes from a norm (Post-LN): with small branches at init it is nearly scale-invariant by design.
-    doubled = rel_diff(eval_forward(ctx, 2 * x), eval_forward(ctx, x))
+    doubled = rel_diff(eval_forward(ctx, 2 * x), ctx.standard()[1])
     if doubled <= ctx.tol and not ctx.dataflow().output_normed:
         return failed("residual.after_norm", round(gains[worst], 4), change=doubled)
     return passed("residual.present", round(gains[worst], 4), gains=gains)

@@ -7,7 +7,15 @@ import re
 import torch
 
 from tblock_cli.anatomy.mha import attention_modules
-from tblock_cli.checks.context import Context, eval_forward, input_grad, nonfinite_kind, projected
+from tblock_cli.checks.context import (
+    Context,
+    eval_forward,
+    eval_forwards,
+    eval_together,
+    input_grad,
+    nonfinite_kind,
+    projected,
+)
 from tblock_cli.checks.result import Outcome, failed, passed, skipped, warned
 from tblock_cli.errors import one_line
 from tblock_cli.probes import f64, rel_diff
@@ -18,8 +26,8 @@ POSITIONAL_NAMES = re.compile(r"rotary|rope|alibi|rel_?pos|relative|pos_?emb|pos
 
 def check_batch(ctx: Context) -> Outcome:
     B = max(2, ctx.cfg.batch)
-    x = ctx.x(B)
-    out = eval_forward(ctx, x)
+    x, out = ctx.standard() if ctx.cfg.batch >= 2 else (ctx.x(B), None)
+    out = eval_forward(ctx, x) if out is None else out
     worst = max(rel_diff(eval_forward(ctx, x[i : i + 1])[0], out[i]) for i in range(B))
     if worst > ctx.tol:
         return failed("batch.leak", worst, diff=worst, limit=ctx.tol)
@@ -55,12 +63,10 @@ def positional_reason(ctx: Context) -> dict | None:
     return None
 
 
-def padded_equals_alone(ctx: Context, x: torch.Tensor, left: bool) -> tuple[float, str | None]:
-    """max rel. diff between each sample's real positions in a padded batch and the same tokens run alone;
-    or what non-finite value the real positions got (then nothing is compared)."""
+def padded_equals_alone(ctx: Context, x: torch.Tensor, left: bool, out: torch.Tensor) -> tuple[float, str | None]:
+    """max rel. diff between each sample's real positions in a padded batch (out: its eval output) and the same tokens
+    run alone; or what non-finite value the real positions got (then nothing is compared)."""
     B, T, _ = x.shape
-    mask = padding_mask(ctx, B, T, left)
-    out = eval_forward(ctx, x, mask)
     worst = 0.0
     for i, n in enumerate(pad_lengths(B, T).tolist()):
         real = slice(T - n, T) if left else slice(0, n)
@@ -72,14 +78,16 @@ def padded_equals_alone(ctx: Context, x: torch.Tensor, left: bool) -> tuple[floa
     return worst, None
 
 
-def fully_padded(ctx: Context, x: torch.Tensor, T: int) -> dict:
-    """What a sequence whose every key is padding produces: information, PyTorch's paths differ."""
-    mask = torch.zeros(x.shape[0], T, dtype=torch.bool, device=ctx.device)
+def fully_padded_mask(ctx: Context, B: int, T: int) -> torch.Tensor:
+    """(B, T): sample 0 all padding, the others none."""
+    mask = torch.zeros(B, T, dtype=torch.bool, device=ctx.device)
     mask[0] = True
-    try:
-        out = eval_forward(ctx, x, mask)[0]
-    except Exception as e:  # noqa: BLE001
-        return {"fully_padded": "raises", "fully_padded_error": one_line(e)}
+    return mask
+
+
+def fully_padded_facts(out: torch.Tensor) -> dict:
+    """What a sequence whose every key is padding produced (out: its (T, d) output): information, PyTorch's paths
+    differ."""
     if torch.isnan(out).any():
         what = "NaN" if torch.isnan(out).all() else "some NaN"
     elif not out.any():
@@ -87,6 +95,15 @@ def fully_padded(ctx: Context, x: torch.Tensor, T: int) -> dict:
     else:
         what = "finite values"
     return {"fully_padded": what}
+
+
+def fully_padded(ctx: Context, x: torch.Tensor, T: int) -> dict:
+    """fully_padded_facts of x's sample 0 run with every key padding, or that the forward raises."""
+    try:
+        out = eval_forward(ctx, x, fully_padded_mask(ctx, x.shape[0], T))[0]
+    except Exception as e:  # noqa: BLE001
+        return {"fully_padded": "raises", "fully_padded_error": one_line(e)}
+    return fully_padded_facts(out)
 
 
 def check_padding(ctx: Context) -> Outcome:
@@ -98,24 +115,30 @@ def check_padding(ctx: Context) -> Outcome:
     x2 = x.clone()
     x2[mask] = ctx.randn(int(mask.sum()), ctx.cfg.d_model, scale=3.0)
     keep = ~mask
-    full = fully_padded(ctx, x, T)
-    diff = rel_diff(eval_forward(ctx, x2, mask)[keep], eval_forward(ctx, x, mask)[keep])
+    # Left padding too where the block is causal (right pads come after every real token, so a decoder that ignores
+    # its mask cannot show it there) or has positions inside: relative schemes (RoPE, ALiBi, relative biases) are
+    # shift-invariant and absolute positions taken from the mask restart at the first real token, so a left-padded
+    # batch equals the tokens run alone for all of them.
+    causal = ctx.cfg.causal or causal_by_itself(ctx, x)
+    positional = positional_reason(ctx)
+    sides = ["right"] + (["left"] if causal or positional is not None else [])
+    # The padded batches side by side in one forward where samples are known apart (padded: the right side's batch)
+    left_mask = padding_mask(ctx, B, T, left=True)
+    probes = [(x2, mask), (x, mask)] + ([(x, left_mask)] if "left" in sides else []) + [(x, fully_padded_mask(ctx, B, T))]
+    outs = eval_together(ctx, [p for p, _ in probes], [m for _, m in probes])
+    if outs is None:
+        full = fully_padded(ctx, x, T)
+        changed_pads, padded = eval_forward(ctx, x2, mask), eval_forward(ctx, x, mask)
+        left_once = None
+    else:
+        changed_pads, padded, left_once, full = outs[0], outs[1], outs[2] if "left" in sides else None, fully_padded_facts(outs[-1][0])
+    diff = rel_diff(changed_pads[keep], padded[keep])
     if diff > ctx.tol:
         return failed("padding.ignored", diff, diff=diff, **full)
     g = input_grad(ctx, x, lambda out: projected(ctx, out[keep]), pad_mask=mask)
     if g is not None and g[mask].any():
         return failed("padding.gradient", f64(g[mask]).abs().max().item(), **full)
     # Second half: the real positions of a padded batch equal the same real tokens run alone.
-    # Left padding too where the block is causal (declared or by itself): right pads come after every real
-    # token, so a decoder that ignores its mask cannot show it there. Not with positions inside: left
-    # padding moves the real tokens' positions (a model passes position ids for that).
-    causal = ctx.cfg.causal or causal_by_itself(ctx, x)
-    positional = positional_reason(ctx)
-    # Left padding too where the block is causal (right pads come after every real token, so a decoder that ignores
-    # its mask cannot show it there) or has positions inside: relative schemes (RoPE, ALiBi, relative biases) are
-    # shift-invariant and absolute positions taken from the mask restart at the first real token, so a left-padded
-    # batch equals the tokens run alone for all of them.
-    sides = ["right"] + (["left"] if causal or positional is not None else [])
     # nn.MultiheadAttention gives NaN at a fully masked query row (PyTorch's own behaviour, PYTORCH-NOTES): reported,
     # not failed; a block's own -inf fill doing the same fails
     mha = bool(attention_modules(ctx.subject.module))
@@ -123,14 +146,16 @@ def check_padding(ctx: Context) -> Outcome:
     worst = 0.0
     for side in sides:
         ctx.step(f"{side} padding against each sample alone")
-        eq, got = padded_equals_alone(ctx, x, side == "left")
+        side_mask = mask if side == "right" else left_mask
+        once = padded if side == "right" else left_once if left_once is not None else eval_forward(ctx, x, side_mask)
+        eq, got = padded_equals_alone(ctx, x, side == "left", once)
         if got:
             nonfinite.append({"side": side, "got": got})
             continue
         if eq > ctx.tol:
             return failed("padding.differs_alone", eq, side=side, diff=eq, positional=positional is not None)
         worst = max(worst, eq)
-        spread = spread_through_twice(ctx, x, side == "left")
+        spread = spread_through_twice(ctx, once, side_mask)
         if spread and not mha:
             return failed("padding.nan_spreads", None, side=side, got=spread, **full)
         if spread:
@@ -140,12 +165,9 @@ def check_padding(ctx: Context) -> Outcome:
     return passed("padding.respected", worst, sides=sides, diff=worst, nonfinite=nonfinite, **full)
 
 
-def spread_through_twice(ctx: Context, x: torch.Tensor, left: bool) -> str | None:
-    """What the real positions get when the padded batch's output runs through the block again (two such layers
-    stacked): a non-finite value at a padded row reaches every real one through 0 * NaN in the weighted sum."""
-    B, T, _ = x.shape
-    mask = padding_mask(ctx, B, T, left)
-    once = eval_forward(ctx, x, mask)
+def spread_through_twice(ctx: Context, once: torch.Tensor, mask: torch.Tensor) -> str | None:
+    """What the real positions get when the padded batch's output (once) runs through the block again (two such
+    layers stacked): a non-finite value at a padded row reaches every real one through 0 * NaN in the weighted sum."""
     if torch.isfinite(once).all():
         return None
     twice = eval_forward(ctx, once, mask)
@@ -168,15 +190,19 @@ def causal_by_itself(ctx: Context, x: torch.Tensor) -> bool:
 
 def check_causal(ctx: Context) -> Outcome:
     T = max(ctx.cfg.seq, 3)
-    x = ctx.x(seq=T)
+    x = ctx.standard()[0] if T == ctx.cfg.seq else ctx.x(seq=T)
     if not ctx.cfg.causal:  # not asked for; say what the block does, as information
         return skipped("causal.not_asked", causal_by_itself=causal_by_itself(ctx, x))
-    out = eval_forward(ctx, x)
+    out = ctx.standard()[1] if T == ctx.cfg.seq else eval_forward(ctx, x)
     worst, worst_t = 0.0, None
-    for t in sorted({0, T // 2, T - 2}):
+    ts = sorted({0, T // 2, T - 2})
+    changed_after = []
+    for t in ts:
         x2 = x.clone()
         x2[:, t + 1 :] = ctx.randn(x.shape[0], T - t - 1, ctx.cfg.d_model, scale=3.0)
-        diff = rel_diff(eval_forward(ctx, x2)[:, : t + 1], out[:, : t + 1])
+        changed_after.append(x2)
+    for t, got in zip(ts, eval_forwards(ctx, changed_after)):
+        diff = rel_diff(got[:, : t + 1], out[:, : t + 1])
         if diff > worst:
             worst, worst_t = diff, t
     if worst > ctx.tol:

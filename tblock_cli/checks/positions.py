@@ -125,13 +125,32 @@ def paper_slopes(n: int) -> list[float]:
     return first + paper_slopes(2 * p)[0::2][: n - p] if p < n else first
 
 
+def sample_scores(got: dict | None, i: int) -> dict | None:
+    """Sample i's captured scores of a two-sample forward (None where the scores do not lead with that batch of 2)."""
+    if got is None or got["product"] is None or got["logits"].shape[0] != 2:
+        return None
+    product = got["product"].detach().double().cpu().expand_as(got["logits"])
+    return {"logits": got["logits"][i : i + 1], "product": product[i : i + 1]}
+
+
+def score_pairs(ctx: Context, a: torch.Tensor, b: torch.Tensor) -> list[tuple]:
+    """Per attention call, the scores captured for input a and for input b: from one forward of both side by side
+    where samples are known apart and every call's scores lead with the batch, else from a forward each."""
+    if ctx.batched(a, b):
+        both, _ = captured_scores(ctx, torch.cat([a, b]))
+        pairs = [(sample_scores(got, 0), sample_scores(got, 1)) for _, got in both]
+        if all(p is not None and q is not None for p, q in pairs):
+            return pairs
+    first, _ = captured_scores(ctx, a)
+    second, _ = captured_scores(ctx, b)
+    return [(got, other) for (_, got), (_, other) in zip(first, second)]
+
+
 def head_biases(ctx: Context) -> list[torch.Tensor]:
     """Per attention call with an additive bias: its (heads, T) bias by distance 0..T-1, from the row's own entry."""
     T = max(ctx.cfg.seq, BIAS_SEQ)
-    first, _ = captured_scores(ctx, ctx.x(1, T))
-    second, _ = captured_scores(ctx, ctx.x(1, T))
     out = []
-    for (_, got), (_, other) in zip(first, second):
+    for got, other in score_pairs(ctx, ctx.x(1, T), ctx.x(1, T)):
         if got is None or other is None or got["product"] is None or other["product"] is None \
                 or got["logits"].shape[-1] != T or got["logits"].shape[-2] != T or other["logits"].shape != got["logits"].shape:
             continue

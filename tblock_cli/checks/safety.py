@@ -9,7 +9,7 @@ import torch.nn as nn
 from torch.overrides import TorchFunctionMode
 
 from tblock_cli.anatomy.tracer import tensors
-from tblock_cli.checks.context import Context, eval_forward, projected
+from tblock_cli.checks.context import Context, eval_forward, projected, state_key
 from tblock_cli.checks.result import Outcome, failed, passed, warned
 from tblock_cli.errors import one_line
 from tblock_cli.probes import train_mode
@@ -47,14 +47,16 @@ def held_with_history(module: nn.Module, inputs: set[int]) -> list[str]:
 
 
 def check_train_state(ctx: Context) -> Outcome:
-    """Two train forwards + backwards in a row (a training loop's first two steps); then no module state with a graph."""
+    """Two train forwards + backwards in a row (a training loop's first two steps); then no module state with a graph.
+    The first step is the training backward the gradient checks ran, when nothing has run the block since."""
     module = ctx.subject.module
     saved = {n: p.grad for n, p in module.named_parameters()}
-    inputs: set[int] = set()
-    kept = []  # the inputs stay alive so their ids stay theirs
+    first = ctx.first_step if ctx.first_step is not None and ctx.first_step[1] == state_key(module) else None
+    kept = [first[0]] if first else []  # the inputs stay alive so their ids stay theirs
+    inputs: set[int] = {id(x) for x in kept}
     try:
         with train_mode(module, True), torch.enable_grad():
-            for step in (1, 2):  # noqa: B007 - the failing step is reported
+            for step in (2,) if first else (1, 2):  # noqa: B007 - the failing step is reported
                 x = ctx.x().requires_grad_(True)  # as embeddings are: state computed from x then holds x's graph
                 inputs.add(id(x))
                 kept.append(x)

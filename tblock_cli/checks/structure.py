@@ -4,6 +4,7 @@ and equality with PyTorch's own layer for the built-in block."""
 from __future__ import annotations
 
 import copy
+from contextlib import contextmanager
 
 import torch
 import torch.nn as nn
@@ -19,34 +20,36 @@ OTHER_SHARE_MAX = 0.01
 REFERENCE_TOL = 1e-5
 
 
-def zero_dropout(module: nn.Module) -> int:
-    """Set every dropout probability inside to 0 (modules, MHA's, float attributes named *drop*); how many."""
-    n = 0
-    for m in module.modules():
-        if isinstance(m, nn.modules.dropout._DropoutNd):
-            m.p, n = 0.0, n + 1
-            continue
-        for key, value in list(vars(m).items()):
-            if "drop" in key.lower() and isinstance(value, float) and 0 < value < 1:
-                setattr(m, key, 0.0)
-                n += 1
-    return n
+@contextmanager
+def _dropouts(module: nn.Module, for_module, for_attribute):
+    """Dropout probabilities set for a while (modules' p, float attributes named *drop*), put back after; yields how
+    many changed. for_module(p) / for_attribute(value): the new value, or None to leave it."""
+    changes = []
+    try:
+        for m in module.modules():
+            if isinstance(m, nn.modules.dropout._DropoutNd):
+                found = [("p", m.p, for_module(m.p))]
+            else:
+                found = [(k, v, for_attribute(v)) for k, v in list(vars(m).items()) if "drop" in k.lower()]
+            for key, old, new in found:
+                if new is not None:
+                    changes.append((m, key, old))
+                    setattr(m, key, new)
+        yield len(changes)
+    finally:
+        for m, key, old in reversed(changes):
+            setattr(m, key, old)
 
 
-def raise_dropout(module: nn.Module, p: float = 0.1) -> int:
-    """Set every dropout probability that is 0 to p (modules, float attributes named *drop*); how many. A block built
-    without dropout cannot show dropout left on in eval; raised, it can."""
-    n = 0
-    for m in module.modules():
-        if isinstance(m, nn.modules.dropout._DropoutNd):
-            if m.p == 0:
-                m.p, n = p, n + 1
-            continue
-        for key, value in list(vars(m).items()):
-            if "drop" in key.lower() and type(value) is float and value == 0.0:
-                setattr(m, key, p)
-                n += 1
-    return n
+def zero_dropout(module: nn.Module):
+    """Every dropout probability inside set to 0 for a while (modules, MHA's, float attributes named *drop*)."""
+    return _dropouts(module, lambda p: 0.0, lambda v: 0.0 if isinstance(v, float) and 0 < v < 1 else None)
+
+
+def raise_dropout(module: nn.Module, p: float = 0.1):
+    """Every dropout probability that is 0 set to p for a while (modules, float attributes named *drop*). A block
+    built without dropout cannot show dropout left on in eval; raised, it can."""
+    return _dropouts(module, lambda q: p if q == 0 else None, lambda v: p if type(v) is float and v == 0.0 else None)
 
 
 def rebuilt_without_dropout(ctx: Context) -> nn.Module | None:
@@ -71,38 +74,48 @@ def rebuilt_without_dropout(ctx: Context) -> nn.Module | None:
         return None
 
 
-def eval_unused(ctx: Context) -> list[str]:
-    """Parameters a train-mode backward reaches that an eval-mode backward never touches (an eval-only path)."""
+def reached_parameters(out: torch.Tensor) -> set[int]:
+    """ids of the leaves a backward from out would reach: the graph's AccumulateGrad nodes (no backward runs)."""
+    reached, seen, todo = set(), set(), [out.grad_fn]
+    while todo:
+        node = todo.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        if hasattr(node, "variable"):
+            reached.add(id(node.variable))
+        todo.extend(n for n, _ in node.next_functions)
+    return reached
+
+
+def eval_unused(ctx: Context, x: torch.Tensor) -> tuple[list[str], torch.Tensor | None]:
+    """Parameters a train-mode backward reaches that an eval-mode graph never reaches (an eval-only path), read from
+    the eval forward's graph; and that forward's output."""
     from tblock_cli.checks.gradients import train_backward
 
     _, train = train_backward(ctx)
     params = [(n, p) for n, p in ctx.subject.module.named_parameters() if p.requires_grad and train.get(n) is not None]
-    if not params:
-        return []
-    x = ctx.x()
     with train_mode(ctx.subject.module, False), torch.enable_grad():
         out = ctx.subject(x.clone())
-        loss = (out.float() * torch.randn(out.shape, generator=ctx.gen).to(out.device)).sum()
-        if not loss.requires_grad:
-            return [n for n, _ in params]
-        grads = torch.autograd.grad(loss, [p for _, p in params], allow_unused=True)
-    return [n for (n, _), g in zip(params, grads) if g is None]
+    if not params:
+        return [], out.detach()
+    reached = reached_parameters(out) if out.requires_grad else set()
+    return [n for n, p in params if id(p) not in reached], out.detach()
 
 
 def check_train_eval(ctx: Context) -> Outcome:
     """With every dropout zeroed, a train-mode forward computes what the eval forward does."""
+    x = ctx.x()
     try:
-        unused = eval_unused(ctx)
-    except Exception:  # noqa: BLE001 - a backward that raises is the gradient checks' business; compare forwards alone
-        unused = []
+        unused, ev = eval_unused(ctx, x)
+    except Exception:  # noqa: BLE001 - a forward that raises is the other checks' business; compare forwards alone
+        unused, ev = [], None
     if unused:
         return failed("train_eval.eval_unused", len(unused), params=unused)
     rebuilt = rebuilt_without_dropout(ctx)
-    module = rebuilt if rebuilt is not None else copy.deepcopy(ctx.subject.module)
-    zero_dropout(module)
+    module = rebuilt if rebuilt is not None else ctx.subject.module
     twin = ctx.subject.like(module)
     batch_norms = [m for m in module.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
-    x = ctx.x()
 
     def train_forward():
         with train_mode(module, True), torch.no_grad():
@@ -110,10 +123,12 @@ def check_train_eval(ctx: Context) -> Outcome:
                 bn.eval()
             return twin(x.clone())
 
-    a, b = train_forward(), train_forward()
-    if rel_diff(a, b) > ctx.tol:
-        return skipped("train_eval.random_train")
-    ev = eval_forward(ctx, x, subject=twin)
+    with zero_dropout(module):  # in place where not rebuilt, put back after: no copy of the weights
+        a, b = train_forward(), train_forward()
+        if rel_diff(a, b) > ctx.tol:
+            return skipped("train_eval.random_train")
+        if rebuilt is not None or ev is None:
+            ev = eval_forward(ctx, x, subject=twin)
     diff = rel_diff(a, ev)
     if diff > ctx.tol:
         return failed("train_eval.differs", diff, diff=diff, rebuilt=rebuilt is not None)
