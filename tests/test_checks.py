@@ -15,11 +15,20 @@ BAD = {Status.FAIL, Status.ERROR, Status.WARN}
 
 
 def battery(name=None, dtype=torch.float32, **flags):
-    cfg = build_config(**{"d_model": 32, "n_heads": 4, **flags})
-    spec = zoo_spec(name) if name else None
-    subject = make_subject(cfg, CPU, dtype, spec, same_shape=False)
-    report = run_checks(subject, cfg, CPU, dtype)
-    return report, {c.name: c for c in report.checks}
+    """The report of a fresh block; the same block, dtype and flags share one run (reports are only read)."""
+    flags = {"d_model": 32, "n_heads": 4, **flags}
+    key = (name, dtype, tuple(sorted(flags.items())))
+    if key not in _reports:
+        torch.manual_seed(0)  # as the autouse fixture seeds each test: a shared report is the one it would get
+        cfg = build_config(**flags)
+        spec = zoo_spec(name) if name else None
+        subject = make_subject(cfg, CPU, dtype, spec, same_shape=False)
+        report = run_checks(subject, cfg, CPU, dtype)
+        _reports[key] = report, {c.name: c for c in report.checks}
+    return _reports[key]
+
+
+_reports: dict = {}
 
 
 def test_every_need_is_established_once_by_an_earlier_check():

@@ -70,8 +70,11 @@ def _wait_for_torch(pid: int, timeout: float = 120.0) -> None:
 @pytest.mark.parametrize("after", [0.0, 3.0])  # while torch is being imported; while measuring
 def test_sigint_exits_130_with_one_line(after):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
+    # SIGINT back to its default in the child: a pytest started in the background by a non-interactive shell
+    # ignores SIGINT, Python then leaves it ignored, and the command ran its full minute.
     p = subprocess.Popen([sys.executable, "-m", "tblock_cli", "bench", *SMALL, "--block", edge("Slow"), "--seq", "8",
-                          "--min-time", "60"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                          "--min-time", "60"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         _wait_for_torch(p.pid)
         time.sleep(after)
