@@ -58,6 +58,10 @@ def reraise_as_measure_error(e: BaseException, what: str) -> None:
     raise MeasureError(f"{what}: {one_line(e)}") from e
 
 
+# Where "interrupted" goes: fd 2, or the saved real stderr while fd 2 points at /dev/null (the profiler's quiet window).
+STDERR_FD = [2]
+
+
 def interrupted(*_) -> None:
     """SIGINT: one line and exit 130, whatever the program was doing (importing, tracing, inside a library that
     catches KeyboardInterrupt): unwinding from an arbitrary point was seen to end in RecursionError, in
@@ -71,7 +75,7 @@ def interrupted(*_) -> None:
         except (OSError, ValueError):
             pass
     try:
-        os.write(2, b"interrupted\n")
+        os.write(STDERR_FD[0], b"interrupted\n")
     finally:
         os._exit(130)
 

@@ -9,6 +9,8 @@ from typing import Callable
 
 import torch
 
+from tblock_cli.errors import STDERR_FD
+
 
 @dataclass(frozen=True)
 class CallProfile:
@@ -26,11 +28,13 @@ def _quiet_stderr():
         yield
         return
     devnull = os.open(os.devnull, os.O_WRONLY)
+    STDERR_FD[0] = fd  # a Ctrl-C in the window still says "interrupted" where the user sees it
     try:
         os.dup2(devnull, 2)
         yield
     finally:
         os.dup2(fd, 2)
+        STDERR_FD[0] = 2
         os.close(fd)
         os.close(devnull)
 

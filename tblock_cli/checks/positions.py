@@ -129,7 +129,10 @@ def sample_scores(got: dict | None, i: int) -> dict | None:
     """Sample i's captured scores of a two-sample forward (None where the scores do not lead with that batch of 2)."""
     if got is None or got["product"] is None or got["logits"].shape[0] != 2:
         return None
-    product = got["product"].detach().double().cpu().expand_as(got["logits"])
+    try:  # a product laid out otherwise (bloom's (batch * heads, T, T)) is read from one forward per input instead
+        product = got["product"].detach().double().cpu().expand_as(got["logits"])
+    except RuntimeError:
+        return None
     return {"logits": got["logits"][i : i + 1], "product": product[i : i + 1]}
 
 
