@@ -45,7 +45,7 @@ def compare(a=None, b=None, **options):
     """Two implementations of one block (SPECs, modules, or None / "builtin" for the built-in block) with A's
     weights carried to B: outputs, gradients and decoding compared, the first differing role output named.
     Options: the shared size flags, kwargs_a, kwargs_b, dtype_b, atol, rtol, map_file; compile=True holds A
-    against torch.compile(A). Returns a CompareReport: `.ok`, `.findings`, `.to_dict()`."""
+    against torch.compile(A), on backend= inductor, aot_eager or eager. Returns a CompareReport: `.ok`, `.findings`, `.to_dict()`."""
     from tblock_cli import api
 
     return api.compare(a, b, **options)

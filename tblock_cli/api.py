@@ -168,12 +168,13 @@ def depth(block=None, *, compare: bool = False, strict: bool = False, **options)
 
 
 def compare(a=None, b=None, *, kwargs_a=None, kwargs_b=None, dtype_b: str | None = None, compile: bool = False,
-            atol: float | None = None, rtol: float | None = None, map_file: str | None = None, **options):
+            backend: str | None = None, atol: float | None = None, rtol: float | None = None,
+            map_file: str | None = None, **options):
     """A against B with A's weights carried across (or A against torch.compile(A)); a CompareReport."""
     from tblock_cli.comparing.run import run_compare
 
     return run_compare(a, b, setup, options=options, kwargs_a=kwargs_a, kwargs_b=kwargs_b, dtype_b=dtype_b,
-                       compile=compile, atol=atol, rtol=rtol, map_file=map_file)
+                       compile=compile, backend=backend, atol=atol, rtol=rtol, map_file=map_file)
 
 
 def assert_ok(report) -> None:

@@ -332,6 +332,7 @@ def compare(
     kwargs_b: Annotated[Optional[str], typer.Option("--kwargs-b", help="More constructor (or hf config) keywords for B, as a JSON object.", show_default=False, metavar="JSON")] = None,
     dtype_b: Annotated[Optional[str], typer.Option("--dtype-b", help="B's dtype (A keeps --dtype): the error per component shows where precision is lost.", rich_help_panel=RUN, show_default=False, metavar="TEXT")] = None,
     compile_: Annotated[bool, typer.Option("--compile", help="Compare A with torch.compile(A): outputs, gradients, graph breaks with reasons, recompiles.", **SWITCH)] = False,
+    backend: Annotated[Optional[str], typer.Option("--backend", help="torch.compile's backend with --compile: inductor, aot_eager or eager; stepping down says whether a difference is inductor's, autograd tracing's or dynamo's. (default: inductor where it can build kernels, else aot_eager)", show_default=False, metavar="TEXT")] = None,
     atol: Annotated[Optional[float], typer.Option("--atol", help="Absolute tolerance (with --rtol: torch.allclose's rule). (default: the dtype's relative tolerance)", show_default=False, metavar="FLOAT")] = None,
     rtol: Annotated[Optional[float], typer.Option("--rtol", help="Relative tolerance, elementwise.", show_default=False, metavar="FLOAT")] = None,
     map_file: Annotated[Optional[str], typer.Option("--map", help="JSON object, A parameter name -> B parameter name, overriding the matching.", show_default=False, metavar="FILE")] = None,
@@ -343,11 +344,14 @@ def compare(
 
     def compute():
         precheck({**options, "block": a})
+        from tblock_cli.comparing import check_backend
+
+        check_backend(backend, compile_)
         from tblock_cli import api
 
         with err.status("comparing", spinner="dots"):
-            return api.compare(a, b, kwargs_a=kwargs_a, kwargs_b=kwargs_b, dtype_b=dtype_b, compile=compile_, atol=atol,
-                               rtol=rtol, map_file=map_file, dropout=dropout, **options)
+            return api.compare(a, b, kwargs_a=kwargs_a, kwargs_b=kwargs_b, dtype_b=dtype_b, compile=compile_,
+                               backend=backend, atol=atol, rtol=rtol, map_file=map_file, dropout=dropout, **options)
 
     def show(report):
         from tblock_cli.render.compare import compare_view

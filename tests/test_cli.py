@@ -185,13 +185,14 @@ def test_cpu_allocation_failure_is_out_of_memory_exit_two():
         assert r.exit_code == 2 and "out of memory" in r.stderr and "Traceback" not in r.output
 
 
-def test_module_spec_from_the_current_folder_like_python_m():
+def test_module_spec_from_the_current_folder_like_python_m(monkeypatch):
     """The console script does not put the current folder on sys.path; tblock does, as python -m would."""
-    code = ("import sys; sys.path[:] = [p for p in sys.path if p not in ('', '.')]; from tblock_cli.cli import main; "
-            "sys.argv = ['tblock', 'params', '--block', 'examples.my_block:MyBlock', '--d-model', '64', '--n-heads', '4', '--json']; "
-            "main()")
-    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", ".", str(REPO))])
+    for name in [m for m in sys.modules if m == "examples" or m.startswith("examples.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.chdir(REPO)
+    r = run("params", "--block", "examples.my_block:MyBlock", "--d-model", "64", "--n-heads", "4", "--json")
+    assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)["subject"] == "examples.my_block:MyBlock"
 
 

@@ -147,29 +147,73 @@ def test_bfloat16_b_gives_the_error_per_component_within_its_tolerance():
     assert all(0 < d.rel for d in report.components)
 
 
-def test_compile_counts_graph_breaks_with_their_reasons(tmp_path):
+BREAKS = ("import torch.nn as nn\n"
+          "class Breaks(nn.Module):\n"
+          "    def __init__(self, d_model=16, n_heads=2):\n"
+          "        super().__init__()\n"
+          "        self.fc = nn.Linear(d_model, d_model)\n"
+          "    def forward(self, x):\n"
+          "        if x.abs().max().item() > 1e9:\n"
+          "            x = x.clamp(-1e9, 1e9)\n"
+          "        return x + self.fc(x)\n")
+
+
+def compile_json(tmp_path, *flags) -> dict:
     block = tmp_path / "breaks.py"
-    block.write_text(
-        "import torch.nn as nn\n"
-        "class Breaks(nn.Module):\n"
-        "    def __init__(self, d_model=16, n_heads=2):\n"
-        "        super().__init__()\n"
-        "        self.fc = nn.Linear(d_model, d_model)\n"
-        "    def forward(self, x):\n"
-        "        if x.abs().max().item() > 1e9:\n"
-        "            x = x.clamp(-1e9, 1e9)\n"
-        "        return x + self.fc(x)\n")
+    block.write_text(BREAKS)
     result = CliRunner().invoke(app, ["compare", f"{block}:Breaks", "--compile", "--d-model", "16", "--n-heads", "2",
-                                      "--threads", "1", "--json"])
+                                      "--threads", "1", "--json", *flags])
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     jsonschema = pytest.importorskip("jsonschema")
     jsonschema.validate(data, json.loads((TESTS.parent / "docs" / "tblock.schema.json").read_text()))
-    assert data["graph_breaks"] == 1
-    assert "item()" in data["compile"]["reasons"][0]["reason"] and data["compile"]["reasons"][0]["where"].endswith("breaks.py:7")
+    return data
+
+
+def assert_one_break_at_the_item_call(data: dict) -> None:
+    assert data["ok"] and data["graph_breaks"] == 1
+    reason = data["compile"]["reasons"][0]
+    assert "item()" in reason["reason"] and reason["where"].endswith("breaks.py:7")
+    assert data["compile"]["train_graphs"] == 2  # one graph on each side of the break, in training mode
+    # the first new length marks seq dynamic (both graphs again); the second reuses them
+    assert [r["new_graphs"] for r in data["compile"]["recompiles"]] == [2, 0]
+
+
+@pytest.mark.xdist_group("dynamo")
+def test_compile_counts_graph_breaks_with_their_reasons(tmp_path):
+    """On aot_eager: dynamo's graphs and AOTAutograd's tracing without inductor's C++ builds (seconds, not a minute)."""
+    data = compile_json(tmp_path, "--backend", "aot_eager")
+    assert_one_break_at_the_item_call(data)
+    assert data["compile"]["backend"] == "aot_eager"
+    assert not any(f["kind"] == "compile.no_compiler" for f in data["findings"])  # asked for, not stepped down to
+
+
+@pytest.mark.slow
+def test_inductor_end_to_end_on_the_cpu(tmp_path):
+    """The default backend where a C++ compiler is present: inductor builds 8 CPU kernels (35-55 s with a cold cache)."""
+    from tblock_cli.comparing.compile import compiler
+
+    if compiler() is None:
+        pytest.skip("no C++ compiler: inductor cannot build CPU kernels")
+    data = compile_json(tmp_path)
     assert data["compile"]["backend"] == "inductor"
+    assert_one_break_at_the_item_call(data)
 
 
+@pytest.mark.xdist_group("dynamo")
+def test_the_default_backend_is_inductor_where_a_compiler_is_found(monkeypatch):
+    from tblock_cli.comparing import compile as comp
+
+    asked = []
+    monkeypatch.setattr(comp, "compiler", lambda: "g++")
+    monkeypatch.setattr(torch, "compile", lambda module, backend: asked.append(backend) or module)
+    tiny = torch.nn.Sequential(torch.nn.LayerNorm(16), torch.nn.Linear(16, 16))
+    report = tblock_cli.compare(tiny, compile=True, d_model=16, n_heads=2, seq=4, threads=1)
+    assert asked == ["inductor"] and report.compile["backend"] == "inductor"
+    assert report.ok and not any(f.kind == "compile.no_compiler" for f in report.findings)
+
+
+@pytest.mark.xdist_group("dynamo")
 def test_without_a_cxx_compiler_it_says_so_and_uses_aot_eager(monkeypatch):
     from tblock_cli.comparing import compile as comp
 
@@ -178,6 +222,8 @@ def test_without_a_cxx_compiler_it_says_so_and_uses_aot_eager(monkeypatch):
     report = tblock_cli.compare(tiny, compile=True, d_model=16, n_heads=2, seq=4, threads=1)
     assert report.ok and report.compile["backend"] == "aot_eager"
     assert any(f.kind == "compile.no_compiler" for f in report.findings)
+    with pytest.raises(ConfigError, match="no C\\+\\+ compiler"):  # asked for by name: refused, not stepped down
+        tblock_cli.compare(tiny, compile=True, backend="inductor", d_model=16, n_heads=2, seq=4, threads=1)
 
 
 def test_bad_input_is_a_config_error():
@@ -185,6 +231,10 @@ def test_bad_input_is_a_config_error():
         tblock_cli.compare("builtin")
     with pytest.raises(ConfigError, match="drop B"):
         tblock_cli.compare("builtin", "builtin", compile=True)
+    with pytest.raises(ConfigError, match="needs --compile"):
+        tblock_cli.compare("builtin", "builtin", backend="eager")
+    with pytest.raises(ConfigError, match="must be one of inductor, aot_eager, eager"):
+        tblock_cli.compare("builtin", compile=True, backend="tvm")
 
 
 def test_compare_leaves_torch_unimported_until_called():

@@ -199,12 +199,10 @@ class _norm_hooks:
 
 def _component_peaks(subject, x, module, norms, groups, d_model, sync) -> dict[str, int]:
     """The largest rise of tensor memory inside any one call of each component, from one profiled forward."""
-    from torch.profiler import ProfilerActivity, profile
-
-    from tblock_cli.benchmark.profiling import _kineto_events, _quiet_stderr
+    from tblock_cli.benchmark.profiling import _kineto_events, _quiet_stderr, cpu_profiler
 
     c = _Clock(groups, d_model, sync, label=True)
-    with _quiet_stderr(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    with _quiet_stderr(), cpu_profiler(memory=True) as prof:
         with _norm_hooks(module, norms, c):
             with c:
                 subject(x)

@@ -39,10 +39,20 @@ def _quiet_stderr():
         os.close(devnull)
 
 
+def cpu_profiler(memory: bool):
+    """PyTorch's profiler recording CPU operators (and, with memory, CPU allocation events).
+
+    The autograd profiler that torch.profiler.profile drives, used directly: torch.profiler.profile's start asks
+    hasattr(torch, "_inductor"), which imports inductor, dynamo and sympy (~5 s on a process's first profile)."""
+    from torch.autograd.profiler import profile
+
+    return profile(use_cpu=True, use_kineto=True, profile_memory=memory)
+
+
 def _kineto_events(prof) -> list:
     """The profiler's raw events; a semi-private API, so fail loudly if it moves."""
     try:
-        return list(prof.profiler.kineto_results.events())
+        return list(prof.kineto_results.events())
     except AttributeError as e:  # pragma: no cover - depends on the torch version
         raise RuntimeError(
             f"this torch ({torch.__version__}) no longer exposes profiler.kineto_results.events(); "
@@ -69,10 +79,8 @@ def profile_call(fn: Callable[[], object], device: torch.device) -> CallProfile:
     CPU: from the profiler's memory events. CUDA: torch.cuda's peak statistic after a synchronised
     run (above what was allocated before), with operator names from a second, profiled run.
     """
-    from torch.profiler import ProfilerActivity, profile
-
     cpu = device.type == "cpu"
-    with _quiet_stderr(), profile(activities=[ProfilerActivity.CPU], profile_memory=cpu) as prof:
+    with _quiet_stderr(), cpu_profiler(memory=cpu) as prof:
         fn()
         if device.type == "cuda":
             torch.cuda.synchronize(device)

@@ -76,8 +76,20 @@ def step_fn(call: Callable[[torch.Tensor], torch.Tensor], module: nn.Module, x: 
     def train():
         module.zero_grad(set_to_none=True)  # the step starts where zero_grad(set_to_none=True) leaves a loop
         x.grad = None
-        call(x).backward(grad)
+        backward_from(call(x), grad)
     return train
+
+
+def backward_from(y: torch.Tensor, grad: torch.Tensor) -> None:
+    """y.backward(grad), straight to autograd's engine: torch.autograd.backward first checks grad's shape through
+    torch.fx.experimental.symbolic_shapes, whose import brings sympy (~3.5 s on a process's first train step). The
+    engine checks the shape itself ("invalid gradient at index 0")."""
+    engine = getattr(getattr(torch.autograd, "Variable", None), "_execution_engine", None)
+    if engine is None:  # pragma: no cover - a torch that moved it
+        y.backward(grad)
+        return
+    # tensors, grad_tensors, keep_graph, create_graph, inputs, allow_unreachable, accumulate_grad
+    engine.run_backward((y,), (grad,), False, False, (), True, True)
 
 
 def synchronizer(device: torch.device) -> Callable[[], None]:

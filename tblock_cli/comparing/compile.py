@@ -57,17 +57,19 @@ def quiet_dynamo():
         log.setLevel(was)
 
 
-def run_compile(subject, cfg, x: torch.Tensor, v: torch.Tensor) -> dict:
+def run_compile(subject, cfg, x: torch.Tensor, v: torch.Tensor, backend: str | None = None) -> dict:
     """The compile section: backend, equality of outputs and gradients, graph breaks, recompiles by seq."""
     with quiet_dynamo():
-        return compile_and_compare(subject, x, v)
+        return compile_and_compare(subject, x, v, backend)
 
 
-def compile_and_compare(subject, x: torch.Tensor, v: torch.Tensor) -> dict:
+def compile_and_compare(subject, x: torch.Tensor, v: torch.Tensor, backend: str | None = None) -> dict:
+    """backend None: inductor where it can build kernels (a GPU, or a C++ compiler for the CPU), else aot_eager."""
     import torch._dynamo
 
     cxx = compiler()
-    backend = "inductor" if cxx or x.device.type != "cpu" else "aot_eager"
+    if backend is None:
+        backend = "inductor" if cxx or x.device.type != "cpu" else "aot_eager"
     tol = COMPILE_TOLERANCE[x.dtype]
     out = {"backend": backend, "cxx": cxx, "tolerance": tol}
     try:
