@@ -2,7 +2,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 import typer.main
 import typer.testing
 
@@ -13,9 +12,16 @@ TESTS = Path(__file__).parent
 sys.dont_write_bytecode = False
 sys.path.insert(0, str(TESTS))  # so tests can `import zoo`
 
-# One intra-op thread: on a shared 2-core machine two OpenMP threads fight for the cores and the suite
-# runs 5-6x slower (measured 150-180 s against 27 s); nothing here measures speed.
-torch.set_num_threads(1)
+
+def pytest_configure(config):
+    # xdist's controller only hands out tests: importing torch there (~3 s) would hold back the workers' start.
+    if getattr(config, "workerinput", None) is None and config.getoption("numprocesses", None):
+        return
+    import torch
+
+    # One intra-op thread: on a shared 2-core machine two OpenMP threads fight for the cores and the suite
+    # runs 5-6x slower (measured 150-180 s against 27 s); nothing here measures speed.
+    torch.set_num_threads(1)
 
 
 # Typer builds the click command again on every CliRunner.invoke (~25 ms, 5 s over the suite); a command is
@@ -38,6 +44,8 @@ def pytest_addoption(parser):
 
 @pytest.fixture(autouse=True)
 def _seeded_one_thread():
+    import torch
+
     # Without a GPU, the CPU generator alone: torch.manual_seed also queues a lazy CUDA/XPU/MTIA seeding that
     # formats the caller's stack each time (three stacks of pytest's depth, ~7 ms a test).
     if torch.cuda.is_available():

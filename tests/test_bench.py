@@ -214,6 +214,7 @@ def test_cli_bench_json():
     assert data["environment"]["torch"] == torch.__version__
 
 
+@pytest.mark.xdist_group("plot")  # matplotlib's import (~1.5 s) on one worker
 def test_cli_bench_table_and_plot(tmp_path):
     pytest.importorskip("matplotlib")
     png = tmp_path / "b.png"

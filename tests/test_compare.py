@@ -15,6 +15,9 @@ from conftest import TESTS
 Z = f"{TESTS / 'zoo_compare.py'}:"
 SIZES = {"d_model": 32, "n_heads": 4, "seq": 8, "threads": 1}
 GQA = {"kwargs_a": {"n_kv_heads": 2}, "kwargs_b": {"num_key_value_heads": 2}}
+# Most tests here build hf:llama, and the compile tests import dynamo (~3 s): all on the worker that runs the
+# other transformers tests (tests/test_hf.py), so each import is paid once.
+pytestmark = pytest.mark.xdist_group("hf")
 
 
 def llama(name: str):
@@ -179,7 +182,6 @@ def assert_one_break_at_the_item_call(data: dict) -> None:
     assert [r["new_graphs"] for r in data["compile"]["recompiles"]] == [2, 0]
 
 
-@pytest.mark.xdist_group("dynamo")
 def test_compile_counts_graph_breaks_with_their_reasons(tmp_path):
     """On aot_eager: dynamo's graphs and AOTAutograd's tracing without inductor's C++ builds (seconds, not a minute)."""
     data = compile_json(tmp_path, "--backend", "aot_eager")
@@ -200,7 +202,6 @@ def test_inductor_end_to_end_on_the_cpu(tmp_path):
     assert_one_break_at_the_item_call(data)
 
 
-@pytest.mark.xdist_group("dynamo")
 def test_the_default_backend_is_inductor_where_a_compiler_is_found(monkeypatch):
     from tblock_cli.comparing import compile as comp
 
@@ -213,7 +214,6 @@ def test_the_default_backend_is_inductor_where_a_compiler_is_found(monkeypatch):
     assert report.ok and not any(f.kind == "compile.no_compiler" for f in report.findings)
 
 
-@pytest.mark.xdist_group("dynamo")
 def test_without_a_cxx_compiler_it_says_so_and_uses_aot_eager(monkeypatch):
     from tblock_cli.comparing import compile as comp
 

@@ -125,6 +125,7 @@ def test_cli_exit_codes_and_json():
         assert res.exit_code == 2 and "Traceback" not in res.output
 
 
+@pytest.mark.xdist_group("plot")  # matplotlib's import (~1.5 s) on one worker
 def test_cli_depth_user_block_and_plot(tmp_path):
     pytest.importorskip("matplotlib")
     png = tmp_path / "d.png"

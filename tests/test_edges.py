@@ -216,6 +216,7 @@ def test_assert_ok_on_something_else_is_a_config_error():
 # COLUMNS=0 in a real pipe: tests/test_render.py's test_a_pipe_with_zero_columns_and_ascii_gets_whole_unpadded_lines
 
 
+@pytest.mark.xdist_group("hf")  # with the other transformers tests (tests/test_hf.py)
 def test_layers_with_an_hf_block_builds_them_and_does_not_warn():
     pytest.importorskip("transformers")
     r = tblock_cli.params("hf:llama", d_model=32, n_heads=4, d_ff=64, layers=2)

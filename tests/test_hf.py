@@ -1,5 +1,6 @@
 """--block hf:TYPE: the wrapper drives a layer exactly as its model does, the battery passes, planted bugs are caught."""
 
+import importlib.util
 import json
 import sys
 import time
@@ -13,11 +14,17 @@ from tblock_cli.checks import Status
 from tblock_cli.cli import app
 from tblock_cli.config import build_config
 
-transformers = pytest.importorskip("transformers")
+# Skipped without transformers, but not imported here: importing it costs ~2 s, and the worker that does not run
+# the "hf" group below would pay it at collection for nothing.
+if importlib.util.find_spec("transformers") is None:
+    pytest.skip("transformers is not installed", allow_module_level=True)
 from tblock_cli import hf  # noqa: E402
 
 SMALL = ["--d-model", "64", "--n-heads", "4", "--d-ff", "256"]
 runner = CliRunner()
+# One worker runs every test that builds a transformers model: the first model a process builds imports
+# transformers' modelling machinery (~3.5 s), paid once rather than on each worker.
+pytestmark = pytest.mark.xdist_group("hf")
 
 
 def model_and_wrapper(model_type, **flags):
@@ -235,6 +242,8 @@ def test_moe_float64_reference_runs_the_eager_experts():
 
 
 def test_layers_builds_the_model_once_and_is_not_called_builtin_only(monkeypatch):
+    import transformers
+
     real, built = transformers.AutoModel.from_config, []
 
     def counted(*a, **kw):

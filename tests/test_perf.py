@@ -83,6 +83,7 @@ def test_cli_refuses_a_misspelt_check_with_exit_2():
     assert res.exit_code == 2 and "kv_cache" in res.stderr
 
 
+@pytest.mark.xdist_group("hf")  # with the other transformers tests (tests/test_hf.py)
 def test_hf_init_once_keeps_what_transformers_init_writes():
     pytest.importorskip("transformers")
     from transformers import AutoModel

@@ -23,6 +23,11 @@ TOLERANCE = {torch.float64: 1e-10, torch.float32: 1e-5, torch.float16: 8e-3, tor
 BATCHED_TOKENS = 512
 
 
+# nn.Module's own bookkeeping (hook dicts, the non-persistent buffer names): no state a forward reads. Skipping
+# them makes the key 5x cheaper (0.6 -> 0.12 ms on a d_model 32 block; it is taken around every shared forward).
+_BOOKKEEPING = frozenset(vars(nn.Module())) - {"_parameters", "_buffers", "_modules", "training"}
+
+
 def state_key(module: nn.Module) -> tuple:
     """What a forward could read besides its input: every parameter's, buffer's and tensor attribute's identity and
     version, and plain scalar attributes, of the module and of modules it keeps as attributes (an HF layer's model).
@@ -36,6 +41,8 @@ def state_key(module: nn.Module) -> tuple:
             continue
         seen.add(id(m))
         for name, value in vars(m).items():
+            if name in _BOOKKEEPING:
+                continue
             if isinstance(value, nn.Module):
                 todo.append(value)
             elif name in ("_parameters", "_buffers"):

@@ -124,11 +124,12 @@ def _sync(device: torch.device) -> None:
 
 def run_tp_bench(subject, cfg, device: torch.device, dtype: torch.dtype, plan, n: int, run: RunInfo, calls: int = CALLS) -> TPBench:
     from tblock_cli.distributed.spawn import RankFailure, run_ranks
+    from tblock_cli.distributed.tp import RANK_MODULES
     from tblock_cli.errors import MeasureError
 
     try:
         everyone, unsharded = run_ranks(bench_rank, n, device, subject, plan.styles, cfg.seed,
-                                        (cfg.batch, cfg.seq, cfg.d_model), dtype, calls)
+                                        (cfg.batch, cfg.seq, cfg.d_model), dtype, calls, preload=RANK_MODULES)
     except RankFailure as e:
         raise MeasureError(f"bench --tp {n}: {e}" + (f" (in `{e.where}`)" if e.where else "")) from None
     return TPBench(tuple(everyone), tuple(unsharded), cfg.seq, run)

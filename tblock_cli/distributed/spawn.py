@@ -56,8 +56,10 @@ def loopback_interface() -> str | None:
     return next((name for _, name in socket.if_nameindex() if name.startswith("lo")), None)
 
 
-def run_ranks(fn: Callable, n: int, device: torch.device, *args) -> object:
-    """fn(rank, world, device, *args) on n ranks; rank 0's return value. Raises RankFailure or ConfigError."""
+def run_ranks(fn: Callable, n: int, device: torch.device, *args, preload: tuple[str, ...] = ()) -> object:
+    """fn(rank, world, device, *args) on n ranks; rank 0's return value. Raises RankFailure or ConfigError.
+
+    `preload`: modules fn imports, imported once here before forking rather than in every child."""
     if under_torchrun():
         return _in_this_world(fn, n, device, *args)
     if n < 2:
@@ -74,8 +76,8 @@ def run_ranks(fn: Callable, n: int, device: torch.device, *args) -> object:
     method = "spawn" if device.type == "cuda" or "fork" not in mp.get_all_start_methods() else "fork"
     ctx = mp.get_context(method)
     payload = args if method == "fork" else (pickle.dumps(args), _user_files())
-    if method == "fork":  # imported once here rather than in every child (~2 s of CPU each)
-        for name in ("torch.distributed.device_mesh", "torch.distributed.fsdp", "torch.distributed.tensor.parallel"):
+    if method == "fork":
+        for name in preload:
             importlib.import_module(name)
     store = TCPStore(LOOPBACK, 0, n, is_master=True, wait_for_workers=False,
                      timeout=datetime.timedelta(seconds=RANK_TIMEOUT_S))

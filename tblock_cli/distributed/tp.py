@@ -7,6 +7,9 @@ import math
 import torch
 
 NO_MODULE = 1 << 30  # "no module output differed", as the minimum over ranks
+# What a rank imports, imported before the ranks fork: the DTensor modules (1.5 s), and torch._dynamo, which
+# distribute_tensor's dynamo-disabling wrapper imports on its first call (2 s of CPU in every rank otherwise).
+RANK_MODULES = ("torch.distributed.device_mesh", "torch.distributed.tensor.parallel", "torch._dynamo")
 
 
 def check_tensor_parallel(ctx):
@@ -23,7 +26,7 @@ def check_tensor_parallel(ctx):
     sharded = {"ranks": n, "colwise": sorted(k for k, s in plan.styles.items() if s == "colwise"),
                "rowwise": sorted(k for k, s in plan.styles.items() if s == "rowwise"), "plan": plan.to_dict()}
     try:
-        got = run_ranks(tp_rank, n, ctx.device, ctx.subject, plan.styles, ctx.cfg.seed, shape, ctx.dtype)
+        got = run_ranks(tp_rank, n, ctx.device, ctx.subject, plan.styles, ctx.cfg.seed, shape, ctx.dtype, preload=RANK_MODULES)
     except RankFailure as e:
         return failed("tensor_parallel.raised", e.where, rank=e.rank, error=e.error, where=e.where,
                       role=plan.roles.get(e.where or "", ""), **sharded)
