@@ -2,6 +2,10 @@
 
     python scripts/zoo_json.py --save before.json       # every zoo block and the built-in variants
     python scripts/zoo_json.py --against before.json    # exit 1 on any key removed or value changed
+    python scripts/zoo_json.py --against before.json --verdicts  # only each check's status and kind
+
+--verdicts is for a change that draws random inputs in another order or runs fewer forwards: values move within
+tolerance, what each check decides must not.
 
 The environment block (torch version, threads) and wall-clock fields are left out: they are not the checks'.
 Added keys (new fields on a check result or a finding) and added checks are allowed; a removed key or check, or a
@@ -91,6 +95,12 @@ def differences(old, new, path: str = "") -> list[str]:
     return [] if old == new else [f"{path}: {old!r} -> {new!r}"]
 
 
+def verdicts(runs: dict) -> dict:
+    """Per run, each check's status and kind (or the run's load error)."""
+    return {name: run if "error" in run else {c["name"]: [c["status"], c["kind"]] for c in run["checks"]}
+            for name, run in runs.items()}
+
+
 def main() -> int:
     import tblock_cli.errors  # noqa: F401 - for the except clause above
 
@@ -98,6 +108,7 @@ def main() -> int:
     group = parser.add_mutually_exclusive_group(required=True)
     group.add_argument("--save", metavar="FILE")
     group.add_argument("--against", metavar="FILE")
+    parser.add_argument("--verdicts", action="store_true", help="with --against: compare statuses and kinds only")
     args = parser.parse_args()
     torch.set_num_threads(1)
     now = run_all()
@@ -106,7 +117,7 @@ def main() -> int:
         print(f"saved {len(now)} check runs to {args.save}")
         return 0
     old = strip(json.loads(Path(args.against).read_text()))
-    diffs = differences(old, now)
+    diffs = differences(verdicts(old), verdicts(now)) if args.verdicts else differences(old, now)
     for d in diffs:
         print(d)
     print(f"{len(now)} check runs compared: {len(diffs)} difference(s) beyond added keys")

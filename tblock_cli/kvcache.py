@@ -26,13 +26,26 @@ def decode_step(module: nn.Module, x: torch.Tensor, cache):
 
 def decode_chunks(module: nn.Module, x: torch.Tensor, sizes: list[int]) -> tuple[torch.Tensor, object]:
     """Feed x (B, T, d) chunk by chunk (sizes sum to T); the outputs concatenated along T, and the last cache."""
-    assert sum(sizes) == x.shape[1], (sizes, x.shape)
-    outs, cache, t = [], None, 0
-    for n in sizes:
-        y, cache = decode_step(module, x[:, t : t + n], cache)
-        outs.append(y)
-        t += n
-    return torch.cat(outs, dim=1), cache
+    return decode_in_turns(module, [(x, sizes)])[0]
+
+
+def decode_in_turns(module: nn.Module, runs: list[tuple[torch.Tensor, list[int]]]) -> list[tuple[torch.Tensor, object]]:
+    """Several sequences decoded in turns, as a server interleaves requests: a chunk of each in a row, each sequence
+    with its own cache. Per sequence (x (B, T, d), chunk sizes summing to T): its outputs concatenated along T, and
+    its last cache."""
+    for x, sizes in runs:
+        assert sum(sizes) == x.shape[1], (sizes, x.shape)
+    outs: list[list[torch.Tensor]] = [[] for _ in runs]
+    caches: list = [None] * len(runs)
+    starts = [0] * len(runs)
+    for step in range(max(len(sizes) for _, sizes in runs)):
+        for i, (x, sizes) in enumerate(runs):
+            if step < len(sizes):
+                t, n = starts[i], sizes[step]
+                y, caches[i] = decode_step(module, x[:, t : t + n], caches[i])
+                outs[i].append(y)
+                starts[i] = t + n
+    return [(torch.cat(o, dim=1), c) for o, c in zip(outs, caches)]
 
 
 def cache_tensors(cache, _seen=None) -> list[torch.Tensor]:

@@ -114,3 +114,62 @@ def test_alibi_scale_is_judged_on_qk_alone():
     """ALiBi's bias spreads the scores (x2.3 at d_model 512 when counted); the q.k part alone is scaled."""
     c = battery("Alibi3", only=("attention",), d_model=64, **zoo.CORRECT_3["Alibi3"])["attention"]
     assert 0.8 < c.value < 1.3, c
+
+
+class TrainNoise(torch.nn.Module):
+    """Gaussian noise in train mode, not a dropout: zeroing dropout leaves the train forward random."""
+
+    def __init__(self, d: int = 32):
+        super().__init__()
+        self.ff = torch.nn.Linear(d, d)
+
+    def forward(self, x):
+        return x + self.ff(x + 0.1 * torch.randn_like(x) if self.training else x)
+
+
+class TrainScaled(TrainNoise):
+    """A deterministic train-only path: the output scaled in train mode alone."""
+
+    def forward(self, x):
+        return (x + self.ff(x)) * (1.1 if self.training else 1.0)
+
+
+def test_train_eval_tells_a_random_train_forward_from_a_different_one():
+    import tblock_cli
+
+    noisy = tblock_cli.check(TrainNoise(), d_model=32, n_heads=4, threads=1, only=["train_eval"]).checks[0]
+    assert noisy.status == Status.SKIP and noisy.kind == "train_eval.random_train", noisy
+    scaled = tblock_cli.check(TrainScaled(), d_model=32, n_heads=4, threads=1, only=["train_eval"]).checks[0]
+    assert scaled.status == Status.FAIL and scaled.kind == "train_eval.differs", scaled
+    # max|1.1 y - y| / max|y| (max|y| > 1): the 10 % train-only scale, exactly where |y| is largest
+    assert abs(scaled.value - 0.1) < 1e-6, scaled
+
+
+@pytest.mark.parametrize("name", ["Alibi3", "AlibiWrongSlopes", "AlibiSlopesReversed", "Rel3", "GQA3", "Gemma3"])
+def test_position_bias_reads_relatives_scores_first_and_decides_as_alone(name, monkeypatch):
+    """After relative, a block whose identical-token scores are a multiple of q.k needs no position_bias forward (RoPE
+    blocks); one with a bias runs the two-input probe as alone, and the verdict is the same either way."""
+    from tblock_cli.checks import positions
+
+    flags = zoo.CORRECT_3.get(name) or zoo.PLANTED_3[name][1]
+    alone = battery(name, only=("position_bias",), **flags)["position_bias"]
+    probed = []
+    real = positions.head_biases
+    monkeypatch.setattr(positions, "head_biases", lambda ctx: probed.append(1) or real(ctx))
+    after = battery(name, only=("relative", "position_bias"), **flags)["position_bias"]
+    assert (after.status, after.kind) == (alone.status, alone.kind)
+    assert bool(probed) == name.startswith("Alibi"), (name, after)
+
+
+@pytest.mark.parametrize("name, backwards", [("Rel3", 1), ("TrainStateHistory", 1), ("TrainRunningStat", 2)])
+def test_the_second_training_backward_runs_only_where_it_reaches_the_first_graph(name, backwards, monkeypatch):
+    """train_state's first step is the gradient checks' backward; the second step's backward runs only where its graph
+    leads back into the first step's (TrainRunningStat's statistic carries it): elsewhere it could not fail."""
+    calls = []
+    real = torch.Tensor.backward
+    monkeypatch.setattr(torch.Tensor, "backward", lambda self, *a, **k: calls.append(1) or real(self, *a, **k))
+    by = battery(name, only=("input_unchanged", "train_state"), **zoo.CORRECT_3.get(name, {}))
+    assert len(calls) == backwards, (name, by["train_state"])
+    assert by["train_state"].kind == {"Rel3": "train_state.clean", "TrainStateHistory": "train_state.history",
+                                      "TrainRunningStat": "train_state.second_backward"}[name]
+

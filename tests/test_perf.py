@@ -123,3 +123,76 @@ def test_check_and_bench_do_not_import_sympy_or_inductor():
             "print('sympy' in sys.modules, 'torch._inductor' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split("\n")[:2] == ["False False", "False False"], out
+
+
+class ModelKeptAside(nn.Module):
+    """A residual layer whose train() also sets a module it keeps outside its module tree, as tblock's HF wrapper
+    sets its model's: kept_modes restores the tree's modes only, so that module's mode moves with the last caller."""
+
+    def __init__(self, d: int):
+        super().__init__()
+        self.ff = nn.Linear(d, d)
+        self.__dict__["aside"] = nn.Linear(d, d)  # not a submodule
+
+    def train(self, mode: bool = True):
+        self.aside.train(mode)
+        return super().train(mode)
+
+    def forward(self, x):
+        return x + self.ff(x)
+
+
+def test_the_standard_forward_runs_once_whatever_modes_the_checks_leave():
+    """The load probe's forward is the standard one (the same input, drawn from --seed); input_unchanged's training
+    step leaves the kept-aside module in train mode, and residual's standard eval output is still that one (its
+    forward would run in eval mode all the same)."""
+    block = ModelKeptAside(16)
+    standard_inputs = []
+
+    def record(m, args):
+        if not m.training and not torch.is_grad_enabled():
+            standard_inputs.append(args[0].clone())
+
+    block.register_forward_pre_hook(record)
+    tblock_cli.check(block, d_model=16, threads=1, only=["shape", "input_unchanged", "residual"])
+    # the standard input: the one residual also runs doubled (2 * x0, its after-norm probe)
+    (x0,) = {id(x): x for x in standard_inputs if any(torch.equal(2 * x, y) for y in standard_inputs)}.values()
+    assert sum(torch.equal(x, x0) for x in standard_inputs) == 1 and torch.equal(standard_inputs[0], x0)
+
+
+class PositionsSlice(nn.Module):
+    """Returns a view of its own weight (a learned position table's first T rows), read after later modules ran."""
+
+    def __init__(self, d: int):
+        super().__init__()
+        self.pe = nn.Parameter(torch.randn(16, d))
+
+    def forward(self, T: int):
+        return self.pe[:T]
+
+
+class LateSum(nn.Module):
+    def __init__(self, d: int = 8):
+        super().__init__()
+        self.pos, self.ff, self.ff2 = PositionsSlice(d), nn.Linear(d, d), nn.Linear(d, d)
+
+    def forward(self, x):
+        p = self.pos(x.shape[1])
+        return self.ff2(self.ff(x)) + p  # ff and ff2 are cast after pos returned
+
+
+def test_streamed_float64_keeps_a_units_output_that_views_its_copies(monkeypatch):
+    """The float64 copies of one unit are laid into a buffer the next unit reuses, unless the unit kept a view of them:
+    pos's output is its weight's float64 copy, and ff's and ff2's copies must not overwrite it."""
+    import tblock_cli.probes as probes
+
+    monkeypatch.setattr(probes, "STREAM_UNIT_BYTES", 64)
+    block = LateSum().eval()
+    assert stream_units(block) == [block.pos, block.ff, block.ff2]
+    x = torch.randn(2, 5, 8, dtype=torch.float64)
+    with torch.no_grad():
+        expected = copy.deepcopy(block).double()(x)
+        with float64_streamed(block, CPU):
+            got = block(x)
+            again = block(x)  # a second forward reuses nothing stale
+    assert torch.equal(got, expected) and torch.equal(again, expected)

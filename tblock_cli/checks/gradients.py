@@ -8,9 +8,9 @@ from typing import Callable
 import torch
 import torch.nn as nn
 
-from tblock_cli.checks.context import Context, changed, eval_forward, nonfinite_kind, state_key
+from tblock_cli.checks.context import Context, eval_forward, nonfinite_kind
 from tblock_cli.checks.result import Outcome, failed, passed
-from tblock_cli.probes import f64, rel_diff, residual_gain, residual_probes, train_mode
+from tblock_cli.probes import changed, f64, rel_diff, residual_gain, residual_probes, state_key, train_mode
 from tblock_cli.report import Status
 
 # tr(J)/n of input -> output. An identity residual contributes exactly 1; the branches' own
@@ -59,15 +59,30 @@ def train_backward(ctx: Context) -> tuple[torch.Tensor | None, dict[str, str]]:
                 ctx.train_changed_input = changed(xin, x)  # input_unchanged reads it
                 # a random projection: out.sum() would see nothing through a final LayerNorm
                 w = torch.randn(out.shape, generator=ctx.gen).to(out.device)
-                (out.float() * w).sum().backward()
-                del out
+                loss = (out.float() * w).sum()
+                nodes = graph_nodes(loss)  # train_state's second step asks whether its graph reaches back into these
+                loss.backward()
+                del out, loss
             states = {n: grad_state(p.grad) for n, p in module.named_parameters() if p.requires_grad}
         finally:
             for n, p in module.named_parameters():
                 p.grad = saved[n]
         ctx.backward = (x.grad, states)
-        ctx.first_step = (x, state_key(module))  # train_state's first step, if nothing runs the block in between
+        ctx.first_step = (x, state_key(module), nodes)  # train_state's first step, if nothing runs the block in between
     return ctx.backward
+
+
+def graph_nodes(t: torch.Tensor) -> dict[int, object]:
+    """The nodes of t's autograd graph but the leaves' AccumulateGrad (a parameter's is the same in every step), by id;
+    the nodes themselves are kept, so no later node takes an id of theirs."""
+    found, todo = {}, [t.grad_fn]
+    while todo:
+        node = todo.pop()
+        if node is None or id(node) in found or hasattr(node, "variable"):
+            continue
+        found[id(node)] = node
+        todo.extend(n for n, _ in node.next_functions)
+    return found
 
 
 def check_grad_input(ctx: Context) -> Outcome:

@@ -63,18 +63,31 @@ def positional_reason(ctx: Context) -> dict | None:
     return None
 
 
-def padded_equals_alone(ctx: Context, x: torch.Tensor, left: bool, out: torch.Tensor) -> tuple[float, str | None]:
-    """max rel. diff between each sample's real positions in a padded batch (out: its eval output) and the same tokens
-    run alone; or what non-finite value the real positions got (then nothing is compared)."""
+def left_padded(x: torch.Tensor) -> torch.Tensor:
+    """x laid out for left padding (padding_mask(left=True)): each sample's real tokens of the right-padded layout
+    moved to the end, its pads to the front, so both layouts' real tokens are the same and one run of them alone
+    serves both comparisons."""
     B, T, _ = x.shape
+    return torch.stack([x[i].roll(T - n, dims=0) for i, n in enumerate(pad_lengths(B, T).tolist())])
+
+
+def alone_outputs(ctx: Context, x: torch.Tensor) -> list[torch.Tensor]:
+    """Each sample's real tokens of the right-padded layout (x[i, :n]) run alone: (n, d) each."""
+    B, T, _ = x.shape
+    return [eval_forward(ctx, x[i : i + 1, :n])[0] for i, n in enumerate(pad_lengths(B, T).tolist())]
+
+
+def padded_equals_alone(alone: list[torch.Tensor], left: bool, out: torch.Tensor) -> tuple[float, str | None]:
+    """max rel. diff between each sample's real positions in a padded batch (out: its eval output) and the same tokens
+    run alone (alone_outputs); or what non-finite value the real positions got (then nothing is compared)."""
+    T = out.shape[1]
     worst = 0.0
-    for i, n in enumerate(pad_lengths(B, T).tolist()):
-        real = slice(T - n, T) if left else slice(0, n)
-        alone = eval_forward(ctx, x[i : i + 1, real])[0]
-        got = out[i, real]
-        if not torch.isfinite(got).all() and torch.isfinite(alone).all():
+    for i, ref in enumerate(alone):
+        n = ref.shape[0]
+        got = out[i, T - n :] if left else out[i, :n]
+        if not torch.isfinite(got).all() and torch.isfinite(ref).all():
             return 0.0, nonfinite_kind(got)
-        worst = max(worst, rel_diff(got, alone))
+        worst = max(worst, rel_diff(got, ref))
     return worst, None
 
 
@@ -123,8 +136,8 @@ def check_padding(ctx: Context) -> Outcome:
     positional = positional_reason(ctx)
     sides = ["right"] + (["left"] if causal or positional is not None else [])
     # The padded batches side by side in one forward where samples are known apart (padded: the right side's batch)
-    left_mask = padding_mask(ctx, B, T, left=True)
-    probes = [(x2, mask), (x, mask)] + ([(x, left_mask)] if "left" in sides else []) + [(x, fully_padded_mask(ctx, B, T))]
+    left_mask, x_left = padding_mask(ctx, B, T, left=True), left_padded(x)
+    probes = [(x2, mask), (x, mask)] + ([(x_left, left_mask)] if "left" in sides else []) + [(x, fully_padded_mask(ctx, B, T))]
     outs = eval_together(ctx, [p for p, _ in probes], [m for _, m in probes])
     if outs is None:
         full = fully_padded(ctx, x, T)
@@ -143,12 +156,13 @@ def check_padding(ctx: Context) -> Outcome:
     # not failed; a block's own -inf fill doing the same fails
     mha = bool(attention_modules(ctx.subject.module))
     nonfinite = []
-    worst = 0.0
+    worst, alone = 0.0, None
     for side in sides:
         ctx.step(f"{side} padding against each sample alone")
         side_mask = mask if side == "right" else left_mask
-        once = padded if side == "right" else left_once if left_once is not None else eval_forward(ctx, x, side_mask)
-        eq, got = padded_equals_alone(ctx, x, side == "left", once)
+        once = padded if side == "right" else left_once if left_once is not None else eval_forward(ctx, x_left, side_mask)
+        alone = alone_outputs(ctx, x) if alone is None else alone  # the same real tokens on both sides: run once
+        eq, got = padded_equals_alone(alone, side == "left", once)
         if got:
             nonfinite.append({"side": side, "got": got})
             continue

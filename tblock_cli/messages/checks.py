@@ -172,9 +172,10 @@ MESSAGES = {
     "kv_cache.differs": ("{split}: position {position} differs from the full causal forward by {diff:.2e} (worst {worst:.2e}): "
                          "the cache or the positions are wrong"),
     "kv_cache.graph": "{split}: a no_grad decode returned {tensors} tensor(s) with a grad_fn: an autograd graph grows across steps",
-    "kv_cache.shared": "two sequences decoded in turns differ from each decoded alone by {diff:.2e}: the caches share state",
+    "kv_cache.shared": ("two sequences decoded in turns differ from the full causal forward by {diff:.2e}, each decoded alone "
+                         "equals it: the caches share state"),
     "kv_cache.equal": lambda f: (f"prefill + one token at a time and chunks of 3 equal the full causal forward (max "
-                                 f"{f['worst']:.1e}); no grad_fn under no_grad; two caches independent; cache "
+                                 f"{f['worst']:.1e}), decoded in turns with two caches; no grad_fn under no_grad; cache "
                                  f"{fmt_bytes(f['bytes'])} at {f['positions']} positions"),
     # norm_placement
     "norm_placement.no_norms": "no norm of the residual stream found: nothing to place",
