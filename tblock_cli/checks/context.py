@@ -91,9 +91,10 @@ class Context:
         self._standard = [x0, y0, now]
         return x0, y0
 
-    def batched(self, *xs: torch.Tensor) -> bool:
-        """Whether probes xs (each (B, T, d)) may run as one forward: samples are known independent, and small."""
-        return "independent" in self.met and sum(x.shape[0] * x.shape[1] for x in xs) <= BATCHED_TOKENS
+    def batched(self, *xs: torch.Tensor, apart: bool = True) -> bool:
+        """Whether probes xs (each (B, T, d)) may run as one forward: small, and samples known independent where each
+        probe's outputs are read apart (apart=False: only a property of all of them, rerun alone where it fails)."""
+        return (not apart or "independent" in self.met) and sum(x.shape[0] * x.shape[1] for x in xs) <= BATCHED_TOKENS
 
     def dataflow(self):
         """The block's traced anatomy on the probe input, computed once (ffn_share and attention share it)."""
@@ -110,13 +111,13 @@ def eval_forward(ctx: Context, x: torch.Tensor, pad_mask: torch.Tensor | None = 
         return s(x.clone(), pad_mask)  # a clone: a block that mutates its input spoils no other check
 
 
-def eval_together(ctx: Context, xs: list[torch.Tensor], masks: list | None = None) -> list[torch.Tensor] | None:
-    """Eval outputs of several inputs from one forward of their concatenation, where ctx.batched allows; None where it
-    does not, or where that forward raises (a probe that raises alone says so when it runs alone)."""
+def eval_together(ctx: Context, xs: list[torch.Tensor], masks: list | None = None, apart: bool = True) -> list[torch.Tensor] | None:
+    """Eval outputs of several inputs from one forward of their concatenation, where ctx.batched(apart=...) allows; None
+    where it does not, or where that forward raises (a probe that raises alone says so when it runs alone)."""
     from tblock_cli.errors import is_out_of_memory
 
     masks = masks if masks is not None else [None] * len(xs)
-    if len(xs) < 2 or not ctx.batched(*xs) or not (all(m is None for m in masks) or all(m is not None for m in masks)):
+    if len(xs) < 2 or not ctx.batched(*xs, apart=apart) or not (all(m is None for m in masks) or all(m is not None for m in masks)):
         return None
     try:
         out = eval_forward(ctx, torch.cat(xs), None if masks[0] is None else torch.cat(masks))

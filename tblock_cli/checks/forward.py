@@ -9,10 +9,10 @@ import torch
 
 from tblock_cli.anatomy.mha import attention_modules, attention_weights_bytes, mha_call_arguments
 from tblock_cli.anatomy.norms import find_norms, with_eps
-from tblock_cli.checks.context import BATCHED_TOKENS, Context, changed, eval_forward, nonfinite_kind
+from tblock_cli.checks.context import Context, eval_forward, eval_together, nonfinite_kind
 from tblock_cli.checks.result import Outcome, failed, passed, skipped, warned
 from tblock_cli.errors import is_out_of_memory
-from tblock_cli.probes import f64, float64_streamed, rel_diff, train_mode
+from tblock_cli.probes import changed, f64, float64_streamed, rel_diff, train_mode
 from tblock_cli.report import Status
 from tblock_cli.runtime import dtype_name
 
@@ -81,15 +81,11 @@ def check_finite(ctx: Context) -> Outcome:
 def all_finite_together(ctx: Context, xs: list[torch.Tensor]) -> bool:
     """Whether one forward of the inputs side by side is finite everywhere (then so is each alone, unless samples
     mix); False where that forward raises, is not finite, or would be large: each input then runs alone."""
-    if sum(x.shape[0] * x.shape[1] for x in xs) > BATCHED_TOKENS:
+    if not ctx.batched(*xs, apart=False):
         return False
     ctx.step("special inputs side by side")
-    try:
-        return bool(torch.isfinite(eval_forward(ctx, torch.cat(xs))).all())
-    except Exception as e:  # noqa: BLE001 - a block that takes one batch size: each input alone says what it does
-        if is_out_of_memory(e):
-            raise
-        return False
+    outs = eval_together(ctx, xs, apart=False)
+    return outs is not None and all(bool(torch.isfinite(out).all()) for out in outs)
 
 
 def check_determinism(ctx: Context) -> Outcome:
