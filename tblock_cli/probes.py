@@ -115,6 +115,9 @@ def residual_gain(f: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, ge
     return total / probes / x.numel()
 
 
+# Units whose forward keeps no view of its weights (a new tensor out, nothing stored): their float64 copies share one
+# reused buffer. Exact types: a subclass may override forward.
+POOLED_UNITS = (nn.Linear, nn.Embedding)
 # A module whose parameters and buffers take more than this is not cast whole: its children are, each
 # while it runs. 64 MiB keeps the float64 copies alive at once to about one sublayer's matrices.
 STREAM_UNIT_BYTES = 64 * 1024**2
@@ -143,47 +146,38 @@ def float64_streamed(module: nn.Module, device: torch.device):
     layer is 1.6 GB; this holds one sublayer's at a time. Everything is restored on exit, whatever happened.
     A unit whose tensors are read where it is not called (a parent reading a child's weight) fails to run in
     mixed dtypes: the caller then falls back to a whole copy."""
-    from tblock_cli.anatomy.tracer import tensors
-
     originals: dict[tuple[int, str], tuple[nn.Module, str, torch.Tensor]] = {}
-    # One float64 buffer, the largest unit's size, that the units' copies are laid into one unit at a time: memory
-    # already written is 10x faster to write again than fresh pages (0.04 vs 0.1-0.4 s for a 4096 x 11008 matrix).
-    # It is handed on only when the unit that used it returned and kept no view of it (in its output or its attributes).
+    # One float64 buffer, the largest such unit's size, that nn.Linear and nn.Embedding units' copies are laid into one
+    # unit at a time: memory already written is 10x faster to write again than fresh pages (0.04 vs 0.1-0.4 s for a
+    # 4096 x 11008 matrix). Their forwards keep no view of their weights, so the next unit may overwrite them; any
+    # other unit (its forward may return or keep a view: a position table's slice) gets copies of its own.
     units = stream_units(module)
-    pool: dict = {"buffer": None, "busy": False, "units": {},
-                  "size": max((sum(t.numel() for _, _, t in _float_tensors(u, True)) for u in units), default=0)}
+    pooled = {id(u) for u in units if type(u) in POOLED_UNITS}
+    size = max((sum(t.numel() for _, _, t in _float_tensors(u, True)) for u in units if id(u) in pooled), default=0)
+    pool: list[torch.Tensor] = []
 
     def cast(unit, *_):
-        todo = [(m, k, t) for m, k, t in _float_tensors(unit, True) if (id(m), k) not in originals]
-        need = sum(t.numel() for _, _, t in todo)
-        buffer = pool["buffer"]
-        if pool["busy"] or buffer is None or buffer.numel() < need:
-            buffer = torch.empty(max(need, 0 if pool["busy"] else pool["size"]), dtype=torch.float64, device=device)
-            if not pool["busy"]:
-                pool["buffer"] = buffer
-        if buffer is pool["buffer"]:
-            pool["busy"] = True
-            pool["units"][id(unit)] = buffer
+        if id(unit) in pooled and not pool:
+            pool.append(torch.empty(size, dtype=torch.float64, device=device))
         start = 0
-        for m, k, t in todo:
+        for m, k, t in _float_tensors(unit, True):
+            if (id(m), k) in originals:
+                continue
             originals[(id(m), k)] = (m, k, t)
-            copy = buffer[start : start + t.numel()].view(t.shape).copy_(t.detach())
-            start += t.numel()
+            if id(unit) in pooled:
+                copy = pool[0][start : start + t.numel()].view(t.shape).copy_(t.detach())
+                start += t.numel()
+            else:
+                copy = t.detach().to(device=device, dtype=torch.float64)
             table = m._parameters if k in m._parameters else m._buffers
             table[k] = nn.Parameter(copy, requires_grad=False) if isinstance(t, nn.Parameter) else copy
 
-    def restore(unit, _args, output=None):
+    def restore(unit, *_):
         for m, k, _t in _float_tensors(unit, True):
             saved = originals.pop((id(m), k), None)
             if saved is not None:
                 table = m._parameters if k in m._parameters else m._buffers
                 table[k] = saved[2]
-        buffer = pool["units"].pop(id(unit), None)
-        if buffer is not None:
-            pool["busy"] = False
-            kept = [output] + [vars(m) for m in unit.modules()]
-            if any(t.untyped_storage().data_ptr() == buffer.untyped_storage().data_ptr() for t in tensors(kept)):
-                pool["buffer"] = None  # the unit kept a view of its copies: they stay its own
 
     hooks = []
     try:

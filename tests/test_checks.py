@@ -141,6 +141,7 @@ def test_cache_bugs_fail_kv_cache(name):
     _, by = battery(name, causal=True)
     assert by["kv_cache"].status == Status.FAIL, by["kv_cache"]
     # decoded in turns, the failing sequence again alone: a cache kept on the module is told from a wrong cache
+    # (CachePromptByLength's prompts stay on the module: decoded again alone, the sequence still gets the other's)
     kind = {"CacheShared": "kv_cache.shared", "CacheGrowsGraph": "kv_cache.graph"}.get(name, "kv_cache.differs")
     assert by["kv_cache"].kind == kind, by["kv_cache"]
 

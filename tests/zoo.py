@@ -792,8 +792,18 @@ class CacheForgetsPrefill(CachedLlama):
         return super().extend(cache, k, v)
 
 
+class CachePromptByLength(CachedLlama):
+    """Keeps prompts' keys and values on the module, looked up by the prompt's length (a prefix cache never keyed by
+    its tokens): a second sequence with a prompt as long as an earlier one's is given that one's."""
+
+    def extend(self, cache, k, v):
+        if cache is None:
+            return self.__dict__.setdefault("prompts", {}).setdefault(k.shape[2], (k, v))  # bug: keyed by length alone
+        return super().extend(cache, k, v)
+
+
 CACHE_BUGS = ["CacheWindow", "CacheKeyTwice", "CacheRoPEOffByOne", "CacheShared", "CacheChunkSeesFuture", "CacheGrowsGraph",
-              "CacheForgetsPrefill"]
+              "CacheForgetsPrefill", "CachePromptByLength"]
 CACHED_CORRECT = ["CachedLlama", "CachedRoPE"]
 
 
@@ -1206,7 +1216,7 @@ class RoPEValues3(Rel3):
 # Correct blocks in the ten styles of issue 20 (CachedRoPE: RoPE with a KV cache; Rel3 in bfloat16: RoPE in bf16).
 POS = {"positional": True}
 CORRECT_3 = {"Rel3": POS, "CachedRoPE": {"causal": True}, "GQA3": POS, "Window3": POS, "Alibi3": POS, "AbsPos3": POS,
-             "Mask3D3": POS, "Fp16Llama3": POS, "Gemma3": POS, "RoPEValues3": POS}
+             "Mask3D3": POS, "Fp16Llama3": POS, "Gemma3": POS, "RoPEValues3": POS, "FirstCallInit": {}}
 
 
 class RoPELayoutMismatch(Rel3):
@@ -1328,6 +1338,58 @@ class TrainRunningStat(Rel3):
         return super().forward(x / self.running.sqrt(), pad_mask)
 
 
+class FirstCallInit(Good):
+    """Correct: a data-dependent init in the first forward (ActNorm written output-first): the first output ever is not
+    what the block computes afterwards, so no check may take its first forward for a later one."""
+
+    def __init__(self, *a, **k):
+        super().__init__(*a, **k)
+        self.register_buffer("gain", torch.ones(()))
+        self.register_buffer("ready", torch.tensor(False))
+
+    def forward(self, x, pad_mask=None):
+        y = super().forward(x, pad_mask) * self.gain
+        if not bool(self.ready):
+            with torch.no_grad():
+                self.gain.copy_(1.0 / y.std())
+                self.ready.fill_(True)
+        return y
+
+
+class CrossToLatents(Good):
+    """Correct: a second attention, from the tokens to 5 learned latent vectors (scores of 10 x 5: not square)."""
+
+    def __init__(self, d_model=64, n_heads=4, d_ff=None, dropout=0.1, causal=False):
+        super().__init__(d_model, n_heads, d_ff, dropout, causal)
+        self.latents = nn.Parameter(torch.randn(1, 5, d_model))
+        self.lnx = nn.LayerNorm(d_model)
+        self.xattn = nn.MultiheadAttention(d_model, n_heads, batch_first=True)
+
+    def forward(self, x, pad_mask=None):
+        x = x + self.sa(self.ln1(x), pad_mask)
+        m = self.latents.expand(x.shape[0], -1, -1)
+        x = x + self.xattn(self.lnx(x), m, m, need_weights=False)[0]
+        return x + self.ffn(self.ln2(x))
+
+
+class StepDependentInplace(Good):
+    """From the second training step on, an in-place op on a tensor autograd saved: that step's backward raises, though
+    its graph shares nothing with the first step's."""
+
+    def __init__(self, *a, **k):
+        super().__init__(*a, **k)
+        self.steps = 0
+
+    def forward(self, x, pad_mask=None):
+        y = super().forward(x, pad_mask)
+        if self.training and torch.is_grad_enabled():
+            self.steps += 1
+            if self.steps >= 2:
+                s = torch.sigmoid(y)
+                return s.mul_(2)  # bug: sigmoid saved its output, modified in place
+        return y
+
+
 # The third generation: name -> (the check that must flag it, its flags; "dtype" names the run dtype it needs).
 PLANTED_3 = {
     "RoPELayoutMismatch": ("relative", POS),
@@ -1342,6 +1404,7 @@ PLANTED_3 = {
     "ActOnUp": ("names", {}),
     "ActAfterProduct": ("names", {}),
     "EvalReturnsEarly": ("train_eval", {}),
+    "StepDependentInplace": ("train_state", {}),
     "SDPADropoutInEval": ("determinism", {}),
     "ClosureCapture": ("copy", {}),
     "TrainStateHistory": ("train_state", {}),

@@ -20,9 +20,10 @@ OVERSCALED_RATIO = 0.6
 MIN_HEAD_DIM = 4
 # Positions decoded by kv_cache: enough that a window or an off-by-one shows, small enough to be quick.
 KV_SEQ = 16
-# Single-token steps after the prompt: every planted cache bug (a window, a key appended twice, positions off by one, a
-# forgotten prompt) shows at the first of them, and each step reads every weight (0.1 s at a 7B-size layer).
-SINGLE_STEPS = 4
+# Positions decoded after the prompt, one token at a time or in chunks of 3: every planted cache bug (a window, a key
+# appended twice, positions off by one, a forgotten prompt) shows at the first of them, and each step reads every
+# weight (0.1 s at a 7B-size layer).
+AFTER_PROMPT = 4
 
 
 def call_facts(c) -> dict:
@@ -58,9 +59,18 @@ def check_attention(ctx: Context) -> Outcome:
     return passed("attention.stats", value, calls=calls)
 
 
+def decoded_off(got: torch.Tensor, full: torch.Tensor, label: str) -> tuple[Outcome | None, list[float]]:
+    """Per position, how far decoded outputs are from the full forward's (rel_diff); a kv_cache.shape failure instead
+    where their shapes differ."""
+    if got.shape != full.shape:
+        return failed("kv_cache.shape", list(got.shape), split=label, got=list(got.shape), expected=list(full.shape)), []
+    return None, [rel_diff(got[:, t], full[:, t]) for t in range(full.shape[1])]
+
+
 def check_kv_cache(ctx: Context) -> Outcome:
     """Decoding with the block's cache equals the full causal forward at every position, for two chunkings, decoded
-    in turns: one sequence a prompt then one token at a time, the other in chunks of 3, each with its own cache."""
+    in turns: one sequence a prompt then one token at a time, the other the same prompt length then chunks of 3,
+    each with its own cache."""
     from tblock_cli import kvcache
 
     if not ctx.cfg.causal:
@@ -70,8 +80,11 @@ def check_kv_cache(ctx: Context) -> Outcome:
         return skipped("kv_cache.no_decode")
     T = max(ctx.cfg.seq, KV_SEQ)
     x, xb = ctx.x(seq=T), ctx.x(seq=T)
-    splits = {"prefill + one token at a time": [T - SINGLE_STEPS] + [1] * SINGLE_STEPS,
-              "chunks of 3": [3] * (T // 3) + ([T % 3] if T % 3 else [])}
+    # Both sequences start with the same prompt length, so state kept on the module by position or by length (not by
+    # sequence) is met by the other sequence at the very next step.
+    prompt, rest = T - AFTER_PROMPT, AFTER_PROMPT
+    splits = {"prefill + one token at a time": [prompt] + [1] * rest,
+              "prefill + chunks of 3": [prompt] + [3] * (rest // 3) + ([rest % 3] if rest % 3 else [])}
     runs = [(label, sizes, seq, full) for (label, sizes), seq, full in zip(splits.items(), (x, xb), eval_forwards(ctx, [x, xb]))]
     worst, cache = 0.0, None
     with train_mode(module, False), torch.no_grad():
@@ -81,19 +94,18 @@ def check_kv_cache(ctx: Context) -> Outcome:
         ctx.step("two sequences in turns")
         decoded = kvcache.decode_in_turns(module, [(seq.clone(), sizes) for _, sizes, seq, _ in runs])
         for (label, sizes, seq, full), (got, cache) in zip(runs, decoded):
-            if got.shape != full.shape:
-                return failed("kv_cache.shape", list(got.shape), split=label, got=list(got.shape), expected=list(full.shape))
-            per_pos = [rel_diff(got[:, t], full[:, t]) for t in range(T)]
-            if max(per_pos) > ctx.tol:
+            wrong, per_pos = decoded_off(got, full, label)
+            if wrong is None and max(per_pos) > ctx.tol:
                 ctx.step(f"decoding {label} alone")
-                alone, _ = kvcache.decode_chunks(module, seq.clone(), sizes)
-                if alone.shape != full.shape:
-                    return failed("kv_cache.shape", list(alone.shape), split=label, got=list(alone.shape), expected=list(full.shape))
-                alone_pos = [rel_diff(alone[:, t], full[:, t]) for t in range(T)]
-                if max(alone_pos) <= ctx.tol:
+                wrong_alone, alone = decoded_off(kvcache.decode_chunks(module, seq.clone(), sizes)[0], full, label)
+                if wrong_alone is None and max(alone) <= ctx.tol:
                     return failed("kv_cache.shared", max(per_pos), diff=max(per_pos))
-                bad = next(t for t, d in enumerate(alone_pos) if d > ctx.tol)
-                return failed("kv_cache.differs", max(alone_pos), split=label, position=bad, diff=alone_pos[bad], worst=max(alone_pos))
+                wrong, per_pos = wrong_alone, alone
+            if wrong is not None:
+                return wrong
+            bad = next((t for t, d in enumerate(per_pos) if d > ctx.tol), None)
+            if bad is not None:
+                return failed("kv_cache.differs", max(per_pos), split=label, position=bad, diff=per_pos[bad], worst=max(per_pos))
             graphs = [t for t in [got, *kvcache.cache_tensors(cache)] if t.grad_fn is not None]
             if graphs:
                 return failed("kv_cache.graph", len(graphs), split=label, tensors=len(graphs))

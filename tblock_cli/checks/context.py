@@ -72,11 +72,6 @@ class Context:
         x0, y0, key = self._standard
         if x0 is None:
             x0 = self.x()
-            probed = self.subject.probed
-            same = probed is not None and (probed[0].shape, probed[0].dtype, probed[0].device) == (x0.shape, x0.dtype, x0.device)
-            if same and torch.equal(probed[0], x0):
-                _, y0, key, self.eval_changed_input = probed  # still checked against the state below
-            self.subject.probed = None
         module = self.subject.module
         # The key is taken in the mode the forward runs in: the modes a caller left (an HF layer's train() also sets
         # its model's, which kept_modes does not see) are no state this forward reads.
@@ -111,21 +106,30 @@ def eval_forward(ctx: Context, x: torch.Tensor, pad_mask: torch.Tensor | None = 
         return s(x.clone(), pad_mask)  # a clone: a block that mutates its input spoils no other check
 
 
-def eval_together(ctx: Context, xs: list[torch.Tensor], masks: list | None = None, apart: bool = True) -> list[torch.Tensor] | None:
-    """Eval outputs of several inputs from one forward of their concatenation, where ctx.batched(apart=...) allows; None
-    where it does not, or where that forward raises (a probe that raises alone says so when it runs alone)."""
+def forward_together(ctx: Context, xs: list[torch.Tensor], masks: list | None = None, apart: bool = True) -> torch.Tensor | None:
+    """The eval output of one forward of several inputs' concatenation, where ctx.batched(apart=...) allows; None where
+    it does not, or where that forward raises (a probe that raises alone says so when it runs alone)."""
     from tblock_cli.errors import is_out_of_memory
 
     masks = masks if masks is not None else [None] * len(xs)
     if len(xs) < 2 or not ctx.batched(*xs, apart=apart) or not (all(m is None for m in masks) or all(m is not None for m in masks)):
         return None
     try:
-        out = eval_forward(ctx, torch.cat(xs), None if masks[0] is None else torch.cat(masks))
+        return eval_forward(ctx, torch.cat(xs), None if masks[0] is None else torch.cat(masks))
     except Exception as e:  # noqa: BLE001
         if is_out_of_memory(e):
             raise
         return None
-    return list(out.split([x.shape[0] for x in xs]))
+
+
+def eval_together(ctx: Context, xs: list[torch.Tensor], masks: list | None = None) -> list[torch.Tensor] | None:
+    """Eval outputs of several inputs from one forward of their concatenation (forward_together), split back per input;
+    None where that forward does not run, or its output does not lead with the batch."""
+    out = forward_together(ctx, xs, masks)
+    sizes = [x.shape[0] for x in xs]
+    if out is None or out.ndim == 0 or out.shape[0] != sum(sizes):
+        return None
+    return list(out.split(sizes))
 
 
 def eval_forwards(ctx: Context, xs: list[torch.Tensor], masks: list | None = None) -> list[torch.Tensor]:

@@ -9,7 +9,7 @@ import torch
 
 from tblock_cli.anatomy.mha import attention_modules, attention_weights_bytes, mha_call_arguments
 from tblock_cli.anatomy.norms import find_norms, with_eps
-from tblock_cli.checks.context import Context, eval_forward, eval_together, nonfinite_kind
+from tblock_cli.checks.context import Context, eval_forward, forward_together, nonfinite_kind
 from tblock_cli.checks.result import Outcome, failed, passed, skipped, warned
 from tblock_cli.errors import is_out_of_memory
 from tblock_cli.probes import changed, f64, float64_streamed, rel_diff, train_mode
@@ -81,11 +81,9 @@ def check_finite(ctx: Context) -> Outcome:
 def all_finite_together(ctx: Context, xs: list[torch.Tensor]) -> bool:
     """Whether one forward of the inputs side by side is finite everywhere (then so is each alone, unless samples
     mix); False where that forward raises, is not finite, or would be large: each input then runs alone."""
-    if not ctx.batched(*xs, apart=False):
-        return False
     ctx.step("special inputs side by side")
-    outs = eval_together(ctx, xs, apart=False)
-    return outs is not None and all(bool(torch.isfinite(out).all()) for out in outs)
+    out = forward_together(ctx, xs, apart=False)  # only its finiteness is read: samples need not be known apart
+    return out is not None and bool(torch.isfinite(out).all())
 
 
 def check_determinism(ctx: Context) -> Outcome:

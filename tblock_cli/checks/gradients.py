@@ -59,30 +59,15 @@ def train_backward(ctx: Context) -> tuple[torch.Tensor | None, dict[str, str]]:
                 ctx.train_changed_input = changed(xin, x)  # input_unchanged reads it
                 # a random projection: out.sum() would see nothing through a final LayerNorm
                 w = torch.randn(out.shape, generator=ctx.gen).to(out.device)
-                loss = (out.float() * w).sum()
-                nodes = graph_nodes(loss)  # train_state's second step asks whether its graph reaches back into these
-                loss.backward()
-                del out, loss
+                (out.float() * w).sum().backward()
+                del out
             states = {n: grad_state(p.grad) for n, p in module.named_parameters() if p.requires_grad}
         finally:
             for n, p in module.named_parameters():
                 p.grad = saved[n]
         ctx.backward = (x.grad, states)
-        ctx.first_step = (x, state_key(module), nodes)  # train_state's first step, if nothing runs the block in between
+        ctx.first_step = (x, state_key(module))  # train_state's first step, if nothing runs the block in between
     return ctx.backward
-
-
-def graph_nodes(t: torch.Tensor) -> dict[int, object]:
-    """The nodes of t's autograd graph but the leaves' AccumulateGrad (a parameter's is the same in every step), by id;
-    the nodes themselves are kept, so no later node takes an id of theirs."""
-    found, todo = {}, [t.grad_fn]
-    while todo:
-        node = todo.pop()
-        if node is None or id(node) in found or hasattr(node, "variable"):
-            continue
-        found[id(node)] = node
-        todo.extend(n for n, _ in node.next_functions)
-    return found
 
 
 def check_grad_input(ctx: Context) -> Outcome:

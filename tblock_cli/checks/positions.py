@@ -155,6 +155,18 @@ def score_pairs(ctx: Context, a: torch.Tensor, b: torch.Tensor) -> list[tuple]:
     return [(got, other) for (_, got), (_, other) in zip(first, second)]
 
 
+def fitted_scale(z: torch.Tensor, p: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """The least-squares s of z = s * p over the valid entries."""
+    z, p = z[valid], p[valid]
+    return (z * p).sum() / (p * p).sum().clamp_min(1e-30)
+
+
+def centred_bias(z: torch.Tensor, p: torch.Tensor, valid: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(heads, T, T) scores minus their q.k part (scale * p), each row centred on its own entry (centred_rows)."""
+    T = z.shape[-1]
+    return centred_rows((z - scale * p).masked_fill(~valid, float("-inf")).reshape(-1, T, T))
+
+
 def head_biases(ctx: Context) -> list[torch.Tensor]:
     """Per attention call with an additive bias: its (heads, T) bias by distance 0..T-1, from the row's own entry."""
     T = max(ctx.cfg.seq, BIAS_SEQ)
@@ -168,10 +180,7 @@ def head_biases(ctx: Context) -> list[torch.Tensor]:
         # an input-independent bias cancels between two inputs: the difference of the scores is the scale times
         # the difference of the products, exactly
         valid = torch.isfinite(z) & (z > MASKED_LOGIT) & torch.isfinite(z2) & (z2 > MASKED_LOGIT)
-        dz, dp = (z - z2)[valid], (p - p2)[valid]
-        slope = (dz * dp).sum() / (dp * dp).sum().clamp_min(1e-30)
-        bias = (z - slope * p).masked_fill(~valid, float("-inf")).reshape(-1, T, T)
-        c, live = centred_rows(bias)
+        c, live = centred_bias(z, p, valid, fitted_scale(z - z2, p - p2, valid))
         if (c.abs() * live).max().item() <= BIAS_MIN:
             continue
         # by distance d = i - j >= 0 (the keys before; a causal block has no others), averaged down each diagonal
@@ -183,10 +192,13 @@ def head_biases(ctx: Context) -> list[torch.Tensor]:
 
 def unbiased(got: dict | None) -> bool:
     """Whether one input's captured scores are a multiple of their q.k product along every row (to NO_BIAS): no additive
-    bias. False where that cannot be read."""
+    bias. A call that is not square (cross-attention) is not judged, as head_biases judges none. False where the
+    scores cannot be read."""
     if got is None or got["product"] is None:
         return False
     z = got["logits"]
+    if z.ndim < 2 or z.shape[-1] != z.shape[-2]:
+        return True
     try:
         p = got["product"].detach().double().cpu().expand_as(z)
     except RuntimeError:
@@ -194,8 +206,7 @@ def unbiased(got: dict | None) -> bool:
     valid = torch.isfinite(z) & (z > MASKED_LOGIT)
     if not valid.any():
         return False
-    scale = (z[valid] * p[valid]).sum() / (p[valid] * p[valid]).sum().clamp_min(1e-30)
-    c, live = centred_rows((z - scale * p).masked_fill(~valid, float("-inf")))
+    c, live = centred_bias(z, p, valid, fitted_scale(z, p, valid))
     return (c.abs() * live).max().item() <= NO_BIAS
 
 

@@ -174,7 +174,7 @@ MESSAGES = {
     "kv_cache.graph": "{split}: a no_grad decode returned {tensors} tensor(s) with a grad_fn: an autograd graph grows across steps",
     "kv_cache.shared": ("two sequences decoded in turns differ from the full causal forward by {diff:.2e}, each decoded alone "
                          "equals it: the caches share state"),
-    "kv_cache.equal": lambda f: (f"prefill + one token at a time and chunks of 3 equal the full causal forward (max "
+    "kv_cache.equal": lambda f: (f"prefill + one token at a time and prefill + chunks of 3 equal the full causal forward (max "
                                  f"{f['worst']:.1e}), decoded in turns with two caches; no grad_fn under no_grad; cache "
                                  f"{fmt_bytes(f['bytes'])} at {f['positions']} positions"),
     # norm_placement
