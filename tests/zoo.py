@@ -1216,7 +1216,8 @@ class RoPEValues3(Rel3):
 # Correct blocks in the ten styles of issue 20 (CachedRoPE: RoPE with a KV cache; Rel3 in bfloat16: RoPE in bf16).
 POS = {"positional": True}
 CORRECT_3 = {"Rel3": POS, "CachedRoPE": {"causal": True}, "GQA3": POS, "Window3": POS, "Alibi3": POS, "AbsPos3": POS,
-             "Mask3D3": POS, "Fp16Llama3": POS, "Gemma3": POS, "RoPEValues3": POS, "FirstCallInit": {}}
+             "Mask3D3": POS, "Fp16Llama3": POS, "Gemma3": POS, "RoPEValues3": POS, "FirstCallInit": {},
+             "SublayerPostNorm": {"causal": True}}
 
 
 class RoPELayoutMismatch(Rel3):
@@ -1372,6 +1373,24 @@ class CrossToLatents(Good):
         return x + self.ffn(self.ln2(x))
 
 
+class SublayerPostNorm(LlamaBlock):
+    """Correct: OLMo-2's placement, each sublayer reading the stream as it is and its output normalised before the
+    residual add (x = x + norm(attn(x)); x = x + norm(ffn(x)))."""
+
+    def forward(self, x, pad_mask=None):
+        x = x + self.attn_norm(self.attention(x, pad_mask))
+        return x + self.ffn_norm(self.down(F.silu(self.gate(x)) * self.up(x)))
+
+
+class SublayerPostNormMixed(LlamaBlock):
+    """OLMo-2's placement for the attention, Pre-LN for the FFN: two placements in one block."""
+
+    def forward(self, x, pad_mask=None):
+        x = x + self.attn_norm(self.attention(x, pad_mask))
+        h = self.ffn_norm(x)
+        return x + self.down(F.silu(self.gate(h)) * self.up(h))  # bug: the FFN reads a normalised stream, the attention does not
+
+
 class StepDependentInplace(Good):
     """From the second training step on, an in-place op on a tensor autograd saved: that step's backward raises, though
     its graph shares nothing with the first step's."""
@@ -1405,6 +1424,7 @@ PLANTED_3 = {
     "ActAfterProduct": ("names", {}),
     "EvalReturnsEarly": ("train_eval", {}),
     "StepDependentInplace": ("train_state", {}),
+    "SublayerPostNormMixed": ("norm_placement", {}),
     "SDPADropoutInEval": ("determinism", {}),
     "ClosureCapture": ("copy", {}),
     "TrainStateHistory": ("train_state", {}),

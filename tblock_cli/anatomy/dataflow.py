@@ -38,6 +38,8 @@ class Dataflow:
     unnormed_ffn: tuple[str, ...] = ()  # FFN input projections that read no normalised stream
     split_kv: tuple[str, ...] = ()  # key/value projections that read the raw stream while their queries read a normalised one
     output_normed: bool = False  # the block's output comes straight from a norm (Post-LN)
+    # every sublayer reads the raw stream and its output is normalised before the residual add (OLMo-2's placement)
+    sublayer_post: bool = False
     norms: dict = field(default_factory=dict)  # module name -> width of every norm module found (find_norms)
     act_after_product: tuple[tuple[str, ...], ...] = ()  # projections multiplied together before an activation acts
 
@@ -111,6 +113,21 @@ def trace(module: nn.Module, call, x: torch.Tensor, d_model: int) -> Dataflow:
                        for n in c.k + c.v if n in tr.linear_in and not normed(n)})
     placement = (tr.stream_norms, tuple(q for q in queries if not normed(q)), tuple(n for n in ffn_ins if not normed(n)),
                  tuple(split_kv + tr.split_streams), tr.get(out) == {"@norm": 0})
-    return Dataflow(tuple(modules), tuple(tr.attention), tuple(chains), tokens, total, *placement, norms,
-                    tuple(sorted(set(tr.act_after_product))))
+    placement += (sublayer_post(tr, role, queries, ffn_ins, normed),)
+    return Dataflow(tuple(modules), tuple(tr.attention), tuple(chains), tokens, total, *placement, norms=norms,
+                    act_after_product=tuple(sorted(set(tr.act_after_product))))
+
+
+def sublayer_post(tr, role: dict, queries: list, ffn_ins: list, normed) -> bool:
+    """Whether every sublayer reads the un-normalised stream and hands its output to a full-width norm before the
+    residual add: each attention call's output (or the projection reading it) and each FFN output projection."""
+    ffn_outs = [n for n, r in role.items() if r == "ffn.out"]
+    if not tr.stream_norms or not tr.attention or any(normed(n) for n in queries + ffn_ins):
+        return False
+    for i in range(len(tr.attention)):
+        marker = f"@attn{i}"
+        outs = [n for n, src in tr.linear_in.items() if marker in src]
+        if marker not in tr.normed_outputs and not any(n in tr.normed_outputs for n in outs):
+            return False
+    return all(n in tr.normed_outputs for n in ffn_outs)
 

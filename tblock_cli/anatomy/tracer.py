@@ -84,6 +84,7 @@ class Tracer(TorchFunctionMode):
         self.uniform_in: dict[str, bool] = {}
         self.products: dict[int, tuple[str, str]] = {}  # id(a * b) of two projections' outputs -> their names
         self.act_after_product: list[tuple[str, ...]] = []  # projections multiplied together before an activation
+        self.normed_outputs: set[str] = set()  # projections (and "@attnN" calls) whose output a full-width norm reads
 
     def norm_out(self, args: tuple, out) -> None:
         """A norm module's output: a new start of the residual stream, unless it normalises one projection's output
@@ -91,6 +92,7 @@ class Tracer(TorchFunctionMode):
         called with the residual too (Gemma's norm fused with the add: norm(a, x)) normalises the stream."""
         inp = args[0] if len([a for a in args if isinstance(a, torch.Tensor)]) == 1 else None
         if isinstance(inp, torch.Tensor) and (id(inp) in self.proj_outs or any(k.startswith("@attn") for k in self.get(inp))):
+            self.normed_outputs.update(self.get(inp))  # a sublayer's output normalised before the add (OLMo-2)
             self.put(out, self.union([self.get(inp)], NONLINEAR))
         else:
             self.put(out, {"@norm": 0})

@@ -145,6 +145,8 @@ def check_norm_placement(ctx: Context) -> Outcome:
         return skipped("norm_placement.no_norms")
     if not flow.attention and not flow.found["ffn"]:
         return skipped("norm_placement.no_sublayers")
+    if flow.sublayer_post and not flow.split_kv:
+        return passed("norm_placement.sublayer_post")
     if flow.unnormed_ffn:
         return warned("norm_placement.ffn_unnormed", ", ".join(flow.unnormed_ffn), modules=list(flow.unnormed_ffn))
     if flow.split_kv:

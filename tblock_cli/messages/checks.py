@@ -178,6 +178,8 @@ MESSAGES = {
                                  f"{f['worst']:.1e}), decoded in turns with two caches; no grad_fn under no_grad; cache "
                                  f"{fmt_bytes(f['bytes'])} at {f['positions']} positions"),
     # norm_placement
+    "norm_placement.sublayer_post": ("every sublayer reads the stream as it is and its output is normalised before the "
+                                     "residual add (OLMo-2's placement); the stream itself is not normalised"),
     "norm_placement.no_norms": "no norm of the residual stream found: nothing to place",
     "norm_placement.no_sublayers": "no attention and no FFN found",
     "norm_placement.ffn_unnormed": lambda f: (f"the FFN ({names(f['modules'])}) reads the residual stream with no norm before it, "
