@@ -170,3 +170,37 @@ def test_shortcuts_keep_their_checks_on_unusual_shapes():
     assert out["shape"].status == Status.FAIL and out["finite"].status == Status.PASS, out["finite"]
     cross = battery("CrossToLatents", only=("relative", "position_bias"))
     assert cross["position_bias"].kind == "position_bias.none", cross["position_bias"]
+
+
+class LargeRelativeBias(torch.nn.Module):
+    """Correct: scores q.k / sqrt(d_head) plus a learned bias per head and distance 8x their std (x-transformers scales
+    its relative bias by sqrt(d_head)); `scaled=False` leaves the 1/sqrt(d_head) out."""
+
+    def __init__(self, d_model=32, n_heads=4, scaled=True):
+        super().__init__()
+        self.n, self.scaled = n_heads, scaled
+        self.norm = torch.nn.LayerNorm(d_model)
+        self.qkv, self.out = torch.nn.Linear(d_model, 3 * d_model), torch.nn.Linear(d_model, d_model)
+        self.bias = torch.nn.Parameter(8.0 * torch.randn(n_heads, 64))
+
+    def forward(self, x):
+        B, T, d = x.shape
+        q, k, v = (t.view(B, T, self.n, -1).transpose(1, 2) for t in self.qkv(self.norm(x)).chunk(3, dim=-1))
+        dist = (torch.arange(T)[:, None] - torch.arange(T)[None, :]).abs()
+        s = q @ k.transpose(-2, -1)
+        s = (s / (d // self.n) ** 0.5 if self.scaled else s) + self.bias[:, dist]
+        return x + self.out((s.softmax(-1) @ v).transpose(1, 2).reshape(B, T, d))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 3, 5])
+def test_the_scale_is_read_through_a_large_learned_bias_whatever_the_seed(seed):
+    """The q.k part's slope comes from the two samples' difference, where the bias cancels: the plain regression over 10
+    tokens read ratios of 0.27 to 3.3 on x-transformers' relative bias, depending on the seed."""
+    import tblock_cli
+
+    torch.manual_seed(seed)
+    ok = tblock_cli.check(LargeRelativeBias(), d_model=32, n_heads=4, threads=1, seed=seed, only=["attention"]).checks[0]
+    assert ok.kind == "attention.stats" and 0.8 < ok.value < 1.25, ok
+    torch.manual_seed(seed)
+    raw = tblock_cli.check(LargeRelativeBias(scaled=False), d_model=32, n_heads=4, threads=1, seed=seed, only=["attention"]).checks[0]
+    assert raw.kind == "attention.unscaled" and raw.value > 2.0, raw
