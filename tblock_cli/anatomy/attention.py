@@ -69,12 +69,14 @@ def qk_std(logits: torch.Tensor, product: torch.Tensor) -> float:
     pv = p[valid]
     if zv.numel() < 2 or pv.var() == 0:
         return zv.std().item() if zv.numel() > 1 else 0.0
-    slope = ((zv - zv.mean()) * (pv - pv.mean())).mean() / pv.var(unbiased=False)
+    slope = None
     if z.ndim == 4 and z.shape[0] == 2:  # (batch 2, heads, L, S): the two samples' difference
         both = valid[0] & valid[1]
         dz, dp = (z[0] - z[1])[both], (p[0] - p[1])[both]
         if dz.numel() > 1 and (dp * dp).sum() > 0:
             slope = (dz * dp).sum() / (dp * dp).sum()
+    if slope is None:
+        slope = ((zv - zv.mean()) * (pv - pv.mean())).mean() / pv.var(unbiased=False)
     return (slope.abs() * pv.std()).item()
 
 

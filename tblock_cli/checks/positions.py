@@ -131,12 +131,18 @@ def paper_slopes(n: int) -> list[float]:
     return first + paper_slopes(2 * p)[0::2][: n - p] if p < n else first
 
 
+def product_like(got: dict, z: torch.Tensor) -> torch.Tensor:
+    """A captured call's q.k product in float64 on the CPU, laid out like the scores z (RuntimeError where it is laid
+    out otherwise: bloom's (batch * heads, T, T))."""
+    return got["product"].detach().double().cpu().expand_as(z)
+
+
 def sample_scores(got: dict | None, i: int) -> dict | None:
     """Sample i's captured scores of a two-sample forward (None where the scores do not lead with that batch of 2)."""
     if got is None or got["product"] is None or got["logits"].shape[0] != 2:
         return None
     try:  # a product laid out otherwise (bloom's (batch * heads, T, T)) is read from one forward per input instead
-        product = got["product"].detach().double().cpu().expand_as(got["logits"])
+        product = product_like(got, got["logits"])
     except RuntimeError:
         return None
     return {"logits": got["logits"][i : i + 1], "product": product[i : i + 1]}
@@ -175,8 +181,8 @@ def head_biases(ctx: Context) -> list[torch.Tensor]:
         if got is None or other is None or got["product"] is None or other["product"] is None \
                 or got["logits"].shape[-1] != T or got["logits"].shape[-2] != T or other["logits"].shape != got["logits"].shape:
             continue
-        z, p = got["logits"], got["product"].detach().double().cpu().expand_as(got["logits"])
-        z2, p2 = other["logits"], other["product"].detach().double().cpu().expand_as(z)
+        z, p = got["logits"], product_like(got, got["logits"])
+        z2, p2 = other["logits"], product_like(other, z)
         # an input-independent bias cancels between two inputs: the difference of the scores is the scale times
         # the difference of the products, exactly
         valid = torch.isfinite(z) & (z > MASKED_LOGIT) & torch.isfinite(z2) & (z2 > MASKED_LOGIT)
@@ -200,7 +206,7 @@ def unbiased(got: dict | None) -> bool:
     if z.ndim < 2 or z.shape[-1] != z.shape[-2]:
         return True
     try:
-        p = got["product"].detach().double().cpu().expand_as(z)
+        p = product_like(got, z)
     except RuntimeError:
         return False
     valid = torch.isfinite(z) & (z > MASKED_LOGIT)
