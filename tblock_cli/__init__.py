@@ -8,7 +8,7 @@ each function imports it when called.
 """
 
 __version__ = "0.2.0"
-__all__ = ["__version__", "check", "params", "bench", "depth", "compare", "assert_ok"]
+__all__ = ["__version__", "check", "spec", "params", "bench", "depth", "compare", "assert_ok"]
 
 
 def check(block=None, **options):
@@ -18,6 +18,14 @@ def check(block=None, **options):
     from tblock_cli import api
 
     return api.check(block, **options)
+
+
+def spec(block=None, **options):
+    """The block's spec card (what it really computes, read black-box), judged against like="hf:TYPE" (like_kwargs:
+    its config overrides) and expect=["KEY=VALUE", ...] where given; a SpecReport (`.ok`, `.card`, `.verdicts`)."""
+    from tblock_cli import api
+
+    return api.spec(block, **options)
 
 
 def params(block=None, **options):

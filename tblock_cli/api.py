@@ -19,18 +19,22 @@ from tblock_cli.subject import check_options, layer_maker, setup
 
 def check(block=None, *, strict: bool = False, progress: Callable[[str, str | None], None] | None = None,
           only=None, skip=None, fast: bool = False, tp: int | None = None, fsdp: int | None = None,
-          tp_plan: str | None = None, **options):
+          tp_plan: str | None = None, like: str | None = None, like_kwargs=None, expect=None, **options):
     """Run the check battery. `block`: an nn.Module, a factory, a SPEC string, or None (built-in).
     only / skip: check names (a list or a comma-separated string); fast: leave out the slow checks.
     progress(check, detail) hears each check as it starts (detail None) and the long checks' probes.
-    tp / fsdp: also check the block sharded over that many ranks (tp_plan: a JSON plan file for tp)."""
+    tp / fsdp: also check the block sharded over that many ranks (tp_plan: a JSON plan file for tp).
+    like / like_kwargs / expect: what the block claims to be (see `spec`); the spec and like_reference checks
+    judge it."""
     from tblock_cli.checks import run_checks
     from tblock_cli.checks.battery import select
     from tblock_cli.distributed import prepare
+    from tblock_cli.spec.declare import declare, validate
 
     check_options({"strict": strict, "progress": progress, "tp": tp, "fsdp": fsdp, "tp_plan": tp_plan, "fast": fast},
                   strict=bool, progress=Callable, tp=int, fsdp=int, tp_plan=str, fast=bool)
     chosen = select(only, skip, fast)  # a misspelt name is refused before the block is built
+    validate(like, like_kwargs, expect)
     s = setup(block, options, same_shape=False)
     with s.session():
         hf = isinstance(block, str) and block.startswith("hf:")
@@ -41,8 +45,38 @@ def check(block=None, *, strict: bool = False, progress: Callable[[str, str | No
         runtime.ensure_fits(runtime.check_estimate(s.cfg, params=n, hf=hf) - n * s.dtype.itemsize, s.device, "check")
         sharding = prepare(subject, s.cfg, s.device, s.dtype, tp=tp, fsdp=fsdp, tp_plan=tp_plan)
         distributed = {k: v for k, v in (("tp", tp), ("fsdp", fsdp), ("tp_plan", tp_plan)) if v is not None}
+        declared = {k: v for k, v in (("like", like), ("like_kwargs", like_kwargs), ("expect", expect)) if v is not None}
+        wanted = chosen is None or any(n in chosen for n in ("spec", "like_reference"))
+        declaration = declare(like, like_kwargs, expect, s.cfg, setup, progress=(lambda d: progress("spec", d)) if progress else None,
+                              compare_with=(block if block is not None else "builtin") if like and wanted else None) \
+            if declared and wanted else None
         return run_checks(subject, s.cfg, s.device, s.dtype, strict=strict, progress=progress,
-                          run=s.run(subject, strict=strict, **distributed), sharding=sharding, only=chosen)
+                          run=s.run(subject, strict=strict, **distributed, **declared), sharding=sharding, only=chosen,
+                          declaration=declaration)
+
+
+def spec(block=None, *, like: str | None = None, like_kwargs=None, expect=None,
+         progress: Callable[[str], None] | None = None, **options):
+    """The block's spec card: what it computes (rotary base and dims, score scale, soft-cap, activation, eps, residual
+    form, router, ...), each entry read black-box from its dataflow and probes. like="hf:TYPE" (with like_kwargs, that
+    layer's config overrides) and expect=["KEY=VALUE", ...] declare what it should be: each claim is judged."""
+    from tblock_cli.spec.card import judge
+    from tblock_cli.spec.declare import declare, validate
+    from tblock_cli.spec.read import read_card
+    from tblock_cli.spec.report import SpecReport
+
+    check_options({"progress": progress}, progress=Callable)
+    validate(like, like_kwargs, expect)
+    s = setup(block, options, trains=False)
+    with s.session():
+        runtime.ensure_fits(runtime.estimate_bytes(s.cfg, copies=2), s.device, "spec")
+        subject = s.make()
+        card = read_card(subject, s.cfg, s.device, progress)
+        if progress is not None and like:
+            progress(f"reading {like}")
+        declaration = declare(like, like_kwargs, expect, s.cfg, setup)
+        declared = {k: v for k, v in (("like", like), ("like_kwargs", like_kwargs), ("expect", expect)) if v is not None}
+        return SpecReport(card, judge(card, declaration.claims), declaration.reference, like, s.run(subject, **declared))
 
 
 def params(block=None, *, tree_depth: int | None = None, **options):

@@ -13,14 +13,26 @@ import typer.core
 from tblock_cli import __version__
 from tblock_cli.config import FLAGS, RUN
 from tblock_cli.errors import OOM_HINT, ConfigError, LoadError, TBlockError, interrupted, on_interrupt
-from tblock_cli.flags import RICH_HELP_MIN_WIDTH, SWITCH, Group, Json, NoArgsIsHelpError, Plot, click_errors, command
+from tblock_cli.flags import (
+    RICH_HELP_MIN_WIDTH,
+    SWITCH,
+    Expect,
+    Group,
+    Json,
+    Like,
+    LikeKwargs,
+    NoArgsIsHelpError,
+    Plot,
+    click_errors,
+    command,
+)
 from tblock_cli.render.common import make_console
 from tblock_cli.report import ensure_writable
 
 app = typer.Typer(
     cls=Group,
     name="tblock",
-    help="Diagnostics for Transformer blocks: is it correct (check), how big is it (params), what does it cost (bench), how does it stack (depth)?",
+    help="Diagnostics for Transformer blocks: is it correct (check), what does it compute (spec), how big is it (params), what does it cost (bench), how does it stack (depth)?",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -148,15 +160,22 @@ def check(
     only: Annotated[Optional[str], typer.Option("--only", help="Run only these checks (comma-separated names).", show_default=False, metavar="NAMES")] = None,
     skip: Annotated[Optional[str], typer.Option("--skip", help="Leave out these checks (comma-separated names).", show_default=False, metavar="NAMES")] = None,
     fast: Annotated[bool, typer.Option("--fast", help="Leave out the slow checks (kv_cache, dtype): for CI loops on big layers.", **SWITCH)] = False,
+    like: Like = None,
+    like_kwargs: LikeKwargs = None,
+    expect: Expect = None,
     json_: Json = False,
     **options,
 ):
     """Run the diagnostic battery on a block. Exit 0 when nothing fails, 1 when a check fails or errors, 2 on bad input."""
     block = options.pop("block")
-    selection = {"only": only, "skip": skip, "fast": fast, "tp": tp, "fsdp": fsdp, "tp_plan": tp_plan}
+    selection = {"only": only, "skip": skip, "fast": fast, "tp": tp, "fsdp": fsdp, "tp_plan": tp_plan,
+                 "like": like, "like_kwargs": like_kwargs, "expect": expect}
 
     def compute():
         precheck({**options, "block": block})
+        from tblock_cli.spec.declare import validate
+
+        validate(like, like_kwargs, expect)
         if junit_xml is not None:
             ensure_writable(junit_xml, "--junit-xml")
         from tblock_cli import api
@@ -184,6 +203,39 @@ def check(
 
     with quiet_unless_rank_zero():
         run_command(compute, show, json_=json_)
+
+
+@command(app)
+def spec(
+    *,
+    like: Like = None,
+    like_kwargs: LikeKwargs = None,
+    expect: Expect = None,
+    json_: Json = False,
+    **options,
+):
+    """What the block really computes, read black-box: heads, score scale, soft-cap, window, rotary base/dims/scaling,
+    ALiBi slopes, relative buckets, FFN activation and gating, norm kind/eps/offset/placement, residual form and gains,
+    MoE routing. With --like or --expect, each declared entry is judged: exit 1 when one differs, 0 otherwise."""
+    block = options.pop("block")
+
+    def compute():
+        precheck({**options, "block": block})
+        from tblock_cli.spec.declare import validate
+
+        validate(like, like_kwargs, expect)
+        from tblock_cli import api
+
+        with err.status("reading the spec", spinner="dots") as status:
+            return api.spec(block, like=like, like_kwargs=like_kwargs, expect=expect,
+                            progress=lambda what: status.update(f"spec: {what}"), **options)
+
+    def show(report):
+        from tblock_cli.render.spec import spec_view
+
+        out.print(spec_view(report))
+
+    run_command(compute, show, json_=json_)
 
 
 @command(app)

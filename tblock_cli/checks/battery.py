@@ -8,7 +8,7 @@ from typing import Callable
 
 import torch
 
-from tblock_cli.checks import attention, forward, gradients, mixing, naming, norms, positions, safety, structure
+from tblock_cli.checks import attention, claims, forward, gradients, mixing, naming, norms, positions, safety, structure
 from tblock_cli.checks.context import Context
 from tblock_cli.checks.result import CheckReport, CheckResult, Outcome
 from tblock_cli.config import BlockConfig
@@ -65,6 +65,8 @@ REGISTRY: tuple[Check, ...] = (
     Check("relative", positions.check_relative, ("finite",), None, "with every token identical, attention scores (each row taken relative to its own diagonal) that are not a function of i - j: a rotary cos/sin layout that does not match its rotation, rotary angles computed in half precision (probed at 320 tokens in fp16/bf16); blocks whose positions enter before the q/k projections (absolute) are skipped"),
     Check("position_bias", positions.check_position_bias, ("finite",), None, "an additive bias linear in distance (ALiBi) that rises with distance or whose slopes are not geometric; slopes geometric but not the paper's set are a **warning**; a learned (non-linear) bias is not judged; where `relative`'s identical-token scores are a multiple of their q.k product (no bias), no probe of its own"),
     Check("names", naming.check_names, (), None, "conventional names that contradict dataflow roles (gate/up/down, q/k/v/o, w2/w3, wq/wk/wv): a **warning** naming both; a gated FFN whose activation follows the product (`act(gate * up)`): a **warning**"),
+    Check("spec", claims.check_spec, (), None, "with `--like hf:TYPE` or `--expect KEY=VALUE`: a spec card entry (rotary base, dims and scaling, score scale, soft-cap, window, activation, eps, norm offset, q/k-norm axis, residual form and gains, MoE routing; [spec.md](spec.md)) that differs from the declaration, each named with both values; skips when nothing is declared"),
+    Check("like_reference", claims.check_like_reference, ("shape",), None, "with `--like hf:TYPE`: the block against that Hugging Face layer with its weights carried (as `tblock compare` carries them): outputs or gradients that differ, the first differing component named; skips where the weights cannot be carried"),
 )
 CHECK_NAMES = tuple(c.name for c in REGISTRY)
 
@@ -103,11 +105,12 @@ def select(only=None, skip=None, fast: bool = False) -> tuple[str, ...] | None:
 
 def run_checks(subject: Subject, cfg: BlockConfig, device: torch.device, dtype: torch.dtype, *,
                strict: bool = False, progress: Callable[[str, str | None], None] | None = None, run: RunInfo | None = None,
-               only: tuple[str, ...] | None = None, sharding=None) -> CheckReport:
+               only: tuple[str, ...] | None = None, sharding=None, declaration=None) -> CheckReport:
     """Run the battery; a check that raises becomes `error` and the rest still run; unmet needs skip.
     progress(check, detail) hears each check as it starts (detail None) and the long ones' probes."""
     with plain_bool_checks():
-        return _run(Context(subject, cfg, device, dtype, sharding=sharding, progress=progress), strict, run, only)
+        return _run(Context(subject, cfg, device, dtype, sharding=sharding, progress=progress, declaration=declaration),
+                    strict, run, only)
 
 
 def _run(ctx: Context, strict: bool, run: RunInfo | None, only: tuple[str, ...] | None) -> CheckReport:

@@ -36,6 +36,7 @@ class Context:
     causal_itself: bool | None = None  # outputs ignore later positions without --causal, once computed
     _dataflow: object = None
     sharding: object = None  # distributed.Sharding of check --tp / --fsdp, or None
+    declaration: object = None  # spec.declare.Declaration: what the block claims to be (--like, --expect), or None
     progress: Callable[[str, str | None], None] | None = None  # hears (check, probe) on long checks
     current: str = ""  # the check running now, for progress
     met: set = field(default_factory=set)  # needs established by a check that passed, filled as the battery runs
