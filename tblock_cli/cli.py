@@ -10,22 +10,10 @@ from typing import Annotated, Callable, Optional
 import typer
 import typer.core
 
-from tblock_cli import __version__
+from tblock_cli import __version__, flags
 from tblock_cli.config import FLAGS, RUN
 from tblock_cli.errors import OOM_HINT, ConfigError, LoadError, TBlockError, interrupted, on_interrupt
-from tblock_cli.flags import (
-    RICH_HELP_MIN_WIDTH,
-    SWITCH,
-    Expect,
-    Group,
-    Json,
-    Like,
-    LikeKwargs,
-    NoArgsIsHelpError,
-    Plot,
-    click_errors,
-    command,
-)
+from tblock_cli.flags import RICH_HELP_MIN_WIDTH, SWITCH, Group, Json, NoArgsIsHelpError, Plot, click_errors, command
 from tblock_cli.render.common import make_console
 from tblock_cli.report import ensure_writable
 
@@ -160,9 +148,9 @@ def check(
     only: Annotated[Optional[str], typer.Option("--only", help="Run only these checks (comma-separated names).", show_default=False, metavar="NAMES")] = None,
     skip: Annotated[Optional[str], typer.Option("--skip", help="Leave out these checks (comma-separated names).", show_default=False, metavar="NAMES")] = None,
     fast: Annotated[bool, typer.Option("--fast", help="Leave out the slow checks (kv_cache, dtype): for CI loops on big layers.", **SWITCH)] = False,
-    like: Like = None,
-    like_kwargs: LikeKwargs = None,
-    expect: Expect = None,
+    like: flags.Like = None,
+    like_kwargs: flags.LikeKwargs = None,
+    expect: flags.Expect = None,
     json_: Json = False,
     **options,
 ):
@@ -208,24 +196,22 @@ def check(
 @command(app)
 def spec(
     *,
-    like: Like = None,
-    like_kwargs: LikeKwargs = None,
-    expect: Expect = None,
+    like: flags.Like = None,
+    like_kwargs: flags.LikeKwargs = None,
+    expect: flags.Expect = None,
     json_: Json = False,
     **options,
 ):
-    """What the block really computes, read black-box: heads, score scale, soft-cap, window, rotary base/dims/scaling,
-    ALiBi slopes, relative buckets, FFN activation and gating, norm kind/eps/offset/placement, residual form and gains,
-    MoE routing. With --like or --expect, each declared entry is judged: exit 1 when one differs, 0 otherwise."""
+    """What the block really computes, read black-box (the spec card: scale, soft-cap, rotary, activation, eps, residual,
+    MoE routing, ...). With --like or --expect each declared entry is judged: exit 1 when one differs."""
     block = options.pop("block")
 
     def compute():
         precheck({**options, "block": block})
+        from tblock_cli import api
         from tblock_cli.spec.declare import validate
 
         validate(like, like_kwargs, expect)
-        from tblock_cli import api
-
         with err.status("reading the spec", spinner="dots") as status:
             return api.spec(block, like=like, like_kwargs=like_kwargs, expect=expect,
                             progress=lambda what: status.update(f"spec: {what}"), **options)
