@@ -48,7 +48,8 @@ def check(block=None, *, strict: bool = False, progress: Callable[[str, str | No
         declared = {k: v for k, v in (("like", like), ("like_kwargs", like_kwargs), ("expect", expect)) if v is not None}
         wanted = chosen is None or any(n in chosen for n in ("spec", "like_reference"))
         declaration = declare(like, like_kwargs, expect, s.cfg, setup, progress=(lambda d: progress("spec", d)) if progress else None,
-                              compare_with=(block if block is not None else "builtin") if like and wanted else None) \
+                              compare_with=(block if block is not None else "builtin") if like and wanted else None,
+                              kwargs=s.kwargs) \
             if declared and wanted else None
         return run_checks(subject, s.cfg, s.device, s.dtype, strict=strict, progress=progress,
                           run=s.run(subject, strict=strict, **distributed, **declared), sharding=sharding, only=chosen,

@@ -31,6 +31,7 @@ MESSAGES = {
     "spec.slip": "a spec reader raised: {slip}",
     # the battery's spec check
     "spec.undeclared": "nothing declared (give --like hf:TYPE or --expect KEY=VALUE)",
+    "spec.reference_unread": lambda f: f"nothing could be read off {f['like']} to hold the block against",
     "spec.matches": lambda f: f"{f['matched']} declared entr{'y' if f['matched'] == 1 else 'ies'} match"
                               + (f" ({f['unread']} could not be read: {', '.join(f['unread_keys'])})" if f["unread"] else ""),
     "spec.not_like": _check_differs,
@@ -41,6 +42,9 @@ MESSAGES.update({
     "like.undeclared": "no --like layer declared",
     "like.not_compared": lambda f: f"not compared with {f['like']}: {f['why']}",
     "like.same": lambda f: f"computes what {f['like']} computes with the same weights (max rel. diff {f['rel']:.2g})",
+    "like.rotary_layout": lambda f: f"{f['like']}'s layer with its rotary pairs laid out the other way (here "
+                                    f"{f['rotary']['a']}, there {f['rotary']['b']}): not compared beyond that weight layout; "
+                                    f"the spec check reads the rest",
     "like.differs": lambda f: f"differs from {f['like']} with the same weights ({', '.join(f['differ']) or 'a finding'}; max rel. diff "
                               f"{f['rel']:.2g})" + (f"; {f['first']}" if f.get("first") else "")
                               + ("" if f.get("first") or not f.get("findings") else f"; {f['findings'][0]}"),

@@ -40,7 +40,7 @@ def check_table(report, narrow: bool) -> Table:
     table.add_column("value", justify="right", no_wrap=True, min_width=9)
     table.add_column("what it means", overflow="fold", ratio=1)
     for c in report.checks:
-        table.add_row(c.name, status_text(c.status), fmt_value(c.value), c.detail)
+        table.add_row(c.name, status_text(c.status), fmt_value(c.value), Text(c.detail))
     return table
 
 

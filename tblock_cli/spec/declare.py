@@ -56,16 +56,17 @@ def reference_options(cfg) -> dict:
     return {k: d[k] for k in SIZES if d.get(k) is not None}
 
 
-def declare(like, like_kwargs, expect, cfg, setup, *, compare_with=None, progress=None) -> Declaration:
+def declare(like, like_kwargs, expect, cfg, setup, *, compare_with=None, kwargs=None, progress=None) -> Declaration:
     """Claims from --expect and from the --like layer's card; with compare_with (the block under test as compare's
-    side A takes it), also the comparison against that layer with the block's weights carried to it."""
+    side A takes it, and kwargs its --kwargs), also the comparison against that layer with the block's weights carried
+    to it."""
     from tblock_cli.spec.read import read_card
 
-    claims, kwargs = validate(like, like_kwargs, expect)
+    claims, reference_kwargs = validate(like, like_kwargs, expect)
     if like is None:
         return Declaration(claims)
     options = reference_options(cfg)
-    s = setup(like, {**options, **({"kwargs": kwargs} if kwargs else {})})
+    s = setup(like, {**options, **({"kwargs": reference_kwargs} if reference_kwargs else {})})
     reference = read_card(s.make(), s.cfg, s.device)
     source = f"--like {like}"
     compared = error = None
@@ -76,7 +77,7 @@ def declare(like, like_kwargs, expect, cfg, setup, *, compare_with=None, progres
 
         try:
             compared = run_compare(compare_with, like, setup, options={k: v for k, v in options.items() if k != "threads"},
-                                   kwargs_b=kwargs)
+                                   kwargs_a=kwargs or None, kwargs_b=reference_kwargs)
         except TBlockError as e:
             error = str(e)
         except Exception as e:  # noqa: BLE001 - the block under test raised while compared: said in the check
