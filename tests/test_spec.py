@@ -104,7 +104,7 @@ def test_check_without_a_declaration_skips_spec_and_like_reference():
 
     rep = tblock_cli.check(d_model=32, n_heads=4, threads=1, only="spec,like_reference")
     assert [(c.name, c.status.value, c.kind) for c in rep.checks] == [("spec", "skip", "spec.undeclared"),
-                                                                      ("like_reference", "skip", "like.undeclared")]
+                                                                      ("like_reference", "skip", "like_reference.undeclared")]
 
 
 def test_spec_json_is_one_object_with_the_card():

@@ -34,9 +34,9 @@ def check_like_reference(ctx: Context) -> Outcome:
     """The block computes what the --like layer computes with the same weights (outputs, gradients, decoding)."""
     decl = ctx.declaration
     if decl is None or decl.like is None:
-        return skipped("like.undeclared")
+        return skipped("like_reference.undeclared")
     if decl.compared is None:
-        return skipped("like.not_compared", like=decl.like, why=decl.compare_error or "the comparison did not run")
+        return skipped("like_reference.not_compared", like=decl.like, why=decl.compare_error or "the comparison did not run")
     report = decl.compared
     worst = [c for c in report.comparisons if not c.equal]
     first = report.first_difference
@@ -47,7 +47,7 @@ def check_like_reference(ctx: Context) -> Outcome:
     if not report.ok and first is not None and "rotary" in first.facts:
         # The same architecture with the other rotary pairing (Meta's interleaved against HF's half-split): a weight
         # layout convention, not a computation the random-weight block gets wrong; the spec check judges the rest.
-        return passed("like.rotary_layout", facts["rel"], rotary=first.facts["rotary"], **facts)
+        return passed("like_reference.rotary_layout", facts["rel"], rotary=first.facts["rotary"], **facts)
     if not report.ok:
-        return failed("like.differs", facts["rel"], **facts)
-    return passed("like.same", facts["rel"], **facts)
+        return failed("like_reference.differs", facts["rel"], **facts)
+    return passed("like_reference.same", facts["rel"], **facts)

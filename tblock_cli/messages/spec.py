@@ -39,13 +39,13 @@ MESSAGES = {
 }
 
 MESSAGES.update({
-    "like.undeclared": "no --like layer declared",
-    "like.not_compared": lambda f: f"not compared with {f['like']}: {f['why']}",
-    "like.same": lambda f: f"computes what {f['like']} computes with the same weights (max rel. diff {f['rel']:.2g})",
-    "like.rotary_layout": lambda f: f"{f['like']}'s layer with its rotary pairs laid out the other way (here "
+    "like_reference.undeclared": "no --like layer declared",
+    "like_reference.not_compared": lambda f: f"not compared with {f['like']}: {f['why']}",
+    "like_reference.same": lambda f: f"computes what {f['like']} computes with the same weights (max rel. diff {f['rel']:.2g})",
+    "like_reference.rotary_layout": lambda f: f"{f['like']}'s layer with its rotary pairs laid out the other way (here "
                                     f"{f['rotary']['a']}, there {f['rotary']['b']}): not compared beyond that weight layout; "
                                     f"the spec check reads the rest",
-    "like.differs": lambda f: f"differs from {f['like']} with the same weights ({', '.join(f['differ']) or 'a finding'}; max rel. diff "
+    "like_reference.differs": lambda f: f"differs from {f['like']} with the same weights ({', '.join(f['differ']) or 'a finding'}; max rel. diff "
                               f"{f['rel']:.2g})" + (f"; {f['first']}" if f.get("first") else "")
                               + ("" if f.get("first") or not f.get("findings") else f"; {f['findings'][0]}"),
 })
