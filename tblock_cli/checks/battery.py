@@ -10,6 +10,7 @@ import torch
 
 from tblock_cli.checks import attention, claims, forward, gradients, mixing, naming, norms, positions, safety, structure
 from tblock_cli.checks.context import Context
+from tblock_cli.checks.cost import PassCounter, Passes
 from tblock_cli.checks.result import CheckReport, CheckResult, Outcome
 from tblock_cli.config import BlockConfig
 from tblock_cli.distributed import fsdp, tp
@@ -114,6 +115,15 @@ def run_checks(subject: Subject, cfg: BlockConfig, device: torch.device, dtype: 
 
 
 def _run(ctx: Context, strict: bool, run: RunInfo | None, only: tuple[str, ...] | None) -> CheckReport:
+    counter = PassCounter(ctx.subject.module)
+    try:
+        return _battery(ctx, strict, run, only, counter)
+    finally:
+        counter.close()
+
+
+def _battery(ctx: Context, strict: bool, run: RunInfo | None, only: tuple[str, ...] | None,
+             counter: PassCounter) -> CheckReport:
     results = []
     battery_started = time.perf_counter()
     for check in REGISTRY:
@@ -124,14 +134,15 @@ def _run(ctx: Context, strict: bool, run: RunInfo | None, only: tuple[str, ...] 
             ctx.progress(check.name, None)
         unmet = next((n for n in check.needs if n in ctx.unmet), None)
         if unmet:
-            results.append(CheckResult(check.name, Status.SKIP, None, f"needs.{unmet}", {"check": ctx.unmet[unmet]}))
+            results.append(CheckResult(check.name, Status.SKIP, None, f"needs.{unmet}", {"check": ctx.unmet[unmet]}, 0.0, Passes()))
             continue
         # A family known to break a rule on purpose (hf:TYPE sets `by_design`): that check skips, or passes with the reason.
         design = getattr(ctx.subject.module, "by_design", None) or {}
         if check.name + ".skip" in design:
-            results.append(CheckResult(check.name, Status.SKIP, None, "by_design.skip", {"reason": design[check.name + ".skip"]}))
+            results.append(CheckResult(check.name, Status.SKIP, None, "by_design.skip", {"reason": design[check.name + ".skip"]},
+                                       0.0, Passes()))
             continue
-        started = time.perf_counter()
+        started, before = time.perf_counter(), counter.now()
         try:
             outcome = check.run(ctx)
         except USER_ERRORS as e:  # the block under test raised (sys.exit included); report it, go on
@@ -148,5 +159,5 @@ def _run(ctx: Context, strict: bool, run: RunInfo | None, only: tuple[str, ...] 
             else:
                 ctx.met.add(check.establishes)
         results.append(CheckResult(check.name, outcome.status, outcome.value, outcome.kind, outcome.facts,
-                                   round(time.perf_counter() - started, 4)))
-    return CheckReport(tuple(results), strict, run, round(time.perf_counter() - battery_started, 4))
+                                   round(time.perf_counter() - started, 4), counter.now() - before))
+    return CheckReport(tuple(results), strict, run, round(time.perf_counter() - battery_started, 4), counter.now())
