@@ -74,7 +74,7 @@ def bench(block=None, *, seq=(128, 512), need_weights: bool = False, mode: str =
     decode=N also generates N tokens after a seq[0]-token prompt, with the block's KV cache and by
     recomputing the prefix (the built-in block is then causal); compare_with is a saved run's dict.
     """
-    from tblock_cli.benchmark.options import validate_bench
+    from tblock_cli.options import validate_bench
     from tblock_cli.benchmark.run import check_sizes, run_bench
     from tblock_cli.benchmark.saved import config_mismatch, validate_saved
 

@@ -248,7 +248,7 @@ def bench(
     block = options.pop("block")
 
     def compute():
-        from tblock_cli.benchmark.options import validate_bench
+        from tblock_cli.options import validate_bench
 
         precheck({**options, "block": block})
         validate_bench(seq, mode, baseline, min_time, decode)
