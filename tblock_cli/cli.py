@@ -11,8 +11,8 @@ import typer
 import typer.core
 
 from tblock_cli import __version__
-from tblock_cli.config import FLAGS, RUN
-from tblock_cli.errors import OOM_HINT, ConfigError, LoadError, TBlockError, interrupted, on_interrupt
+from tblock_cli.config import RUN
+from tblock_cli.errors import OOM_HINT, ConfigError, TBlockError, interrupted, on_interrupt
 from tblock_cli.flags import RICH_HELP_MIN_WIDTH, SWITCH, Group, Json, NoArgsIsHelpError, Plot, click_errors, command
 from tblock_cli.render.common import make_console
 from tblock_cli.report import ensure_writable
@@ -122,21 +122,6 @@ def check_plot_target(path: str) -> None:
     ensure_writable(path, "--plot")
 
 
-def precheck(options: dict, *, allow_mixed: bool = False) -> None:
-    """Every flag value that can be judged without torch, judged now (a bad --dtype answers in a blink)."""
-    from tblock_cli.config import build_config, check_values, parse_kwargs, preset_values
-
-    values = {k: v for k, v in options.items() if k in FLAGS}
-    check_values(values, allow_mixed=allow_mixed)
-    preset_values(options.get("preset"))
-    if options.get("kwargs") is not None:
-        if options.get("block") is None:
-            raise LoadError("--kwargs only applies with --block SPEC")
-        parse_kwargs(options["kwargs"])
-    elif options.get("block") is None:
-        build_config(options.get("preset"), allow_mixed=allow_mixed, **values)
-
-
 @command(app)
 def check(
     *,
@@ -156,7 +141,6 @@ def check(
     selection = {"only": only, "skip": skip, "fast": fast, "tp": tp, "fsdp": fsdp, "tp_plan": tp_plan}
 
     def compute():
-        precheck({**options, "block": block})
         if junit_xml is not None:
             ensure_writable(junit_xml, "--junit-xml")
         from tblock_cli import api
@@ -210,9 +194,6 @@ def params(
     block = options.pop("block")
 
     def compute():
-        precheck({**options, "block": block})
-        if tree_depth is not None and tree_depth < 1:
-            raise ConfigError(f"--tree-depth must be >= 1, got {tree_depth}")
         from tblock_cli import api
 
         with err.status("counting", spinner="dots"):
@@ -248,10 +229,6 @@ def bench(
     block = options.pop("block")
 
     def compute():
-        from tblock_cli.options import validate_bench
-
-        precheck({**options, "block": block})
-        validate_bench(seq, mode, baseline, min_time, decode)
         from tblock_cli.benchmark.saved import ensure_save_target, load_saved
 
         if save is not None:
@@ -263,16 +240,24 @@ def bench(
 
         if tp is not None and plot is not None:
             raise ConfigError("--plot draws the sequence sweep; bench --tp has none")
-        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      console=err, transient=True) as bar:
-            task = bar.add_task("measuring", total=None)
+        bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                       console=err, transient=True)
+        task = None
 
-            def step(desc: str, done: int, total: int):
-                bar.update(task, completed=done, total=total, description=f"measuring {desc}")
+        def step(desc: str, done: int, total: int):  # the bar starts with the first measurement: a refused flag shows none
+            nonlocal task
+            if task is None:
+                bar.start()
+                task = bar.add_task("measuring", total=None)
+            bar.update(task, completed=done, total=total, description=f"measuring {desc}")
 
+        try:
             report = api.bench(block, seq=seq, need_weights=need_weights, mode=mode, baseline=baseline, min_time=min_time,
                                decode=decode, breakdown=breakdown, progress=step, compare_with=saved, tp=tp, tp_plan=tp_plan,
                                **options)
+        finally:
+            if task is not None:
+                bar.stop()
         if save is not None:
             api.save_report(report, save)
         return report
@@ -303,7 +288,6 @@ def depth(
     block = options.pop("block")
 
     def compute():
-        precheck({**options, "block": block}, allow_mixed=True)
         from tblock_cli import api
 
         with err.status("measuring the stack", spinner="dots"):
@@ -343,10 +327,6 @@ def compare(
     first differing part named. Exit 0 equal, 1 different, 2 bad input (an unmatched parameter among them)."""
 
     def compute():
-        precheck({**options, "block": a})
-        from tblock_cli.comparing import check_backend
-
-        check_backend(backend, compile_)
         from tblock_cli import api
 
         with err.status("comparing", spinner="dots"):

@@ -122,3 +122,34 @@ def test_threads_and_modes_are_restored_when_the_block_raises():
     with pytest.raises(MeasureError):
         tblock_cli.depth(module, layers=2, seq=6, threads=3)
     assert torch.get_num_threads() == threads and module.training
+
+
+# --- one front door: the API's own signatures, each option rule once and torch-free
+
+def test_the_package_exports_the_api_functions_with_their_real_keywords():
+    import inspect
+
+    from tblock_cli import api
+
+    for name in ("check", "params", "bench", "depth", "compare", "assert_ok"):
+        assert getattr(tblock_cli, name) is getattr(api, name)  # one function, one docstring
+    assert {"strict", "only", "skip", "fast", "tp", "fsdp", "tp_plan", "progress"} <= set(inspect.signature(tblock_cli.check).parameters)
+    assert {"seq", "mode", "min_time", "decode", "breakdown"} <= set(inspect.signature(tblock_cli.bench).parameters)
+    assert {"kwargs_a", "dtype_b", "atol", "backend"} <= set(inspect.signature(tblock_cli.compare).parameters)
+
+
+@pytest.mark.parametrize("call, says", [
+    ("params(tree_depth=0)", "--tree-depth must be >= 1"),
+    ("check(tp_plan='plan.json')", "--tp-plan needs --tp"),
+    ("bench(mode='fast')", "--mode must be"),
+    ("compare('builtin', 'builtin', atol=-1.0)", "--atol and --rtol"),
+    ("compare('builtin', 'builtin', backend='inductor')", "needs --compile"),
+    ("depth(compare=True, norm='pre')", "drop --norm"),
+    ("check(d_model=100, n_heads=8)", "not divisible"),
+], ids=["tree_depth", "tp_plan", "mode", "atol", "backend", "depth-compare", "heads"])
+def test_an_option_rule_answers_before_torch_is_imported(call, says):
+    """The same refusals the CLI gives, from the API, in a process where torch never loads."""
+    code = (f"import sys, tblock_cli\nfrom tblock_cli.errors import ConfigError\ntry:\n    tblock_cli.{call}\n"
+            f"except ConfigError as e:\n    print(str(e))\nprint('torch' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.splitlines()
+    assert out[-1] == "False" and says in out[0], out
