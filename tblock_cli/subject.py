@@ -94,7 +94,10 @@ class Setup:
         if self.module is not None:
             moves = not runtime.placed(module, self.device, self.dtype)
             module = private_copy(module, self.block) if self.trains or moves else module
-        return user_subject(module, self.block, self.cfg, self.device, self.dtype, same_shape=self.same_shape)
+        subject = user_subject(module, self.block, self.cfg, self.device, self.dtype, same_shape=self.same_shape)
+        if self.hf:  # the family's known departures, as tblock's hf: builder found them
+            subject.by_design = dict(module.by_design)
+        return subject
 
 
 def _infer(module: nn.Module, names: tuple[str, ...]) -> int | None:

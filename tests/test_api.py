@@ -153,3 +153,23 @@ def test_an_option_rule_answers_before_torch_is_imported(call, says):
             f"except ConfigError as e:\n    print(str(e))\nprint('torch' in sys.modules)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.splitlines()
     assert out[-1] == "False" and says in out[0], out
+
+
+def test_a_user_modules_by_design_attribute_changes_no_verdict():
+    """`by_design` is tblock's own knowledge of an hf: family, held on its wrapper: a user block with an attribute of
+    that name (here: every failing kind and every check's skip claimed "by design") is judged exactly as without it."""
+
+    class Claims(zoo.NoResidual):
+        def __init__(self, *a):
+            super().__init__(*a)
+            self.by_design = {}
+
+    plain = tblock_cli.check(zoo.NoResidual(32, 4), threads=1)
+    claims = Claims(32, 4)
+    claims.by_design = {c.kind: "by design" for c in plain.checks} | {f"{c.name}.skip": "by design" for c in plain.checks}
+    torch.manual_seed(0)
+    plain = tblock_cli.check(zoo.NoResidual(32, 4), threads=1)
+    torch.manual_seed(0)
+    claimed = tblock_cli.check(claims, threads=1)
+    assert [(c.name, c.status, c.kind) for c in claimed.checks] == [(c.name, c.status, c.kind) for c in plain.checks]
+    assert not claimed.ok and "by_design" not in {c.kind for c in claimed.checks}
