@@ -59,3 +59,22 @@ def test_no_import_circle():
     for m in sorted(graph):
         if m not in state:
             visit(m)
+
+
+def test_the_engine_and_the_checks_import_nothing_of_each_other():
+    """distributed/ runs rank passes and returns facts; the tensor_parallel and fsdp verdicts are checks'. Neither
+    package imports the other (lazy imports included): a check reaches the engine through the Sharding it is handed."""
+    mods = modules()
+    for a, b in (("tblock_cli.checks", "tblock_cli.distributed"), ("tblock_cli.distributed", "tblock_cli.checks")):
+        crossing = {m: sorted(d for d in imports(m, p, set(mods)) if d == b or d.startswith(b + "."))
+                    for m, p in mods.items() if m == a or m.startswith(a + ".")}
+        assert not any(crossing.values()), {m: d for m, d in crossing.items() if d}
+
+
+def test_tolerances_live_on_the_ground_floor():
+    """TOLERANCE is shared by checks, compare and the distributed engine: it lives in probes (the base layer)."""
+    import tblock_cli.probes
+
+    assert "TOLERANCE = {" in Path(tblock_cli.probes.__file__).read_text()
+    for path in PACKAGE.rglob("*.py"):
+        assert "from tblock_cli.checks.context import TOLERANCE" not in path.read_text(), path

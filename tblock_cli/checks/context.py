@@ -9,13 +9,8 @@ import torch
 
 from tblock_cli.config import BlockConfig
 from tblock_cli.loading import Subject
-from tblock_cli.probes import changed, state_key, train_mode
+from tblock_cli.probes import TOLERANCE, changed, state_key, train_mode
 
-# Largest |difference| between two computations that should agree, relative to max(1, |reference|).
-# float32 sums of a few hundred products carry ~1e-6 relative error; 1e-5 leaves a margin and is
-# the tolerance issue #2 sets for the reference check. Half precisions have 10 (fp16) and 7 (bf16)
-# mantissa bits: 2^-7 ~ 8e-3 and 2^-4 ~ 6e-2 cover a LayerNorm, an attention and an FFN in a row.
-TOLERANCE = {torch.float64: 1e-10, torch.float32: 1e-5, torch.float16: 8e-3, torch.bfloat16: 6e-2}
 # Probes of one check that need not see each other run as one forward of their concatenated batch when the block
 # is known to keep samples apart (the batch check passed) and the batch stays this small: at a 7B-size layer a
 # forward of 20 tokens costs 0.45 s and one of 80 tokens 0.87 s, most of it reading the weights once.
