@@ -78,3 +78,17 @@ def test_tolerances_live_on_the_ground_floor():
     assert "TOLERANCE = {" in Path(tblock_cli.probes.__file__).read_text()
     for path in PACKAGE.rglob("*.py"):
         assert "from tblock_cli.checks.context import TOLERANCE" not in path.read_text(), path
+
+
+def test_checks_never_write_the_context():
+    """Shared probes are declared once (checks/context.py PROBES) and memoised by Context.probe; a check reads them and
+    never assigns to the context (the runner alone keeps its bookkeeping: current, met, unmet)."""
+    writes = []
+    for path in (PACKAGE / "checks").glob("*.py"):
+        if path.name in ("context.py", "battery.py"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else []
+            writes += [f"{path.name}:{node.lineno}" for t in targets
+                       if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "ctx"]
+    assert not writes, writes
