@@ -28,7 +28,7 @@ def check(block=None, *, strict: bool = False, progress: Callable[[str, str | No
     from tblock_cli.checks import run_checks
     from tblock_cli.checks.battery import select
     from tblock_cli.distributed import prepare
-    from tblock_cli.subject import setup
+    from tblock_cli.subject.setup import setup
 
     chosen = select(only, skip, fast)  # a misspelt name is refused before the block is built
     s = setup(block, options, same_shape=False)
@@ -47,8 +47,8 @@ def params(block=None, *, tree_depth: int | None = None, **options):
 
     from tblock_cli import runtime
     from tblock_cli.counting import param_report
-    from tblock_cli.loading import builtin_subject
-    from tblock_cli.subject import setup
+    from tblock_cli.subject.loading import builtin_subject
+    from tblock_cli.subject.setup import setup
 
     s = setup(block, options, trains=False)
     with s.session():
@@ -74,7 +74,7 @@ def bench(block=None, *, seq=(128, 512), need_weights: bool = False, mode: str =
     from tblock_cli import runtime
     from tblock_cli.benchmark.run import run_bench
     from tblock_cli.benchmark.saved import config_mismatch
-    from tblock_cli.subject import setup
+    from tblock_cli.subject.setup import setup
 
     if tp is not None or tp_plan is not None:
         return _bench_tp(block, seqs[0], tp, tp_plan, options)
@@ -105,7 +105,7 @@ def _bench_tp(block, seq: int, tp: int | None, tp_plan: str | None, options: dic
     from tblock_cli import runtime
     from tblock_cli.distributed import prepare
     from tblock_cli.distributed.bench import run_tp_bench
-    from tblock_cli.subject import setup
+    from tblock_cli.subject.setup import setup
 
     s = setup(block, {**options, "seq": seq})
     with s.session():
@@ -145,7 +145,7 @@ def depth(block=None, *, compare: bool = False, strict: bool = False, **options)
     rules.depth(block, options, compare=compare, strict=strict)
     from tblock_cli import runtime
     from tblock_cli.stacking import DepthComparison, run_depth
-    from tblock_cli.subject import layer_maker, setup
+    from tblock_cli.subject.setup import layer_maker, setup
 
     norms = ["pre", "post", "mixed"] if compare else [options.get("norm")]
     reports = []
@@ -168,7 +168,7 @@ def compare(a=None, b=None, *, kwargs_a=None, kwargs_b=None, dtype_b: str | None
     rules.compare(a, b, options, kwargs_a=kwargs_a, kwargs_b=kwargs_b, dtype_b=dtype_b, compile=compile,
                   backend=backend, atol=atol, rtol=rtol, map_file=map_file)
     from tblock_cli.comparing.run import run_compare
-    from tblock_cli.subject import setup
+    from tblock_cli.subject.setup import setup
 
     return run_compare(a, b, setup, options=options, kwargs_a=kwargs_a, kwargs_b=kwargs_b, dtype_b=dtype_b,
                        compile=compile, backend=backend, atol=atol, rtol=rtol, map_file=map_file)

@@ -14,7 +14,7 @@ from tblock_cli.distributed import prepare
 from tblock_cli.distributed.spawn import RankFailure, run_ranks
 from tblock_cli.errors import ConfigError
 from tblock_cli.report import Status
-from tblock_cli.subject import setup
+from tblock_cli.subject.setup import setup
 
 import zoo
 from conftest import zoo_spec

@@ -14,9 +14,9 @@ from tblock_cli.checks.result import CheckReport, CheckResult, Outcome
 from tblock_cli.checks.sharded import check_fsdp, check_tensor_parallel
 from tblock_cli.config import BlockConfig
 from tblock_cli.errors import USER_ERRORS, ConfigError, is_out_of_memory, one_line
-from tblock_cli.loading import Subject
 from tblock_cli.probes import plain_bool_checks
 from tblock_cli.report import RunInfo, Status
+from tblock_cli.subject.loading import Subject
 
 # What a need means, as the docs table names it.
 NEEDS = {"shape": "shape", "finite": "finite", "deterministic": "deterministic", "input_kept": "input kept",

@@ -11,10 +11,10 @@ from tblock_cli.comparing.mapping import Slot, build_mapping, execution_order, r
 from tblock_cli.comparing.report import CompareReport, Comparison, Finding
 from tblock_cli.comparing.sides import BUILTIN, build_sides, is_builtin, spec_of
 from tblock_cli.errors import ConfigError, reraise_as_measure_error
-from tblock_cli.kvcache import decode_chunks, has_decode
 from tblock_cli.probes import TOLERANCE, f64, rel_diff, train_mode
 from tblock_cli.report import Status
 from tblock_cli.runtime import dtype_name, session
+from tblock_cli.subject.kvcache import decode_chunks, has_decode
 
 
 @dataclasses.dataclass(frozen=True)

@@ -13,10 +13,10 @@ from typing import Callable
 import torch
 import torch.nn as nn
 
-from tblock_cli.block import build_block
 from tblock_cli.config import TO_CONSTRUCTOR, BlockConfig, parse_kwargs
 from tblock_cli.errors import USER_ERRORS, LoadError, is_out_of_memory, one_line
 from tblock_cli.probes import train_mode
+from tblock_cli.subject.builtin import build_block
 
 # Constructor keywords tblock fills from its flags (config.TO_CONSTRUCTOR), under the names blocks commonly use.
 ALIASES: dict[str, tuple[str, ...]] = {

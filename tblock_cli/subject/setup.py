@@ -14,8 +14,8 @@ import torch.nn as nn
 from tblock_cli import runtime
 from tblock_cli.config import BUILTIN_ONLY, BlockConfig, Flag, build_config, parse_kwargs
 from tblock_cli.errors import ConfigError, LoadError
-from tblock_cli.loading import ALIASES, Subject, builtin_subject, construct, user_subject
 from tblock_cli.report import RunInfo
+from tblock_cli.subject.loading import ALIASES, Subject, builtin_subject, construct, user_subject
 
 # Flags that describe a user block's forward; the built-in block takes pad_mask, True = pad.
 USER_ONLY = ("pad_keyword", "pad_means")
@@ -85,7 +85,7 @@ class Setup:
         if self.module is not None:
             return self.module
         if isinstance(self.source, str):
-            from tblock_cli.loading import load_factory
+            from tblock_cli.subject.loading import load_factory
 
             return construct(self.source, load_factory(self.source), self.cfg, self.kwargs)
         return construct(self.block, self.source, self.cfg, self.kwargs)
@@ -192,7 +192,7 @@ def setup(block=None, options: dict | None = None, *, same_shape: bool = True, a
 def hf_block(s: Setup) -> nn.Module:
     """An hf:TYPE block, and the config its model implies written into the setup: causal for decoders, positions for
     rotary layers, HF's mask convention (attention_mask, 1 = keep). A flag the user gave explicitly stands."""
-    from tblock_cli import hf
+    from tblock_cli.subject import hf
 
     module = hf.build(s.source[3:], s.cfg, s.kwargs)
     implied = {"causal": module.causal, "positional": module.positional, "pad_keyword": module.pad_keyword, "pad_means": "keep"}
@@ -207,7 +207,7 @@ def layer_maker(s: Setup, block) -> Callable[[int], list[Subject]] | None:
     if block is None:
         return None
     if isinstance(block, str) and block.startswith("hf:"):
-        from tblock_cli import hf
+        from tblock_cli.subject import hf
 
         def hf_layers(n: int) -> list[Subject]:
             first = s.make()  # the calling convention (mask keyword, causal) around the model built once
@@ -217,7 +217,7 @@ def layer_maker(s: Setup, block) -> Callable[[int], list[Subject]] | None:
             return [first.like(layer) for layer in layers]
         return hf_layers
     if isinstance(block, str):
-        from tblock_cli.loading import user_layers
+        from tblock_cli.subject.loading import user_layers
 
         return lambda n: user_layers(s.cfg, s.device, s.dtype, block, s.kwargs, n)
 
