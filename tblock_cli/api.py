@@ -46,7 +46,7 @@ def params(block=None, *, tree_depth: int | None = None, **options):
     import torch
 
     from tblock_cli import runtime
-    from tblock_cli.counting import param_report
+    from tblock_cli.params_report import param_report
     from tblock_cli.subject.loading import builtin_subject
     from tblock_cli.subject.setup import setup
 
@@ -144,7 +144,7 @@ def depth(block=None, *, compare: bool = False, strict: bool = False, **options)
     DepthReport (compare=True: the built-in pre, post and mixed stacks side by side, a DepthComparison)."""
     rules.depth(block, options, compare=compare, strict=strict)
     from tblock_cli import runtime
-    from tblock_cli.stacking import DepthComparison, run_depth
+    from tblock_cli.depth_report import DepthComparison, run_depth
     from tblock_cli.subject.setup import layer_maker, setup
 
     norms = ["pre", "post", "mixed"] if compare else [options.get("norm")]

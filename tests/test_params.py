@@ -12,7 +12,7 @@ import tblock_cli
 from tblock_cli import render
 from tblock_cli.cli import app
 from tblock_cli.config import build_config
-from tblock_cli.counting import param_report
+from tblock_cli.params_report import param_report
 from tblock_cli.subject.loading import make_subject
 
 from conftest import zoo_spec

@@ -81,7 +81,7 @@ def flops_at(subject: Subject, cfg: BlockConfig, dtype: torch.dtype, seq: int) -
     """{"forward": ..., "train_step": ...} per call at this seq: analytic, or traced for a user block."""
     from dataclasses import replace
 
-    from tblock_cli.counting import param_report
+    from tblock_cli.params_report import param_report
 
     try:
         return param_report(subject, replace(cfg, seq=seq), dtype).flops
@@ -93,7 +93,7 @@ def traced_cache_bytes(subject: Subject, cfg: BlockConfig, dtype: torch.dtype, p
     """Bytes a decoding cache should hold after `positions` tokens: the keys and values per token the dataflow saw."""
     from dataclasses import replace
 
-    from tblock_cli.counting import param_report
+    from tblock_cli.params_report import param_report
 
     try:
         kv = param_report(subject, replace(cfg, seq=positions), dtype).kv_cache
