@@ -11,9 +11,18 @@ import typer
 import typer.core
 
 from tblock_cli import __version__
+from tblock_cli.cli.flags import (
+    RICH_HELP_MIN_WIDTH,
+    SWITCH,
+    Group,
+    Json,
+    NoArgsIsHelpError,
+    Plot,
+    click_errors,
+    command,
+)
 from tblock_cli.config import RUN
 from tblock_cli.errors import OOM_HINT, ConfigError, TBlockError, interrupted, on_interrupt
-from tblock_cli.flags import RICH_HELP_MIN_WIDTH, SWITCH, Group, Json, NoArgsIsHelpError, Plot, click_errors, command
 from tblock_cli.render.common import make_console
 from tblock_cli.report import ensure_writable
 
@@ -154,7 +163,7 @@ def check(
 
                 report = api.check(block, strict=strict, progress=progress, **selection, **options)
         if junit_xml is not None:
-            from tblock_cli.junit import write_junit
+            from tblock_cli.render.junit import write_junit
 
             write_junit(report, junit_xml)
         return report
