@@ -104,7 +104,7 @@ def _bench_tp(block, seq: int, tp: int | None, tp_plan: str | None, options: dic
     """bench --tp N: the sharded block's forward + backward per rank, and its share in collectives."""
     from tblock_cli import runtime
     from tblock_cli.distributed import prepare
-    from tblock_cli.distributed.bench import run_tp_bench
+    from tblock_cli.distributed.timing import run_tp_bench
     from tblock_cli.subject.setup import setup
 
     s = setup(block, {**options, "seq": seq})

@@ -137,7 +137,7 @@ def test_bench_tp_counts_collectives_once_and_reports_per_rank():
     from rich.console import Console
 
     from tblock_cli import render
-    from tblock_cli.distributed.bench import RankTiming, TPBench, collective_seconds
+    from tblock_cli.distributed.timing import RankTiming, TPBench, collective_seconds
 
     events = [E(key="_c10d_functional::all_reduce", self_cpu_time_total=1_000), E(key="c10d::allreduce_", self_cpu_time_total=30_000),
               E(key="_c10d_functional::wait_tensor", self_cpu_time_total=20_000), E(key="gloo:all_reduce", self_cpu_time_total=60_000),

@@ -35,7 +35,7 @@ def fsdp_rank(rank: int, n: int, device: torch.device, subject, seed: int, shape
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    from tblock_cli.distributed.compare import forward_backward, full, grad_diffs, inputs, same_weights, world_max
+    from tblock_cli.distributed.rankpass import forward_backward, full, grad_diffs, inputs, same_weights, world_max
     from tblock_cli.probes import rel_diff
 
     module = same_weights(subject.module, device)

@@ -32,7 +32,7 @@ def tp_rank(rank: int, n: int, device: torch.device, subject, styles: dict, seed
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-    from tblock_cli.distributed import compare as c
+    from tblock_cli.distributed import rankpass as c
     from tblock_cli.probes import TOLERANCE, rel_diff
 
     module = c.same_weights(subject.module, device)
