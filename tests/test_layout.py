@@ -1,10 +1,14 @@
-"""The package's shape: no module over 400 lines, no import circle (lazy imports included), no torch for --help."""
+"""The package's shape and the tests': no module over 400 lines, no import circle (lazy imports included), a package
+root of at most 12 modules, the engine and the checks apart, tests named after what they test."""
 
 import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).parent.parent / "tblock_cli"
+TESTS = Path(__file__).parent
 MAX_LINES = 400
+# The package root holds the front door and the ground floor; every subsystem has a room (a subpackage) of its own.
+MAX_ROOT_MODULES = 12
 
 
 def modules() -> dict[str, Path]:
@@ -33,8 +37,37 @@ def imports(name: str, path: Path, known: set[str]) -> set[str]:
 
 
 def test_no_module_is_over_400_lines():
-    long = {str(p.relative_to(PACKAGE)): n for p in PACKAGE.rglob("*.py") if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    files = [*PACKAGE.rglob("*.py"), *TESTS.glob("*.py")]
+    long = {str(p): n for p in files if (n := len(p.read_text().splitlines())) > MAX_LINES}
     assert not long, long
+
+
+def test_the_package_root_is_not_a_drawer():
+    root = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert len(root) <= MAX_ROOT_MODULES, root
+
+
+def test_tests_are_named_after_what_they_test():
+    """A module of the package, a command, or a property: never the work that wrote it (test_checks3: a generation)."""
+    import re
+
+    named = [p.name for p in TESTS.glob("*.py") if re.search(r"\d\.py$|_(round|issue|gen|generation)\d*\b", p.name)]
+    assert not named, named
+
+
+def test_tests_import_no_circle():
+    """The test helpers (the zoo's modules, conftest) import one another without a circle."""
+    local = {p.stem: p for p in TESTS.glob("*.py")}
+    graph = {}
+    for name, path in local.items():
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                found.update(a.name for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                found.add(node.module or "")
+        graph[name] = {m for m in found if m in local and m != name}
+    _assert_no_circle(graph)
 
 
 def test_no_import_circle():
@@ -42,6 +75,10 @@ def test_no_import_circle():
     graph = {name: imports(name, path, set(mods)) for name, path in mods.items()}
     # a package's __init__ re-exporting its own modules is not a circle of design
     graph = {m: {d for d in deps if not m.startswith(d + ".") and not d.startswith(m + ".")} for m, deps in graph.items()}
+    _assert_no_circle(graph)
+
+
+def _assert_no_circle(graph: dict[str, set[str]]) -> None:
     state: dict[str, int] = {}
     stack: list[str] = []
 
