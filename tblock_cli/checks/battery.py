@@ -12,12 +12,12 @@ from tblock_cli.checks import attention, claims, forward, gradients, mixing, nam
 from tblock_cli.checks.context import Context
 from tblock_cli.checks.cost import PassCounter, Passes
 from tblock_cli.checks.result import CheckReport, CheckResult, Outcome
+from tblock_cli.checks.sharded import check_fsdp, check_tensor_parallel
 from tblock_cli.config import BlockConfig
-from tblock_cli.distributed import fsdp, tp
 from tblock_cli.errors import USER_ERRORS, ConfigError, is_out_of_memory, one_line
-from tblock_cli.loading import Subject
 from tblock_cli.probes import plain_bool_checks
 from tblock_cli.report import RunInfo, Status
+from tblock_cli.subject.loading import Subject
 
 # What a need means, as the docs table names it.
 NEEDS = {"shape": "shape", "finite": "finite", "deterministic": "deterministic", "input_kept": "input kept",
@@ -59,8 +59,8 @@ REGISTRY: tuple[Check, ...] = (
     Check("need_weights", forward.check_need_weights, (), None, "`nn.MultiheadAttention` called with `need_weights=True` (its weights computed and dropped): a **warning** with the bytes"),
     Check("dtype", forward.check_dtype, COMPARES + ("copyable",), None, "the run's dtype differs from a float64 copy beyond its tolerance (relative RMS 2e-6, 5e-3, 4e-2)", slow=True),
     Check("ffn_share", structure.check_ffn_share, (), None, "the FFN's share from dataflow roles against what its matrices predict; **warns** on a linear FFN (two projections with no nonlinearity) and on parameters outside attention, FFN and norms (> 1 %)"),
-    Check("tensor_parallel", tp.check_tensor_parallel, COMPARES + GRADS, None, "with `--tp N`: outputs, input gradients or full parameter gradients of the block sharded by PyTorch's `parallelize_module` (plan from the dataflow roles, or `--tp-plan`) that differ from the unsharded block with the same weights; names the first module whose output differs ([distributed.md](distributed.md))"),
-    Check("fsdp", fsdp.check_fsdp, COMPARES + GRADS + ("independent",), None, "with `--fsdp N`: under `fully_shard`, each rank its own micro-batch, gradients that differ from one process's on the whole batch (averaged as FSDP reduces them), or parameters that differ after the same optimizer step"),
+    Check("tensor_parallel", check_tensor_parallel, COMPARES + GRADS, None, "with `--tp N`: outputs, input gradients or full parameter gradients of the block sharded by PyTorch's `parallelize_module` (plan from the dataflow roles, or `--tp-plan`) that differ from the unsharded block with the same weights; names the first module whose output differs ([distributed.md](distributed.md))"),
+    Check("fsdp", check_fsdp, COMPARES + GRADS + ("independent",), None, "with `--fsdp N`: under `fully_shard`, each rank its own micro-batch, gradients that differ from one process's on the whole batch (averaged as FSDP reduces them), or parameters that differ after the same optimizer step"),
     Check("reference", structure.check_reference, ("shape", "deterministic"), None, "the built-in block against `nn.TransformerEncoderLayer` with copied weights (1e-5, float32)"),
     Check("norms", norms.check_norms, ("finite", "copyable"), None, "each norm alone: relative RMS error against its float64 copy at input RMS 1e3 (an fp16 RMSNorm squaring before it upcasts returns 0: error 1.0; limit 0.1 half, 1e-4 float32); a `(1 + w)` norm whose output RMS at init exceeds 1.5 (w initialised to 1 doubles it)"),
     Check("relative", positions.check_relative, ("finite",), None, "with every token identical, attention scores (each row taken relative to its own diagonal) that are not a function of i - j: a rotary cos/sin layout that does not match its rotation, rotary angles computed in half precision (probed at 320 tokens in fp16/bf16); blocks whose positions enter before the q/k projections (absolute) are skipped"),
@@ -136,8 +136,9 @@ def _battery(ctx: Context, strict: bool, run: RunInfo | None, only: tuple[str, .
         if unmet:
             results.append(CheckResult(check.name, Status.SKIP, None, f"needs.{unmet}", {"check": ctx.unmet[unmet]}, 0.0, Passes()))
             continue
-        # A family known to break a rule on purpose (hf:TYPE sets `by_design`): that check skips, or passes with the reason.
-        design = getattr(ctx.subject.module, "by_design", None) or {}
+        # A family known to break a rule on purpose (an hf:TYPE subject's `by_design`): that check skips, or passes
+        # with the reason. Read from tblock's wrapper, never from the module under test.
+        design = ctx.subject.by_design
         if check.name + ".skip" in design:
             results.append(CheckResult(check.name, Status.SKIP, None, "by_design.skip", {"reason": design[check.name + ".skip"]},
                                        0.0, Passes()))

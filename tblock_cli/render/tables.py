@@ -7,8 +7,8 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from tblock_cli.messages.units import fmt_bytes
 from tblock_cli.render.common import ByWidth, environment_line, fmt_count, fmt_value, status_text, table_for
-from tblock_cli.units import fmt_bytes
 
 # Below this many columns the check table keeps two columns, name and status, and puts the value and
 # its meaning under the name. Measured on the golden report: the four-column table drops every column
