@@ -14,7 +14,7 @@ from tblock_cli.comparing.report import CompareReport, Comparison, Finding
 from tblock_cli.comparing.sides import BUILTIN, build_sides, is_builtin, spec_of
 from tblock_cli.errors import ConfigError, reraise_as_measure_error
 from tblock_cli.kvcache import decode_chunks, has_decode
-from tblock_cli.probes import f64, rel_diff, train_mode
+from tblock_cli.probes import f64, rel_diff, same_draws, train_mode, zero_dropout
 from tblock_cli.report import Status
 from tblock_cli.runtime import dtype_name, session
 
@@ -138,7 +138,9 @@ def compare_all(sa, sb, xa, xb, v, mapping, judge: Judge, train: bool = True) ->
         x = x.detach().clone().requires_grad_(True)
         for p in s.module.parameters():
             p.grad = None
-        with train_mode(s.module, train), torch.enable_grad():
+        # A block's own dropout (built in, not from --dropout) would draw other masks on each side: zeroed where it
+        # can be reached, and the same random stream for both where it cannot (a functional dropout of a literal p).
+        with train_mode(s.module, train), zero_dropout(s.module), same_draws(x.device), torch.enable_grad():
             (s(x) * v.to(x.device, x.dtype)).float().sum().backward()
         grads.append(x.grad)
     out.append(judge("input_grad", grads[1], grads[0]))

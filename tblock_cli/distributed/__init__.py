@@ -28,6 +28,11 @@ def prepare(subject, cfg, device, dtype, *, tp: int | None, fsdp: int | None, tp
         return None
     if device.type not in ("cpu", "cuda"):
         raise ConfigError(f"--tp/--fsdp run on gloo (CPU) or NCCL (CUDA), not {device.type}; use --device cpu")
+    from tblock_cli.distributed.spawn import check_world
+
+    for flag, n in (("--tp", tp), ("--fsdp", fsdp)):
+        if n:
+            check_world(n, device, flag)
     plan = None
     if tp:
         from tblock_cli.distributed.plan import plan_for

@@ -64,9 +64,7 @@ def run_ranks(fn: Callable, n: int, device: torch.device, *args, preload: tuple[
         return _in_this_world(fn, n, device, *args)
     if n < 2:
         raise ConfigError(f"a world of {n} rank(s) shards nothing; give 2 or more")
-    if device.type == "cuda" and torch.cuda.device_count() < n:
-        raise ConfigError(f"{n} ranks on CUDA need {n} GPUs, {torch.cuda.device_count()} visible; "
-                          f"use --device cpu (gloo) or fewer ranks")
+    check_world(n, device)
     import multiprocessing as mp
 
     from torch.distributed import TCPStore
@@ -94,6 +92,24 @@ def run_ranks(fn: Callable, n: int, device: torch.device, *args, preload: tuple[
         results.close()
         results.join_thread()
         del store
+
+
+def check_world(n: int, device: torch.device, flag: str = "a world of") -> None:
+    """Refuse, before any process starts, a local world this machine cannot run: one rank per GPU on CUDA, and on
+    CPU no more ranks than cores (each rank is a process holding the block; 100,000 of them forked until the
+    machine fell over). Under torchrun the world is torchrun's, already running."""
+    if under_torchrun():
+        return
+    if device.type == "cuda":
+        have = torch.cuda.device_count()
+        if n > have:
+            raise ConfigError(f"{flag} {n}: {n} ranks on CUDA need {n} GPUs and {have} are visible; "
+                              f"give at most {have}, or use --device cpu (gloo)")
+        return
+    cores = os.cpu_count() or 1
+    if n > cores:
+        raise ConfigError(f"{flag} {n}: each rank is a process of its own and this machine has {cores} CPU core(s); "
+                          f"give at most {cores} (or run under torchrun on more machines)")
 
 
 def _collect(procs, results, n: int) -> object:
