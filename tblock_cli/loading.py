@@ -96,6 +96,9 @@ def make_subject(
 def user_subject(module: nn.Module, name: str, cfg: BlockConfig, device: torch.device, dtype: torch.dtype, *,
                  same_shape: bool = True) -> Subject:
     """A user's module moved to the device and dtype, its padding keyword found, probed once."""
+    if isinstance(module, torch.jit.ScriptModule):
+        raise LoadError(f"--block {name}: it builds a TorchScript module (torch.jit.script or trace), which tblock does "
+                        f"not support (its forward cannot be traced); build the module without scripting it")
     try:
         module = module.to(device=device, dtype=dtype)
     except Exception as e:  # noqa: BLE001 - any failure here is the user's block

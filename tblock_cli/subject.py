@@ -86,6 +86,15 @@ def private_copy(module: nn.Module, name: str) -> nn.Module:
                         f"{one_line(e)}; pass a factory (a function that builds it) instead") from None
 
 
+def refuse_scripted(module: nn.Module, name: str) -> None:
+    """A TorchScript module (torch.jit.script or trace) shares its parameters with every copy and hides its forward
+    from hooks and the tracer: gradients would land on the caller's module and half the checks could not run."""
+    if isinstance(module, torch.jit.ScriptModule):
+        raise LoadError(f"{name} is a TorchScript module (torch.jit.script or trace), which tblock does not support: "
+                        f"its copies share the caller's parameters and its forward cannot be traced; pass the module "
+                        f"before scripting (or a factory that builds it)")
+
+
 def check_options(values: dict, **types: type) -> None:
     """An API caller's own keyword values (strict=, tree_depth=, ...) of the wrong type, as a ConfigError naming them."""
     for name, kind in types.items():
@@ -140,6 +149,7 @@ def setup(block=None, options: dict | None = None, *, same_shape: bool = True, a
     module = None
     if isinstance(block, nn.Module):
         module, name = block, type(block).__name__
+        refuse_scripted(module, name)
     elif block is not None and not isinstance(block, str):
         if not callable(block):
             raise ConfigError(f"block must be an nn.Module, a factory, a SPEC string or None, got {type(block).__name__}")
