@@ -7,7 +7,7 @@ each function imports it when called.
     tblock_cli.assert_ok(tblock_cli.check(MyBlock(), d_model=64))
 """
 
-__version__ = "0.2.0"
+__version__ = "0.4.0"
 __all__ = ["__version__", "check", "params", "bench", "depth", "compare", "assert_ok"]
 
 
@@ -16,29 +16,37 @@ def check(block=None, **options):
     built-in block) with the CLI's option names (d_model, n_heads, seq, batch, causal, dtype, strict, ...).
     Returns a CheckReport: `.ok`, `.checks`, `.to_dict()` (what `tblock check --json` prints)."""
     from tblock_cli import api
+    from tblock_cli.runtime import kept_rng
 
-    return api.check(block, **options)
+    with kept_rng():
+        return api.check(block, **options)
 
 
 def params(block=None, **options):
     """Parameters, bytes and FLOPs per component by dataflow role (tree_depth=N for the module tree); a ParamReport."""
     from tblock_cli import api
+    from tblock_cli.runtime import kept_rng
 
-    return api.params(block, **options)
+    with kept_rng():
+        return api.params(block, **options)
 
 
 def bench(block=None, **options):
     """Latency, peak memory and attention kernel (seq, mode, need_weights, decode, breakdown, ...); a BenchReport."""
     from tblock_cli import api
+    from tblock_cli.runtime import kept_rng
 
-    return api.bench(block, **options)
+    with kept_rng():
+        return api.bench(block, **options)
 
 
 def depth(block=None, **options):
     """A stack of `layers` copies at init: per-layer scale, gradients, residual gain, norm placement; a DepthReport."""
     from tblock_cli import api
+    from tblock_cli.runtime import kept_rng
 
-    return api.depth(block, **options)
+    with kept_rng():
+        return api.depth(block, **options)
 
 
 def compare(a=None, b=None, **options):
@@ -47,8 +55,10 @@ def compare(a=None, b=None, **options):
     Options: the shared size flags, kwargs_a, kwargs_b, dtype_b, atol, rtol, map_file; compile=True holds A
     against torch.compile(A), on backend= inductor, aot_eager or eager. Returns a CompareReport: `.ok`, `.findings`, `.to_dict()`."""
     from tblock_cli import api
+    from tblock_cli.runtime import kept_rng
 
-    return api.compare(a, b, **options)
+    with kept_rng():
+        return api.compare(a, b, **options)
 
 
 def assert_ok(report) -> None:
