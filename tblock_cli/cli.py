@@ -349,6 +349,8 @@ def compare(
 
     def compute():
         precheck({**options, "block": a})
+        if b is None and not compile_:
+            raise ConfigError("compare needs two blocks (A B; builtin names the built-in block), or --compile")
         from tblock_cli.comparing import check_backend
 
         check_backend(backend, compile_)

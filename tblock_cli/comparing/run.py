@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import torch
 
@@ -11,7 +12,7 @@ from tblock_cli.comparing import check_backend
 from tblock_cli.comparing.localise import capture, component_diffs, explain, head_dim_of
 from tblock_cli.comparing.mapping import Slot, build_mapping, execution_order, read_map, slots_of
 from tblock_cli.comparing.report import CompareReport, Comparison, Finding
-from tblock_cli.comparing.sides import BUILTIN, build_sides, is_builtin, spec_of
+from tblock_cli.comparing.sides import BUILTIN, build_sides, check_side_options, is_builtin, spec_of
 from tblock_cli.errors import ConfigError, reraise_as_measure_error
 from tblock_cli.kvcache import decode_chunks, has_decode
 from tblock_cli.probes import f64, rel_diff, same_draws, train_mode, zero_dropout
@@ -47,21 +48,29 @@ def run_compare(a, b, setup, *, options: dict, kwargs_a=None, kwargs_b=None, dty
                 rtol: float | None = None, map_file: str | None = None) -> CompareReport:
     """A against B (or A against torch.compile(A)); options are the shared size flags, as api.setup takes them."""
     options = {"dropout": 0.0, **{k: v for k, v in options.items() if v is not None}}  # gradients need no dropout
-    if (atol is not None and atol < 0) or (rtol is not None and rtol < 0):
-        raise ConfigError("--atol and --rtol must be >= 0")
+    for flag, tol in (("--atol", atol), ("--rtol", rtol)):
+        if tol is None:
+            continue
+        if isinstance(tol, bool) or not isinstance(tol, (int, float)):
+            raise ConfigError(f"{flag} must be a number, got {tol!r}")
+        if not math.isfinite(tol):  # inf passes every difference; NaN compares False with all: both judge nothing
+            raise ConfigError(f"{flag} must be a finite number, got {tol}")
+        if tol < 0:
+            raise ConfigError(f"{flag} must be >= 0, got {tol}")
+    check_side_options(kwargs_a, kwargs_b, dtype_b)
     check_backend(backend, compile)
     if compile:
         if b is not None or dtype_b or kwargs_b or map_file:
             raise ConfigError("--compile compares A with torch.compile(A): drop B, --kwargs-b, --dtype-b and --map")
         return compile_report(a, setup, options, kwargs_a, backend)
-    if b is None:
-        raise ConfigError("compare needs two blocks (A B; builtin names the built-in block), or --compile")
     overrides = read_map(map_file)
     sa, subject_a, sb, subject_b, followed = build_sides(a, b, setup, options, kwargs_a, kwargs_b, dtype_b)
     cfg = sa.cfg
     if (cfg.d_model, cfg.batch, cfg.seq) != (sb.cfg.d_model, sb.cfg.batch, sb.cfg.seq):
-        raise ConfigError(f"the two sides take different inputs (d_model {cfg.d_model} vs {sb.cfg.d_model}); "
-                          f"give both the same size flags")
+        differ = [f"{k}: A {ka}, B {kb}" for k, ka, kb in (("d_model", cfg.d_model, sb.cfg.d_model), ("batch", cfg.batch, sb.cfg.batch),
+                                                           ("seq", cfg.seq, sb.cfg.seq)) if ka != kb]
+        raise ConfigError(f"the two sides take different inputs ({'; '.join(differ)}); give both the same width "
+                          f"(--d-model, or --kwargs-a/--kwargs-b for the side that differs)")
     judge = Judge(max(TOLERANCE[sa.dtype], TOLERANCE[sb.dtype]), atol, rtol)
     from tblock_cli.anatomy import trace
 

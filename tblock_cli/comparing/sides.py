@@ -30,6 +30,43 @@ def spec_of(side) -> object:
     return side
 
 
+def check_side_options(kwargs_a, kwargs_b, dtype_b) -> None:
+    """--kwargs-a, --kwargs-b and --dtype-b judged under their own names (setup would name --kwargs and --dtype)."""
+    import json
+
+    from tblock_cli.config import DTYPES
+
+    for flag, text in (("--kwargs-a", kwargs_a), ("--kwargs-b", kwargs_b)):
+        if text is None or isinstance(text, dict):
+            continue
+        if not isinstance(text, str):
+            raise ConfigError(f"{flag} must be a JSON object string (or a dict), got {type(text).__name__}")
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{flag} is not valid JSON: {e.msg} (at character {e.pos})") from None
+        if not isinstance(value, dict):
+            raise ConfigError(f"{flag} must be a JSON object, e.g. '{{\"norm_first\": true}}'")
+    if dtype_b is not None and dtype_b not in DTYPES:
+        raise ConfigError(f"--dtype-b must be one of {', '.join(DTYPES)}, got {dtype_b!r}")
+
+
+def on_side(label: str, build, own_dtype: bool = False):
+    """build(), with a user's mistake on one side named as that side's (both may be the same SPEC); the flags a side
+    takes under compare are its own (--kwargs-a, --dtype-b), so setup's `--block`, `--kwargs` and `--dtype` are renamed."""
+    from tblock_cli.errors import TBlockError
+
+    try:
+        return build()
+    except TBlockError as e:
+        text = str(e).removeprefix("--block ")
+        suffix = label.lower()
+        for flag in ("--kwargs", "--dtype"):
+            if flag == "--kwargs" or own_dtype:
+                text = text.replace(f"{flag} ", f"{flag}-{suffix} ")
+        raise type(e)(f"side {label}: {text}") from None
+
+
 def declared_layout(module: nn.Module) -> dict:
     """What a block says about itself that the built-in block can follow: nn.TransformerEncoderLayer's
     norm_first and activation, and its norms' eps."""
@@ -60,20 +97,23 @@ def build_sides(a, b, setup, options: dict, kwargs_a, kwargs_b, dtype_b: str | N
             raise ConfigError("--kwargs-a/--kwargs-b apply to a SPEC side, not to builtin (use the size flags)")
         return {**o, **extra, **({"kwargs": kwargs} if kwargs is not None else {})}
 
-    sa = setup(spec_a, opts(spec_a, kwargs_a))
-    sb = setup(spec_b, opts(spec_b, kwargs_b, **({"dtype": dtype_b} if dtype_b else {})))
+    sa = on_side("A", lambda: setup(spec_a, opts(spec_a, kwargs_a)))
+    sb = on_side("B", lambda: setup(spec_b, opts(spec_b, kwargs_b, **({"dtype": dtype_b} if dtype_b is not None else {}))),
+                 dtype_b is not None)
     if "causal" not in given and sa.cfg.causal != sb.cfg.causal:  # causal when either is
         if not sa.cfg.causal:
-            sa = setup(spec_a, opts(spec_a, kwargs_a, causal=True))
+            sa = on_side("A", lambda: setup(spec_a, opts(spec_a, kwargs_a, causal=True)))
         else:
-            sb = setup(spec_b, opts(spec_b, kwargs_b, causal=True, **({"dtype": dtype_b} if dtype_b else {})))
-    subject_a, subject_b = sa.make(), sb.make()
+            sb = on_side("B", lambda: setup(spec_b, opts(spec_b, kwargs_b, causal=True,
+                                                         **({"dtype": dtype_b} if dtype_b is not None else {}))),
+                         dtype_b is not None)
+    subject_a, subject_b = on_side("A", sa.make), on_side("B", sb.make, dtype_b is not None)
     followed = {}
     if (spec_a is None) != (spec_b is None):
         other = subject_b if spec_a is None else subject_a
         followed = {k: v for k, v in declared_layout(other.module).items() if k not in given}
         if followed:
-            extra = {**followed, **({"dtype": dtype_b} if dtype_b and spec_b is None else {})}
+            extra = {**followed, **({"dtype": dtype_b} if dtype_b is not None and spec_b is None else {})}
             if sa.cfg.causal and spec_a is None or sb.cfg.causal and spec_b is None:
                 extra["causal"] = True
             if spec_a is None:
