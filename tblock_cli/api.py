@@ -65,7 +65,7 @@ def params(block=None, *, tree_depth: int | None = None, **options):
         return param_report(subject, s.cfg, s.dtype, tree_depth, run=s.run(subject, tree_depth=tree_depth))
 
 
-def bench(block=None, *, seq=(128, 512), need_weights: bool = False, mode: str = "both", baseline: str | None = None,
+def bench(block=None, *, seq=None, need_weights: bool = False, mode: str | None = None, baseline: str | None = None,
           min_time: float = 0.5, decode: int | None = None, breakdown: bool = False, compare_with: dict | None = None,
           progress: Callable[[str, int, int], None] | None = None, tp: int | None = None, tp_plan: str | None = None,
           **options):
@@ -73,16 +73,18 @@ def bench(block=None, *, seq=(128, 512), need_weights: bool = False, mode: str =
 
     decode=N also generates N tokens after a seq[0]-token prompt, with the block's KV cache and by
     recomputing the prefix (the built-in block is then causal); compare_with is a saved run's dict.
+    seq None: 128 and 512 (bench --tp: 128); mode None: both (bench --tp: train, the only mode it times).
     """
-    from tblock_cli.benchmark.options import validate_bench
+    from tblock_cli.benchmark.options import bench_defaults, validate_bench
     from tblock_cli.benchmark.run import check_sizes, run_bench
     from tblock_cli.benchmark.saved import config_mismatch, validate_saved
 
     check_options(locals(), need_weights=bool, mode=str, baseline=str, min_time=float, decode=int, breakdown=bool,
                   compare_with=dict, progress=Callable, tp=int, tp_plan=str)
-    if isinstance(seq, bool) or not isinstance(seq, (int, str, list, tuple)) or \
+    if isinstance(seq, bool) or not isinstance(seq, (int, str, list, tuple, type(None))) or \
             (isinstance(seq, (list, tuple)) and not all(isinstance(n, int) and not isinstance(n, bool) for n in seq)):
         raise ConfigError(f"--seq must be an integer, a list of integers or a comma-separated string, got {seq!r}")
+    seq, mode = bench_defaults(seq, mode, tp)
     seqs = validate_bench(seq, mode, baseline, min_time, decode)
     if compare_with is not None:
         validate_saved(compare_with, "compare_with")

@@ -234,9 +234,9 @@ def params(
 @command(app)
 def bench(
     *,
-    seq: Annotated[str, typer.Option("--seq", help="Sequence lengths to sweep, comma-separated.", rich_help_panel=RUN)] = "128,512",
+    seq: Annotated[Optional[str], typer.Option("--seq", help="Sequence lengths to sweep, comma-separated. (default: 128,512; with --tp: 128)", rich_help_panel=RUN, show_default=False)] = None,
     need_weights: Annotated[bool, typer.Option("--need-weights", help="Measure attention with need_weights (HF: output_attentions) forced on and off.", **SWITCH)] = False,
-    mode: Annotated[str, typer.Option("--mode", help="infer (eval, inference_mode, forward), train (forward + backward) or both.")] = "both",
+    mode: Annotated[Optional[str], typer.Option("--mode", help="infer (eval, inference_mode, forward), train (forward + backward) or both. (default: both; with --tp: train)", show_default=False)] = None,
     baseline: Annotated[Optional[str], typer.Option("--baseline", help="torch: also time nn.TransformerEncoderLayer of the same shape, and print the ratio.", show_default=False)] = None,
     min_time: Annotated[float, typer.Option("--min-time", help="Seconds of timed calls per measurement, in (0, 600].")] = 0.5,
     decode: Annotated[Optional[int], typer.Option("--decode", help="Generate N tokens after a --seq prompt, with the KV cache and by recomputing the prefix.", show_default=False)] = None,
@@ -253,10 +253,10 @@ def bench(
     block = options.pop("block")
 
     def compute():
-        from tblock_cli.benchmark.options import validate_bench
+        from tblock_cli.benchmark.options import bench_defaults, validate_bench
 
         precheck({**options, "block": block})
-        validate_bench(seq, mode, baseline, min_time, decode)
+        validate_bench(*bench_defaults(seq, mode, tp), baseline, min_time, decode)
         from tblock_cli.benchmark.saved import ensure_save_target, load_saved
 
         if save is not None:

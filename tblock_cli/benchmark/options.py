@@ -33,6 +33,24 @@ def parse_seqs(seq) -> list[int]:
     return sorted(set(seqs))
 
 
+# What bench sweeps when --seq and --mode are not given (bench --tp: the first sequence length, train mode only).
+SEQ_DEFAULT = "128,512"
+MODE_DEFAULT = "both"
+
+
+def bench_defaults(seq, mode, tp: int | None) -> tuple[object, str]:
+    """--seq and --mode as given, or their defaults. bench --tp times one train step (forward + backward) at one
+    length: a second --seq or another --mode would be ignored, so it is refused instead."""
+    if tp is not None:
+        if seq is not None and len(parse_seqs(seq)) > 1:
+            raise ConfigError(f"bench --tp times one sequence length; give one --seq, got {seq!r}")
+        if mode is not None and mode != "train":
+            raise ConfigError(f"bench --tp times the train step (forward + backward) alone; drop --mode {mode} "
+                              f"(or give --mode train)")
+        return (seq if seq is not None else SEQ_DEFAULT.split(",")[0]), "train"
+    return (seq if seq is not None else SEQ_DEFAULT), (mode if mode is not None else MODE_DEFAULT)
+
+
 def validate_bench(seq, mode: str, baseline: str | None, min_time: float, decode: int | None) -> list[int]:
     """Every bench-only flag checked before anything is built or measured."""
     seqs = parse_seqs(seq)
