@@ -50,8 +50,8 @@ def depth(block=None, **options):
 
 
 def compare(a=None, b=None, **options):
-    """Two implementations of one block (SPECs, modules, or None / "builtin" for the built-in block) with A's
-    weights carried to B: outputs, gradients and decoding compared, the first differing role output named.
+    """Two implementations of one block (SPECs, modules, or "builtin" for the built-in block; A may also be None)
+    with A's weights carried to B; B is None only with compile=True: outputs, gradients and decoding compared, the first differing role output named.
     Options: the shared size flags, kwargs_a, kwargs_b, dtype_b, atol, rtol, map_file; compile=True holds A
     against torch.compile(A), on backend= inductor, aot_eager or eager. Returns a CompareReport: `.ok`, `.findings`, `.to_dict()`."""
     from tblock_cli import api

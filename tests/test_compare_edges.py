@@ -53,10 +53,15 @@ def test_mismatched_widths_name_the_side():
         tblock_cli.compare(encoder(0.0), wide, **S)
 
 
-def test_none_is_the_builtin_block_on_either_side():
-    """The docstring says None is the built-in block; compare(m, None) refused with "needs two blocks"."""
+def test_a_missing_b_is_named_as_missing_and_none_for_a_is_the_builtin_block():
+    """The docstring said None was the built-in block on either side, while compare(m, None) refused: None stands
+    for the built-in block as A only; a missing B is refused naming it (never silently the built-in block)."""
+    doc = tblock_cli.compare.__doc__
+    assert "B is None only with compile=True" in doc
     m = encoder(0.0, norm_first=True)
-    report = tblock_cli.compare(m, None, d_ff=128, **S)
-    assert report.b == "builtin" and report.ok, [(c.name, c.rel) for c in report.comparisons]
-    res = runner.invoke(app, ["compare", "builtin", "--d-model", "64", "--n-heads", "4"])  # the CLI still wants B
+    with pytest.raises(ConfigError, match="B is missing"):
+        tblock_cli.compare(m, None, **S)
+    report = tblock_cli.compare(None, m, d_ff=128, **S)
+    assert report.a == "builtin" and report.ok, [(c.name, c.rel) for c in report.comparisons]
+    res = runner.invoke(app, ["compare", "builtin", "--d-model", "64", "--n-heads", "4"])
     assert res.exit_code == 2 and "compare needs two blocks" in res.stderr

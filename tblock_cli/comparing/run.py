@@ -63,6 +63,9 @@ def run_compare(a, b, setup, *, options: dict, kwargs_a=None, kwargs_b=None, dty
         if b is not None or dtype_b or kwargs_b or map_file:
             raise ConfigError("--compile compares A with torch.compile(A): drop B, --kwargs-b, --dtype-b and --map")
         return compile_report(a, setup, options, kwargs_a, backend)
+    if b is None:  # the built-in block is named "builtin": a forgotten B must not become one silently
+        raise ConfigError('compare needs two blocks: B is missing (give "builtin" for the built-in block, or '
+                          'compile=True / --compile to hold A against torch.compile(A))')
     overrides = read_map(map_file)
     sa, subject_a, sb, subject_b, followed = build_sides(a, b, setup, options, kwargs_a, kwargs_b, dtype_b)
     cfg = sa.cfg
