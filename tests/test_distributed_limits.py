@@ -31,9 +31,9 @@ def test_a_world_larger_than_the_cores_is_refused_before_any_process(flag, monke
     import multiprocessing.context
 
     monkeypatch.setattr(multiprocessing.context.ForkProcess, "start", _no_rank_may_start, raising=False)
-    s = api.setup(zoo_spec("LlamaTP"), SIZE, same_shape=False)
+    too_many = 2 ** (os.cpu_count() or 1).bit_length()  # more ranks than cores, and a power of 2 the heads split over
+    s = api.setup(zoo_spec("LlamaTP"), {**SIZE, "n_heads": too_many, "d_model": 8 * too_many}, same_shape=False)
     subject = s.make()
-    too_many = (os.cpu_count() or 1) + 1
     with pytest.raises(ConfigError, match="CPU core"):
         prepare(subject, s.cfg, s.device, s.dtype, **{"tp": None, "fsdp": None, "tp_plan": None, flag: too_many})
     with pytest.raises(ConfigError, match="CPU core"):

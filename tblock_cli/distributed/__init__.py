@@ -28,14 +28,14 @@ def prepare(subject, cfg, device, dtype, *, tp: int | None, fsdp: int | None, tp
         return None
     if device.type not in ("cpu", "cuda"):
         raise ConfigError(f"--tp/--fsdp run on gloo (CPU) or NCCL (CUDA), not {device.type}; use --device cpu")
-    from tblock_cli.distributed.spawn import check_world
-
-    for flag, n in (("--tp", tp), ("--fsdp", fsdp)):
-        if n:
-            check_world(n, device, flag)
     plan = None
     if tp:
         from tblock_cli.distributed.plan import plan_for
 
         plan = plan_for(subject, cfg, device, dtype, tp, tp_plan)
+    from tblock_cli.distributed.spawn import check_world
+
+    for flag, n in (("--tp", tp), ("--fsdp", fsdp)):  # after the plan (whose refusals say more), before any rank
+        if n:
+            check_world(n, device, flag)
     return Sharding(tp, fsdp, plan)
