@@ -69,12 +69,22 @@ def train_mode(module: nn.Module, on: bool):
 
 
 @contextmanager
-def _dropouts(module: nn.Module, for_module, for_attribute):
+def _dropouts(module: nn.Module, for_module, for_attribute, configs: bool = False):
     """Dropout probabilities set for a while (modules' p, float attributes named *drop*), put back after; yields how
-    many changed. for_module(p) / for_attribute(value): the new value, or None to leave it."""
+    many changed. for_module(p) / for_attribute(value): the new value, or None to leave it. configs: also the float
+    *drop* fields of a module's `config` object, which Hugging Face layers read at call time (falcon's
+    `self.config.hidden_dropout`, persimmon's `self.config.attention_dropout`)."""
     changes = []
-    try:
+    holders = list(module.modules())
+    if configs:
+        seen = set()
         for m in module.modules():
+            c = vars(m).get("config")
+            if c is not None and not isinstance(c, nn.Module) and hasattr(c, "__dict__") and id(c) not in seen:
+                seen.add(id(c))
+                holders.append(c)
+    try:
+        for m in holders:
             if isinstance(m, nn.modules.dropout._DropoutNd):
                 found = [("p", m.p, for_module(m.p))]
             else:
@@ -90,8 +100,9 @@ def _dropouts(module: nn.Module, for_module, for_attribute):
 
 
 def zero_dropout(module: nn.Module):
-    """Every dropout probability inside set to 0 for a while (modules, MHA's, float attributes named *drop*)."""
-    return _dropouts(module, lambda p: 0.0, lambda v: 0.0 if isinstance(v, float) and 0 < v < 1 else None)
+    """Every dropout probability inside set to 0 for a while (modules, MHA's, float attributes named *drop*, and
+    those of a config the modules keep)."""
+    return _dropouts(module, lambda p: 0.0, lambda v: 0.0 if isinstance(v, float) and 0 < v < 1 else None, configs=True)
 
 
 def raise_dropout(module: nn.Module, p: float = 0.1):
