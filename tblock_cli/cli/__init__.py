@@ -24,7 +24,6 @@ from tblock_cli.cli.flags import (
 )
 from tblock_cli.config import RUN
 from tblock_cli.errors import ConfigError, interrupted, on_interrupt
-from tblock_cli.report import ensure_writable
 
 app = typer.Typer(
     cls=Group,
@@ -75,7 +74,9 @@ def check(
 
     def compute():
         if junit_xml is not None:
-            ensure_writable(junit_xml, "--junit-xml")
+            from tblock_cli.render.junit import ensure_junit_target
+
+            ensure_junit_target(junit_xml)
         from tblock_cli import api
 
         if json_ or not err.is_terminal:  # a progress line only for a person watching a terminal
@@ -171,9 +172,9 @@ def params(
 @command(app)
 def bench(
     *,
-    seq: Annotated[str, typer.Option("--seq", help="Sequence lengths to sweep, comma-separated.", rich_help_panel=RUN)] = "128,512",
+    seq: Annotated[Optional[str], typer.Option("--seq", help="Sequence lengths to sweep, comma-separated. (default: 128,512; with --tp: 128)", rich_help_panel=RUN, show_default=False)] = None,
     need_weights: Annotated[bool, typer.Option("--need-weights", help="Measure attention with need_weights (HF: output_attentions) forced on and off.", **SWITCH)] = False,
-    mode: Annotated[str, typer.Option("--mode", help="infer (eval, inference_mode, forward), train (forward + backward) or both.")] = "both",
+    mode: Annotated[Optional[str], typer.Option("--mode", help="infer (eval, inference_mode, forward), train (forward + backward) or both. (default: both; with --tp: train)", show_default=False)] = None,
     baseline: Annotated[Optional[str], typer.Option("--baseline", help="torch: also time nn.TransformerEncoderLayer of the same shape, and print the ratio.", show_default=False)] = None,
     min_time: Annotated[float, typer.Option("--min-time", help="Seconds of timed calls per measurement, in (0, 600].")] = 0.5,
     decode: Annotated[Optional[int], typer.Option("--decode", help="Generate N tokens after a --seq prompt, with the KV cache and by recomputing the prefix.", show_default=False)] = None,
@@ -288,6 +289,8 @@ def compare(
     first differing part named. Exit 0 equal, 1 different, 2 bad input (an unmatched parameter among them)."""
 
     def compute():
+        if b is None and not compile_:
+            raise ConfigError("compare needs two blocks (A B; builtin names the built-in block), or --compile")
         from tblock_cli import api
 
         with err.status("comparing", spinner="dots"):
