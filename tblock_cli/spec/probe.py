@@ -97,6 +97,7 @@ class Probe:
     device: torch.device
     seed: int = 0
     gen: torch.Generator = field(init=False)
+    memo: dict = field(default_factory=dict, repr=False)  # what one reader reads and others reuse (spec.sublayers)
 
     def __post_init__(self):
         self.gen = torch.Generator().manual_seed(self.seed + 4321)
