@@ -90,7 +90,7 @@ def read(probe: Probe) -> list[Entry]:
     weights = [sub.params[n][0] for n in used if sub.params.get(n)]
     factor = {sub.params[n][0]: COVER / peak[n] for n in used if sub.params.get(n) and peak[n] > 0}
     with changed(probe.module, weights, lambda n, p: p * factor.get(n, 1.0)):
-        seen = io_of(probe, {n: sub.params.get(n, ()) for n in used + [down]}, (), probe.x())
+        seen = io_of(probe, {n: sub.params.get(n, ()) for n in used + [down]}, (), sub.seen.x)
     h2 = seen.proj_in.get(down)
     cands2 = _candidates({n: seen.proj_out.get(n) for n in used}, width, rows) if h2 is not None else {}
     if h2 is not None and cands2:

@@ -60,11 +60,14 @@ def gain(c: torch.Tensor) -> tuple[float, bool]:
     return float(f"{mean:.10g}"), per
 
 
-def _branch(sub, role: str) -> torch.Tensor | None:
+def _branch(sub, role: str, where: str | None) -> torch.Tensor | None:
     """What a branch adds: its output projection's output, or the norm's output where a norm reads it (sandwich, olmo2)."""
     names = sub.roles.get(role, ())
-    out = sub.seen.proj_out.get(names[0]) if names else None
-    for n in sub.norms:
+    out = sub.seen.proj_out.get(names[0]) if len(names) == 1 else None
+    whole = sub.seen.module_out.get(sub.holder(role.split(".")[0]))
+    if out is None or out.shape != sub.seen.x.reshape(-1, sub.seen.x.shape[-1]).shape:  # experts: the layer's output
+        out = whole
+    for n in sub.norms if where in ("sandwich", "olmo2") else ():
         if same_tensor(sub.seen.norm_in.get(n), out):
             return sub.seen.norm_out[n]
     return out
@@ -75,24 +78,25 @@ def adds(probe: Probe, kind: str, where: str) -> list[tuple[str, torch.Tensor, l
     sub = sublayers(probe)
     s = sub.seen
     x, y = s.x.reshape(-1, s.x.shape[-1]), s.y.reshape(-1, s.y.shape[-1])
-    a, f = _branch(sub, "attn.out"), _branch(sub, "ffn.out")
+    a, f = _branch(sub, "attn.out", where), _branch(sub, "ffn.out", where)
     if a is None or f is None:
         return "attention's or the FFN's output was not seen"
-    if len(sub.roles.get("ffn.out", ())) > 1 or len(sub.roles.get("attn.out", ())) > 1:
-        return "several attention or FFN output projections (experts, or more than one layer)"
+    if f.shape != x.shape or a.shape != x.shape:
+        return "a branch's output projection runs on part of the tokens (experts) or at another width"
+    last = next((n for n in sub.norms if same_tensor(s.norm_out.get(n), y)), None)
+    if where != "post":  # the output (before a final norm) is the stream plus each branch's output, each with its gain
+        if last is not None:
+            return [("the sum before the final norm", s.norm_in[last], [x, a, f], ["stream", "attn", "ffn"])]
+        return [("the block's output", y, [x, a, f], ["stream", "attn", "ffn"])]
     if kind == "parallel":
-        return [("the add", y, [x, a, f], ["stream", "attn", "ffn"])]
+        return "a post-norm block with a parallel residual"
     first = next(n for n in ("ffn.in", "ffn.gate") if sub.first(n) is not None)
     h = s.proj_in.get(sub.first(first))
     feeding = next((n for n in sub.norms if same_tensor(s.norm_out.get(n), h)), None)
-    if where == "post":
-        last = next((n for n in sub.norms if same_tensor(s.norm_out.get(n), y)), None)
-        if feeding is None or last is None:
-            return "post-norm: the norms before the FFN and at the output were not found"
-        return [("attention's add (before its norm)", s.norm_in[feeding], [x, a], ["stream", "attn"]),
-                ("the FFN's add (before its norm)", s.norm_in[last], [h, f], ["stream", "ffn"])]
-    mid = s.norm_in[feeding] if feeding is not None else h
-    return [("attention's add", mid, [x, a], ["stream", "attn"]), ("the FFN's add", y, [mid, f], ["stream", "ffn"])]
+    if feeding is None or last is None:
+        return "post-norm: the norms before the FFN and at the output were not found"
+    return [("attention's add (before its norm)", s.norm_in[feeding], [x, a], ["stream", "attn"]),
+            ("the FFN's add (before its norm)", s.norm_in[last], [h, f], ["stream", "ffn"])]
 
 
 def read(probe: Probe) -> list[Entry]:

@@ -29,6 +29,7 @@ class Seen:
     norm_in: dict  # stream-norm module name -> its input (tokens, d)
     norm_out: dict
     norm_order: tuple[str, ...]  # stream norms in the order they ran
+    module_out: dict = None  # the sublayers' own modules (the smallest holding all of a branch's projections) -> output
 
 
 @dataclass(frozen=True)
@@ -40,9 +41,26 @@ class Sublayers:
     seen: Seen
     params: dict  # projection name -> its parameter names (weight first, then bias)
 
+    def holder(self, prefix: str) -> str | None:
+        """The module holding every projection of a branch (attn, ffn), other than the block itself."""
+        return holder([n for r, ns in self.roles.items() if r.startswith(prefix) for n in ns])
+
     def first(self, role: str) -> str | None:
         names = self.roles.get(role, ())
         return names[0] if names else None
+
+
+def holder(names: list[str]) -> str | None:
+    """The smallest module holding every one of these projections (by their dotted names), or None for the root."""
+    if not names:
+        return None
+    parts = [n.split(".")[:-1] for n in names]
+    common = []
+    for level in zip(*parts):
+        if len(set(level)) > 1:
+            break
+        common.append(level[0])
+    return ".".join(common) or None
 
 
 def _flat(t) -> torch.Tensor | None:
@@ -68,7 +86,7 @@ def projection_params(module: nn.Module, name: str) -> tuple[str, ...]:
     return tuple(mats[:1] + vecs)
 
 
-def io_of(probe: Probe, projections: dict, norms: tuple[str, ...], x: torch.Tensor) -> Seen:
+def io_of(probe: Probe, projections: dict, norms: tuple[str, ...], x: torch.Tensor, modules: tuple[str, ...] = ()) -> Seen:
     """One captured forward of x: each projection's (input, output) from its F.linear call (its weight named) or its
     module's hooks (nn.MultiheadAttention's out_proj: the MHA module's output), each norm's from its hooks."""
     module = probe.module
@@ -87,7 +105,7 @@ def io_of(probe: Probe, projections: dict, norms: tuple[str, ...], x: torch.Tens
 
     try:
         for name, m in mods.items():
-            if name in projections or name in norms or isinstance(m, nn.MultiheadAttention):
+            if name in projections or name in norms or name in modules or isinstance(m, nn.MultiheadAttention):
                 hooks.append(m.register_forward_hook(keep(name)))
         cap, y = probe.capture(x)
     finally:
@@ -95,7 +113,7 @@ def io_of(probe: Probe, projections: dict, norms: tuple[str, ...], x: torch.Tens
             h.remove()
     p_in, p_out = {}, {}
     for c in cap.calls:
-        n = by_weight.get(c.weight) if c.name == "linear" else None
+        n = by_weight.get(c.weight) if c.name in ("linear", "matmul", "__matmul__") else None
         if n is not None and n not in p_out:
             p_in[n], p_out[n] = _flat(c.args[0]), _flat(c.out)
     for n in projections:
@@ -109,7 +127,8 @@ def io_of(probe: Probe, projections: dict, norms: tuple[str, ...], x: torch.Tens
             p_out[n] = hooked[parent][1]
     n_in = {n: hooked[n][0] for n in norms if n in hooked}
     n_out = {n: hooked[n][1] for n in norms if n in hooked}
-    return Seen(x, y.detach().double().clone(), p_in, p_out, n_in, n_out, tuple(n for n in order if n in norms))
+    return Seen(x, y.detach().double().clone(), p_in, p_out, n_in, n_out, tuple(n for n in order if n in norms),
+                {n: hooked[n][1] for n in modules if n in hooked})
 
 
 def same_tensor(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
@@ -135,7 +154,8 @@ def _read(probe: Probe) -> Sublayers:
     flow = trace(module, probe.subject, x, probe.d)
     projections = {m.name: projection_params(module, m.name) for m in flow.modules if m.role.startswith(("attn", "ffn"))}
     full = tuple(n for n, w in flow.norms.items() if w == probe.d)
-    seen = io_of(probe, projections, full, x)
+    branches = tuple(b for b in (holder([m.name for m in flow.modules if m.role.startswith(r)]) for r in ("attn", "ffn")) if b)
+    seen = io_of(probe, projections, full, x, branches)
     ran = {n: i for i, n in enumerate(list(seen.proj_out))}
     roles: dict[str, list[str]] = {}
     for m in flow.modules:
