@@ -22,6 +22,8 @@ ACTS = {
     "quick_gelu": lambda x: x * torch.sigmoid(1.702 * x),
     "sigmoid": torch.sigmoid,
     "tanh": torch.tanh,
+    "mish": F.mish,
+    "leaky_relu": F.leaky_relu,  # slope 0.01
     "identity": lambda x: x,
 }
 # A fit is the activation when its largest error, relative to the largest value reaching the output projection, is
@@ -104,6 +106,9 @@ def read(probe: Probe) -> list[Entry]:
         where += f" (next: {runner[1]} {runner[0]:.1e})"
     if not err <= FIT_TOL:
         why = f"no known activation: the best fit, {how}, is off by {err:.1e} (relative)"
+        return [skipped("ffn.gated", why), skipped("ffn.act", why), hidden]
+    if runner is not None and runner[0] <= FIT_TOL:  # the inputs did not reach where the two curves differ
+        why = f"ambiguous: {how} and {runner[3]} both fit ({err:.1e}, {runner[0]:.1e}) over |x| up to {reach:.2g}"
         return [skipped("ffn.gated", why), skipped("ffn.act", why), hidden]
     return [Entry("ffn.gated", gated, where), Entry("ffn.act", act, where), hidden]
 

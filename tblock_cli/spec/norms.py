@@ -37,14 +37,14 @@ def _v(probe: Probe, width: int, tokens: int = 4) -> torch.Tensor:
     return v / v.pow(2).mean(-1, keepdim=True).sqrt()
 
 
-def _call(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
+def _call(m, x: torch.Tensor) -> torch.Tensor:
     with torch.no_grad():
         out = m(x)
     out = out[0] if isinstance(out, (tuple, list)) else out
     return out.detach().double()
 
 
-def kind(m: nn.Module, v: torch.Tensor) -> tuple[str | None, str]:
+def kind(m, v: torch.Tensor) -> tuple[str | None, str]:
     b = (_call(m, v) + _call(m, -v)) / 2  # the norm's bias: the odd part of a norm is w * v * r
     a = _call(m, v)
     shifted = _call(m, v + 3.0)
@@ -62,7 +62,7 @@ def kind(m: nn.Module, v: torch.Tensor) -> tuple[str | None, str]:
     return None, f"neither: an offset moves the output ({moved:.1e}) and output/input varies by channel ({spread:.1e})"
 
 
-def eps(m: nn.Module, v: torch.Tensor) -> tuple[float | None, str]:
+def eps(m, v: torch.Tensor) -> tuple[float | None, str]:
     b = (_call(m, v) + _call(m, -v)) / 2
     big = _call(m, S_LARGE * v) - b
     live = big.abs() > 1e-6 * big.abs().max()
@@ -82,7 +82,9 @@ def eps(m: nn.Module, v: torch.Tensor) -> tuple[float | None, str]:
     return None, f"the floor follows neither sqrt(var + eps) nor std + eps (estimates {min(sqrt_form):.2g}..{max(sqrt_form):.2g})"
 
 
-def offset(probe: Probe, name: str, m: nn.Module, v: torch.Tensor) -> tuple[bool | None, str]:
+def offset(probe: Probe, name: str, m, v: torch.Tensor) -> tuple[bool | None, str]:
+    if not isinstance(m, nn.Module):
+        return None, "a norm called as a function: its weight, an argument, cannot be told from a (1 + w)"
     own = [f"{name}.{n}" if name else n for n, _ in m.named_parameters()]
     if not own:
         return None, "the norm has no weight"
@@ -133,14 +135,14 @@ def placement(probe: Probe) -> tuple[str | None, str]:
 def read(probe: Probe) -> list[Entry]:
     keys = ("norm.kind", "norm.eps", "norm.offset", "norm.placement")
     sub = sublayers(probe)
-    if not sub.norms:
-        return [Entry("norm.kind", "none", "no module normalises the residual stream")] + \
-               [skipped(k, "no norm of the residual stream") for k in keys[1:]]
-    mods = dict(probe.module.named_modules())
+    if not sub.norms:  # a norm written inline in the block's own forward is neither a module nor a norm call
+        why = "no norm module or norm call on the residual stream (a norm written out inline is not read)"
+        return [skipped(k, why) for k in keys[:3]] + [Entry("norm.placement", "none", why) if not sub.flow.stream_norms
+                                                      else skipped("norm.placement", why)]
     v = _v(probe, probe.d)
     kinds, epss, offs = [], [], []
     for name in sub.norms:
-        m = mods[name]
+        m = sub.norm(probe.module, name)
         kinds.append(kind(m, v))
         epss.append(eps(m, v))
         offs.append(offset(probe, name, m, v))

@@ -12,6 +12,7 @@ import torch.nn as nn
 
 from tblock_cli.spec.probe import Probe
 
+FUNCTIONAL_NORMS = ("layer_norm", "rms_norm")  # over the last axis (group_norm normalises channels of dim 1)
 QK_ROLES = ("attn.q", "attn.k", "attn.qk", "attn.qkv", "attn.kv")
 # two captured tensors are "the same tensor" (a norm reading a projection's output) within this relative distance:
 # float64 copies of one tensor are equal to 0; a float32 cast on the way (HF norms upcast) moves them by ~1e-7
@@ -30,6 +31,7 @@ class Seen:
     norm_out: dict
     norm_order: tuple[str, ...]  # stream norms in the order they ran
     module_out: dict = None  # the sublayers' own modules (the smallest holding all of a branch's projections) -> output
+    functional: dict = None  # a norm called as a function outside any norm module (F.layer_norm, F.rms_norm) -> the call
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,14 @@ class Sublayers:
     qk_norms: tuple[str, ...]  # full-width norms that read a query or key projection (olmo2's q_norm): not stream norms
     seen: Seen
     params: dict  # projection name -> its parameter names (weight first, then bias)
+
+    def norm(self, module: nn.Module, name: str):
+        """A stream norm as a callable on a (B, T, d) tensor: its module, or its function with the call's other
+        arguments (weight, eps); None where it is not a module (then its weight cannot be set apart)."""
+        c = self.seen.functional.get(name)
+        if c is None:
+            return dict(module.named_modules())[name]
+        return lambda t: c.func(t, *c.args[1:], **c.kwargs)
 
     def holder(self, prefix: str) -> str | None:
         """The module holding every projection of a branch (attn, ffn), other than the block itself."""
@@ -127,8 +137,16 @@ def io_of(probe: Probe, projections: dict, norms: tuple[str, ...], x: torch.Tens
             p_out[n] = hooked[parent][1]
     n_in = {n: hooked[n][0] for n in norms if n in hooked}
     n_out = {n: hooked[n][1] for n in norms if n in hooked}
-    return Seen(x, y.detach().double().clone(), p_in, p_out, n_in, n_out, tuple(n for n in order if n in norms),
-                {n: hooked[n][1] for n in modules if n in hooked})
+    functional = {}
+    for c in cap.calls:  # a norm called as a function in the block's own forward: read through the call itself
+        inside = any(c.module == n or c.module.startswith(n + ".") for n in norms)
+        if c.name in FUNCTIONAL_NORMS and not inside and isinstance(c.out, torch.Tensor) and c.out.shape[-1] == probe.d:
+            key = f"{c.module or 'block'}:{c.name}#{len(functional)}"
+            functional[key] = c
+            n_in[key], n_out[key] = _flat(c.args[0]), _flat(c.out)
+    ran = tuple(n for n in order if n in norms) + tuple(functional)
+    return Seen(x, y.detach().double().clone(), p_in, p_out, n_in, n_out, ran,
+                {n: hooked[n][1] for n in modules if n in hooked}, functional)
 
 
 def same_tensor(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
@@ -164,6 +182,7 @@ def _read(probe: Probe) -> Sublayers:
     order = {n: i for i, n in enumerate(seen.norm_order)}
     roles = {r: tuple(sorted(ns, key=lambda n: ran.get(n, len(ran)))) for r, ns in roles.items()}
     qk_outs = [seen.proj_out.get(n) for r in QK_ROLES for n in roles.get(r, ())]
+    full = full + tuple(seen.functional)
     qk = tuple(n for n in full if any(same_tensor(seen.norm_in.get(n), o) for o in qk_outs))
     stream = tuple(sorted((n for n in full if n not in qk and n in order), key=order.get))
     return Sublayers(flow, roles, stream, qk, seen, projections)
