@@ -141,9 +141,13 @@ def io_of(probe: Probe, projections: dict, norms: tuple[str, ...], x: torch.Tens
     for c in cap.calls:  # a norm called as a function in the block's own forward: read through the call itself
         inside = any(c.module == n or c.module.startswith(n + ".") for n in norms)
         if c.name in FUNCTIONAL_NORMS and not inside and isinstance(c.out, torch.Tensor) and c.out.shape[-1] == probe.d:
+            out = _flat(c.out)
+            # one that feeds no projection and is not the output ran outside the block (an HF model's embedding norm)
+            if not any(same_tensor(out, t) for t in list(p_in.values()) + [_flat(y)]):
+                continue
             key = f"{c.module or 'block'}:{c.name}#{len(functional)}"
             functional[key] = c
-            n_in[key], n_out[key] = _flat(c.args[0]), _flat(c.out)
+            n_in[key], n_out[key] = _flat(c.args[0]), out
     ran = tuple(n for n in order if n in norms) + tuple(functional)
     return Seen(x, y.detach().double().clone(), p_in, p_out, n_in, n_out, ran,
                 {n: hooked[n][1] for n in modules if n in hooked}, functional)
