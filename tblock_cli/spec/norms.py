@@ -74,7 +74,7 @@ def eps(m, v: torch.Tensor) -> tuple[float | None, str]:
             std_form.append(s * (1 / rho - 1))
     if not sqrt_form:
         return 0.0, f"no floor: out(s v) / out({S_LARGE:g} v) = 1 down to s = {S_SCAN[-1]:.0e}"
-    for est, form in ((sqrt_form, "sqrt(var + eps)"), (std_form, "std + eps")):
+    for est, form in ((sqrt_form, "sqrt(var + eps)"), (std_form, "(std + eps)")):
         lo, hi = min(est), max(est)
         if hi - lo <= EPS_TOL / 4 * hi:
             mid = float(f"{sorted(est)[len(est) // 2]:.6g}")  # a float32 eps (1e-6 is 9.99999997e-7) shown as set
