@@ -82,7 +82,7 @@ def read(probe: Probe) -> list[Entry]:
     ins = [n for r in ("ffn.in", "ffn.gate") for n in sub.roles.get(r, ())]
     width, rows = h.shape[-1], h.shape[0]
     cands = _candidates({n: sub.seen.proj_out.get(n) for n in ins}, width, rows)
-    hidden = Entry("ffn.hidden", width, f"the width reaching {down}", judged=False)
+    hidden = Entry("ffn.hidden", width, f"the width reaching {_short(down)}", judged=False)
     if not cands:
         return [skipped("ffn.gated", f"no input projection's output matches {down}'s input width {width}"),
                 skipped("ffn.act", f"no input projection's output matches {down}'s input width {width}"), hidden]
@@ -101,9 +101,9 @@ def read(probe: Probe) -> list[Entry]:
     err, act, gated, how = tries[0]
     reach = max(t.abs().max().item() for t in cands.values())
     runner = next((t for t in tries[1:] if t[1] != act), None)
-    where = f"{down}'s input = {how} over {h.numel()} values, |x| up to {reach:.2g}: max error {err:.1e}"
+    where = f"{_short(down)} input = {_short_how(how)} to {err:.0e}, |x| <= {reach:.2g}"
     if runner is not None:
-        where += f" (next: {runner[1]} {runner[0]:.1e})"
+        where += f"; next {runner[1]} {runner[0]:.0e}"
     if not err <= FIT_TOL:
         why = f"no known activation: the best fit, {how}, is off by {err:.1e} (relative)"
         return [skipped("ffn.gated", why), skipped("ffn.act", why), hidden]
@@ -112,3 +112,12 @@ def read(probe: Probe) -> list[Entry]:
         return [skipped("ffn.gated", why), skipped("ffn.act", why), hidden]
     return [Entry("ffn.gated", gated, where), Entry("ffn.act", act, where), hidden]
 
+
+
+def _short(name: str) -> str:
+    """A projection's last name part (the full names are in --json's dataflow)."""
+    return name.rpartition(".")[2]
+
+
+def _short_how(how: str) -> str:
+    return " ".join(_short(w) if "." in w and "(" not in w else w for w in how.replace("(", "( ").split()).replace("( ", "(")

@@ -50,7 +50,7 @@ def kind(m, v: torch.Tensor) -> tuple[str | None, str]:
     shifted = _call(m, v + 3.0)
     moved = (shifted - a).abs().max().item() / max(a.abs().max().item(), 1e-300)
     if moved <= KIND_TOL:
-        return "layernorm", f"a constant added to every channel leaves the output ({moved:.1e} change)"
+        return "layernorm", f"a constant offset leaves the output ({moved:.0e})"
     u = v * torch.linspace(0.5, 2.0, v.shape[1], dtype=v.dtype, device=v.device).view(1, -1, 1)
     u = u + 0.3 * torch.sign(u)  # tokens of other means and spreads, away from 0
     q = (_call(m, u) - b) / u  # (1, T, C): w_c * r_t for an RMSNorm
@@ -58,7 +58,7 @@ def kind(m, v: torch.Tensor) -> tuple[str | None, str]:
     ratio = q[0, :, live] / q[0, :1, live]
     spread = ((ratio - ratio.mean(-1, keepdim=True)).abs().max() / ratio.abs().mean()).item()
     if spread <= RMS_TOL:
-        return "rmsnorm", f"a constant offset moves the output ({moved:.1e}); output/input is one factor per token"
+        return "rmsnorm", f"a constant offset moves the output ({moved:.1g}); output/input: one factor per token"
     return None, f"neither: an offset moves the output ({moved:.1e}) and output/input varies by channel ({spread:.1e})"
 
 
@@ -78,7 +78,7 @@ def eps(m, v: torch.Tensor) -> tuple[float | None, str]:
         lo, hi = min(est), max(est)
         if hi - lo <= EPS_TOL / 4 * hi:
             mid = float(f"{sorted(est)[len(est) // 2]:.6g}")  # a float32 eps (1e-6 is 9.99999997e-7) shown as set
-            return mid, f"out(s v) / out({S_LARGE:g} v) = s / {form} at {len(est)} scales s (spread {(hi - lo) / hi:.0e})"
+            return mid, f"out(s v)/out({S_LARGE:g} v) = s/{form} at {len(est)} s (spread {(hi - lo) / hi:.0e})"
     return None, f"the floor follows neither sqrt(var + eps) nor std + eps (estimates {min(sqrt_form):.2g}..{max(sqrt_form):.2g})"
 
 
@@ -92,9 +92,9 @@ def offset(probe: Probe, name: str, m, v: torch.Tensor) -> tuple[bool | None, st
         out = _call(m, v)
     r = out.pow(2).mean().sqrt().item()
     if r >= OFFSET_LIVE:
-        return True, f"with its parameters zeroed the norm still outputs rms {r:.3g}: it scales by (1 + w)"
+        return True, f"parameters zeroed: output rms {r:.3g}, a (1 + w) scale"
     if r <= OFFSET_DEAD:
-        return False, "with its parameters zeroed the norm outputs 0: it scales by w"
+        return False, "parameters zeroed: output 0, a w scale"
     return None, f"with its parameters zeroed the norm outputs rms {r:.3g}: neither 0 nor the normalised input"
 
 
@@ -120,15 +120,15 @@ def placement(probe: Probe) -> tuple[str | None, str]:
     reads_normed = not flow.unnormed_attention and not flow.unnormed_ffn
     reads_raw = bool(flow.unnormed_attention) and bool(flow.unnormed_ffn)
     if flow.sublayer_post or (reads_raw and len(post_sub) >= branches > 0):
-        return "olmo2", "each sublayer reads the raw stream; its output is normalised before the add"
+        return "olmo2", "sublayers read the raw stream; their outputs are normalised before the add"
     if reads_normed and len(post_sub) >= branches > 0:
-        return "sandwich", "each sublayer reads a normalised stream and its output is normalised before the add"
+        return "sandwich", "sublayers read a normalised stream; their outputs are normalised before the add"
     if reads_normed and not flow.output_normed:
-        return "pre", "each sublayer reads a normalised stream; the sums are not normalised"
+        return "pre", "sublayers read a normalised stream; the sums are not normalised"
     if flow.output_normed and flow.unnormed_attention:
-        return "post", "attention reads the raw stream; the block's output comes from a norm"
+        return "post", "attention reads the raw stream; the output comes from a norm"
     if reads_normed:
-        return "pre", "each sublayer reads a normalised stream (a norm on the output too)"
+        return "pre", "sublayers read a normalised stream (and a norm on the output)"
     return None, "mixed: some sublayers read a normalised stream, some the raw one"
 
 
@@ -146,7 +146,7 @@ def read(probe: Probe) -> list[Entry]:
         kinds.append(kind(m, v))
         epss.append(eps(m, v))
         offs.append(offset(probe, name, m, v))
-    names = sub.norms[0] + (f" and {len(sub.norms) - 1} more" if len(sub.norms) > 1 else "")
+    names = f"{len(sub.norms)} norms" if len(sub.norms) > 1 else sub.norms[0].rpartition(".")[2]
     out = []
     for key, got, tol in (("norm.kind", kinds, 0.0), ("norm.eps", epss, EPS_TOL), ("norm.offset", offs, 0.0)):
         bad = [(n, why) for n, (val, why) in zip(sub.norms, got) if val is None]

@@ -38,8 +38,8 @@ def form(probe: Probe) -> tuple[str | None, str]:
     if after is None:
         return None, "the FFN's input was not seen again"
     if same_tensor(before, after):
-        return "parallel", f"with attention's output projection zeroed, {first} reads the same input"
-    return "sequential", f"with attention's output projection zeroed, {first} reads another input"
+        return "parallel", f"attention's output zeroed: {first.rpartition('.')[2]} reads the same input"
+    return "sequential", f"attention's output zeroed: {first.rpartition('.')[2]} reads another input"
 
 
 def mix(target: torch.Tensor, parts: list[torch.Tensor]) -> tuple[torch.Tensor, float] | None:
@@ -123,14 +123,14 @@ def read(probe: Probe) -> list[Entry]:
             read_ = [(float(f"{g / b:.10g}"), per) for g, per in read_]
         for n, g in zip(names, read_):
             gains[n].append(g)
-    note = " (post-norm: as a ratio to the branch's gain, which the norm leaves unidentified)" if where == "post" else ""
+    note = " (post-norm: as a ratio to the branch's)" if where == "post" else ""
     for key, n in zip(keys, ("stream", "attn", "ffn")):
         vals = gains[n]
         per = any(p for _, p in vals)
         nums = [v for v, _ in vals]
         value = nums[0] if all(abs(v - nums[0]) <= GAIN_TOL * max(abs(v), abs(nums[0]), 1e-12) for v in nums) else tuple(nums)
-        how = f"per-channel least squares of each sum on the stream and the branch outputs{note}"
+        how = f"{found[-1][0]} fitted on the stream and the branches{note}"
         if per:
-            how = f"per channel (a LayerScale): the mean over channels; {how}"
+            how = f"per channel (a LayerScale): their mean; {how}"
         out.append(Entry(key, value, how, tol=GAIN_TOL))
     return out
