@@ -113,3 +113,66 @@ class GPT2Layer(nn.Module):
 
 class GPT2ExactGelu(GPT2Layer):
     exact_gelu = True  # bug: GPT-2 was trained with the tanh approximation (gelu_new)
+
+
+class DeepNormEncoder(nn.Module):
+    """A DeepNorm encoder layer written the torchscale way: post-LN, x = LN(alpha x + f(x)), alpha = (2 N)^(1/4)."""
+
+    alpha_on_branch = False
+
+    def __init__(self, d_model=64, n_heads=4, d_ff=128, layers=6):
+        super().__init__()
+        self.alpha = (2.0 * layers) ** 0.25
+        self.self_attn = nn.MultiheadAttention(d_model, n_heads, batch_first=True)
+        self.self_attn_layer_norm = nn.LayerNorm(d_model)
+        self.fc1, self.fc2 = nn.Linear(d_model, d_ff), nn.Linear(d_ff, d_model)
+        self.final_layer_norm = nn.LayerNorm(d_model)
+        self.dropout = nn.Dropout(0.1)
+
+    def residual_connection(self, x, residual):
+        return residual + self.alpha * x if self.alpha_on_branch else residual * self.alpha + x
+
+    def forward(self, x, pad_mask=None):
+        residual = x
+        x = self.dropout(self.self_attn(x, x, x, key_padding_mask=pad_mask, need_weights=False)[0])
+        x = self.self_attn_layer_norm(self.residual_connection(x, residual))
+        residual = x
+        x = self.dropout(self.fc2(F.gelu(self.fc1(x))))
+        return self.final_layer_norm(self.residual_connection(x, residual))
+
+
+class DeepNormOnBranch(DeepNormEncoder):
+    alpha_on_branch = True  # bug: the gain scales the sublayer's output instead of the stream
+
+
+class NeoXLayer(nn.Module):
+    """GPT-NeoX's layer re-written (fused qkv, no rotary here) with the parallel residual forced, whatever the config."""
+
+    parallel = True
+
+    def __init__(self, d_model=64, n_heads=4, d_ff=256):
+        super().__init__()
+        self.h = n_heads
+        self.input_layernorm, self.post_attention_layernorm = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
+        self.query_key_value, self.dense = nn.Linear(d_model, 3 * d_model), nn.Linear(d_model, d_model)
+        self.dense_h_to_4h, self.dense_4h_to_h = nn.Linear(d_model, d_ff), nn.Linear(d_ff, d_model)
+
+    def attention(self, x):
+        B, T, C = x.shape
+        q, k, v = self.query_key_value(x).view(B, T, self.h, 3 * (C // self.h)).transpose(1, 2).chunk(3, dim=-1)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.dense(y.transpose(1, 2).reshape(B, T, C))
+
+    def mlp(self, x):
+        return self.dense_4h_to_h(F.gelu(self.dense_h_to_4h(x)))
+
+    def forward(self, x, pad_mask=None):
+        a = self.attention(self.input_layernorm(x))
+        if self.parallel:
+            return x + a + self.mlp(self.post_attention_layernorm(x))
+        x = x + a
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class NeoXSequential(NeoXLayer):
+    parallel = False

@@ -9,7 +9,7 @@ import torch
 import tblock_cli
 from tblock_cli.checks.result import Status
 from tblock_cli.spec.ffn import ACTS, fit
-from tests.spec_blocks_mlp import Block, GPT2ExactGelu, GPT2Layer
+from tests.spec_blocks_mlp import Block, DeepNormEncoder, DeepNormOnBranch, GPT2ExactGelu, GPT2Layer, NeoXLayer, NeoXSequential
 
 SIZES = {"d_model": 64, "n_heads": 4, "threads": 1}
 
@@ -143,15 +143,33 @@ def test_fit_names_each_curve_and_the_mistaken_product():
     assert best[1] == "silu(gate*up)"
 
 
-def test_exact_gelu_where_gpt2_trained_tanh_is_caught_against_hf_gpt2():
+def test_deepnorm_gain_on_the_branch_is_caught_as_declared():
+    """alpha = (2 x 6)^(1/4) = 1.8612, declared to three digits; on the branch it reads 1 / alpha on the stream."""
+    torch.manual_seed(0)
+    caught = _spec(DeepNormOnBranch(), ["residual.stream_gain=1.86"])
+    assert caught.status == Status.FAIL
+    assert caught.facts["differs"][0]["measured"] == pytest.approx(12 ** -0.25, rel=1e-6)
+    torch.manual_seed(0)
+    assert _spec(DeepNormEncoder(), ["residual.stream_gain=1.86", "norm.placement=post"]).status == Status.PASS
+
+
+def _like(block, like, **kwargs):
+    """The spec check against an hf: layer: the entries of this area that differ."""
     pytest.importorskip("transformers")
     torch.manual_seed(0)
-    bug = tblock_cli.check(GPT2ExactGelu(), only=["spec"], like="hf:gpt2", causal=True, **SIZES)
-    spec = next(c for c in bug.checks if c.name == "spec")
-    assert spec.status == Status.FAIL
-    assert [d for d in spec.facts["differs"] if d["key"] == "ffn.act"] == \
-        [{"key": "ffn.act", "status": "differs", "claimed": "gelu_tanh", "measured": "gelu", "source": "--like hf:gpt2"}]
-    torch.manual_seed(0)
-    twin = tblock_cli.check(GPT2Layer(), only=["spec"], like="hf:gpt2", causal=True, **SIZES)
-    spec = next(c for c in twin.checks if c.name == "spec")
-    assert spec.status == Status.PASS, spec.facts
+    report = tblock_cli.check(block, only=["spec"], like=like, causal=True, **kwargs, **SIZES)
+    spec = next(c for c in report.checks if c.name == "spec")
+    return {d["key"]: d for d in spec.facts.get("differs", []) if d["key"].startswith(("ffn.", "norm.", "residual."))}
+
+
+def test_exact_gelu_where_gpt2_trained_tanh_is_caught_against_hf_gpt2():
+    assert _like(GPT2ExactGelu(), "hf:gpt2") == {"ffn.act": {"key": "ffn.act", "status": "differs", "claimed": "gelu_tanh",
+                                                             "measured": "gelu", "source": "--like hf:gpt2"}}
+    assert _like(GPT2Layer(), "hf:gpt2") == {}
+
+
+def test_parallel_residual_forced_is_caught_against_a_sequential_gpt_neox():
+    sequential = {"use_parallel_residual": False}
+    assert set(_like(NeoXLayer(), "hf:gpt_neox", like_kwargs=sequential)) == {"residual.form"}
+    assert _like(NeoXSequential(), "hf:gpt_neox", like_kwargs=sequential) == {}
+    assert _like(NeoXLayer(), "hf:gpt_neox") == {}  # the config's default: parallel
