@@ -9,7 +9,15 @@ import torch
 import tblock_cli
 from tblock_cli.checks.result import Status
 from tblock_cli.spec.ffn import ACTS, fit
-from tests.spec_blocks_mlp import Block, DeepNormEncoder, DeepNormOnBranch, GPT2ExactGelu, GPT2Layer, NeoXLayer, NeoXSequential
+from tests.spec_blocks_mlp import (
+    Block,
+    DeepNormEncoder,
+    DeepNormOnBranch,
+    GPT2ExactGelu,
+    GPT2Layer,
+    NeoXLayer,
+    NeoXSequential,
+)
 
 SIZES = {"d_model": 64, "n_heads": 4, "threads": 1}
 
