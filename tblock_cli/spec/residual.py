@@ -65,9 +65,14 @@ def _branch(sub, role: str, where: str | None) -> torch.Tensor | None:
     """What a branch adds: its output projection's output, or the norm's output where a norm reads it (sandwich, olmo2)."""
     names = sub.roles.get(role, ())
     out = sub.seen.proj_out.get(names[0]) if len(names) == 1 else None
-    whole = sub.seen.module_out.get(sub.holder(role.split(".")[0]))
     if out is None or out.shape != sub.seen.x.reshape(-1, sub.seen.x.shape[-1]).shape:  # experts: the layer's output
-        out = whole
+        group = role.split(".")[0]
+        holder = sub.holder(group)
+        others = [n for r, ns in sub.roles.items() if not r.startswith(group) for n in ns]
+        # only a module that holds this branch alone (a decoder layer holding self- and cross-attention holds the FFN too)
+        if holder is None or any(n.startswith(holder + ".") for n in others):
+            return None
+        out = sub.seen.module_out.get(holder)
     for n in sub.norms if where in ("sandwich", "olmo2") else ():
         if same_tensor(sub.seen.norm_in.get(n), out):
             return sub.seen.norm_out[n]
@@ -80,6 +85,8 @@ def adds(probe: Probe, kind: str, where: str) -> list[tuple[str, torch.Tensor, l
     s = sub.seen
     x, y = s.x.reshape(-1, s.x.shape[-1]), s.y.reshape(-1, s.y.shape[-1])
     a, f = _branch(sub, "attn.out", where), _branch(sub, "ffn.out", where)
+    if len(sub.roles.get("attn.out", ())) > 1:
+        return "several attention sublayers (cross-attention, or more than one layer)"
     if a is None or f is None:
         return "attention's or the FFN's output was not seen"
     if f.shape != x.shape or a.shape != x.shape:
