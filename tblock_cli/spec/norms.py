@@ -123,6 +123,8 @@ def placement(probe: Probe) -> tuple[str | None, str]:
         return "olmo2", "sublayers read the raw stream; their outputs are normalised before the add"
     if reads_normed and len(post_sub) >= branches > 0:
         return "sandwich", "sublayers read a normalised stream; their outputs are normalised before the add"
+    if post_sub:
+        return None, f"mixed: {len(post_sub)} of {branches} branch outputs normalised before the add"
     if reads_normed and not flow.output_normed:
         return "pre", "sublayers read a normalised stream; the sums are not normalised"
     if flow.output_normed and flow.unnormed_attention:

@@ -108,8 +108,9 @@ def io_of(probe: Probe, projections: dict, norms: tuple[str, ...], x: torch.Tens
 
     def keep(name):
         def hook(_m, args, out):
-            if name not in hooked:
-                hooked[name] = (_flat(args[0]) if args else None, _flat(out))
+            if name not in hooked:  # a norm fused with the residual add, norm(a, x), reads no one tensor: input unknown
+                one = args and sum(isinstance(a, torch.Tensor) for a in args) == 1
+                hooked[name] = (_flat(args[0]) if one else None, _flat(out))
                 order.append(name)
         return hook
 
