@@ -174,7 +174,9 @@ def _read(probe: Probe) -> Sublayers:
 
     module = probe.module
     x = probe.x()
-    flow = trace(module, probe.subject, x, probe.d)
+    flow = probe.memo.get("dataflow")
+    if flow is None:  # the anatomy of the float64 copy, kept for any reader that needs it too
+        flow = probe.memo["dataflow"] = trace(module, probe.subject, x, probe.d)
     projections = {m.name: projection_params(module, m.name) for m in flow.modules if m.role.startswith(("attn", "ffn"))}
     full = tuple(n for n, w in flow.norms.items() if w == probe.d)
     branches = tuple(b for b in (holder([m.name for m in flow.modules if m.role.startswith(r)]) for r in ("attn", "ffn")) if b)
