@@ -139,8 +139,7 @@ def read(probe: Probe) -> list[Entry]:
     sub = sublayers(probe)
     if not sub.norms:  # a norm written inline in the block's own forward is neither a module nor a norm call
         why = "no norm module or norm call on the residual stream (a norm written out inline is not read)"
-        return [skipped(k, why) for k in keys[:3]] + [Entry("norm.placement", "none", why) if not sub.flow.stream_norms
-                                                      else skipped("norm.placement", why)]
+        return [skipped(k, why) for k in keys]
     v = _v(probe, probe.d)
     kinds, epss, offs = [], [], []
     for name in sub.norms:
