@@ -98,8 +98,8 @@ def adds(probe: Probe, kind: str, where: str) -> list[tuple[str, torch.Tensor, l
         return [("the block's output", y, [x, a, f], ["stream", "attn", "ffn"])]
     if kind == "parallel":
         return "a post-norm block with a parallel residual"
-    first = next(n for n in ("ffn.in", "ffn.gate") if sub.first(n) is not None)
-    h = s.proj_in.get(sub.first(first))
+    first = next((sub.first(n) for n in ("ffn.in", "ffn.gate") if sub.first(n) is not None), None)
+    h = s.proj_in.get(first)
     feeding = next((n for n in sub.norms if same_tensor(s.norm_out.get(n), h)), None)
     if feeding is None or last is None:
         return "post-norm: the norms before the FFN and at the output were not found"
@@ -128,6 +128,8 @@ def read(probe: Probe) -> list[Entry]:
         read_ = [gain(coef[:, i]) for i in range(len(names))]
         if where == "post":  # through the norm only the ratio counts: the branch's gain is 1
             b = read_[-1][0]
+            if abs(b) < 1e-12:
+                return out + [skipped(k, f"{what}: the branch adds nothing (gain {b:.1e})") for k in keys]
             read_ = [(float(f"{g / b:.10g}"), per) for g, per in read_]
         for n, g in zip(names, read_):
             gains[n].append(g)
