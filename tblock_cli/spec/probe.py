@@ -76,7 +76,7 @@ class Capture(TorchFunctionMode):
         if name in self.SKIP:
             return out
         weight = None
-        if name in ("linear", "matmul", "__matmul__") and len(args) > 1 and isinstance(args[1], torch.Tensor):
+        if name in ("linear", "matmul", "__matmul__", "bmm") and len(args) > 1 and isinstance(args[1], torch.Tensor):
             weight = self.weight_name(args[1])
         elif name == "linear" and isinstance(kwargs.get("weight"), torch.Tensor):
             weight = self.weight_name(kwargs["weight"])

@@ -124,7 +124,7 @@ def io_of(probe: Probe, projections: dict, norms: tuple[str, ...], x: torch.Tens
             h.remove()
     p_in, p_out = {}, {}
     for c in cap.calls:
-        n = by_weight.get(c.weight) if c.name in ("linear", "matmul", "__matmul__") else None
+        n = by_weight.get(c.weight) if c.name in ("linear", "matmul", "__matmul__", "bmm") else None
         if n is not None and n not in p_out:
             p_in[n], p_out[n] = _flat(c.args[0]), _flat(c.out)
     for n in projections:
