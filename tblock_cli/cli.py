@@ -15,6 +15,7 @@ from tblock_cli.config import FLAGS, RUN
 from tblock_cli.errors import OOM_HINT, ConfigError, LoadError, TBlockError, interrupted, on_interrupt
 from tblock_cli.flags import RICH_HELP_MIN_WIDTH, SWITCH, Group, Json, NoArgsIsHelpError, Plot, click_errors, command
 from tblock_cli.render.common import make_console
+from tblock_cli.render.html import ensure_html_target, save_html
 from tblock_cli.report import ensure_writable
 
 app = typer.Typer(
@@ -73,7 +74,8 @@ def stdout_to_stderr():
 
 
 def run_command(compute: Callable[[], object], render: Callable[[object], None], *, json_: bool,
-                plot: str | None = None, save_plot: Callable[[object, str], None] | None = None) -> None:
+                plot: str | None = None, save_plot: Callable[[object, str], None] | None = None,
+                html: str | None = None) -> None:
     """The edge, for every command: compute, print warnings, render (JSON or tables), plot, exit code.
 
     A TBlockError or running out of memory becomes one line on stderr and its exit code; a block's own
@@ -84,6 +86,8 @@ def run_command(compute: Callable[[], object], render: Callable[[object], None],
     try:
         if plot is not None:
             check_plot_target(plot)
+        if html is not None:
+            ensure_html_target(html)
         with stdout_to_stderr() if json_ else contextlib.nullcontext():
             report = compute()
         for w in report.run.warnings if report.run else ():
@@ -100,6 +104,9 @@ def run_command(compute: Callable[[], object], render: Callable[[object], None],
             except OSError as e:
                 raise ConfigError(f"--plot {plot}: cannot write it: {e.strerror or e}") from None
             err.print(f"saved {plot}", highlight=False)
+        if html is not None:
+            save_html(report, html)
+            err.print(f"saved {html}", highlight=False)
     except TBlockError as e:
         say("error", str(e))
         raise typer.Exit(e.exit_code) from None
@@ -152,6 +159,7 @@ def check(
     like_kwargs: flags.LikeKwargs = None,
     expect: flags.Expect = None,
     json_: Json = False,
+    html: flags.Html = None,
     **options,
 ):
     """Run the diagnostic battery on a block. Exit 0 when nothing fails, 1 when a check fails or errors, 2 on bad input."""
@@ -190,7 +198,7 @@ def check(
     from tblock_cli.distributed.ranks import quiet_unless_rank_zero
 
     with quiet_unless_rank_zero():
-        run_command(compute, show, json_=json_)
+        run_command(compute, show, json_=json_, html=html)
 
 
 @command(app)
@@ -200,6 +208,7 @@ def spec(
     like_kwargs: flags.LikeKwargs = None,
     expect: flags.Expect = None,
     json_: Json = False,
+    html: flags.Html = None,
     **options,
 ):
     """What the block really computes, read black-box (the spec card: scale, soft-cap, rotary, activation, eps, residual,
@@ -221,7 +230,7 @@ def spec(
 
         out.print(spec_view(report))
 
-    run_command(compute, show, json_=json_)
+    run_command(compute, show, json_=json_, html=html)
 
 
 @command(app)
@@ -230,6 +239,7 @@ def params(
     tree_depth: Annotated[Optional[int], typer.Option("--tree-depth", help="Rows from the module tree, this deep, instead of dataflow roles.", show_default=False)] = None,
     list_presets: Annotated[bool, typer.Option("--list-presets", help="List the --preset shapes and exit.", **SWITCH)] = False,
     json_: Json = False,
+    html: flags.Html = None,
     **options,
 ):
     """Parameters, bytes and FLOPs per component (norms, attention q/k/v/out, FFN), the FFN's share and the KV cache."""
@@ -261,7 +271,7 @@ def params(
 
         out.print(render.params_view(report))
 
-    run_command(compute, show, json_=json_)
+    run_command(compute, show, json_=json_, html=html)
 
 
 @command(app)
@@ -280,6 +290,7 @@ def bench(
     tp_plan: Annotated[Optional[str], typer.Option("--tp-plan", help="The --tp plan as JSON: module name -> colwise, rowwise or replicate. (default: derived from the dataflow)", show_default=False, metavar="FILE")] = None,
     plot: Plot = None,
     json_: Json = False,
+    html: flags.Html = None,
     **options,
 ):
     """Latency (median, IQR), peak memory and the attention kernel that ran; with --need-weights, both ways."""
@@ -325,7 +336,7 @@ def bench(
 
         render.save_plot(report, path)
 
-    run_command(compute, show, json_=json_, plot=plot, save_plot=save_plot)
+    run_command(compute, show, json_=json_, plot=plot, save_plot=save_plot, html=html)
 
 
 @command(app)
@@ -335,6 +346,7 @@ def depth(
     strict: Annotated[bool, typer.Option("--strict", help="Warnings (mixed placement, no final norm) fail: exit 1.", **SWITCH)] = False,
     plot: Plot = None,
     json_: Json = False,
+    html: flags.Html = None,
     **options,
 ):
     """A stack of N blocks at init: per-layer activation scale, gradient norms, residual gain and detected norm placement."""
@@ -357,7 +369,7 @@ def depth(
 
         render.save_depth_plot(report.reports if compare else [report], path)
 
-    run_command(compute, show, json_=json_, plot=plot, save_plot=save_plot)
+    run_command(compute, show, json_=json_, plot=plot, save_plot=save_plot, html=html)
 
 
 @command(app)
@@ -375,6 +387,7 @@ def compare(
     rtol: Annotated[Optional[float], typer.Option("--rtol", help="Relative tolerance, elementwise.", show_default=False, metavar="FLOAT")] = None,
     map_file: Annotated[Optional[str], typer.Option("--map", help="JSON object, A parameter name -> B parameter name, overriding the matching.", show_default=False, metavar="FILE")] = None,
     json_: Json = False,
+    html: flags.Html = None,
     **options,
 ):
     """Two implementations of one block with A's weights carried to B: outputs, gradients and decoding compared, the
@@ -396,7 +409,7 @@ def compare(
 
         out.print(compare_view(report))
 
-    run_command(compute, show, json_=json_)
+    run_command(compute, show, json_=json_, html=html)
 
 
 def main(args: list[str] | None = None):
