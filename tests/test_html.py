@@ -118,6 +118,12 @@ def test_a_report_is_replaced_by_the_next_one(tmp_path):
     assert "earlier" not in path.read_text()
 
 
+def test_ticks_are_round_numbers():
+    assert svg.linear_ticks(0, 0.06) == [0, 0.02, 0.04, 0.06]  # steps of 1, 2, 2.5 or 5 times a power of ten
+    assert svg.log_ticks(1e-4, 1) == [1e-4, 1e-3, 1e-2, 1e-1, 1]  # decades where there are three or more
+    assert svg.log_ticks(0.8, 49) == [1, 2, 5, 10, 20]  # within two decades: 1, 2, 5 of each
+
+
 def test_text_from_the_block_is_escaped():
     page = html_report({"command": "check", "ok": True, "subject": "<Block & co>", "warnings": ['a "quoted" <tag>'],
                         "checks": [{"name": "shape", "status": "pass", "value": "<b>", "detail": "x < y & z"}]})

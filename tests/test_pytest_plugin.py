@@ -13,6 +13,7 @@ import tomllib
 
 import tblock_cli
 from tblock_cli.checks.battery import CHECK_NAMES
+from tblock_cli.pytest_plugin import with_needs
 
 pytest_plugins = ["pytester"]
 
@@ -23,7 +24,8 @@ ZOO = Path(__file__).parent / "zoo.py"
 # at once would register it twice).
 INSTALLED = any(ep.name == "tblock" for ep in importlib.metadata.entry_points(group="pytest11"))
 PLUGIN = () if INSTALLED else ("-p", "tblock_cli.pytest_plugin")
-QUIET = (*PLUGIN, "-p", "no:cacheprovider")
+# This module imports the plugin too: pytest then warns that it cannot rewrite its asserts (it has none).
+QUIET = (*PLUGIN, "-p", "no:cacheprovider", "-W", "ignore::pytest.PytestAssertRewriteWarning")
 SAMPLE_OPTIONS = dict(d_model=64, n_heads=4, causal=True)  # what tests/test_block.py declares
 
 
@@ -108,6 +110,14 @@ def test_a_planted_bug_fails_exactly_the_checks_that_catch_it(sample):
     assert f"tblock padding: fail: {failing.detail}" in result.stdout.str()
     assert f"kind: {failing.kind}" in result.stdout.str()
     assert result.ret == 1
+    selected = run(sample, "-k", "padding")  # the checks padding waits for, and padding: the same verdict
+    selected.assert_outcomes(failed=1, deselected=len(CHECK_NAMES) - 1)
+
+
+def test_k_runs_the_selected_checks_and_those_their_verdicts_wait_for():
+    # padding needs shape, finite, deterministic (COMPARES), finite, input_kept (GRADS) and independent (batch)
+    assert with_needs(["padding"], CHECK_NAMES) == ("shape", "finite", "determinism", "input_unchanged", "batch", "padding")
+    assert with_needs(["padding"], ("padding", "batch")) == ("padding", "batch")  # never one the user left out
 
 
 def test_xdist_runs_the_same_items(sample):

@@ -28,7 +28,8 @@ h1 { font-size: 1.5rem; margin: 0 0 0.25rem; } h2 { font-size: 1.15rem; margin: 
 .verdict.ok { background: #1a7f37; } .verdict.not-ok { background: #cf222e; }
 table { border-collapse: collapse; width: 100%; font-size: 0.88rem; margin: 0.3rem 0 1rem; }
 th, td { text-align: left; padding: 0.25rem 0.5rem; border-bottom: 1px solid #eaeef2; vertical-align: top; }
-th { background: #f6f8fa; } td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
+th { background: #f6f8fa; } table.kv { width: auto; min-width: 50%; } table.kv th { padding-right: 2rem; }
+h3 { font-size: 0.95rem; margin: 0.8rem 0 0.2rem; } td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
 td.s-pass, li.s-pass::marker { color: #1a7f37; } td.s-warn, li.s-warn::marker { color: #9a6700; }
 td.s-fail, li.s-fail::marker, td.s-error { color: #cf222e; font-weight: 600; } td.s-skip { color: #6e7781; }
 td.status { white-space: nowrap; font-weight: 600; }
@@ -83,7 +84,15 @@ def table(rows: list[dict], columns: list[str] | None = None, headers: dict | No
 
 
 def key_values(d: dict) -> str:
-    return "<table><tbody>" + "".join(f"<tr><th>{escape(str(k))}</th>{_td(v)}</tr>" for k, v in d.items()) + "</tbody></table>"
+    """A dict as two columns; a value that is itself a list of rows becomes a table of its own below."""
+    rows = {k: v for k, v in d.items() if not _rows(v)}
+    out = '<table class="kv"><tbody>' + "".join(f"<tr><th>{escape(str(k))}</th>{_td(v)}</tr>" for k, v in rows.items()) + \
+        "</tbody></table>" if rows else ""
+    return out + "".join(f"<h3>{escape(str(k))}</h3>{table(v)}" for k, v in d.items() if _rows(v))
+
+
+def _rows(v) -> bool:
+    return isinstance(v, list) and bool(v) and all(isinstance(r, dict) for r in v)
 
 
 def section(title: str, inner: str) -> str:
@@ -226,7 +235,7 @@ def rest(d: dict, used: tuple[str, ...]) -> list[str]:
     scalars = {k: v for k, v in left.items() if not isinstance(v, (dict, list))}
     out = [section("Summary", key_values(scalars))] if scalars else []
     for k, v in left.items():
-        if isinstance(v, list) and v and all(isinstance(r, dict) for r in v):
+        if _rows(v):
             out.append(section(k.replace("_", " ").capitalize(), table(v)))
         elif isinstance(v, dict) and v:
             out.append(section(k.replace("_", " ").capitalize(), key_values(v)))

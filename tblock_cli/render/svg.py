@@ -46,7 +46,10 @@ def log_ticks(lo: float, hi: float) -> list[float]:
     decades = [10.0 ** k for k in range(a, b + 1, every) if lo * (1 - 1e-9) <= 10.0 ** k <= hi * (1 + 1e-9)]
     if len(decades) >= 3:
         return decades
-    return [t for t in linear_ticks(lo, hi) if t > 0] or [lo, hi]  # within a decade or two: round numbers
+    steps = [m * 10.0 ** k for k in range(a - 1, b + 1) for m in (1, 2, 5) if lo * (1 - 1e-9) <= m * 10.0 ** k <= hi * (1 + 1e-9)]
+    if len(steps) >= 3:  # a decade or two: 1, 2, 5 of each
+        return steps
+    return [t for t in linear_ticks(lo, hi) if t > 0] or [lo, hi]  # within a fraction of a decade: round numbers
 
 
 class Axis:
