@@ -163,6 +163,7 @@ class CheckItem(pytest.Item):
         super().__init__(**kwargs)
         self.spec, self.check, self.options = spec, check, options
         self.key = ("--tblock", spec)
+        self.add_marker(MARKER)  # -m tblock and -k tblock select these as they do check_items' items
 
     def runtest(self):
         block = None if self.spec in ("builtin", "built-in") else self.spec

@@ -82,6 +82,15 @@ def test_the_depth_figures_plot_each_layer(tmp_path):
             assert f"pre: {layer['index']}, {svg.fmt(layer[key])}" in titles
 
 
+def test_depth_compare_draws_a_line_per_stack_in_each_figure(tmp_path):
+    path = tmp_path / "depth.html"
+    assert runner.invoke(app, ["depth", "--compare", *SMALL, "--layers", "2", "--html", str(path)]).exit_code == 0
+    charts = list(strict_parse(path.read_text()).iter("svg"))
+    assert len(charts) == 3
+    for chart in charts:
+        assert [t.text for t in chart.iter("text") if t.get("class") == "legend"] == ["pre", "post", "mixed"]
+
+
 def test_the_compare_figure_has_a_bar_per_component(tmp_path):
     data, page = write_page(tmp_path, "compare")
     bars = [r.find("title").text for r in strict_parse(page).iter("rect") if r.get("class") == "bar"]
