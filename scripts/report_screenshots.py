@@ -22,7 +22,7 @@ PAGES = {
     "bench": ["bench", *SMALL, "--seq", "32,64,128,256", "--min-time", "0.1"],
     "depth": ["depth", "--compare", "--layers", "8", *SMALL],
     "compare": ["compare", "builtin", "builtin", "--dtype-b", "bfloat16", *SMALL],
-    "spec": ["spec", *SMALL],
+    "spec": ["spec", "--block", "hf:llama", *SMALL],  # a rotary layer: the card draws its frequencies against theta
 }
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 WINDOW = (1100, 1400)

@@ -88,7 +88,7 @@ def test_depth_compare_draws_a_line_per_stack_in_each_figure(tmp_path):
     charts = list(strict_parse(path.read_text()).iter("svg"))
     assert len(charts) == 3
     for chart in charts:
-        assert [t.text for t in chart.iter("text") if t.get("class") == "legend"] == ["pre", "post", "mixed"]
+        assert [t.find("title").text for t in chart.iter("text") if t.get("class") == "legend"] == ["pre", "post", "mixed"]
 
 
 def test_the_compare_figure_has_a_bar_per_component(tmp_path):

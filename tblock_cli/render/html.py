@@ -196,10 +196,11 @@ def spec_parts(d: dict) -> tuple[list[str], list[str]]:
         series = [svg.Series("measured", _numbers(enumerate(freqs)))]
         if isinstance(theta, (int, float)) and isinstance(dims, (int, float)) and dims > 0:
             curve = [(i, theta ** (-2 * i / dims)) for i in range(len(freqs))]
-            series.append(svg.Series(f"theta^(-2i/{dims:g}), theta {theta:g}", tuple(curve), dashed=True, markers=False))
+            series.append(svg.Series(f"theta {theta:g}", tuple(curve), dashed=True, markers=False))
         figs.append(figure(svg.line_chart(series, title="rotary frequency per pair", x_label="pair i",
                                           y_label="radians per position", log_y=True),
-                           "Each rotating pair's frequency, read from the block, against the curve its theta gives."))
+                           "Each rotating pair's frequency, read from the block, against theta^(-2i/dims), the curve "
+                           "of the theta read (dashed)."))
     curve = value("relbias.curve")
     if isinstance(curve, list) and curve:
         half = (len(curve) - 1) // 2

@@ -7,8 +7,9 @@ from dataclasses import dataclass
 from html import escape
 
 WIDTH, HEIGHT = 640, 300
-LEFT, RIGHT, TOP, BOTTOM = 70, 150, 34, 46  # margins: y tick labels, legend, title, x tick labels and axis name
+LEFT, RIGHT, TOP, BOTTOM = 70, 190, 34, 46  # margins: y tick labels, legend, title, x tick labels and axis name
 # Colour-blind-safe (Okabe-Ito), dark enough to read on white and on paper.
+LEGEND_CHARS = 24  # what fits beside the plot at the legend's font size; a longer name is cut, whole in its tooltip
 PALETTE = ("#0072b2", "#d55e00", "#009e73", "#cc79a7", "#e69f00", "#56b4e9", "#000000", "#7f7f7f")
 
 
@@ -25,9 +26,15 @@ def fmt(v: float) -> str:
     if v == 0:
         return "0"
     a = abs(v)
+    if 1e4 <= a < 1e9 and v == int(v):  # counts: 16,640 parameters, 4,096 tokens
+        return f"{v:,.0f}"
     if a >= 1e5 or a < 1e-3:
         return f"{v:.0e}".replace("e+0", "e").replace("e-0", "e-")
     return f"{v:.4g}"
+
+
+def short(name: str) -> str:
+    return name if len(name) <= LEGEND_CHARS else name[: LEGEND_CHARS - 1] + "\u2026"
 
 
 def linear_ticks(lo: float, hi: float, n: int = 5) -> list[float]:
@@ -115,7 +122,7 @@ def line_chart(series: list[Series], *, title: str, x_label: str, y_label: str, 
         ly = TOP + 8 + 18 * i
         body.append(f'<line x1="{WIDTH - RIGHT + 12}" x2="{WIDTH - RIGHT + 32}" y1="{ly}" y2="{ly}" stroke="{colour}" '
                     f'stroke-width="2"{dash}/><text class="legend" x="{WIDTH - RIGHT + 38}" y="{ly + 4}">'
-                    f"{escape(s.name)}</text>")
+                    f"<title>{escape(s.name)}</title>{escape(short(s.name))}</text>")
     return _svg(title, body)
 
 
