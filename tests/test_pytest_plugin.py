@@ -178,6 +178,7 @@ def test_tblock_option_collects_a_spec_without_a_test_file(pytester):
     got = outcomes(pytester.path / "report.xml")
     assert got == {f"{ZOO}:NoResidual[shape]": "passed", f"{ZOO}:NoResidual[residual]": "failure",
                    "builtin[shape]": "passed", "builtin[residual]": "passed"}
+    result.stdout.fnmatch_lines(["collected 4 items"])
     assert run(pytester, "--tblock", "builtin", "--tblock-only", "shape", "-m", "tblock").ret == 0  # marked as tblock's
     truth = tblock_cli.check(f"{ZOO}:NoResidual", d_model=32, n_heads=4, only="shape,residual")
     residual = next(c for c in truth.checks if c.name == "residual")
