@@ -111,8 +111,8 @@ def report_for(session, key, block, options: dict, check: str):
     cache = session.config.stash.setdefault(_REPORTS, {})
     if key not in cache:
         allowed = planned(options)
-        wanted = {name for item in session.items if (plan := _plan_of(item)) is not None and plan[0] == key
-                  for name in [plan[1]]}
+        plans = [_plan_of(item) for item in session.items]
+        wanted = {plan[1] for plan in plans if plan is not None and plan[0] == key}
         if check not in wanted:  # an item run outside the session's list: the whole selection
             wanted = set(allowed)
         chosen = {k: v for k, v in options.items() if k not in ("only", "skip", "fast")}
