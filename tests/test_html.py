@@ -127,6 +127,18 @@ def test_a_report_is_replaced_by_the_next_one(tmp_path):
     assert "earlier" not in path.read_text()
 
 
+@pytest.mark.parametrize("command", [*PAGES, "other"])
+def test_a_report_with_only_the_envelope_still_makes_a_page(command):
+    strict_parse(html_report({"command": command, "ok": True, "subject": "s", "config": {}, "environment": {}}))
+
+
+def test_bench_tp_falls_back_to_generic_tables():
+    page = html_report({"command": "bench", "ok": True, "subject": "s", "tp": 2, "seq": 16,
+                        "ranks": [{"rank": 0, "median_s": 0.5, "samples": [0.5] * 20, "collective_share": 0.1}]})
+    text = "".join(strict_parse(page).itertext())
+    assert "collective_share" in text and "(20 in all)" in text
+
+
 def test_ticks_are_round_numbers():
     assert svg.linear_ticks(0, 0.06) == [0, 0.02, 0.04, 0.06]  # steps of 1, 2, 2.5 or 5 times a power of ten
     assert svg.log_ticks(1e-4, 1) == [1e-4, 1e-3, 1e-2, 1e-1, 1]  # decades where there are three or more
