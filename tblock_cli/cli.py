@@ -76,7 +76,7 @@ def stdout_to_stderr():
 def run_command(compute: Callable[[], object], render: Callable[[object], None], *, json_: bool,
                 plot: str | None = None, save_plot: Callable[[object, str], None] | None = None,
                 html: str | None = None) -> None:
-    """The edge, for every command: compute, print warnings, render (JSON or tables), plot, exit code.
+    """The edge, for every command: compute, print warnings, render (JSON or tables), plot, HTML page, exit code.
 
     A TBlockError or running out of memory becomes one line on stderr and its exit code; a block's own
     prints go to stderr while --json owns stdout.
