@@ -5,11 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-import tblock_cli
-from tblock_cli.checks.result import Status
-from tblock_cli.spec.ffn import ACTS, fit
-from tests.spec_blocks_mlp import (
+from spec_blocks_mlp import (
     Block,
     DeepNormEncoder,
     DeepNormOnBranch,
@@ -18,6 +14,10 @@ from tests.spec_blocks_mlp import (
     NeoXLayer,
     NeoXSequential,
 )
+
+import tblock_cli
+from tblock_cli.checks.result import Status
+from tblock_cli.spec.ffn import ACTS, fit
 
 SIZES = {"d_model": 64, "n_heads": 4, "threads": 1}
 

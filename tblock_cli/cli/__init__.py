@@ -14,6 +14,7 @@ from tblock_cli.cli.flags import (
     SWITCH,
     Expect,
     Group,
+    Html,
     Json,
     Like,
     LikeKwargs,
@@ -65,6 +66,7 @@ def check(
     like_kwargs: LikeKwargs = None,
     expect: Expect = None,
     json_: Json = False,
+    html: Html = None,
     **options,
 ):
     """Run the diagnostic battery on a block. Exit 0 when nothing fails, 1 when a check fails or errors, 2 on bad input."""
@@ -101,7 +103,7 @@ def check(
     from tblock_cli.distributed.ranks import quiet_unless_rank_zero
 
     with quiet_unless_rank_zero():
-        run_command(compute, show, json_=json_)
+        run_command(compute, show, json_=json_, html=html)
 
 
 @command(app)
@@ -111,6 +113,7 @@ def spec(
     like_kwargs: LikeKwargs = None,
     expect: Expect = None,
     json_: Json = False,
+    html: Html = None,
     **options,
 ):
     """What the block really computes, read black-box (the spec card: scale, soft-cap, rotary, activation, eps, residual,
@@ -129,7 +132,7 @@ def spec(
 
         out.print(spec_view(report))
 
-    run_command(compute, show, json_=json_)
+    run_command(compute, show, json_=json_, html=html)
 
 
 @command(app)
@@ -138,6 +141,7 @@ def params(
     tree_depth: Annotated[Optional[int], typer.Option("--tree-depth", help="Rows from the module tree, this deep, instead of dataflow roles.", show_default=False)] = None,
     list_presets: Annotated[bool, typer.Option("--list-presets", help="List the --preset shapes and exit.", **SWITCH)] = False,
     json_: Json = False,
+    html: Html = None,
     **options,
 ):
     """Parameters, bytes and FLOPs per component (norms, attention q/k/v/out, FFN), the FFN's share and the KV cache."""
@@ -166,7 +170,7 @@ def params(
 
         out.print(render.params_view(report))
 
-    run_command(compute, show, json_=json_)
+    run_command(compute, show, json_=json_, html=html)
 
 
 @command(app)
@@ -185,6 +189,7 @@ def bench(
     tp_plan: Annotated[Optional[str], typer.Option("--tp-plan", help="The --tp plan as JSON: module name -> colwise, rowwise or replicate. (default: derived from the dataflow)", show_default=False, metavar="FILE")] = None,
     plot: Plot = None,
     json_: Json = False,
+    html: Html = None,
     **options,
 ):
     """Latency (median, IQR), peak memory and the attention kernel that ran; with --need-weights, both ways."""
@@ -234,7 +239,7 @@ def bench(
 
         render.save_plot(report, path)
 
-    run_command(compute, show, json_=json_, plot=plot, save_plot=save_plot)
+    run_command(compute, show, json_=json_, plot=plot, save_plot=save_plot, html=html)
 
 
 @command(app)
@@ -244,6 +249,7 @@ def depth(
     strict: Annotated[bool, typer.Option("--strict", help="Warnings (mixed placement, no final norm) fail: exit 1.", **SWITCH)] = False,
     plot: Plot = None,
     json_: Json = False,
+    html: Html = None,
     **options,
 ):
     """A stack of N blocks at init: per-layer activation scale, gradient norms, residual gain and detected norm placement."""
@@ -265,7 +271,7 @@ def depth(
 
         render.save_depth_plot(report.reports if compare else [report], path)
 
-    run_command(compute, show, json_=json_, plot=plot, save_plot=save_plot)
+    run_command(compute, show, json_=json_, plot=plot, save_plot=save_plot, html=html)
 
 
 @command(app)
@@ -283,6 +289,7 @@ def compare(
     rtol: Annotated[Optional[float], typer.Option("--rtol", help="Relative tolerance, elementwise.", show_default=False, metavar="FLOAT")] = None,
     map_file: Annotated[Optional[str], typer.Option("--map", help="JSON object, A parameter name -> B parameter name, overriding the matching.", show_default=False, metavar="FILE")] = None,
     json_: Json = False,
+    html: Html = None,
     **options,
 ):
     """Two implementations of one block with A's weights carried to B: outputs, gradients and decoding compared, the
@@ -302,7 +309,7 @@ def compare(
 
         out.print(compare_view(report))
 
-    run_command(compute, show, json_=json_)
+    run_command(compute, show, json_=json_, html=html)
 
 
 def main(args: list[str] | None = None):
