@@ -57,7 +57,11 @@ class Capture(TorchFunctionMode):
         self._hooks = []
         for name, m in module.named_modules():
             self._hooks.append(m.register_forward_pre_hook(lambda _m, _a, n=name: self.stack.append(n)))
-            self._hooks.append(m.register_forward_hook(lambda _m, _a, _o: self.stack.pop() if len(self.stack) > 1 else None))
+            self._hooks.append(m.register_forward_hook(lambda _m, _a, _o: self._leave()))
+
+    def _leave(self) -> None:  # a forward hook that returned a value would replace the module's output
+        if len(self.stack) > 1:
+            self.stack.pop()
 
     def close(self) -> None:
         for h in self._hooks:
