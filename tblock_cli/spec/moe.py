@@ -1,10 +1,420 @@
-"""Spec readers: the moe entries of the card."""
+"""Spec readers: the mixture-of-experts entries of the card, read with every expert made identical (expert 0's weights
+copied into all): the mixture's output is then one expert's output times the sum of the token's routing weights, and
+zeroing one expert at a time reads each token's weight for that expert, held against the router's own outputs."""
 
 from __future__ import annotations
 
-from tblock_cli.spec.card import Entry
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+
+from tblock_cli.probes import train_mode
+from tblock_cli.spec.card import Entry, skipped
 from tblock_cli.spec.probe import Probe
+
+KEYS = ("moe.experts", "moe.top_k", "moe.router", "moe.renorm", "moe.scale", "moe.weight_sum", "moe.select",
+        "moe.shared", "moe.shared_gate")
+# Calls that choose experts from the router's outputs.
+SELECT = frozenset({"topk", "sort", "argsort", "max", "argmax", "kthvalue"})
+# Routers are linears of the stream; experts read with E + 3 runs of the mixture alone, so a cap keeps a
+# 1024-expert layer under a few seconds (DeepSeek-V3's 256 take 1.5 s at d_model 64).
+MAX_EXPERTS = 1024
+# Tokens the per-expert runs read where the experts are many: enough weights to fit a routing form (>= 4 x top-k),
+# few enough that E runs stay cheap.
+FEW_TOKENS = 4
+MANY_EXPERTS = 64
+# A routing weight below this fraction of the token's largest counts as "not routed": an unrouted expert's
+# zeroing changes nothing at all (exactly 0 in float64); the smallest real weight met (a sigmoid of a large
+# negative logit among qwen2_moe's 60 experts) is ~1e-4 of the largest.
+ROUTED_MIN = 1e-9
+# The mixture's output with identical experts against one expert's output: parallel within float32 rounding
+# (routers that cast to float32: mixtral, deepseek_v3), 1e-7 measured; a nonlinearity after the mixture bends it
+# by far more.
+PARALLEL_TOL = 1e-5
+# A routing hypothesis (softmax over the chosen / over all, sigmoid, normalised sigmoid, times one constant)
+# fits the per-token weights within float32 rounding of the router (3e-7 measured on mixtral, qwen2_moe,
+# deepseek_v3); the nearest wrong hypothesis misses by > 1e-2 on every block measured (weights of 2..8 chosen
+# experts of random logits differ by tens of percent between softmax over the chosen and over all).
+FIT_TOL = 1e-4
+# The sum of a token's weights counts as one constant when it varies by less than this over the tokens (rounding:
+# 1e-7); without renormalisation it spreads by tens of percent.
+SUM_TOL = 1e-4
+# A gate on the shared expert: its output with the gate's weights zeroed (sigmoid(0) = 1/2) against as it was.
+GATE_TOL = 1e-5
+
+
+@dataclass
+class Experts:
+    """E experts as slices of parameters: experts[e] lists (parameter, index) — index None for a whole parameter
+    (a list of expert modules), e for the e-th slice of a stacked parameter (HF's (E, 2f, d) gate_up_proj)."""
+
+    path: str  # the module holding them (the list, or the owner of the stacked parameters)
+    slices: list[list[tuple[nn.Parameter, int | None]]]
+    modules: list[nn.Module] | None  # one module per expert, where they are modules
+    owner: nn.Module | None = None  # the module holding stacked parameters (called as HF's experts are)
+
+    @property
+    def n(self) -> int:
+        return len(self.slices)
+
+    def tensors(self, e: int) -> list[torch.Tensor]:
+        return [p if i is None else p[i] for p, i in self.slices[e]]
+
+    def params(self) -> list[nn.Parameter]:
+        return list({id(p): p for s in self.slices for p, _ in s}.values())
+
+
+def _groups(module: nn.Module) -> list[Experts]:
+    """Every set of >= 2 same-shaped experts: a module list of identical structure, or parameters stacked on a
+    leading expert axis (at least one of them 3-D, so a router's (E, d) weight alone is not taken for experts)."""
+    out = []
+    for name, m in module.named_modules():
+        if isinstance(m, (nn.ModuleList, nn.Sequential)) and len(m) >= 2:
+            shapes = [[(n, tuple(p.shape)) for n, p in c.named_parameters()] for c in m]
+            if shapes[0] and all(s == shapes[0] for s in shapes) and len({type(c) for c in m}) == 1:
+                out.append(Experts(name, [[(p, None) for p in c.parameters()] for c in m], list(m)))
+        own = [p for p in m.parameters(recurse=False)]
+        big = [p for p in own if p.dim() >= 3]
+        for e in sorted({p.shape[0] for p in big}):
+            stacked = [p for p in own if p.dim() >= 2 and p.shape[0] == e]
+            if e >= 2 and any(p.dim() >= 3 for p in stacked):
+                out.append(Experts(name, [[(p, i) for p in stacked] for i in range(e)], None, m))
+    return out
+
+
+def _within(path: str, scope: str) -> bool:
+    return scope == "" or path == scope or path.startswith(scope + ".")
+
+
+def _ancestor(a: str, b: str) -> str:
+    pa, pb = a.split(".") if a else [], b.split(".") if b else []
+    common = []
+    for x, y in zip(pa, pb):
+        if x != y:
+            break
+        common.append(x)
+    return ".".join(common)
+
+
+def _find(probe: Probe, cap) -> tuple[Experts, object, str] | None:
+    """The experts, the router (a linear of the stream to one output per expert, outside the experts: the last such
+    before the first selection over that many outputs, where there is one) and the mixture's module (the innermost
+    holding both)."""
+    for g in _groups(probe.module):
+        if g.n > MAX_EXPERTS:
+            continue
+        linears = [i for i, c in enumerate(cap.calls) if c.name == "linear" and isinstance(c.out, torch.Tensor)
+                   and c.out.shape[-1] == g.n and not _within(c.module, g.path)]
+        if not linears:
+            continue
+        select = next((i for i, c in enumerate(cap.calls) if c.name in SELECT and i > linears[0]
+                       and any(t.dim() and t.shape[-1] == g.n for t in c.tensor_args())), None)
+        before = [i for i in linears if select is None or i < select]
+        c = cap.calls[before[-1] if select is not None else before[0]]
+        return g, c, _ancestor(g.path, c.module)
+    return None
+
+
+def _first_tensor(out):
+    if isinstance(out, torch.Tensor):
+        return out
+    if isinstance(out, (tuple, list)):
+        return next((o for o in out if isinstance(o, torch.Tensor)), None)
+    return getattr(out, "last_hidden_state", None)
+
+
+class _Mixture:
+    """The mixture run alone on the input it saw in the probe's forward (or the whole block where the mixture is
+    not a module of its own), with its experts' parameters saved and restored."""
+
+    def __init__(self, probe: Probe, path: str, x: torch.Tensor):
+        self.probe, self.x = probe, x
+        self.alone = path != ""
+        self.module = probe.module.get_submodule(path) if self.alone else probe.module
+        seen = {}
+        if self.alone:
+            def keep(_m, args, kwargs):
+                seen.setdefault("args", (args, kwargs))
+            h = self.module.register_forward_pre_hook(keep, with_kwargs=True)
+            try:
+                probe.run(x)
+            finally:
+                h.remove()
+            if "args" not in seen:
+                raise RuntimeError(f"the mixture module {path!r} did not run")
+            self.args, self.kwargs = seen["args"]
+
+    def __call__(self) -> torch.Tensor:
+        if not self.alone:
+            out = self.probe.run(self.x)
+        else:
+            with train_mode(self.probe.module, False), torch.no_grad():
+                out = _first_tensor(self.module(*self.args, **self.kwargs))
+        return out.reshape(-1, out.shape[-1]).clone()
+
+    def limit(self, n: int) -> int:
+        """Run on the first n tokens only (E runs of a many-expert mixture cost E x the experts it hits); the number
+        of tokens it then runs on."""
+        if not self.alone or not self.args or not isinstance(self.args[0], torch.Tensor) or self.args[0].dim() < 2:
+            return -1
+        full = self.args
+        t = full[0]
+        axis = t.dim() - 2
+        if t.shape[axis] <= n or (axis and t.shape[0] != 1):
+            return -1
+        self.args = (t.narrow(axis, 0, n),) + tuple(full[1:])
+        try:
+            self()
+        except Exception:  # noqa: BLE001 - a mixture that wants its full input: run it whole
+            self.args = full
+            return -1
+        return n
+
+    @property
+    def input(self) -> torch.Tensor | None:
+        if not self.alone:
+            return None
+        t = _first_tensor(self.args) if self.args else _first_tensor(tuple(self.kwargs.values()))
+        return t
+
+
+def _one_expert(g: Experts, u: torch.Tensor) -> torch.Tensor | None:
+    """Expert 0's output on the tokens u (N, d): the module itself, or stacked experts called as HF's are (tokens,
+    chosen indices, weights) with expert 0 chosen at weight 1."""
+    with torch.no_grad():
+        try:
+            if g.modules is not None:
+                out = _first_tensor(g.modules[0](u))
+            else:
+                idx = torch.zeros(u.shape[0], 1, dtype=torch.long, device=u.device)
+                out = _first_tensor(g.owner(u, idx, torch.ones(u.shape[0], 1, dtype=u.dtype, device=u.device)))
+        except Exception:  # noqa: BLE001 - an expert that cannot be called alone: the scale is then not read
+            return None
+    return out if isinstance(out, torch.Tensor) and out.shape == u.shape else None
+
+
+def _fits(w: torch.Tensor, z: torch.Tensor, routed: torch.Tensor) -> dict[str, float]:
+    """How far each routing form, times one constant, is from the weights w (N, E) of the experts routed (N, E) given
+    the router's outputs z (N, E): {form: (relative misfit, constant)}."""
+    neg = torch.full_like(z, -math.inf)
+    forms = {
+        ("softmax", True): torch.softmax(torch.where(routed, z, neg), -1),
+        ("softmax", False): torch.softmax(z, -1),
+        ("sigmoid", False): torch.sigmoid(z),
+    }
+    s = torch.where(routed, torch.sigmoid(z), torch.zeros_like(z))
+    forms[("sigmoid", True)] = s / s.sum(-1, keepdim=True)
+    out = {}
+    for form, h in forms.items():
+        h = torch.where(routed, h, torch.zeros_like(h))
+        ratio = w[routed] / h[routed]
+        c = ratio.median().item()
+        if not math.isfinite(c) or c == 0:
+            continue
+        misfit = ((w - c * h).abs()[routed] / (c * h).abs()[routed]).max().item()
+        out[form] = (misfit, c)
+    return out
+
+
+def _dense(why: str) -> list[Entry]:
+    return [Entry("moe.experts", 0, how=why, judged=False)] + [skipped(k, "no experts") for k in KEYS[1:]]
 
 
 def read(probe: Probe) -> list[Entry]:
-    return []
+    x = probe.x(1)
+    cap, _ = probe.capture(x)
+    found = _find(probe, cap)
+    if found is None:
+        return _dense("no set of identical experts with a router (a linear to one output per expert) in the block")
+    g, router, path = found
+    mix = _Mixture(probe, path, x)
+    z = router.out.reshape(-1, g.n).to(torch.float64)
+    if g.n >= MANY_EXPERTS and (n := mix.limit(FEW_TOKENS)) > 0:
+        z = z[:n]
+    u = router.args[0] if router.args else router.kwargs.get("input")
+    inp = mix.input
+    if inp is not None and u is not None and inp.numel() == u.numel():
+        u = inp  # the experts read the mixture's own input (a router may read a float32 copy of it)
+    u = u.reshape(-1, u.shape[-1]).to(torch.float64)[: z.shape[0]]
+    entries = [Entry("moe.experts", g.n, how=f"{g.n} same-shaped experts at {g.path or 'the block'}, routed by a "
+                                             f"linear to {g.n} outputs", judged=False)]
+    saved = [(p, p.detach().clone()) for p in g.params()]
+    try:
+        entries += _read_routing(probe, g, mix, z, u)
+    finally:
+        with torch.no_grad():
+            for p, v in saved:
+                p.copy_(v)
+    return entries
+
+
+def _set_identical(g: Experts) -> None:
+    with torch.no_grad():
+        src = [t.clone() for t in g.tensors(0)]
+        for e in range(1, g.n):
+            for t, s in zip(g.tensors(e), src):
+                t.copy_(s)
+
+
+def _zero(g: Experts, experts) -> None:
+    with torch.no_grad():
+        for e in experts:
+            for t in g.tensors(e):
+                t.zero_()
+
+
+def _read_routing(probe: Probe, g: Experts, mix: _Mixture, z: torch.Tensor, u: torch.Tensor) -> list[Entry]:
+    _set_identical(g)
+    y_same = mix()
+    per_expert = []
+    for e in range(g.n):  # each token's weight for expert e: what zeroing that one expert takes away
+        keep = [t.clone() for t in g.tensors(e)]
+        _zero(g, [e])
+        per_expert.append(y_same - mix())
+        with torch.no_grad():
+            for t, k in zip(g.tensors(e), keep):
+                t.copy_(k)
+    saved_same = [t.clone() for t in g.tensors(0)]
+    _zero(g, range(g.n))
+    y_none = mix()
+    d = y_same - y_none  # (N, d): the routed experts' part, every expert the same
+    shared = _shared(probe, mix, y_none, d)  # read with the routed experts zeroed
+    with torch.no_grad():
+        for e in range(g.n):
+            for t, s in zip(g.tensors(e), saved_same):
+                t.copy_(s)
+    n_tok = d.shape[0]
+    if z.shape[0] != n_tok:
+        return [skipped(k, f"the router scored {z.shape[0]} tokens, the mixture returned {n_tok}") for k in KEYS[1:]]
+    v = _one_expert(g, u) if u.shape[0] == n_tok else None
+    out: list[Entry] = []
+    # which experts each token is routed to: the ones whose zeroing changes its output
+    moved = torch.stack([p.norm(dim=-1) for p in per_expert], -1)  # (N, E)
+    routed = moved > ROUTED_MIN * moved.max(-1, keepdim=True).values.clamp_min(1e-300)
+    counts = routed.sum(-1)
+    if bool((counts == counts[0]).all()) and counts[0] > 0:
+        k = int(counts[0])
+        out.append(Entry("moe.top_k", k, how=f"experts whose zeroing changes a token's output: {k} for each of "
+                                             f"{n_tok} tokens (every expert made identical)"))
+    else:
+        out.append(skipped("moe.top_k", f"experts per token vary over tokens ({int(counts.min())}..{int(counts.max())}):"
+                                        " not a fixed top-k"))
+    out += shared
+    if v is None:
+        why = "one expert's output could not be computed alone (its call convention is not known)"
+        return out + [skipped(k, why) for k in ("moe.router", "moe.renorm", "moe.scale", "moe.weight_sum", "moe.select")]
+    vv = (v * v).sum(-1).clamp_min(1e-300)
+    S = (d * v).sum(-1) / vv  # (N,) each token's summed weight
+    bend = ((d - S[:, None] * v).norm(dim=-1) / d.norm(dim=-1).clamp_min(1e-300)).max().item()
+    if bend > PARALLEL_TOL:
+        why = (f"the mixture's output is not one expert's output times a weight per token (off by {bend:.2g}): a "
+               f"nonlinearity after the experts, or experts that do not read the router's input")
+        return out + [skipped(k, why) for k in ("moe.router", "moe.renorm", "moe.scale", "moe.weight_sum", "moe.select")]
+    w = torch.stack([(p * v).sum(-1) / vv for p in per_expert], -1)  # (N, E) each token's weight per expert
+    w = torch.where(routed, w, torch.zeros_like(w))
+    lo, hi, mean = S.min().item(), S.max().item(), S.mean().item()
+    how_sum = (f"the experts' summed output over one expert's output, every expert made identical: {lo:.6g}..{hi:.6g} "
+               f"over {n_tok} tokens")
+    if hi - lo <= SUM_TOL * max(abs(mean), 1e-300):
+        out.append(Entry("moe.weight_sum", mean, how=how_sum, tol=1e-3))
+    else:
+        out.append(Entry("moe.weight_sum", "varies", how=how_sum))
+    out += _forms(w, z, routed)
+    # selection: the chosen experts are the ones with the largest router outputs
+    k_max = int(counts.max())
+    top = torch.zeros_like(routed)
+    top.scatter_(-1, z.topk(k_max, -1).indices, True)
+    plain = bool((top == routed).all())
+    out.append(Entry("moe.select", "top" if plain else "other", judged=False,
+                     how="the routed experts are the largest router outputs for every token" if plain else
+                     "the routed experts are not the largest router outputs for some token (a selection bias, "
+                     "group-limited routing, or another rule)"))
+    return out
+
+
+def _forms(w: torch.Tensor, z: torch.Tensor, routed: torch.Tensor) -> list[Entry]:
+    """moe.router, moe.renorm and moe.scale: which routing form fits the per-token weights."""
+    fits = _fits(w, z, routed)
+    good = {f: c for f, (m, c) in fits.items() if m <= FIT_TOL}
+    shown = ", ".join(f"{r}{' over the chosen' if n else ''} {fits[(r, n)][0]:.2g}" for r, n in fits)
+    how = f"each token's weight per expert against the router's outputs; misfits: {shown}"
+    routers = {r for r, _ in good}
+    if not good:
+        why = f"the routing weights fit no softmax or sigmoid of the router's outputs ({shown})"
+        return [Entry("moe.router", "other", how=why)] + [skipped(k, why) for k in ("moe.renorm", "moe.scale")]
+    out = []
+    if len(routers) == 1:
+        out.append(Entry("moe.router", next(iter(routers)), how=how))
+    else:
+        out.append(skipped("moe.router", "softmax and sigmoid fit alike (one expert per token, renormalised): the "
+                                         "weight is the constant whatever the scores"))
+    renorms = {n for _, n in good}
+    if len(renorms) == 1:
+        out.append(Entry("moe.renorm", next(iter(renorms)), how=how))
+    elif routed.all():
+        out.append(Entry("moe.renorm", True, how="every expert is chosen: the weights over all sum as over the chosen"))
+    else:
+        out.append(skipped("moe.renorm", f"forms with and without renormalisation fit alike ({shown})"))
+    scales = {round(c, 9) for c in good.values()}
+    c = next(iter(good.values()))
+    if max(scales) - min(scales) <= 1e-3 * abs(c):
+        out.append(Entry("moe.scale", c, how=f"the constant factor on the fitting form's weights: {c:.6g}", tol=1e-3))
+    else:
+        out.append(skipped("moe.scale", "the fitting forms take different constants"))
+    return out
+
+
+def _shared(probe: Probe, mix: _Mixture, y_none: torch.Tensor, d: torch.Tensor) -> list[Entry]:
+    """A path every token takes besides the routed experts (read with every routed expert zeroed), and its gate."""
+    if not mix.alone:
+        why = "the mixture is not a module of its own: a shared expert cannot be told from the residual"
+        return [skipped("moe.shared", why), skipped("moe.shared_gate", why)]
+    size = y_none.norm(dim=-1).max().item()
+    if size <= ROUTED_MIN * d.norm(dim=-1).max().item():
+        return [Entry("moe.shared", False, how="zero output with every routed expert zeroed"),
+                skipped("moe.shared_gate", "no shared expert")]
+    out = [Entry("moe.shared", True, how="nonzero output with every routed expert zeroed")]
+    gate = _gate_linear(probe, mix)
+    if gate is None:
+        return out + [Entry("moe.shared_gate", "none", how="no linear to one output per token inside the mixture")]
+    module, logits = gate
+    saved = [(p, p.detach().clone()) for p in module.parameters()]
+    try:
+        with torch.no_grad():
+            for p, _ in saved:
+                p.zero_()
+        half = mix()
+    finally:
+        with torch.no_grad():
+            for p, v in saved:
+                p.copy_(v)
+    ratio = (y_none * half).sum(-1) / (half * half).sum(-1).clamp_min(1e-300)
+    g = logits.reshape(-1).to(torch.float64)
+    if g.numel() != ratio.numel():
+        return out + [skipped("moe.shared_gate", "the gate's outputs do not line up with the tokens")]
+    if (ratio - 1).abs().max().item() <= GATE_TOL:
+        return out + [Entry("moe.shared_gate", "none", how="zeroing the one-output linear changes no shared output")]
+    if (ratio - 2 * torch.sigmoid(g)).abs().max().item() <= GATE_TOL:
+        return out + [Entry("moe.shared_gate", "sigmoid", how="the shared output with the gate's weights zeroed is "
+                                                              "1/(2 sigmoid(g)) of it, g the one-output linear")]
+    return out + [Entry("moe.shared_gate", "other", how="the one-output linear scales the shared output, not as a "
+                                                        "sigmoid of itself")]
+
+
+def _gate_linear(probe: Probe, mix: _Mixture):
+    """A linear inside the mixture with one output per token (a shared expert's gate): its module and its outputs,
+    read from a capture of the mixture alone."""
+    from tblock_cli.spec.probe import Capture
+
+    cap = Capture(probe.module)
+    try:
+        with train_mode(probe.module, False), torch.no_grad(), cap:
+            mix()
+    finally:
+        cap.close()
+    for c in cap.named("linear"):
+        if c.weight is not None and isinstance(c.out, torch.Tensor) and c.out.shape[-1] == 1:
+            return probe.module.get_submodule(c.weight.rpartition(".")[0]), c.out
+    return None
