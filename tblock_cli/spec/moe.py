@@ -98,7 +98,7 @@ def _ancestor(a: str, b: str) -> str:
     return ".".join(common)
 
 
-def _find(probe: Probe, cap) -> tuple[Experts, object, str] | None:
+def _find(probe: Probe, cap) -> tuple[Experts, object, str, bool] | None:
     """The experts, the router (a linear of the stream to one output per expert, outside the experts: the last such
     before the first selection over that many outputs, where there is one) and the mixture's module (the innermost
     holding both)."""
@@ -113,7 +113,7 @@ def _find(probe: Probe, cap) -> tuple[Experts, object, str] | None:
                        and any(t.dim() and t.shape[-1] == g.n for t in c.tensor_args())), None)
         before = [i for i in linears if select is None or i < select]
         c = cap.calls[before[-1] if select is not None else before[0]]
-        return g, c, _ancestor(g.path, c.module)
+        return g, c, _ancestor(g.path, c.module), select is not None
     return None
 
 
@@ -228,7 +228,7 @@ def read(probe: Probe) -> list[Entry]:
     found = _find(probe, cap)
     if found is None:
         return _dense("no set of identical experts with a router (a linear to one output per expert) in the block")
-    g, router, path = found
+    g, router, path, selects = found
     mix = _Mixture(probe, path, x)
     z = router.out.reshape(-1, g.n).to(torch.float64)
     if g.n >= MANY_EXPERTS and (n := mix.limit(FEW_TOKENS)) > 0:
@@ -242,12 +242,16 @@ def read(probe: Probe) -> list[Entry]:
                                              f"linear to {g.n} outputs", judged=False)]
     saved = [(p, p.detach().clone()) for p in g.params()]
     try:
-        entries += _read_routing(probe, g, mix, z, u)
+        routing = _read_routing(probe, g, mix, z, u)
     finally:
         with torch.no_grad():
             for p, v in saved:
                 p.copy_(v)
-    return entries
+    k = next((e.value for e in routing if e.key == "moe.top_k" and e.read), None)
+    if k == g.n and not selects:
+        return _dense(f"{g.n} same-shaped modules weighted by a linear, but every token goes through all of them and "
+                      f"nothing selects among them: no routing")
+    return entries + routing
 
 
 def _set_identical(g: Experts) -> None:

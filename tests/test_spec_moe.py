@@ -1,0 +1,167 @@
+"""The moe entries of the spec card: read off Hugging Face MoE layers (the card equals their config), off blocks
+written the way users write them, and planted routing bugs caught by the declared spec check."""
+
+from __future__ import annotations
+
+import pytest
+
+import tblock_cli
+from tblock_cli.spec.read import read_card
+from tests.spec_blocks_moe import DenseBlock, HeadsListBlock, MoEBlock
+
+SIZES = {"d_model": 32, "n_heads": 4, "d_ff": 64, "threads": 1}
+
+
+def card_of(block, **options):
+    from tblock_cli.api import setup
+
+    s = setup(block, {**SIZES, **options}, trains=False)
+    with s.session():
+        subject = s.make()
+        return read_card(subject, s.cfg, s.device), getattr(subject.module, "config", None)
+
+
+def moe(card) -> dict:
+    return {e.key: e.value for e in card.entries if e.key.startswith("moe.") and e.read}
+
+
+def spec_check(factory, expect=None, like=None, like_kwargs=None):
+    r = tblock_cli.check(factory, expect=expect, like=like, like_kwargs=like_kwargs, only=["spec"], **SIZES)
+    (c,) = [c for c in r.checks if c.name == "spec"]
+    return c
+
+
+# --- Hugging Face layers: the card equals the config -------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def transformers():
+    return pytest.importorskip("transformers")
+
+
+def test_mixtral_card_is_its_config(transformers):
+    card, config = card_of("hf:mixtral", d_model=64)
+    got = moe(card)
+    assert got["moe.experts"] == config.num_local_experts
+    assert got["moe.top_k"] == config.num_experts_per_tok
+    assert got["moe.router"] == "softmax" and got["moe.renorm"] is True  # softmax, top-k, renormalised
+    assert got["moe.weight_sum"] == pytest.approx(1, rel=1e-6) and got["moe.scale"] == pytest.approx(1, rel=1e-6)
+    assert got["moe.shared"] is False and got["moe.select"] == "top"
+
+
+@pytest.mark.parametrize("norm", [False, True])
+def test_qwen2_moe_card_is_its_config(transformers, norm):
+    card, config = card_of("hf:qwen2_moe", d_model=64, kwargs={"num_experts": 16, "norm_topk_prob": norm})
+    got = moe(card)
+    assert (got["moe.experts"], got["moe.top_k"]) == (config.num_experts, config.num_experts_per_tok)
+    assert got["moe.router"] == "softmax" and got["moe.renorm"] is config.norm_topk_prob
+    # without renormalisation a token's weights sum to its top-k softmax mass (< 1, by token)
+    assert got["moe.weight_sum"] == (pytest.approx(1, rel=1e-6) if norm else "varies")
+    assert got["moe.shared"] is True and got["moe.shared_gate"] == "sigmoid"  # shared_expert_gate
+
+
+def test_deepseek_v3_card_is_its_config(transformers):
+    card, config = card_of("hf:deepseek_v3", d_model=64,
+                           kwargs={"n_routed_experts": 16, "first_k_dense_replace": 0})
+    got = moe(card)
+    assert (got["moe.experts"], got["moe.top_k"]) == (config.n_routed_experts, config.num_experts_per_tok)
+    assert got["moe.router"] == "sigmoid" and got["moe.renorm"] is config.norm_topk_prob
+    assert got["moe.scale"] == pytest.approx(config.routed_scaling_factor, rel=1e-6)
+    assert got["moe.weight_sum"] == pytest.approx(config.routed_scaling_factor, rel=1e-6)
+    assert got["moe.shared"] is True and got["moe.shared_gate"] == "none"  # shared_experts, ungated
+
+
+@pytest.mark.parametrize("family", ["olmoe", "qwen3_moe"])
+def test_softmax_families_without_renorm_by_default(transformers, family):
+    card, config = card_of(f"hf:{family}", d_model=64, kwargs={"num_experts": 16})
+    got = moe(card)
+    assert (got["moe.experts"], got["moe.top_k"]) == (config.num_experts, config.num_experts_per_tok)
+    assert got["moe.router"] == "softmax" and got["moe.renorm"] is bool(config.norm_topk_prob)
+
+
+def test_dense_layer_reads_no_experts(transformers):
+    card, _ = card_of("hf:llama", d_model=64)
+    assert card.value("moe.experts") == 0
+    assert card.get("moe.top_k").skip == "no experts" and card.get("moe.renorm").skip == "no experts"
+
+
+# --- blocks written by users --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kw, want", [
+    ({}, {"moe.top_k": 2, "moe.router": "softmax", "moe.renorm": True, "moe.weight_sum": 1.0, "moe.shared": False}),
+    # softmax over the top-k logits is softmax-then-top-k-then-renormalise
+    ({"order": "after", "renorm": False}, {"moe.renorm": True, "moe.weight_sum": 1.0}),
+    ({"renorm": False}, {"moe.router": "softmax", "moe.renorm": False, "moe.weight_sum": "varies"}),
+    ({"router": "sigmoid", "renorm": False, "scale": 2.5}, {"moe.router": "sigmoid", "moe.renorm": False,
+                                                            "moe.scale": 2.5}),
+    ({"router": "sigmoid", "scale": 2.5}, {"moe.router": "sigmoid", "moe.renorm": True, "moe.weight_sum": 2.5}),
+    ({"top_k": 3}, {"moe.top_k": 3}),
+    ({"shared": True}, {"moe.shared": True, "moe.shared_gate": "sigmoid"}),
+    ({"shared": True, "shared_gate": False}, {"moe.shared": True, "moe.shared_gate": "none"}),
+])
+def test_user_blocks_read_as_written(kw, want):
+    card, _ = card_of(lambda: MoEBlock(32, 4, 64, **kw))
+    got = moe(card)
+    assert got["moe.experts"] == 8
+    for k, v in want.items():
+        assert got[k] == (pytest.approx(v, rel=1e-9) if isinstance(v, float) else v), k
+
+
+@pytest.mark.parametrize("block", [DenseBlock, HeadsListBlock])
+def test_blocks_without_routing_read_no_experts(block):
+    card, _ = card_of(block)
+    assert card.value("moe.experts") == 0 and card.get("moe.top_k").skip == "no experts"
+
+
+def test_reading_restores_the_weights():
+    import copy
+
+    from tblock_cli.spec import moe as reader
+    from tblock_cli.spec.probe import Probe, float64_probe
+    from tblock_cli.api import setup
+
+    s = setup(lambda: MoEBlock(32, 4, 64, shared=True), dict(SIZES), trains=False)
+    with s.session():
+        probe = float64_probe(s.make(), s.cfg, s.device)
+        before = copy.deepcopy(probe.module.state_dict())
+        reader.read(probe)
+        after = probe.module.state_dict()
+    assert all((before[k] == after[k]).all() for k in before)
+
+
+# --- planted bugs, caught by the declared check; the correct twin passes -----------------------------------------
+
+MIXTRAL = ["moe.top_k=2", "moe.router=softmax", "moe.renorm=true", "moe.weight_sum=1", "moe.shared=false"]
+QWEN2_MOE = ["moe.top_k=2", "moe.router=softmax", "moe.renorm=false", "moe.weight_sum=varies", "moe.shared=true",
+             "moe.shared_gate=sigmoid"]
+DEEPSEEK = ["moe.router=sigmoid", "moe.renorm=true", "moe.scale=2.5", "moe.weight_sum=2.5"]
+
+
+@pytest.mark.parametrize("kw, claims, wrong", [
+    ({"renorm": False}, MIXTRAL, {"moe.renorm", "moe.weight_sum"}),  # top-k weights not renormalised
+    ({"top_k": 1}, MIXTRAL, {"moe.top_k"}),  # wrong top-k
+    ({"router": "sigmoid"}, MIXTRAL, {"moe.router"}),  # sigmoid where softmax was trained
+    ({"order": "after", "shared": True}, QWEN2_MOE, {"moe.renorm", "moe.weight_sum"}),  # softmax after the top-k
+    ({"shared": True, "shared_gate": False}, QWEN2_MOE, {"moe.renorm", "moe.weight_sum", "moe.shared_gate"}),
+    ({"router": "sigmoid"}, DEEPSEEK, {"moe.scale", "moe.weight_sum"}),  # routed_scaling_factor dropped
+    ({"scale": 2.5}, DEEPSEEK, {"moe.router"}),  # softmax where the sigmoid was trained
+])
+def test_planted_routing_bugs_are_caught(kw, claims, wrong):
+    c = spec_check(lambda: MoEBlock(32, 4, 64, **kw), expect=claims)
+    assert c.status.value == "fail" and {d["key"] for d in c.facts["differs"]} == wrong
+
+
+@pytest.mark.parametrize("kw, claims", [
+    ({}, MIXTRAL),
+    ({"renorm": False, "shared": True}, QWEN2_MOE),
+    ({"router": "sigmoid", "scale": 2.5}, DEEPSEEK),
+])
+def test_correct_twins_pass(kw, claims):
+    c = spec_check(lambda: MoEBlock(32, 4, 64, **kw), expect=claims)
+    assert c.status.value == "pass" and c.facts["matched"] == len(claims)
+
+
+def test_like_mixtral_catches_the_missing_renormalisation(transformers):
+    good = spec_check(lambda: MoEBlock(32, 4, 64), like="hf:mixtral")
+    bad = spec_check(lambda: MoEBlock(32, 4, 64, renorm=False), like="hf:mixtral")
+    assert {d["key"] for d in bad.facts["differs"]} >= {"moe.renorm", "moe.weight_sum"}
+    assert not {d["key"] for d in good.facts.get("differs", []) if d["key"].startswith("moe.")}
