@@ -115,9 +115,9 @@ def test_blocks_without_routing_read_no_experts(block):
 def test_reading_restores_the_weights():
     import copy
 
-    from tblock_cli.spec import moe as reader
-    from tblock_cli.spec.probe import Probe, float64_probe
     from tblock_cli.api import setup
+    from tblock_cli.spec import moe as reader
+    from tblock_cli.spec.probe import float64_probe
 
     s = setup(lambda: MoEBlock(32, 4, 64, shared=True), dict(SIZES), trains=False)
     with s.session():

@@ -5,26 +5,16 @@ zeroing one expert at a time reads each token's weight for that expert, held aga
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
-import torch.nn as nn
 
 from tblock_cli.probes import train_mode
 from tblock_cli.spec.card import Entry, skipped
+from tblock_cli.spec.experts import FEW_TOKENS, MANY_EXPERTS, Experts, Mixture, find, one_expert
 from tblock_cli.spec.probe import Probe
 
 KEYS = ("moe.experts", "moe.top_k", "moe.router", "moe.renorm", "moe.scale", "moe.weight_sum", "moe.select",
         "moe.shared", "moe.shared_gate")
-# Calls that choose experts from the router's outputs.
-SELECT = frozenset({"topk", "sort", "argsort", "max", "argmax", "kthvalue"})
-# Routers are linears of the stream; experts read with E + 3 runs of the mixture alone, so a cap keeps a
-# 1024-expert layer under a few seconds (DeepSeek-V3's 256 take 1.5 s at d_model 64).
-MAX_EXPERTS = 1024
-# Tokens the per-expert runs read where the experts are many: enough weights to fit a routing form (>= 4 x top-k),
-# few enough that E runs stay cheap.
-FEW_TOKENS = 4
-MANY_EXPERTS = 64
 # A routing weight below this fraction of the token's largest counts as "not routed": an unrouted expert's
 # zeroing changes nothing at all (exactly 0 in float64); the smallest real weight met (a sigmoid of a large
 # negative logit among qwen2_moe's 60 experts) is ~1e-4 of the largest.
@@ -43,156 +33,6 @@ FIT_TOL = 1e-4
 SUM_TOL = 1e-4
 # A gate on the shared expert: its output with the gate's weights zeroed (sigmoid(0) = 1/2) against as it was.
 GATE_TOL = 1e-5
-
-
-@dataclass
-class Experts:
-    """E experts as slices of parameters: experts[e] lists (parameter, index) — index None for a whole parameter
-    (a list of expert modules), e for the e-th slice of a stacked parameter (HF's (E, 2f, d) gate_up_proj)."""
-
-    path: str  # the module holding them (the list, or the owner of the stacked parameters)
-    slices: list[list[tuple[nn.Parameter, int | None]]]
-    modules: list[nn.Module] | None  # one module per expert, where they are modules
-    owner: nn.Module | None = None  # the module holding stacked parameters (called as HF's experts are)
-
-    @property
-    def n(self) -> int:
-        return len(self.slices)
-
-    def tensors(self, e: int) -> list[torch.Tensor]:
-        return [p if i is None else p[i] for p, i in self.slices[e]]
-
-    def params(self) -> list[nn.Parameter]:
-        return list({id(p): p for s in self.slices for p, _ in s}.values())
-
-
-def _groups(module: nn.Module) -> list[Experts]:
-    """Every set of >= 2 same-shaped experts: a module list of identical structure, or parameters stacked on a
-    leading expert axis (at least one of them 3-D, so a router's (E, d) weight alone is not taken for experts)."""
-    out = []
-    for name, m in module.named_modules():
-        if isinstance(m, (nn.ModuleList, nn.Sequential)) and len(m) >= 2:
-            shapes = [[(n, tuple(p.shape)) for n, p in c.named_parameters()] for c in m]
-            if shapes[0] and all(s == shapes[0] for s in shapes) and len({type(c) for c in m}) == 1:
-                out.append(Experts(name, [[(p, None) for p in c.parameters()] for c in m], list(m)))
-        own = [p for p in m.parameters(recurse=False)]
-        big = [p for p in own if p.dim() >= 3]
-        for e in sorted({p.shape[0] for p in big}):
-            stacked = [p for p in own if p.dim() >= 2 and p.shape[0] == e]
-            if e >= 2 and any(p.dim() >= 3 for p in stacked):
-                out.append(Experts(name, [[(p, i) for p in stacked] for i in range(e)], None, m))
-    return out
-
-
-def _within(path: str, scope: str) -> bool:
-    return scope == "" or path == scope or path.startswith(scope + ".")
-
-
-def _ancestor(a: str, b: str) -> str:
-    pa, pb = a.split(".") if a else [], b.split(".") if b else []
-    common = []
-    for x, y in zip(pa, pb):
-        if x != y:
-            break
-        common.append(x)
-    return ".".join(common)
-
-
-def _find(probe: Probe, cap) -> tuple[Experts, object, str, bool] | None:
-    """The experts, the router (a linear of the stream to one output per expert, outside the experts: the last such
-    before the first selection over that many outputs, where there is one) and the mixture's module (the innermost
-    holding both)."""
-    for g in _groups(probe.module):
-        if g.n > MAX_EXPERTS:
-            continue
-        linears = [i for i, c in enumerate(cap.calls) if c.name == "linear" and isinstance(c.out, torch.Tensor)
-                   and c.out.shape[-1] == g.n and not _within(c.module, g.path)]
-        if not linears:
-            continue
-        select = next((i for i, c in enumerate(cap.calls) if c.name in SELECT and i > linears[0]
-                       and any(t.dim() and t.shape[-1] == g.n for t in c.tensor_args())), None)
-        before = [i for i in linears if select is None or i < select]
-        c = cap.calls[before[-1] if select is not None else before[0]]
-        return g, c, _ancestor(g.path, c.module), select is not None
-    return None
-
-
-def _first_tensor(out):
-    if isinstance(out, torch.Tensor):
-        return out
-    if isinstance(out, (tuple, list)):
-        return next((o for o in out if isinstance(o, torch.Tensor)), None)
-    return getattr(out, "last_hidden_state", None)
-
-
-class _Mixture:
-    """The mixture run alone on the input it saw in the probe's forward (or the whole block where the mixture is
-    not a module of its own), with its experts' parameters saved and restored."""
-
-    def __init__(self, probe: Probe, path: str, x: torch.Tensor):
-        self.probe, self.x = probe, x
-        self.alone = path != ""
-        self.module = probe.module.get_submodule(path) if self.alone else probe.module
-        seen = {}
-        if self.alone:
-            def keep(_m, args, kwargs):
-                seen.setdefault("args", (args, kwargs))
-            h = self.module.register_forward_pre_hook(keep, with_kwargs=True)
-            try:
-                probe.run(x)
-            finally:
-                h.remove()
-            if "args" not in seen:
-                raise RuntimeError(f"the mixture module {path!r} did not run")
-            self.args, self.kwargs = seen["args"]
-
-    def __call__(self) -> torch.Tensor:
-        if not self.alone:
-            out = self.probe.run(self.x)
-        else:
-            with train_mode(self.probe.module, False), torch.no_grad():
-                out = _first_tensor(self.module(*self.args, **self.kwargs))
-        return out.reshape(-1, out.shape[-1]).clone()
-
-    def limit(self, n: int) -> int:
-        """Run on the first n tokens only (E runs of a many-expert mixture cost E x the experts it hits); the number
-        of tokens it then runs on."""
-        if not self.alone or not self.args or not isinstance(self.args[0], torch.Tensor) or self.args[0].dim() < 2:
-            return -1
-        full = self.args
-        t = full[0]
-        axis = t.dim() - 2
-        if t.shape[axis] <= n or (axis and t.shape[0] != 1):
-            return -1
-        self.args = (t.narrow(axis, 0, n),) + tuple(full[1:])
-        try:
-            self()
-        except Exception:  # noqa: BLE001 - a mixture that wants its full input: run it whole
-            self.args = full
-            return -1
-        return n
-
-    @property
-    def input(self) -> torch.Tensor | None:
-        if not self.alone:
-            return None
-        t = _first_tensor(self.args) if self.args else _first_tensor(tuple(self.kwargs.values()))
-        return t
-
-
-def _one_expert(g: Experts, u: torch.Tensor) -> torch.Tensor | None:
-    """Expert 0's output on the tokens u (N, d): the module itself, or stacked experts called as HF's are (tokens,
-    chosen indices, weights) with expert 0 chosen at weight 1."""
-    with torch.no_grad():
-        try:
-            if g.modules is not None:
-                out = _first_tensor(g.modules[0](u))
-            else:
-                idx = torch.zeros(u.shape[0], 1, dtype=torch.long, device=u.device)
-                out = _first_tensor(g.owner(u, idx, torch.ones(u.shape[0], 1, dtype=u.dtype, device=u.device)))
-        except Exception:  # noqa: BLE001 - an expert that cannot be called alone: the scale is then not read
-            return None
-    return out if isinstance(out, torch.Tensor) and out.shape == u.shape else None
 
 
 def _fits(w: torch.Tensor, z: torch.Tensor, routed: torch.Tensor) -> dict[str, float]:
@@ -225,11 +65,11 @@ def _dense(why: str) -> list[Entry]:
 def read(probe: Probe) -> list[Entry]:
     x = probe.x(1)
     cap, _ = probe.capture(x)
-    found = _find(probe, cap)
+    found = find(probe, cap)
     if found is None:
         return _dense("no set of identical experts with a router (a linear to one output per expert) in the block")
     g, router, path, selects = found
-    mix = _Mixture(probe, path, x)
+    mix = Mixture(probe, path, x)
     z = router.out.reshape(-1, g.n).to(torch.float64)
     if g.n >= MANY_EXPERTS and (n := mix.limit(FEW_TOKENS)) > 0:
         z = z[:n]
@@ -269,7 +109,7 @@ def _zero(g: Experts, experts) -> None:
                 t.zero_()
 
 
-def _read_routing(probe: Probe, g: Experts, mix: _Mixture, z: torch.Tensor, u: torch.Tensor) -> list[Entry]:
+def _read_routing(probe: Probe, g: Experts, mix: Mixture, z: torch.Tensor, u: torch.Tensor) -> list[Entry]:
     _set_identical(g)
     y_same = mix()
     per_expert = []
@@ -292,7 +132,7 @@ def _read_routing(probe: Probe, g: Experts, mix: _Mixture, z: torch.Tensor, u: t
     n_tok = d.shape[0]
     if z.shape[0] != n_tok:
         return [skipped(k, f"the router scored {z.shape[0]} tokens, the mixture returned {n_tok}") for k in KEYS[1:]]
-    v = _one_expert(g, u) if u.shape[0] == n_tok else None
+    v = one_expert(g, u) if u.shape[0] == n_tok else None
     out: list[Entry] = []
     # which experts each token is routed to: the ones whose zeroing changes its output
     moved = torch.stack([p.norm(dim=-1) for p in per_expert], -1)  # (N, E)
@@ -370,7 +210,7 @@ def _forms(w: torch.Tensor, z: torch.Tensor, routed: torch.Tensor) -> list[Entry
     return out
 
 
-def _shared(probe: Probe, mix: _Mixture, y_none: torch.Tensor, d: torch.Tensor) -> list[Entry]:
+def _shared(probe: Probe, mix: Mixture, y_none: torch.Tensor, d: torch.Tensor) -> list[Entry]:
     """A path every token takes besides the routed experts (read with every routed expert zeroed), and its gate."""
     if not mix.alone:
         why = "the mixture is not a module of its own: a shared expert cannot be told from the residual"
@@ -407,7 +247,7 @@ def _shared(probe: Probe, mix: _Mixture, y_none: torch.Tensor, d: torch.Tensor) 
                                                         "sigmoid of itself")]
 
 
-def _gate_linear(probe: Probe, mix: _Mixture):
+def _gate_linear(probe: Probe, mix: Mixture):
     """A linear inside the mixture with one output per token (a shared expert's gate): its module and its outputs,
     read from a capture of the mixture alone."""
     from tblock_cli.spec.probe import Capture
