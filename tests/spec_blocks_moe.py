@@ -40,7 +40,7 @@ class MoE(nn.Module):
     shared: a shared expert every token goes through, gated by sigmoid(linear) where shared_gate."""
 
     def __init__(self, d, f, n_experts=8, top_k=2, router="softmax", order="before", renorm=True, scale=1.0,
-                 shared=False, shared_gate=True, stacked=False):
+                 shared=False, shared_gate=True):
         super().__init__()
         self.top_k, self.router, self.order, self.renorm, self.scale = top_k, router, order, renorm, scale
         self.gate = nn.Linear(d, n_experts, bias=False)
@@ -76,6 +76,30 @@ class MoE(nn.Module):
         return out.reshape(B, T, D)
 
 
+class StackedMoE(MoE):
+    """The same routing with the experts' SwiGLU matrices stacked on an expert axis, each token's chosen experts
+    gathered and applied by einsum (no expert can be called alone)."""
+
+    def __init__(self, d, f, n_experts=8, **kw):
+        super().__init__(d, f, n_experts, **kw)
+        del self.experts
+        self.w1 = nn.Parameter(torch.randn(n_experts, f, d) / math.sqrt(d))
+        self.w3 = nn.Parameter(torch.randn(n_experts, f, d) / math.sqrt(d))
+        self.w2 = nn.Parameter(torch.randn(n_experts, d, f) / math.sqrt(f))
+
+    def forward(self, x):
+        B, T, D = x.shape
+        h = x.reshape(-1, D)
+        w, idx = self.weights(self.gate(h))  # (N, k)
+        a = F.silu(torch.einsum("nd,nkfd->nkf", h, self.w1[idx])) * torch.einsum("nd,nkfd->nkf", h, self.w3[idx])
+        y = torch.einsum("nkf,nkdf->nkd", a, self.w2[idx])
+        out = (w[..., None] * y).sum(1)
+        if self.shared is not None:
+            s = self.shared(h)
+            out = out + (torch.sigmoid(self.shared_gate(h)) * s if self.shared_gate is not None else s)
+        return out.reshape(B, T, D)
+
+
 class Attention(nn.Module):
     def __init__(self, d, n_heads):
         super().__init__()
@@ -98,7 +122,8 @@ class MoEBlock(nn.Module):
         super().__init__()
         self.ln1, self.ln2 = RMSNorm(d_model), RMSNorm(d_model)
         self.attn = Attention(d_model, n_heads)
-        self.moe = MoE(d_model, d_ff, **moe)
+        stacked = moe.pop("stacked", False)
+        self.moe = (StackedMoE if stacked else MoE)(d_model, d_ff, **moe)
 
     def forward(self, x):
         x = x + self.attn(self.ln1(x))

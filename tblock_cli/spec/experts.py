@@ -32,6 +32,15 @@ class Experts:
     slices: list[list[tuple[nn.Parameter, int | None]]]
     modules: list[nn.Module] | None  # one module per expert, where they are modules
     owner: nn.Module | None = None  # the module holding stacked parameters (called as HF's experts are)
+    scopes: tuple[str, ...] | None = None  # where they live, if not all under `path` (sibling modules of it)
+
+    def holds(self, call) -> bool:
+        """A call the experts make: inside their own modules; for matrices stacked in one module, a call in that
+        module's own forward on a slice of them (its children, a router among them, are not the experts)."""
+        if self.modules is not None or self.scopes:
+            return any(_within(call.module, s) for s in (self.scopes or (self.path,)))
+        own = {n for n, p in self.owner.named_parameters(recurse=False) if any(p is q for q in self.params())}
+        return call.module == self.path and (call.weight is None or call.weight.rpartition(".")[2] in own)
 
     @property
     def n(self) -> int:
@@ -44,22 +53,41 @@ class Experts:
         return list({id(p): p for s in self.slices for p, _ in s}.values())
 
 
+def _matrices(params, e: int) -> list[nn.Parameter]:
+    """Parameters stacked on a leading axis of e experts: each slice a matrix (E, out, in) (a depthwise convolution's
+    (C, 1, k) is not one), with 2-D (E, width) biases beside them."""
+    big = [p for p in params if p.dim() == 3 and p.shape[0] == e and min(p.shape[1:]) > 1]
+    return big + [p for p in params if p.dim() == 2 and p.shape[0] == e] if big else []
+
+
 def _groups(module: nn.Module) -> list[Experts]:
-    """Every set of >= 2 same-shaped experts: a module list of identical structure, or parameters stacked on a
-    leading expert axis (at least one of them 3-D, so a router's (E, d) weight alone is not taken for experts)."""
-    out = []
+    """Every set of >= 2 same-shaped experts: a module list (or dict) of identical structure, or matrices stacked on
+    a leading expert axis (held by one module, or by its children: JetMoE's input and output ParallelExperts)."""
+    out: list[Experts] = []
     for name, m in module.named_modules():
-        if isinstance(m, (nn.ModuleList, nn.Sequential)) and len(m) >= 2:
-            shapes = [[(n, tuple(p.shape)) for n, p in c.named_parameters()] for c in m]
-            if shapes[0] and all(s == shapes[0] for s in shapes) and len({type(c) for c in m}) == 1:
-                out.append(Experts(name, [[(p, None) for p in c.parameters()] for c in m], list(m)))
-        own = [p for p in m.parameters(recurse=False)]
-        big = [p for p in own if p.dim() >= 3]
-        for e in sorted({p.shape[0] for p in big}):
-            stacked = [p for p in own if p.dim() >= 2 and p.shape[0] == e]
-            if e >= 2 and any(p.dim() >= 3 for p in stacked):
+        if isinstance(m, (nn.ModuleList, nn.Sequential, nn.ModuleDict)) and len(m) >= 2:
+            kids = list(m.values()) if isinstance(m, nn.ModuleDict) else list(m)
+            shapes = [[(n, tuple(p.shape)) for n, p in c.named_parameters()] for c in kids]
+            if shapes[0] and all(s == shapes[0] for s in shapes) and len({type(c) for c in kids}) == 1:
+                out.append(Experts(name, [[(p, None) for p in c.parameters()] for c in kids], kids))
+        own = list(m.parameters(recurse=False))
+        for e in sorted({p.shape[0] for p in own if p.dim() == 3}):
+            stacked = _matrices(own, e)
+            if e >= 2 and stacked:
                 out.append(Experts(name, [[(p, i) for p in stacked] for i in range(e)], None, m))
+        kids = [(n, list(c.parameters(recurse=False))) for n, c in m.named_children()]
+        for e in sorted({p.shape[0] for _, ps in kids for p in ps if p.dim() == 3}):
+            held = [(n, _matrices(ps, e)) for n, ps in kids]
+            held = [(n, ps) for n, ps in held if ps]
+            if e >= 2 and len(held) >= 2:  # the experts' matrices in sibling modules
+                stacked = [p for _, ps in held for p in ps]
+                out.append(Experts(name, [[(p, i) for p in stacked] for i in range(e)], None, m,
+                                   tuple(qualified(name, n) for n, _ in held)))
     return out
+
+
+def qualified(prefix: str, name: str) -> str:
+    return f"{prefix}.{name}" if prefix else name
 
 
 def _within(path: str, scope: str) -> bool:
@@ -78,21 +106,28 @@ def _ancestor(a: str, b: str) -> str:
 
 def find(probe: Probe, cap) -> tuple[Experts, object, str, bool] | None:
     """The experts, the router (a linear of the stream to one output per expert, outside the experts: the last such
-    before the first selection over that many outputs, where there is one) and the mixture's module (the innermost
-    holding both)."""
+    before the experts first run), whether a selection over its outputs follows it, and the mixture's module (the
+    innermost holding both)."""
+    found = []
     for g in _groups(probe.module):
         if g.n > MAX_EXPERTS:
             continue
         linears = [i for i, c in enumerate(cap.calls) if c.name == "linear" and isinstance(c.out, torch.Tensor)
-                   and c.out.shape[-1] == g.n and not _within(c.module, g.path)]
-        if not linears:
+                   and c.out.shape[-1] == g.n and not g.holds(c)]
+        used = next((i for i, c in enumerate(cap.calls) if g.holds(c) and i > (linears or [0])[0]), None)
+        before = [i for i in linears if used is None or i < used]
+        if not before:
             continue
-        select = next((i for i, c in enumerate(cap.calls) if c.name in SELECT and i > linears[0]
-                       and any(t.dim() and t.shape[-1] == g.n for t in c.tensor_args())), None)
-        before = [i for i in linears if select is None or i < select]
-        c = cap.calls[before[-1] if select is not None else before[0]]
-        return g, c, _ancestor(g.path, c.module), select is not None
-    return None
+        i = before[-1]  # the router: the last linear to one output per expert before the experts run
+        select = any(c.name in SELECT and any(t.dim() and t.shape[-1] == g.n for t in c.tensor_args())
+                     for c in cap.calls[i + 1: used])
+        c = cap.calls[i]
+        found.append((i, g, c, _ancestor(g.path, c.module), select))
+    if not found:
+        return None
+    # the last routed mixture of the forward (an FFN's, after a mixture of attention heads as in JetMoE)
+    _, g, c, path, selects = max(found, key=lambda f: f[0])
+    return g, c, path, selects
 
 
 def first_tensor(out):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn as nn
 
 from tblock_cli.probes import train_mode
 from tblock_cli.spec.card import Entry, skipped
@@ -33,6 +34,7 @@ FIT_TOL = 1e-4
 SUM_TOL = 1e-4
 # A gate on the shared expert: its output with the gate's weights zeroed (sigmoid(0) = 1/2) against as it was.
 GATE_TOL = 1e-5
+UNUSED = "pieces whose zeroing one at a time changes no output"
 
 
 def _fits(w: torch.Tensor, z: torch.Tensor, routed: torch.Tensor) -> dict[str, float]:
@@ -82,12 +84,14 @@ def read(probe: Probe) -> list[Entry]:
                                              f"linear to {g.n} outputs", judged=False)]
     saved = [(p, p.detach().clone()) for p in g.params()]
     try:
-        routing = _read_routing(probe, g, mix, z, u)
+        routing = _read_routing(probe, g, mix, router, z, u)
     finally:
         with torch.no_grad():
             for p, v in saved:
                 p.copy_(v)
     k = next((e.value for e in routing if e.key == "moe.top_k" and e.read), None)
+    if any(e.key == "moe.top_k" and e.skip and e.skip.startswith(UNUSED) for e in routing):
+        return _dense(f"{g.n} same-shaped {UNUSED}: not experts")
     if k == g.n and not selects:
         return _dense(f"{g.n} same-shaped modules weighted by a linear, but every token goes through all of them and "
                       f"nothing selects among them: no routing")
@@ -109,7 +113,7 @@ def _zero(g: Experts, experts) -> None:
                 t.zero_()
 
 
-def _read_routing(probe: Probe, g: Experts, mix: Mixture, z: torch.Tensor, u: torch.Tensor) -> list[Entry]:
+def _read_routing(probe: Probe, g: Experts, mix: Mixture, router, z: torch.Tensor, u: torch.Tensor) -> list[Entry]:
     _set_identical(g)
     y_same = mix()
     per_expert = []
@@ -138,6 +142,8 @@ def _read_routing(probe: Probe, g: Experts, mix: Mixture, z: torch.Tensor, u: to
     moved = torch.stack([p.norm(dim=-1) for p in per_expert], -1)  # (N, E)
     routed = moved > ROUTED_MIN * moved.max(-1, keepdim=True).values.clamp_min(1e-300)
     counts = routed.sum(-1)
+    if int(counts.max()) == 0:
+        return [skipped("moe.top_k", f"{UNUSED} of any token")]
     if bool((counts == counts[0]).all()) and counts[0] > 0:
         k = int(counts[0])
         out.append(Entry("moe.top_k", k, how=f"experts whose zeroing changes a token's output: {k} for each of "
@@ -146,9 +152,8 @@ def _read_routing(probe: Probe, g: Experts, mix: Mixture, z: torch.Tensor, u: to
         out.append(skipped("moe.top_k", f"experts per token vary over tokens ({int(counts.min())}..{int(counts.max())}):"
                                         " not a fixed top-k"))
     out += shared
-    if v is None:
-        why = "one expert's output could not be computed alone (its call convention is not known)"
-        return out + [skipped(k, why) for k in ("moe.router", "moe.renorm", "moe.scale", "moe.weight_sum", "moe.select")]
+    if v is None:  # ratios of weights only: the router's form, and renormalisation from a router zeroed
+        return out + _relative(probe, mix, router, z, d, y_none, per_expert, routed) + _select(z, routed, counts)
     vv = (v * v).sum(-1).clamp_min(1e-300)
     S = (d * v).sum(-1) / vv  # (N,) each token's summed weight
     bend = ((d - S[:, None] * v).norm(dim=-1) / d.norm(dim=-1).clamp_min(1e-300)).max().item()
@@ -165,22 +170,22 @@ def _read_routing(probe: Probe, g: Experts, mix: Mixture, z: torch.Tensor, u: to
         out.append(Entry("moe.weight_sum", mean, how=how_sum, tol=1e-3))
     else:
         out.append(Entry("moe.weight_sum", "varies", how=how_sum))
-    out += _forms(w, z, routed)
-    # selection: the chosen experts are the ones with the largest router outputs
-    k_max = int(counts.max())
+    return out + _forms(_fits(w, z, routed), routed) + _select(z, routed, counts)
+
+
+def _select(z: torch.Tensor, routed: torch.Tensor, counts: torch.Tensor) -> list[Entry]:
+    """moe.select: the chosen experts are the ones with the largest router outputs, or not."""
     top = torch.zeros_like(routed)
-    top.scatter_(-1, z.topk(k_max, -1).indices, True)
+    top.scatter_(-1, z.topk(int(counts.max()), -1).indices, True)
     plain = bool((top == routed).all())
-    out.append(Entry("moe.select", "top" if plain else "other", judged=False,
-                     how="the routed experts are the largest router outputs for every token" if plain else
-                     "the routed experts are not the largest router outputs for some token (a selection bias, "
-                     "group-limited routing, or another rule)"))
-    return out
+    return [Entry("moe.select", "top" if plain else "other", judged=False,
+                  how="the routed experts are the largest router outputs for every token" if plain else
+                  "the routed experts are not the largest router outputs for some token (a selection bias, "
+                  "group-limited routing, or another rule)")]
 
 
-def _forms(w: torch.Tensor, z: torch.Tensor, routed: torch.Tensor) -> list[Entry]:
-    """moe.router, moe.renorm and moe.scale: which routing form fits the per-token weights."""
-    fits = _fits(w, z, routed)
+def _forms(fits: dict, routed: torch.Tensor) -> list[Entry]:
+    """moe.router, moe.renorm and moe.scale (where the fits carry constants): which routing form fits."""
     good = {f: c for f, (m, c) in fits.items() if m <= FIT_TOL}
     shown = ", ".join(f"{r}{' over the chosen' if n else ''} {fits[(r, n)][0]:.2g}" for r, n in fits)
     how = f"each token's weight per expert against the router's outputs; misfits: {shown}"
@@ -201,6 +206,9 @@ def _forms(w: torch.Tensor, z: torch.Tensor, routed: torch.Tensor) -> list[Entry
         out.append(Entry("moe.renorm", True, how="every expert is chosen: the weights over all sum as over the chosen"))
     else:
         out.append(skipped("moe.renorm", f"forms with and without renormalisation fit alike ({shown})"))
+    if any(c is None for c in good.values()):
+        why = "one expert's output could not be computed alone (its call convention is not known): only ratios of weights"
+        return out + [skipped("moe.scale", why)]
     scales = {round(c, 9) for c in good.values()}
     c = next(iter(good.values()))
     if max(scales) - min(scales) <= 1e-3 * abs(c):
@@ -208,6 +216,53 @@ def _forms(w: torch.Tensor, z: torch.Tensor, routed: torch.Tensor) -> list[Entry
     else:
         out.append(skipped("moe.scale", "the fitting forms take different constants"))
     return out
+
+
+def _relative(probe: Probe, mix: Mixture, router, z, d, y_none, per_expert, routed) -> list[Entry]:
+    """Where one expert cannot be called alone: each token's weights relative to their sum (each expert's part of
+    the mixture's output, every expert the same), and the sum against its value with the router's weights zeroed
+    (every score equal: softmax 1/E, sigmoid 1/2 each); each form predicts both, whatever constant scales it."""
+    why = "one expert's output could not be computed alone (its call convention is not known): only ratios of weights"
+    scale_sum = [skipped("moe.weight_sum", why)]
+    name = router.weight
+    if name is None:
+        return scale_sum + [skipped(k, why + ", and the router is not a parameter's linear")
+                            for k in ("moe.router", "moe.renorm", "moe.scale")]
+    owner = probe.module.get_submodule(name.rpartition(".")[0])
+    params = list(owner.parameters(recurse=False)) if isinstance(owner, nn.Linear) else [probe.module.get_parameter(name)]
+    saved = [(p, p.detach().clone()) for p in params]
+    try:
+        with torch.no_grad():
+            for p, _ in saved:
+                p.zero_()
+        d0 = mix() - y_none
+    finally:
+        with torch.no_grad():
+            for p, v in saved:
+                p.copy_(v)
+    dd = (d * d).sum(-1).clamp_min(1e-300)
+    r = torch.stack([(p * d).sum(-1) / dd for p in per_expert], -1)  # (N, E) weight / the token's sum
+    ratio = (d * d0).sum(-1) / (d0 * d0).sum(-1).clamp_min(1e-300)  # the token's sum / its sum at equal scores
+    bend = ((d - ratio[:, None] * d0).norm(dim=-1) / d.norm(dim=-1).clamp_min(1e-300)).max().item()
+    if bend > PARALLEL_TOL:
+        w = f"the mixture's output bends off one direction per token by {bend:.2g} (a nonlinearity after the experts)"
+        return scale_sum + [skipped(k, w) for k in ("moe.router", "moe.renorm", "moe.scale")]
+    k = routed.sum(-1, keepdim=True).to(z.dtype)
+    E = z.shape[-1]
+    neg = torch.full_like(z, -math.inf)
+    sig = torch.where(routed, torch.sigmoid(z), torch.zeros_like(z))
+    forms = {("softmax", True): (torch.softmax(torch.where(routed, z, neg), -1), torch.ones_like(k)),
+             ("softmax", False): (torch.softmax(z, -1), k / E),
+             ("sigmoid", False): (torch.sigmoid(z), k / 2),
+             ("sigmoid", True): (sig / sig.sum(-1, keepdim=True), torch.ones_like(k))}
+    fits = {}
+    for form, (h, at_equal) in forms.items():
+        h = torch.where(routed, h, torch.zeros_like(h))
+        total = h.sum(-1, keepdim=True)
+        rel = ((r - h / total).abs()[routed] / (h / total)[routed]).max().item()
+        summed = ((ratio[:, None] - total / at_equal).abs() / (total / at_equal)).max().item()
+        fits[form] = (max(rel, summed), None)
+    return scale_sum + _forms(fits, routed)
 
 
 def _shared(probe: Probe, mix: Mixture, y_none: torch.Tensor, d: torch.Tensor) -> list[Entry]:
