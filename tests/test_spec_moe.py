@@ -165,3 +165,26 @@ def test_like_mixtral_catches_the_missing_renormalisation(transformers):
     bad = spec_check(lambda: MoEBlock(32, 4, 64, renorm=False), like="hf:mixtral")
     assert {d["key"] for d in bad.facts["differs"]} >= {"moe.renorm", "moe.weight_sum"}
     assert not {d["key"] for d in good.facts.get("differs", []) if d["key"].startswith("moe.")}
+
+
+@pytest.mark.parametrize("kw, want", [
+    ({}, {"moe.router": "softmax", "moe.renorm": True}),
+    ({"renorm": False}, {"moe.router": "softmax", "moe.renorm": False}),
+    ({"router": "sigmoid", "renorm": False, "scale": 2.5}, {"moe.router": "sigmoid", "moe.renorm": False}),
+])
+def test_stacked_experts_no_expert_callable_alone_read_from_ratios(kw, want):
+    """Experts as (E, f, d) matrices applied by einsum: no expert can be run alone, so the weights' sum and the
+    routed scale are left unread with why; the router's form and renormalisation still read (ratios of weights,
+    and the sum against its value with every score equal)."""
+    card, _ = card_of(lambda: MoEBlock(32, 4, 64, stacked=True, **kw))
+    got = moe(card)
+    assert got["moe.experts"] == 8 and got["moe.top_k"] == 2
+    assert {k: got[k] for k in want} == want
+    assert "could not be computed alone" in card.get("moe.weight_sum").skip
+    assert "could not be computed alone" in card.get("moe.scale").skip
+
+
+def test_stacked_experts_missing_renormalisation_is_caught():
+    c = spec_check(lambda: MoEBlock(32, 4, 64, stacked=True, renorm=False), expect=MIXTRAL)
+    assert c.status.value == "fail" and {d["key"] for d in c.facts["differs"]} == {"moe.renorm"}
+    assert "moe.weight_sum" in c.facts["unread_keys"]
