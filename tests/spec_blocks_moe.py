@@ -40,10 +40,12 @@ class MoE(nn.Module):
     shared: a shared expert every token goes through, gated by sigmoid(linear) where shared_gate."""
 
     def __init__(self, d, f, n_experts=8, top_k=2, router="softmax", order="before", renorm=True, scale=1.0,
-                 shared=False, shared_gate=True):
+                 shared=False, shared_gate=True, zero_router=False):
         super().__init__()
         self.top_k, self.router, self.order, self.renorm, self.scale = top_k, router, order, renorm, scale
         self.gate = nn.Linear(d, n_experts, bias=False)
+        if zero_router:  # as Qwen2-MoE's router is constructed (its model's init then draws it)
+            nn.init.zeros_(self.gate.weight)
         self.experts = nn.ModuleList(Expert(d, f) for _ in range(n_experts))
         self.shared = Expert(d, f) if shared else None
         self.shared_gate = nn.Linear(d, 1, bias=False) if shared and shared_gate else None

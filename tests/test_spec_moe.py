@@ -188,3 +188,12 @@ def test_stacked_experts_missing_renormalisation_is_caught():
     c = spec_check(lambda: MoEBlock(32, 4, 64, stacked=True, renorm=False), expect=MIXTRAL)
     assert c.status.value == "fail" and {d["key"] for d in c.facts["differs"]} == {"moe.renorm"}
     assert "moe.weight_sum" in c.facts["unread_keys"]
+
+
+@pytest.mark.parametrize("renorm", [True, False])
+def test_a_router_initialised_to_zeros_reads_as_its_form(renorm):
+    """Every score tied at init: the router's weights are redrawn while read, so the form still shows."""
+    card, _ = card_of(lambda: MoEBlock(32, 4, 64, renorm=renorm, zero_router=True))
+    got = moe(card)
+    assert got["moe.renorm"] is renorm and got["moe.router"] == "softmax"
+    assert got["moe.weight_sum"] == (pytest.approx(1, rel=1e-9) if renorm else "varies")

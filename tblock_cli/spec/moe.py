@@ -34,6 +34,10 @@ FIT_TOL = 1e-4
 SUM_TOL = 1e-4
 # A gate on the shared expert: its output with the gate's weights zeroed (sigmoid(0) = 1/2) against as it was.
 GATE_TOL = 1e-5
+# The router's weights are redrawn at this std x 1/sqrt(d) while read: scores of order 1 on a normalised stream, so
+# softmax over the chosen and over all differ by tens of percent per token (at HF's init std 0.02 they differ by 2-5%,
+# and a router initialised to zeros ties every score).
+ROUTER_STD = 1.0
 UNUSED = "pieces whose zeroing one at a time changes no output"
 
 
@@ -64,6 +68,19 @@ def _dense(why: str) -> list[Entry]:
     return [Entry("moe.experts", 0, how=why, judged=False)] + [skipped(k, "no experts") for k in KEYS[1:]]
 
 
+def _router_weight(probe: Probe, router) -> nn.Parameter | None:
+    """The parameter the router's linear multiplies by: named where the call took it as it is, else the one of the
+    same shape and values (DeepSeek-V3's router casts its weight to float32 first)."""
+    if router.weight is not None:
+        return probe.module.get_parameter(router.weight)
+    w = router.args[1] if len(router.args) > 1 else router.kwargs.get("weight")
+    if not isinstance(w, torch.Tensor):
+        return None
+    w = w.to(torch.float64)
+    return next((p for p in probe.module.parameters() if p.shape == w.shape and
+                 torch.allclose(p.detach().to(torch.float64), w, rtol=1e-6, atol=1e-12)), None)
+
+
 def read(probe: Probe) -> list[Entry]:
     x = probe.x(1)
     cap, _ = probe.capture(x)
@@ -71,20 +88,18 @@ def read(probe: Probe) -> list[Entry]:
     if found is None:
         return _dense("no set of identical experts with a router (a linear to one output per expert) in the block")
     g, router, path, selects = found
-    mix = Mixture(probe, path, x)
-    z = router.out.reshape(-1, g.n).to(torch.float64)
-    if g.n >= MANY_EXPERTS and (n := mix.limit(FEW_TOKENS)) > 0:
-        z = z[:n]
-    u = router.args[0] if router.args else router.kwargs.get("input")
-    inp = mix.input
-    if inp is not None and u is not None and inp.numel() == u.numel():
-        u = inp  # the experts read the mixture's own input (a router may read a float32 copy of it)
-    u = u.reshape(-1, u.shape[-1]).to(torch.float64)[: z.shape[0]]
-    entries = [Entry("moe.experts", g.n, how=f"{g.n} same-shaped experts at {g.path or 'the block'}, routed by a "
-                                             f"linear to {g.n} outputs", judged=False)]
-    saved = [(p, p.detach().clone()) for p in g.params()]
+    rw = _router_weight(probe, router)
+    saved = [(p, p.detach().clone()) for p in g.params() + ([rw] if rw is not None else [])]
     try:
-        routing = _read_routing(probe, g, mix, router, z, u)
+        if rw is not None:  # scores of order 1 whatever the router's init (zeros, std 0.02): forms tell apart
+            with torch.no_grad():
+                rw.copy_(torch.randn(rw.shape, generator=probe.gen, dtype=torch.float64).to(rw) * ROUTER_STD
+                         / rw.shape[-1] ** 0.5)
+            again = find(probe, probe.capture(x)[0])
+            if again is None or again[0].n != g.n:
+                return _dense("the block's routing falls apart with the router's weights redrawn")
+            router = again[1]
+        routing = _read_mixture(probe, g, router, path, x)
     finally:
         with torch.no_grad():
             for p, v in saved:
@@ -95,7 +110,22 @@ def read(probe: Probe) -> list[Entry]:
     if k == g.n and not selects:
         return _dense(f"{g.n} same-shaped modules weighted by a linear, but every token goes through all of them and "
                       f"nothing selects among them: no routing")
-    return entries + routing
+    redrawn = " (its weights redrawn at std 1/sqrt(d) while read)" if rw is not None else ""
+    return [Entry("moe.experts", g.n, how=f"{g.n} same-shaped experts at {g.path or 'the block'}, routed by a "
+                                          f"linear to {g.n} outputs{redrawn}", judged=False)] + routing
+
+
+def _read_mixture(probe: Probe, g: Experts, router, path: str, x: torch.Tensor) -> list[Entry]:
+    mix = Mixture(probe, path, x)
+    z = router.out.reshape(-1, g.n).to(torch.float64)
+    if g.n >= MANY_EXPERTS and (n := mix.limit(FEW_TOKENS)) > 0:
+        z = z[:n]
+    u = router.args[0] if router.args else router.kwargs.get("input")
+    inp = mix.input
+    if inp is not None and u is not None and inp.numel() == u.numel():
+        u = inp  # the experts read the mixture's own input (a router may read a float32 copy of it)
+    u = u.reshape(-1, u.shape[-1]).to(torch.float64)[: z.shape[0]]
+    return _read_routing(probe, g, mix, router, z, u)
 
 
 def _set_identical(g: Experts) -> None:
