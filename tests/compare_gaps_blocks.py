@@ -125,3 +125,35 @@ class CachedRope(nn.Module):
         start = 0 if cache is None else cache[0].shape[2]
         y, kv = self.block(x, cache, start)
         return y, kv
+
+
+class ScratchQwen3(nn.Module):
+    """A Qwen3 decoder layer written from scratch with Hugging Face's names, its per-head q/k RMS norms weight-free
+    (F.rms_norm with no weight): what hf:qwen3 computes while its q/k-norm weights are at their init (ones).
+    `whole`: the norm taken over the whole projection instead of per head."""
+
+    def __init__(self, d_model=32, n_heads=4, d_ff=None, n_kv_heads=None, eps=1e-6, theta=10000.0, whole=False):
+        super().__init__()
+        import zoo_compare
+
+        self.causal = True
+        self.eps = eps
+        self.self_attn = zoo_compare.Attention(d_model, n_heads, n_kv_heads or n_heads, theta)
+        self.mlp = zoo_compare.MLP(d_model, d_ff or 4 * d_model)
+        self.input_layernorm = zoo_compare.RMSNorm(d_model, eps)
+        self.post_attention_layernorm = zoo_compare.RMSNorm(d_model, eps)
+        attn = self.self_attn
+
+        def normed(proj):
+            def forward(h):
+                y = F.linear(h, proj.weight)
+                if whole:  # a port's bug: one norm over the whole projection, not per head
+                    return F.rms_norm(y, (y.shape[-1],), eps=eps)
+                return F.rms_norm(y.unflatten(-1, (-1, attn.hd)), (attn.hd,), eps=eps).flatten(-2)
+            return forward
+        attn.q_proj.forward = normed(attn.q_proj)
+        attn.k_proj.forward = normed(attn.k_proj)
+
+    def forward(self, x, pad_mask=None):
+        x = x + self.self_attn(self.input_layernorm(x), pad_mask)
+        return x + self.mlp(self.post_attention_layernorm(x))

@@ -30,6 +30,18 @@ def test_a_weighted_qk_norm_against_a_weight_free_one_is_carried_and_said(a, b, 
                                                                      (side, "k_norm.weight", "ones")}
 
 
+@pytest.mark.parametrize("whole", [False, True])
+def test_a_weight_free_qk_norm_against_hf_qwen3(whole):
+    """hf:qwen3's q/k-norm weights (ones at init) against a port that norms without a weight: carried and said;
+    per head the two are one function, over the whole projection they are not."""
+    pytest.importorskip("transformers")
+    report = tblock_cli.compare(G + "ScratchQwen3", "hf:qwen3", kwargs_a={"n_kv_heads": 2, "whole": whole},
+                                kwargs_b={"num_key_value_heads": 2}, **SIZES)
+    said = {f["param"].rsplit(".", 2)[-2] for f in kinds(report, "mapping.at_init") if f["side"] == "B"}
+    assert said == {"q_norm", "k_norm"}
+    assert report.ok is not whole, [f.text for f in report.findings]
+
+
 def test_an_extra_weight_away_from_its_identity_is_still_refused_with_why():
     with pytest.raises(ConfigError, match="q_norm.weight .*not at the identity"):
         tblock_cli.compare(G + "QKNormBlock", G + "QKNormBlock", kwargs_b={"weighted": True, "trained": True}, **SIZES)
