@@ -157,3 +157,44 @@ class ScratchQwen3(nn.Module):
     def forward(self, x, pad_mask=None):
         x = x + self.self_attn(self.input_layernorm(x), pad_mask)
         return x + self.mlp(self.post_attention_layernorm(x))
+
+
+def _scratch_llama():
+    import zoo_compare
+
+    return zoo_compare.ScratchLlama
+
+
+class DecodingLlama(nn.Module):
+    """zoo_compare's ScratchLlama (hf:llama with Hugging Face's names) with tblock's decode protocol, the cache
+    (k, v) after rotary; `decode_offset_bug`: each decoded chunk rotated from position 0."""
+
+    def __init__(self, d_model=32, n_heads=4, d_ff=None, n_kv_heads=None, decode_offset_bug=False):
+        super().__init__()
+        layer = _scratch_llama()(d_model, n_heads, d_ff, n_kv_heads)
+        self.causal = True
+        self.self_attn, self.mlp = layer.self_attn, layer.mlp
+        self.input_layernorm, self.post_attention_layernorm = layer.input_layernorm, layer.post_attention_layernorm
+        self.bug = decode_offset_bug
+
+    def forward(self, x, pad_mask=None):
+        x = x + self.self_attn(self.input_layernorm(x), pad_mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+    def decode(self, x, cache=None):
+        a = self.self_attn
+        h = self.input_layernorm(x)
+        B, T, _ = h.shape
+        q = a.q_proj(h).view(B, T, a.n_heads, a.hd).transpose(1, 2)
+        k = a.k_proj(h).view(B, T, a.n_kv, a.hd).transpose(1, 2)
+        v = a.v_proj(h).view(B, T, a.n_kv, a.hd).transpose(1, 2)
+        start = 0 if cache is None else cache[0].shape[2]
+        pos = torch.arange(T, device=h.device) + (0 if self.bug else start)
+        q, k = rope(q, pos), rope(k, pos)
+        if cache is not None:
+            k, v = torch.cat((cache[0], k), 2), torch.cat((cache[1], v), 2)
+        S = k.shape[2]
+        allowed = torch.arange(S, device=h.device)[None, :] <= (torch.arange(T, device=h.device) + start)[:, None]
+        y = F.scaled_dot_product_attention(q, a.expand_kv(k), a.expand_kv(v), attn_mask=allowed)
+        x = x + a.o_proj(y.transpose(1, 2).reshape(B, T, -1))
+        return x + self.mlp(self.post_attention_layernorm(x)), (k, v)

@@ -87,3 +87,15 @@ def test_a_difference_on_the_decode_path_only_is_localised_to_its_step_and_compo
 def test_equal_decoding_blocks_stay_equal():
     report = tblock_cli.compare(G + "CachedRope", G + "CachedRope", **SIZES)
     assert report.ok and {c.name for c in report.comparisons} >= {"outputs", "decode"}
+
+
+def test_a_decode_only_bug_against_hf_llama_is_localised_through_its_own_cache():
+    """Each side decodes from a copy of its own cache (HF's DynamicCache for hf:llama) at the step that differs."""
+    pytest.importorskip("transformers")
+    gqa = {"kwargs_b": {"num_key_value_heads": 2}}
+    good = tblock_cli.compare(G + "DecodingLlama", "hf:llama", kwargs_a={"n_kv_heads": 2}, **gqa, **SIZES)
+    bad = tblock_cli.compare(G + "DecodingLlama", "hf:llama", kwargs_a={"n_kv_heads": 2, "decode_offset_bug": True},
+                             **gqa, **SIZES)
+    assert good.ok, [f.text for f in good.findings]
+    facts = bad.first_difference.facts
+    assert (facts["path"], facts["step"], facts["component"]) == ("decode", 1, "attn.q_pos#0")
