@@ -11,6 +11,8 @@ from conftest import TESTS
 
 G = f"{TESTS / 'compare_gaps_blocks.py'}:"
 SIZES = {"d_model": 32, "n_heads": 4, "seq": 8, "threads": 1}
+# with the other transformers tests (tests/test_hf.py): the import is paid once
+pytestmark = pytest.mark.xdist_group("hf")
 
 
 def kinds(report, kind):

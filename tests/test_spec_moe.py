@@ -10,6 +10,8 @@ from tblock_cli.spec.read import read_card
 from tests.spec_blocks_moe import DenseBlock, HeadsListBlock, MoEBlock
 
 SIZES = {"d_model": 32, "n_heads": 4, "d_ff": 64, "threads": 1}
+# with the other transformers tests (tests/test_hf.py): the import is paid once
+pytestmark = pytest.mark.xdist_group("hf")
 
 
 def card_of(block, **options):
