@@ -198,3 +198,23 @@ class DecodingLlama(nn.Module):
         y = F.scaled_dot_product_attention(q, a.expand_kv(k), a.expand_kv(v), attn_mask=allowed)
         x = x + a.o_proj(y.transpose(1, 2).reshape(B, T, -1))
         return x + self.mlp(self.post_attention_layernorm(x)), (k, v)
+
+
+class ScratchGPT2(nn.Module):
+    """A GPT-2 block written from scratch (nn.Linear where GPT-2 has Conv1D), its fused c_attn rows read in `order`
+    (qkv as GPT-2)."""
+
+    def __init__(self, d_model=32, n_heads=4, d_ff=None, order="qkv"):
+        super().__init__()
+        self.h, self.order, self.causal = n_heads, order, True
+        self.ln_1, self.ln_2 = nn.LayerNorm(d_model, eps=1e-5), nn.LayerNorm(d_model, eps=1e-5)
+        self.c_attn, self.c_proj = nn.Linear(d_model, 3 * d_model), nn.Linear(d_model, d_model)
+        self.c_fc, self.mlp_proj = nn.Linear(d_model, d_ff or 4 * d_model), nn.Linear(d_ff or 4 * d_model, d_model)
+
+    def forward(self, x, pad_mask=None):
+        B, T, C = x.shape
+        parts = dict(zip(self.order, self.c_attn(self.ln_1(x)).split(C, dim=-1)))
+        q, k, v = (parts[r].view(B, T, self.h, -1).transpose(1, 2) for r in "qkv")
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.c_proj(y.transpose(1, 2).reshape(B, T, C))
+        return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))

@@ -62,6 +62,16 @@ def test_a_fused_qkv_split_in_another_order_is_named_with_the_order(a, kw_a, b, 
     assert report.first_difference.text.startswith(f"first difference: fused q/k/v split in order {order}")
 
 
+@pytest.mark.parametrize("order", ["kqv", "vqk"])
+def test_a_fused_qkv_split_order_against_hf_gpt2(order):
+    """Both sides fused (GPT-2's Conv1D c_attn read transposed, its bias carried whole by name and split alike)."""
+    pytest.importorskip("transformers")
+    report = tblock_cli.compare(G + "ScratchGPT2", "hf:gpt2", kwargs_a={"order": order}, **SIZES)
+    facts = report.first_difference.facts
+    assert facts["fused_order"] == {"side": "A", "params": ["c_attn.bias", "c_attn.weight"], "order": ", ".join(order)}
+    assert tblock_cli.compare(G + "ScratchGPT2", "hf:gpt2", **SIZES).ok
+
+
 def test_a_fused_qkv_in_the_usual_order_is_equal_and_no_order_is_named():
     report = tblock_cli.compare(G + "FusedQKV", G + "SeparateQKV", **SIZES)
     assert report.ok and report.first_difference is None

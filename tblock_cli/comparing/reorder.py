@@ -47,7 +47,34 @@ def reordered(mapping, side: int, indices: list[int], order: tuple[str, ...], pa
         whole = dataclasses.replace(pairs[own[0]][side], rows=None).get(params[side])
         if start != whole.shape[0]:  # the other side's widths do not tile this parameter
             return None
+        widths = {r: pairs[role_of[r]][1 - side].get(params[1 - side]).shape[0] for r in ROLES}
+        pairs = split_whole(pairs, side, pairs[own[0]][side].param, widths, order, params)
     return dataclasses.replace(mapping, pairs=tuple(pairs))
+
+
+def split_whole(pairs: list, side: int, fused: str, widths: dict, order, params) -> list:
+    """A fused bias carried whole by name (both sides fused: GPT-2's c_attn.bias) split like its weight: this side's
+    rows in `order`, the other side's in q, k, v."""
+    owner = fused.rpartition(".")[0]
+    total = sum(widths.values())
+    out = []
+    for pair in pairs:
+        own, other = pair[side], pair[1 - side]
+        t = params[side][own.param]
+        if own.rows is not None or other.rows is not None or own.param.rpartition(".")[0] != owner or \
+                own.param == fused or t.ndim != 1 or t.shape[0] != total or params[1 - side][other.param].shape != t.shape:
+            out.append(pair)
+            continue
+        starts, at = {}, 0
+        for r in order:
+            starts[r], at = at, at + widths[r]
+        at = 0
+        for r in ROLES:
+            mine = dataclasses.replace(own, role=r, rows=(starts[r], starts[r] + widths[r]))
+            theirs = dataclasses.replace(other, role=r, rows=(at, at + widths[r]))
+            at += widths[r]
+            out.append((mine, theirs, pair[2]) if side == 0 else (theirs, mine, pair[2]))
+    return out
 
 
 def fused_order(sa, sb, xa: torch.Tensor, xb: torch.Tensor, mapping, judge) -> dict | None:
@@ -69,7 +96,7 @@ def fused_order(sa, sb, xa: torch.Tensor, xb: torch.Tensor, mapping, judge) -> d
                 with train_mode(sa.module, False), train_mode(sb.module, False), torch.no_grad():
                     same = judge("outputs", sb(xb.clone()), sa(xa.clone())).equal
                 if same:
-                    names = sorted({mapping.pairs[i][side].param for i in indices})
+                    names = sorted({pr[side].param for pr in m.pairs if pr[side].rows is not None and pr[side].role in ROLES})
                     return {"side": "AB"[side], "params": names, "order": ", ".join(r.split(".")[1] for r in order)}
     finally:
         mapping.carry(sa.module, sb.module)
