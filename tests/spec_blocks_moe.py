@@ -102,6 +102,18 @@ class StackedMoE(MoE):
         return out.reshape(B, T, D)
 
 
+class NormedMoE(nn.Module):
+    """A mixture module that takes the raw stream and does its own norm and residual: x + moe(norm(x))."""
+
+    def __init__(self, d, f, **moe):
+        super().__init__()
+        self.norm = RMSNorm(d)
+        self.inner = MoE(d, f, **moe)
+
+    def forward(self, x):
+        return x + self.inner(self.norm(x))
+
+
 class Attention(nn.Module):
     def __init__(self, d, n_heads):
         super().__init__()
@@ -130,6 +142,19 @@ class MoEBlock(nn.Module):
     def forward(self, x):
         x = x + self.attn(self.ln1(x))
         return x + self.moe(self.ln2(x))
+
+
+class InnerResidualBlock(nn.Module):
+    """The mixture module holds the FFN's norm and residual add (its output is the stream)."""
+
+    def __init__(self, d_model=32, n_heads=4, d_ff=64, **moe):
+        super().__init__()
+        self.ln1 = RMSNorm(d_model)
+        self.attn = Attention(d_model, n_heads)
+        self.moe = NormedMoE(d_model, d_ff, **moe)
+
+    def forward(self, x):
+        return self.moe(x + self.attn(self.ln1(x)))
 
 
 class DenseBlock(nn.Module):

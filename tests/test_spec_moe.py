@@ -7,7 +7,7 @@ import pytest
 
 import tblock_cli
 from tblock_cli.spec.read import read_card
-from tests.spec_blocks_moe import DenseBlock, HeadsListBlock, MoEBlock
+from tests.spec_blocks_moe import DenseBlock, HeadsListBlock, InnerResidualBlock, MoEBlock
 
 SIZES = {"d_model": 32, "n_heads": 4, "d_ff": 64, "threads": 1}
 # with the other transformers tests (tests/test_hf.py): the import is paid once
@@ -199,3 +199,14 @@ def test_a_router_initialised_to_zeros_reads_as_its_form(renorm):
     got = moe(card)
     assert got["moe.renorm"] is renorm and got["moe.router"] == "softmax"
     assert got["moe.weight_sum"] == (pytest.approx(1, rel=1e-9) if renorm else "varies")
+
+
+@pytest.mark.parametrize("kw", [{}, {"renorm": False, "shared": True}])
+def test_a_mixture_module_with_its_own_norm_and_residual(kw):
+    """The residual inside the mixture module is not a shared expert; the experts read the normalised stream (the
+    router's input), not the module's."""
+    card, _ = card_of(lambda: InnerResidualBlock(32, 4, 64, **kw))
+    got = moe(card)
+    assert got["moe.shared"] is bool(kw.get("shared")) and got["moe.renorm"] is kw.get("renorm", True)
+    assert got.get("moe.shared_gate") == ("sigmoid" if kw.get("shared") else None)
+    assert got["moe.weight_sum"] == (pytest.approx(1, rel=1e-9) if kw.get("renorm", True) else "varies")

@@ -34,6 +34,7 @@ FIT_TOL = 1e-4
 SUM_TOL = 1e-4
 # A gate on the shared expert: its output with the gate's weights zeroed (sigmoid(0) = 1/2) against as it was.
 GATE_TOL = 1e-5
+GATE_MIN_LOGIT = 1e-3
 # The router's weights are redrawn at this std x 1/sqrt(d) while read: scores of order 1 on a normalised stream, so
 # softmax over the chosen and over all differ by tens of percent per token (at HF's init std 0.02 they differ by 2-5%,
 # and a router initialised to zeros ties every score).
@@ -122,8 +123,9 @@ def _read_mixture(probe: Probe, g: Experts, router, path: str, x: torch.Tensor) 
         z = z[:n]
     u = router.args[0] if router.args else router.kwargs.get("input")
     inp = mix.input
-    if inp is not None and u is not None and inp.numel() == u.numel():
-        u = inp  # the experts read the mixture's own input (a router may read a float32 copy of it)
+    if inp is not None and u is not None and inp.numel() == u.numel() and \
+            (inp.reshape(u.shape).to(torch.float64) - u.to(torch.float64)).abs().max() <= 1e-5 * u.abs().max():
+        u = inp  # the mixture's own input, where the router read a float32 copy of it (DeepSeek-V3)
     u = u.reshape(-1, u.shape[-1]).to(torch.float64)[: z.shape[0]]
     return _read_routing(probe, g, mix, router, z, u)
 
@@ -304,30 +306,43 @@ def _shared(probe: Probe, mix: Mixture, y_none: torch.Tensor, d: torch.Tensor) -
     if size <= ROUTED_MIN * d.norm(dim=-1).max().item():
         return [Entry("moe.shared", False, how="zero output with every routed expert zeroed"),
                 skipped("moe.shared_gate", "no shared expert")]
+    inp = mix.input
+    if inp is not None and inp.numel() == y_none.numel() and \
+            (y_none - inp.reshape(y_none.shape)).norm(dim=-1).max().item() <= ROUTED_MIN * size:
+        return [Entry("moe.shared", False, how="with every routed expert zeroed the mixture returns its input (a residual "
+                                               "inside it)"), skipped("moe.shared_gate", "no shared expert")]
     out = [Entry("moe.shared", True, how="nonzero output with every routed expert zeroed")]
     gate = _gate_linear(probe, mix)
     if gate is None:
         return out + [Entry("moe.shared_gate", "none", how="no linear to one output per token inside the mixture")]
     module, logits = gate
     saved = [(p, p.detach().clone()) for p in module.parameters()]
+    runs = []
     try:
-        with torch.no_grad():
-            for p, _ in saved:
-                p.zero_()
-        half = mix()
+        for factor in (0.0, 2.0):  # the gate's logits g made 0, then 2g (a linear: its bias scales alike)
+            with torch.no_grad():
+                for p, v in saved:
+                    p.copy_(v * factor)
+            runs.append(mix())
     finally:
         with torch.no_grad():
             for p, v in saved:
                 p.copy_(v)
-    ratio = (y_none * half).sum(-1) / (half * half).sum(-1).clamp_min(1e-300)
+    zero, double = runs
     g = logits.reshape(-1).to(torch.float64)
-    if g.numel() != ratio.numel():
+    if g.numel() != y_none.shape[0]:
         return out + [skipped("moe.shared_gate", "the gate's outputs do not line up with the tokens")]
-    if (ratio - 1).abs().max().item() <= GATE_TOL:
+    # y = r + gate(g) s for a residual r and the shared output s, both unknown: (y(g) - y(0)) / (y(2g) - y(0)) is
+    # (sigmoid(g) - 1/2) / (sigmoid(2g) - 1/2) for a sigmoid gate, whatever r and s
+    moved, moved2 = y_none - zero, double - zero
+    if moved.norm(dim=-1).max().item() <= GATE_TOL * size:
         return out + [Entry("moe.shared_gate", "none", how="zeroing the one-output linear changes no shared output")]
-    if (ratio - 2 * torch.sigmoid(g)).abs().max().item() <= GATE_TOL:
-        return out + [Entry("moe.shared_gate", "sigmoid", how="the shared output with the gate's weights zeroed is "
-                                                              "1/(2 sigmoid(g)) of it, g the one-output linear")]
+    ratio = (moved * moved2).sum(-1) / (moved2 * moved2).sum(-1).clamp_min(1e-300)
+    away = g.abs() > GATE_MIN_LOGIT  # near g = 0 both differences vanish
+    want = (torch.sigmoid(g) - 0.5) / (torch.sigmoid(2 * g) - 0.5)
+    if away.any() and (ratio - want)[away].abs().max().item() <= GATE_TOL:
+        return out + [Entry("moe.shared_gate", "sigmoid", how="the shared output with the gate's logits g made 0 and "
+                                                              "2g moves as sigmoid(g) does, g the one-output linear")]
     return out + [Entry("moe.shared_gate", "other", how="the one-output linear scales the shared output, not as a "
                                                         "sigmoid of itself")]
 
