@@ -157,6 +157,31 @@ class InnerResidualBlock(nn.Module):
         return self.moe(x + self.attn(self.ln1(x)))
 
 
+class FlatBlock(nn.Module):
+    """Router and experts held by the block itself (no mixture module): read at the block's output."""
+
+    def __init__(self, d_model=32, n_heads=4, d_ff=64, renorm=True):
+        super().__init__()
+        self.ln1, self.ln2 = RMSNorm(d_model), RMSNorm(d_model)
+        self.attn = Attention(d_model, n_heads)
+        self.router = nn.Linear(d_model, 8, bias=False)
+        self.experts = nn.ModuleList(Expert(d_model, d_ff) for _ in range(8))
+        self.renorm = renorm
+
+    def forward(self, x):
+        x = x + self.attn(self.ln1(x))
+        h = self.ln2(x)
+        w, idx = torch.topk(F.softmax(self.router(h), -1), 2, dim=-1)  # (B, T, 2)
+        if self.renorm:
+            w = w / w.sum(-1, keepdim=True)
+        out = torch.zeros_like(h)
+        for e, expert in enumerate(self.experts):
+            hit = (idx == e)  # (B, T, 2)
+            if hit.any():
+                out = out + (w * hit).sum(-1, keepdim=True) * expert(h)
+        return x + out
+
+
 class DenseBlock(nn.Module):
     """The same block with one SwiGLU FFN: no experts."""
 

@@ -7,7 +7,7 @@ import pytest
 
 import tblock_cli
 from tblock_cli.spec.read import read_card
-from tests.spec_blocks_moe import DenseBlock, HeadsListBlock, InnerResidualBlock, MoEBlock
+from tests.spec_blocks_moe import DenseBlock, FlatBlock, HeadsListBlock, InnerResidualBlock, MoEBlock
 
 SIZES = {"d_model": 32, "n_heads": 4, "d_ff": 64, "threads": 1}
 # with the other transformers tests (tests/test_hf.py): the import is paid once
@@ -210,3 +210,13 @@ def test_a_mixture_module_with_its_own_norm_and_residual(kw):
     assert got["moe.shared"] is bool(kw.get("shared")) and got["moe.renorm"] is kw.get("renorm", True)
     assert got.get("moe.shared_gate") == ("sigmoid" if kw.get("shared") else None)
     assert got["moe.weight_sum"] == (pytest.approx(1, rel=1e-9) if kw.get("renorm", True) else "varies")
+
+
+@pytest.mark.parametrize("renorm", [True, False])
+def test_router_and_experts_held_by_the_block_itself(renorm):
+    """No mixture module: read at the block's output (a shared path then cannot be told from the residual)."""
+    card, _ = card_of(lambda: FlatBlock(32, 4, 64, renorm=renorm))
+    got = moe(card)
+    assert (got["moe.experts"], got["moe.top_k"], got["moe.renorm"]) == (8, 2, renorm)
+    assert got["moe.weight_sum"] == (pytest.approx(1, rel=1e-9) if renorm else "varies")
+    assert "not a module of its own" in card.get("moe.shared").skip
