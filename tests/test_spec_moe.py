@@ -80,6 +80,15 @@ def test_softmax_families_without_renorm_by_default(transformers, family):
     assert got["moe.router"] == "softmax" and got["moe.renorm"] is bool(config.norm_topk_prob)
 
 
+def test_switch_card_is_its_config(transformers):
+    """Top-1, the chosen expert's softmax probability as its weight (not renormalised); its experts carry dropout,
+    which the reading runs without."""
+    card, config = card_of("hf:switch_transformers", d_model=64, kwargs={"encoder_sparse_step": 1, "num_experts": 8})
+    got = moe(card)
+    assert (got["moe.experts"], got["moe.top_k"]) == (config.num_experts, 1)
+    assert got["moe.router"] == "softmax" and got["moe.renorm"] is False and got["moe.weight_sum"] == "varies"
+
+
 def test_dense_layer_reads_no_experts(transformers):
     card, _ = card_of("hf:llama", d_model=64)
     assert card.value("moe.experts") == 0

@@ -168,7 +168,8 @@ def _read_routing(probe: Probe, g: Experts, mix: Mixture, router, z: torch.Tenso
     n_tok = d.shape[0]
     if z.shape[0] != n_tok:
         return [skipped(k, f"the router scored {z.shape[0]} tokens, the mixture returned {n_tok}") for k in KEYS[1:]]
-    v = one_expert(g, u) if u.shape[0] == n_tok else None
+    with train_mode(probe.module, False):  # an expert's own dropout off, as in the mixture's runs
+        v = one_expert(g, u) if u.shape[0] == n_tok else None
     out: list[Entry] = []
     # which experts each token is routed to: the ones whose zeroing changes its output
     moved = torch.stack([p.norm(dim=-1) for p in per_expert], -1)  # (N, E)
