@@ -229,3 +229,14 @@ def test_router_and_experts_held_by_the_block_itself(renorm):
     assert (got["moe.experts"], got["moe.top_k"], got["moe.renorm"]) == (8, 2, renorm)
     assert got["moe.weight_sum"] == (pytest.approx(1, rel=1e-9) if renorm else "varies")
     assert "not a module of its own" in card.get("moe.shared").skip
+
+
+def test_like_deepseek_v3_reads_its_moe_entries_on_an_moe_layer(transformers):
+    """hf:deepseek_v3's layer 0 is dense by config (first_k_dense_replace=3): the reference's moe entries are read
+    on an MoE layer of the family, so a port of its MoE layer is held against them."""
+    like = {"n_routed_experts": 8, "num_experts_per_tok": 2, "n_group": 1, "topk_group": 1}
+    twin = dict(router="sigmoid", scale=2.5, shared=True, shared_gate=False)
+    good = spec_check(lambda: MoEBlock(32, 4, 64, **twin), like="hf:deepseek_v3", like_kwargs=like)
+    bad = spec_check(lambda: MoEBlock(32, 4, 64, **{**twin, "scale": 1.0}), like="hf:deepseek_v3", like_kwargs=like)
+    assert not [d for d in good.facts.get("differs", []) if d["key"].startswith("moe.")]
+    assert {d["key"] for d in bad.facts["differs"] if d["key"].startswith("moe.")} == {"moe.scale", "moe.weight_sum"}
