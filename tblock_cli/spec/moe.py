@@ -127,11 +127,11 @@ def _read_mixture(probe: Probe, g: Experts, router, path: str, x: torch.Tensor) 
     if g.n >= MANY_EXPERTS and (n := mix.limit(FEW_TOKENS)) > 0:
         z = z[:n]
     u = router.args[0] if router.args else router.kwargs.get("input")
-    inp = mix.input
-    if inp is not None and u is not None and inp.numel() == u.numel() and \
-            (inp.reshape(u.shape).to(torch.float64) - u.to(torch.float64)).abs().max() <= 1e-5 * u.abs().max():
-        u = inp  # the mixture's own input, where the router read a float32 copy of it (DeepSeek-V3)
     u = u.reshape(-1, u.shape[-1]).to(torch.float64)[: z.shape[0]]
+    inp = mix.input
+    inp = inp.reshape(-1, inp.shape[-1]).to(torch.float64)[: z.shape[0]] if inp is not None else None
+    if inp is not None and inp.shape == u.shape and (inp - u).abs().max() <= 1e-5 * u.abs().max():
+        u = inp  # the mixture's own input, where the router read a float32 copy of it (DeepSeek-V3)
     return _read_routing(probe, g, mix, router, z, u)
 
 
