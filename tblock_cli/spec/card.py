@@ -54,6 +54,9 @@ KEYS: dict[str, str] = {
     "moe.renorm": "the chosen experts' weights renormalised to sum to 1",
     "moe.weight_sum": "the sum of one token's routing weights with every expert made identical",
     "moe.shared": "a shared expert every token goes through",
+    "moe.shared_gate": "the shared expert's per-token gate: sigmoid, none or other",
+    "moe.scale": "a constant factor on the routing weights (DeepSeek-V3's routed_scaling_factor; 1 usually)",
+    "moe.select": "which experts are chosen: top (the largest router outputs) or other (a selection bias, groups)",
 }
 
 Value = "float | int | bool | str | tuple[float, ...]"
