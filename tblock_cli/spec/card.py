@@ -23,7 +23,7 @@ KEYS: dict[str, str] = {
     "attn.causal": "queries ignore later keys",
     "attn.qk_norm": "a norm on queries and keys: none, head (per head) or width (over the whole projection)",
     # positions
-    "pos.kind": "how positions enter: none, absolute, rotary, alibi, relative_bias or bias",
+    "pos.kind": "how positions enter: none, absolute, rotary, alibi, relative_bias, bias or other",
     "rope.theta": "the rotary base theta (frequencies theta^(-2i/dims))",
     "rope.dims": "channels per head that rotate",
     "rope.pairing": "which channels rotate together: half (i, i + dims/2) or interleaved (2i, 2i + 1)",
@@ -33,6 +33,7 @@ KEYS: dict[str, str] = {
     "alibi.slopes": "ALiBi slope per head",
     "relbias.bidirectional": "a relative bias that tells a key before the query from one after it",
     "relbias.curve": "the relative bias against distance (head 0), from -16 to +16",
+    "relbias.steps": "the distances j - i at which the relative bias changes value (its bucket boundaries)",
     # FFN
     "ffn.gated": "a gated FFN (act(gate) * up)",
     "ffn.act": "the FFN activation: relu, relu2, gelu, gelu_tanh, silu, quick_gelu, ...",

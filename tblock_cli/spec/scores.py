@@ -192,6 +192,12 @@ def capture_scores(probe: Probe, x: torch.Tensor, targets: frozenset[int] = froz
                    grad: bool = False) -> list[Scores]:
     """Every attention call of one eval forward of x whose q and k could be read, in order; with targets, the q
     operand of those products (by ordinal) is scaled by factor first. grad: q stays the live tensor (for autograd)."""
+    return trace_scores(probe, x, targets, factor, grad)[0]
+
+
+def trace_scores(probe: Probe, x: torch.Tensor, targets: frozenset[int] = frozenset(), factor: float = 1.0,
+                 grad: bool = False) -> tuple[list[Scores], ScoreTracer]:
+    """capture_scores, and the tracer itself (which projections read rows that were all equal: uniform_in)."""
     module = probe.module
     tr = ScoreTracer(module, probe.d, targets, factor)
     with train_mode(module, False), torch.set_grad_enabled(grad), tr:
@@ -209,4 +215,4 @@ def capture_scores(probe: Probe, x: torch.Tensor, targets: frozenset[int] = froz
         if not grad:
             q4 = q4.detach().double()
         out.append(Scores(kind, c.where, ordinal, q4, k4.detach().double(), fold, logits, sources))
-    return out
+    return out, tr
