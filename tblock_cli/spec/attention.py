@@ -133,8 +133,9 @@ def read_causal(probe: Probe) -> Entry:
                  f"earlier outputs changed {change:.2g} (relative) when the last token changed")
 
 
-def q_parameters(probe: Probe, call: Scores) -> list[torch.nn.Parameter]:
-    """The parameters of the projections whose outputs reach q."""
+def q_parameters(probe: Probe, call: Scores, q: torch.Tensor) -> list[torch.nn.Parameter]:
+    """The parameters of the projection whose output reaches q: the traced source projections, else the one weight
+    matrix q depends on (a norm over the whole width can hide the projection from the trace), with its module's own."""
     modules, params = dict(probe.module.named_modules()), dict(probe.module.named_parameters())
     out = []
     for name in call.sources:
@@ -142,6 +143,13 @@ def q_parameters(probe: Probe, call: Scores) -> list[torch.nn.Parameter]:
             out += [p for p in modules[name].parameters(recurse=False)]
         elif name in params:
             out.append(params[name])
+    if not out:
+        mats = [(n, p) for n, p in params.items() if p.ndim >= 2 and p.dtype.is_floating_point]
+        grads = torch.autograd.grad(q.sum(), [p for _, p in mats], retain_graph=True, allow_unused=True)
+        reach = [n for (n, _), g in zip(mats, grads) if g is not None and bool(g.abs().max() > 0)]
+        if len(reach) == 1:
+            owner = reach[0].rpartition(".")[0]
+            out = list(modules[owner].parameters(recurse=False)) if owner in modules else [params[reach[0]]]
     return [p for p in out if p.dtype.is_floating_point]
 
 
@@ -150,13 +158,13 @@ def read_qk_norm(probe: Probe, x: torch.Tensor, call: Scores, index: int) -> Ent
     own parameters is 0), and if so whether head 0's q depends on other heads' slices of the projection (width)."""
     if call.kind == "mha":
         return Entry("attn.qk_norm", "none", "nn.MultiheadAttention: q is the in-projection, unnormalised")
-    params = q_parameters(probe, call)
-    if not params:
-        return skipped("attn.qk_norm", "no parameter of the projection reaching q was found")
     live = capture_scores(probe, x, grad=True)
     if index >= len(live) or not live[index].q.requires_grad:
-        return skipped("attn.qk_norm", "q does not depend on its projection's parameters here")
+        return skipped("attn.qk_norm", "q does not depend on the block's parameters here")
     q = live[index].q
+    params = q_parameters(probe, call, q)
+    if not params:
+        return skipped("attn.qk_norm", "no one projection reaching q was found")
     r = torch.randn(q.shape, generator=probe.gen, dtype=q.dtype).to(q.device)
     whole = (q * r).sum()
     g_all = torch.autograd.grad(whole, params, retain_graph=True, allow_unused=True)

@@ -31,7 +31,7 @@ KEYS: dict[str, str] = {
     "rope.factor": "the scaling's factor (1 for none)",
     "rope.freqs": "radians per position of each rotating pair, slowest last",
     "alibi.slopes": "ALiBi slope per head",
-    "relbias.bidirectional": "a relative bias that tells a key before the query from one after it",
+    "relbias.bidirectional": "a relative bias that changes with distance among the keys after the query too (T5's bidirectional buckets)",
     "relbias.curve": "the relative bias against distance (head 0), from -16 to +16",
     "relbias.steps": "the distances j - i at which the relative bias changes value (its bucket boundaries)",
     # FFN
