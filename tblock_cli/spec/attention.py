@@ -39,10 +39,11 @@ NORM_RATIO = 0.5
 GRAD_FLOOR = 1e-9
 
 
-def self_calls(probe: Probe, T: int, x: torch.Tensor | None = None) -> tuple[torch.Tensor, list[Scores]]:
-    """A random input of T tokens and the attention calls of its forward whose scores are square (self-attention)."""
-    x = probe.x(1, T) if x is None else x
-    return x, [c for c in capture_scores(probe, x) if c.square and c.logits.shape[-1] == T]
+def self_calls(probe: Probe, T: int) -> tuple[torch.Tensor, list[tuple[int, Scores]]]:
+    """A random input of T tokens and the attention calls of its forward whose scores are square (self-attention),
+    each with its index among all the calls read."""
+    x = probe.x(1, T)
+    return x, [(i, c) for i, c in enumerate(capture_scores(probe, x)) if c.square and c.logits.shape[-1] == T]
 
 
 def fitted(z: torch.Tensor, p: torch.Tensor, valid: torch.Tensor) -> float:
@@ -59,7 +60,7 @@ def perturbed(probe: Probe, x: torch.Tensor, call: Scores, factor: float) -> tor
     return got[0].logits if got else None
 
 
-def read_scale(probe: Probe, x: torch.Tensor, call: Scores) -> tuple[Entry, float | None]:
+def read_scale(probe: Probe, x: torch.Tensor, call: Scores, z0: torch.Tensor | None) -> tuple[Entry, float | None]:
     """X of the score scale 1/sqrt(X): the slope of the logits against q.k (folded factors undone), on the linear
     part: logits at a small q factor minus logits at q = 0 (what stays is the bias and the mask)."""
     p = call.product()
@@ -69,7 +70,7 @@ def read_scale(probe: Probe, x: torch.Tensor, call: Scores) -> tuple[Entry, floa
     valid = call.valid
     guess = call.q.shape[-1] ** -0.5
     f = LINEAR_LOGIT / max(guess * p[valid].abs().max().item(), 1e-300)
-    z0, zf = perturbed(probe, x, call, 0.0), perturbed(probe, x, call, f)
+    zf = perturbed(probe, x, call, f)
     if z0 is None or zf is None:
         return skipped("attn.scale", "the q.k product was not found again in a second forward"), None
     s = fitted(zf - z0, f * p, valid)
@@ -80,14 +81,13 @@ def read_scale(probe: Probe, x: torch.Tensor, call: Scores) -> tuple[Entry, floa
     return Entry("attn.scale", round(1 / s**2, 6), how, SCALE_TOL), s
 
 
-def read_softcap(probe: Probe, x: torch.Tensor, call: Scores, s: float) -> Entry:
+def read_softcap(probe: Probe, x: torch.Tensor, call: Scores, s: float, z0: torch.Tensor | None) -> Entry:
     """Drive the q.k part of the logits to CAP_LOGIT and tenfold: bounded at c (c * tanh(s/c)) or growing (none)."""
     if call.kind in ("sdpa", "mha"):
         return Entry("attn.softcap", "none", f"{call.kind}: the scores are q.k scaled, plus the mask (no cap inside)")
     p = call.product()
     valid = call.valid
     f = CAP_LOGIT / max(s * p[valid].abs().max().item(), 1e-300)
-    z0 = perturbed(probe, x, call, 0.0)
     spans = []
     for factor in (f, 10 * f):
         z = perturbed(probe, x, call, factor)
@@ -198,8 +198,7 @@ def read(probe: Probe) -> list[Entry]:
     x, calls = self_calls(probe, SCALE_SEQ)
     if not calls:
         return out + [skipped(k, "no self-attention call whose q and k could be read") for k in KEYS]
-    call = calls[0]
-    index = next(i for i, c in enumerate(capture_scores(probe, x)) if c.ordinal == call.ordinal)
+    index, call = calls[0]
     H, E = call.q.shape[1], call.q.shape[-1]
     k = call.k
     if k.shape[1] == H:  # repeated key heads are equal exactly: count the distinct ones
@@ -210,11 +209,12 @@ def read(probe: Probe) -> list[Entry]:
     out += [Entry("attn.heads", H, f"q.k products per token ({call.kind})", judged=False),
             Entry("attn.kv_heads", kv, "distinct key heads in the product", judged=False),
             Entry("attn.head_dim", E, "channels of q in the product", judged=False)]
-    scale, s = read_scale(probe, x, call)
+    z0 = perturbed(probe, x, call, 0.0) if call.ordinal >= 0 else None  # the bias and the mask alone
+    scale, s = read_scale(probe, x, call, z0)
     out.append(scale)
-    out.append(read_softcap(probe, x, call, s) if s is not None else skipped("attn.softcap", "the scale was not read"))
+    out.append(read_softcap(probe, x, call, s, z0) if s is not None else skipped("attn.softcap", "the scale was not read"))
     _, long_calls = self_calls(probe, WINDOW_SEQ)
-    out.append(read_window(long_calls, WINDOW_SEQ) if long_calls else skipped("attn.window", "no self-attention call "
+    out.append(read_window([c for _, c in long_calls], WINDOW_SEQ) if long_calls else skipped("attn.window", "no self-attention call "
                                                                                 "at the window's length"))
     out.append(read_qk_norm(probe, x, call, index))
     return out

@@ -166,6 +166,8 @@ def bias_entries(probe: Probe, x: torch.Tensor, call: Scores) -> list[Entry]:
         z = got[0].logits
     f, seen, c = bias_by_distance(z)
     T = z.shape[-1]
+    if not bool(seen.any()):
+        return [skipped("pos.kind", "each query's own key is masked: the bias cannot be read against it")]
     span = (f[:, seen].amax(-1) - f[:, seen].amin(-1)).max().item()
     if span <= BIAS_MIN:
         return [Entry("pos.kind", "none", f"q constant over positions on identical tokens; the scores with q zeroed vary "
