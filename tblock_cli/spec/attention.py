@@ -213,8 +213,12 @@ def read(probe: Probe) -> list[Entry]:
     scale, s = read_scale(probe, x, call, z0)
     out.append(scale)
     out.append(read_softcap(probe, x, call, s, z0) if s is not None else skipped("attn.softcap", "the scale was not read"))
-    _, long_calls = self_calls(probe, WINDOW_SEQ)
-    out.append(read_window([c for _, c in long_calls], WINDOW_SEQ) if long_calls else skipped("attn.window", "no self-attention call "
-                                                                                "at the window's length"))
+    try:
+        _, long_calls = self_calls(probe, WINDOW_SEQ)
+    except Exception as e:  # noqa: BLE001 - a block with a shorter maximum length
+        out.append(skipped("attn.window", f"the block refused {WINDOW_SEQ} tokens: {type(e).__name__}"))
+    else:
+        out.append(read_window([c for _, c in long_calls], WINDOW_SEQ) if long_calls else
+                   skipped("attn.window", f"no self-attention call read at {WINDOW_SEQ} tokens"))
     out.append(read_qk_norm(probe, x, call, index))
     return out
