@@ -71,14 +71,15 @@ def _einsum_qk(eq: str, a: torch.Tensor, b: torch.Tensor):
 
 
 def _operands(name: str, args: tuple, kwargs: dict):
-    """(where the q operand sits: an index into args or a keyword, q, k as (..., S, E)) of a product call; None where
+    """(where the q operand sits: an index into args or a keyword, q, k as (..., S, E), the two operands as passed) of a
+    product call (the operands carry the tracer's scalar factors: q * 0.125 before the product); None where
     it is not a product of two operands (baddbmm's added input is not one: bloom's alibi.baddbmm(batch1=q, batch2=k))."""
     if name == "einsum" and args and isinstance(args[0], str):
         ops = args[1:] if len(args) > 2 else tuple(args[1])
         if len(ops) != 2:
             return None
         got = _einsum_qk(args[0], ops[0], ops[1])
-        return (1 if len(args) > 2 else None, *got) if got else None
+        return (1 if len(args) > 2 else None, *got, ops[0], ops[1]) if got else None
     if name == "baddbmm":
         named = [("batch1", 1), ("batch2", 2)]
         where = [k if k in kwargs else i for k, i in named]
@@ -89,7 +90,7 @@ def _operands(name: str, args: tuple, kwargs: dict):
     if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor) or a.ndim < 2 or b.ndim < 2 \
             or a.shape[-1] != b.shape[-2]:
         return None
-    return where[0], a, b.transpose(-2, -1)
+    return where[0], a, b.transpose(-2, -1), a, b
 
 
 class ScoreTracer(Tracer):
@@ -156,8 +157,8 @@ class ScoreTracer(Tracer):
         if len(self.scores) > markers:  # a product of two activations: perhaps q.k
             got = _operands(name, args, kwargs)
             if got is not None:
-                _, q, k = got
-                self.products_at[f"@scores{markers}"] = (self.n, q, k, self.fold(q, k), self.sources(q))
+                _, q, k, a, b = got
+                self.products_at[f"@scores{markers}"] = (self.n, q, k, self.fold(a, b), self.sources(a))
 
     def softmax(self, args, kwargs, out, ins):
         before = len(self.attention)
