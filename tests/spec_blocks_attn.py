@@ -43,7 +43,7 @@ def t5_bucket(rel: torch.Tensor, bidirectional: bool, num_buckets: int = 32, max
 class Attention(nn.Module):
     def __init__(self, d_model=64, n_heads=4, n_kv=None, theta=10000.0, rope=True, rot_dims=None, freq_width=None,
                  pairing="half", llama3=None, apply_scaling=True, scale_x=None, softcap=None, window=None,
-                 qk_norm=None, causal=True, sdpa=False, relbias=None, alibi=False):
+                 qk_norm=None, causal=True, sdpa=False, relbias=None, alibi=False, style="matmul"):
         super().__init__()
         self.h, self.kv = n_heads, n_kv or n_heads
         self.e = d_model // n_heads
@@ -71,6 +71,7 @@ class Attention(nn.Module):
         if relbias is not None:
             self.bias = nn.Embedding(32, n_heads)
         self.alibi = alibi
+        self.style = style  # matmul: q @ k^T * scale; einsum; fold: q * scale before the product
 
     def rotate(self, x):  # (B, H, T, E)
         T = x.shape[2]
@@ -108,7 +109,12 @@ class Attention(nn.Module):
         if self.sdpa:
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=self.scale)
         else:
-            s = q @ k.transpose(-2, -1) * self.scale
+            if self.style == "einsum":
+                s = torch.einsum("bhqd,bhkd->bhqk", q, k) * self.scale
+            elif self.style == "fold":
+                s = (q * self.scale) @ k.transpose(-2, -1)
+            else:
+                s = q @ k.transpose(-2, -1) * self.scale
             if self.softcap is not None:
                 s = torch.tanh(s / self.softcap) * self.softcap
             if self.relbias is not None:

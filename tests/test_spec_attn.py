@@ -201,8 +201,9 @@ def test_alibi_slopes_planted():
     assert [d["key"] for d in bad.facts["differs"]] == ["alibi.slopes"], bad.facts
 
 
-def test_sdpa_and_manual_read_the_same():
+@pytest.mark.parametrize("style", [{"sdpa": True}, {"style": "einsum"}, {"style": "fold"}], ids=["sdpa", "einsum", "fold"])
+def test_implementations_read_the_same(style):
     a, _ = card(BLOCK, {**TWIN, "softcap": None})
-    b, _ = card(BLOCK, {**TWIN, "softcap": None, "sdpa": True})
+    b, _ = card(BLOCK, {**TWIN, "softcap": None, **style})
     for key in ("attn.scale", "attn.window", "attn.qk_norm", "rope.theta", "rope.dims", "rope.freqs", "attn.kv_heads"):
         assert a.value(key) == pytest.approx(b.value(key), rel=1e-6), key

@@ -211,6 +211,8 @@ def trace_scores(probe: Probe, x: torch.Tensor, targets: frozenset[int] = frozen
         kind, ordinal, q, k, fold, sources = info
         logits = got["logits"]
         q4, k4 = _heads(q, logits), _heads(k, logits)
+        if k4 is not None and logits.ndim == 4 and logits.shape[-1] > k4.shape[-2]:
+            logits = logits[..., : k4.shape[-2]]  # sink logits appended to the keys' (gpt-oss): not a key's score
         if q4 is None or k4 is None or logits.ndim != 4 or q4.shape[-2] != logits.shape[-2] or k4.shape[-2] != logits.shape[-1]:
             continue
         if not grad:
