@@ -207,3 +207,14 @@ def test_implementations_read_the_same(style):
     b, _ = card(BLOCK, {**TWIN, "softcap": None, **style})
     for key in ("attn.scale", "attn.window", "attn.qk_norm", "rope.theta", "rope.dims", "rope.freqs", "attn.kv_heads"):
         assert a.value(key) == pytest.approx(b.value(key), rel=1e-6), key
+
+
+def test_llama3_band_equals_config():
+    """At 64 rotating dims three pairs fall in llama-3's band: its ends are orig / low_freq and orig / high_freq."""
+    pytest.importorskip("transformers")
+    c, _ = card("hf:llama", LLAMA3, d_model=128, n_heads=2)
+    rp = config_of(c, "hf:llama", LLAMA3, d_model=128, n_heads=2).rope_parameters
+    orig = rp["original_max_position_embeddings"]
+    assert close(c.value("rope.low_freq_wavelen"), orig / rp["low_freq_factor"], 1e-4)
+    assert close(c.value("rope.high_freq_wavelen"), orig / rp["high_freq_factor"], 1e-4)
+    assert c.value("rope.scaling") == "llama3"

@@ -30,6 +30,8 @@ KEYS: dict[str, str] = {
     "rope.scaling": "the frequency scaling: none, linear, ntk, llama3, yarn or other",
     "rope.factor": "the scaling's factor (1 for none)",
     "rope.freqs": "radians per position of each rotating pair, slowest last",
+    "rope.low_freq_wavelen": "llama-3 scaling: the wavelength from which pairs are divided by the whole factor (original max position / low_freq_factor)",
+    "rope.high_freq_wavelen": "llama-3 scaling: the wavelength below which pairs are kept (original max position / high_freq_factor)",
     "alibi.slopes": "ALiBi slope per head",
     "relbias.bidirectional": "a relative bias that changes with distance among the keys after the query too (T5's bidirectional buckets)",
     "relbias.curve": "the relative bias against distance (head 0), from -16 to +16",

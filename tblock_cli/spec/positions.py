@@ -13,7 +13,8 @@ from tblock_cli.spec.card import Entry, skipped
 from tblock_cli.spec.probe import Probe
 from tblock_cli.spec.scores import Scores, capture_scores, trace_scores
 
-ROPE_KEYS = ("rope.theta", "rope.dims", "rope.pairing", "rope.scaling", "rope.factor", "rope.freqs")
+ROPE_KEYS = ("rope.theta", "rope.dims", "rope.pairing", "rope.scaling", "rope.factor", "rope.freqs", "rope.low_freq_wavelen",
+             "rope.high_freq_wavelen")
 BIAS_KEYS = ("alibi.slopes", "relbias.bidirectional", "relbias.curve", "relbias.steps")
 # Positions the rotation is read over: each pair's advance is averaged over 63 steps.
 ROPE_SEQ = 64
@@ -111,13 +112,17 @@ def scaling_reading(freqs: list[float], dims: int) -> dict:
     slow = [k for k, r in enumerate(rho) if abs(r / factor - 1) <= RATIO_TOL]
     if len(kept) + len(slow) + len(band) != m:
         return {"theta": theta, "scaling": "other", "factor": None}
-    kind = "llama3"
+    kind, wavelens = "llama3", None
     if len(band) >= 2:  # the ramp's shape: llama-3's s is linear in the frequency, YaRN's in the pair index
         s = [(1 / rho[k] - 1 / factor) / (1 - 1 / factor) for k in band]
-        w = [plain[k] for k in band]  # llama-3 ramps over the plain wavelength
+        w = [plain[k] for k in band]  # llama-3 ramps over the plain frequency
         lin = lambda xs: max(abs(v - (s[0] + (s[-1] - s[0]) * (x - xs[0]) / (xs[-1] - xs[0]))) for x, v in zip(xs, s))
         kind = "llama3" if lin(w) <= lin([float(k) for k in band]) else "yarn"
-    return {"theta": theta, "scaling": kind, "factor": factor}
+        if kind == "llama3":  # s = 0 and s = 1 on that line: the wavelengths orig / low_freq and orig / high_freq
+            a = (s[-1] - s[0]) / (w[-1] - w[0])
+            b = s[0] - a * w[0]
+            wavelens = (2 * math.pi * a / -b, 2 * math.pi * a / (1 - b))
+    return {"theta": theta, "scaling": kind, "factor": factor, "wavelens": wavelens}
 
 
 def rope_entries(rot: dict) -> list[Entry]:
@@ -137,6 +142,14 @@ def rope_entries(rot: dict) -> list[Entry]:
     out.append(Entry("rope.scaling", sc["scaling"], "the measured table against theta's plain table"))
     out.append(Entry("rope.factor", round(sc["factor"], 6), "theta's plain frequency over the slowest pair's", FACTOR_TOL)
                if sc["factor"] is not None else skipped("rope.factor", "no single factor scales this table"))
+    band = sc.get("wavelens")
+    for key, i, side in (("rope.low_freq_wavelen", 0, "the slow"), ("rope.high_freq_wavelen", 1, "the fast")):
+        if band is not None:
+            out.append(Entry(key, round(band[i], 3), f"where llama-3's band meets {side} pairs: its ramp, linear in the "
+                                                     f"plain frequency over the band's pairs, at {i}", FACTOR_TOL))
+        else:
+            out.append(skipped(key, "no llama-3 band of two pairs or more (the band's ends are read off its ramp)"
+                               if sc.get("scaling") in ("llama3", "yarn") else "no llama-3 scaling"))
     return out
 
 
