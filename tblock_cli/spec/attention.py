@@ -28,8 +28,16 @@ CAP_GROWTH = 1.5
 # The cap c, relative: read to tanh's saturation (<= 1e-8 at CAP_LOGIT for c <= 50); a cap missing reads none.
 CAP_TOL = 0.01
 # Tokens the mask is read over for a sliding window: a window shorter than this is seen (gpt-oss's 128, gemma3's 512;
-# mistral's 4096 would need 16M scores per head, and reads none, as its reference does at this length).
+# mistral's 4096 would need 16M scores per head, and reads none, as its reference does at this length). Wider blocks
+# are read over fewer tokens, WINDOW_WORK / d_model, at least WINDOW_MIN: the traced forward at 513 tokens took 4.7 s
+# at d_model 1024 (float64, 2 threads), and grows with the width; a reference is read at the same sizes, so the same length.
 WINDOW_SEQ = 513
+WINDOW_MIN = 129
+WINDOW_WORK = 2**19
+
+
+def window_seq(d_model: int) -> int:
+    return max(WINDOW_MIN, min(WINDOW_SEQ, WINDOW_WORK // max(d_model, 1) + 1))
 # Earlier outputs changed by a later token by less than this, relative to the output: unchanged (float64: exact 0 where
 # masked keys get zero weight; -1e4 masks give exp(-1e4) = 0 in float64 too).
 CAUSAL_TOL = 1e-10
@@ -216,12 +224,13 @@ def read(probe: Probe) -> list[Entry]:
     scale, s = read_scale(probe, x, call, z0)
     out.append(scale)
     out.append(read_softcap(probe, x, call, s, z0) if s is not None else skipped("attn.softcap", "the scale was not read"))
+    T = window_seq(probe.d)
     try:
-        _, long_calls = self_calls(probe, WINDOW_SEQ)
+        _, long_calls = self_calls(probe, T)
     except Exception as e:  # noqa: BLE001 - a block with a shorter maximum length
-        out.append(skipped("attn.window", f"the block refused {WINDOW_SEQ} tokens: {type(e).__name__}"))
+        out.append(skipped("attn.window", f"the block refused {T} tokens: {type(e).__name__}"))
     else:
-        out.append(read_window([c for _, c in long_calls], WINDOW_SEQ) if long_calls else
-                   skipped("attn.window", f"no self-attention call read at {WINDOW_SEQ} tokens"))
+        out.append(read_window([c for _, c in long_calls], T) if long_calls else
+                   skipped("attn.window", f"no self-attention call read at {T} tokens"))
     out.append(read_qk_norm(probe, x, call, index))
     return out
