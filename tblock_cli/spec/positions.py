@@ -34,6 +34,10 @@ THETA_TOL = 0.02
 # Neighbouring frequency ratios equal to this (relative) are one geometric table: float32 tables <= 1e-6 apart; the
 # llama-3 band changes a ratio by >= 10% at factor 8.
 RATIO_TOL = 1e-3
+# The band's ramp fits a line (in the plain frequency: llama-3; in the pair index: YaRN) to this, in its share s of the
+# plain frequency kept (0..1): HF tables <= 1e-7 on their own line; the other line misses by 0.05 (llama-3, 3 band
+# pairs at 64 dims) and 0.30 (YaRN, 12).
+RAMP_TOL = 1e-3
 # The scaling's factor, relative (measured: exact to the table's float32 rounding).
 FACTOR_TOL = 0.02
 # Tokens the additive bias is read over: relative buckets at distances up to 47 each way.
@@ -117,7 +121,9 @@ def scaling_reading(freqs: list[float], dims: int) -> dict:
         s = [(1 / rho[k] - 1 / factor) / (1 - 1 / factor) for k in band]
         w = [plain[k] for k in band]  # llama-3 ramps over the plain frequency
         lin = lambda xs: max(abs(v - (s[0] + (s[-1] - s[0]) * (x - xs[0]) / (xs[-1] - xs[0]))) for x, v in zip(xs, s))
-        kind = "llama3" if lin(w) <= lin([float(k) for k in band]) else "yarn"
+        if len(band) >= 3:  # two points lie on either line: the shape is told from three
+            by_freq, by_index = lin(w), lin([float(k) for k in band])
+            kind = "llama3" if by_freq <= RAMP_TOL else "yarn" if by_index <= RAMP_TOL else "other"
         if kind == "llama3":  # s = 0 and s = 1 on that line: the wavelengths orig / low_freq and orig / high_freq
             a = (s[-1] - s[0]) / (w[-1] - w[0])
             b = s[0] - a * w[0]
