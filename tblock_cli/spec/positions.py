@@ -8,7 +8,15 @@ import math
 
 import torch
 
-from tblock_cli.checks.positions import BIAS_MIN, LINEAR_FIT, SLOPE_FLOOR, TOEPLITZ_LIMIT, centred_rows, line_fit, toeplitz_error
+from tblock_cli.checks.positions import (
+    BIAS_MIN,
+    LINEAR_FIT,
+    SLOPE_FLOOR,
+    TOEPLITZ_LIMIT,
+    centred_rows,
+    line_fit,
+    toeplitz_error,
+)
 from tblock_cli.spec.card import Entry, skipped
 from tblock_cli.spec.probe import Probe
 from tblock_cli.spec.scores import Scores, capture_scores, trace_scores
