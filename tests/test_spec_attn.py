@@ -1,6 +1,7 @@
 """The spec card's attention and position entries: read off Hugging Face layers they equal the layer's config; planted
 wrong in a user-written block, each is named by the declared spec check; the correct twin passes."""
 
+from pathlib import Path
 
 import pytest
 import torch
@@ -9,7 +10,7 @@ from spec_blocks_attn import t5_bucket
 from tblock_cli.api import check, spec
 from tblock_cli.checks.positions import paper_slopes
 
-BLOCK = "tests/spec_blocks_attn.py:Block"
+BLOCK = f"{Path(__file__).parent / 'spec_blocks_attn.py'}:Block"
 SIZES = {"d_model": 64, "n_heads": 4, "threads": 1}
 HF_SIZES = {**SIZES, "d_ff": 128}
 
