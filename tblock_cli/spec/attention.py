@@ -52,6 +52,7 @@ def self_calls(probe: Probe, T: int) -> tuple[torch.Tensor, list[tuple[int, Scor
     """A random input of T tokens and the attention calls of its forward whose scores are square (self-attention),
     each with its index among all the calls read."""
     x = probe.x(1, T)
+    probe.run(x)  # a block that caches per length (x-transformers' ALiBi) settles first: later forwards make the same calls
     return x, [(i, c) for i, c in enumerate(capture_scores(probe, x)) if c.square and c.logits.shape[-1] == T]
 
 

@@ -57,6 +57,20 @@ def _heads(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor | None:
     return t.reshape(B, H, t.shape[-2], t.shape[-1])
 
 
+def _without_sinks(logits: torch.Tensor, S: int) -> torch.Tensor:
+    """The S key columns of scores with learned sink logits beside them: x-transformers prepends its sinks (a column
+    equal down every query where the last key's is not), gpt-oss appends them (and subtracts each row's maximum, so
+    neither end is constant): the end unless only the start is constant."""
+    n = logits.shape[-1] - S
+
+    def constant(cols: torch.Tensor) -> bool:
+        ok = torch.isfinite(cols).all()
+        return bool(ok and (cols - cols[..., :1, :]).abs().max() <= 1e-12 * cols.abs().max().clamp_min(1))
+
+    start_only = constant(logits[..., :n]) and not constant(logits[..., S:])
+    return logits[..., n:] if start_only else logits[..., :S]
+
+
 def _einsum_qk(eq: str, a: torch.Tensor, b: torch.Tensor):
     """q (..., L, E) and k (..., S, E) from an einsum's two operands, laid out as its output (..., L, S)."""
     ins, out = eq.replace(" ", "").split("->")
@@ -212,7 +226,7 @@ def trace_scores(probe: Probe, x: torch.Tensor, targets: frozenset[int] = frozen
         logits = got["logits"]
         q4, k4 = _heads(q, logits), _heads(k, logits)
         if k4 is not None and logits.ndim == 4 and logits.shape[-1] > k4.shape[-2]:
-            logits = logits[..., : k4.shape[-2]]  # sink logits appended to the keys' (gpt-oss): not a key's score
+            logits = _without_sinks(logits, k4.shape[-2])
         if q4 is None or k4 is None or logits.ndim != 4 or q4.shape[-2] != logits.shape[-2] or k4.shape[-2] != logits.shape[-1]:
             continue
         if not grad:
