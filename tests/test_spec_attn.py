@@ -217,3 +217,12 @@ def test_llama3_band_equals_config():
     assert close(c.value("rope.low_freq_wavelen"), orig / rp["low_freq_factor"], 1e-4)
     assert close(c.value("rope.high_freq_wavelen"), orig / rp["high_freq_factor"], 1e-4)
     assert c.value("rope.scaling") == "llama3"
+
+
+def test_gpt_oss_sinks_do_not_hide_its_window():
+    """gpt-oss appends a learned sink logit to each row of scores: the keys' columns are read without it."""
+    pytest.importorskip("transformers")
+    c, _ = card("hf:gpt_oss")
+    cfg = config_of(c, "hf:gpt_oss")
+    assert c.value("attn.window") == cfg.sliding_window and close(c.value("attn.scale"), cfg.head_dim, 1e-6)
+    assert close(c.value("rope.theta"), cfg.rope_parameters["rope_theta"], 1e-3)
