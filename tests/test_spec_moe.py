@@ -7,7 +7,7 @@ import pytest
 from spec_blocks_moe import DenseBlock, FlatBlock, HeadsListBlock, InnerResidualBlock, MoEBlock
 
 import tblock_cli
-from tblock_cli.spec.read import read_card
+from tblock_cli.card.read import read_card
 
 SIZES = {"d_model": 32, "n_heads": 4, "d_ff": 64, "threads": 1}
 # with the other transformers tests (tests/test_hf.py): the import is paid once
@@ -126,8 +126,8 @@ def test_blocks_without_routing_read_no_experts(block):
 def test_reading_restores_the_weights():
     import copy
 
-    from tblock_cli.spec import moe as reader
-    from tblock_cli.spec.probe import float64_probe
+    from tblock_cli.card import moe as reader
+    from tblock_cli.card.probe import float64_probe
     from tblock_cli.subject.setup import setup
 
     s = setup(lambda: MoEBlock(32, 4, 64, shared=True), dict(SIZES), trains=False)

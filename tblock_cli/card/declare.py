@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from tblock_cli.card.entries import Card, Claim, claims_from_card, parse_expect
 from tblock_cli.errors import ConfigError, TBlockError, one_line
-from tblock_cli.spec.card import Card, Claim, claims_from_card, parse_expect
 
 # Config fields that make a family's first layers dense (its MoE layers come later in the stack), and the values that
 # make layer 0 an MoE layer: the --like reference's moe entries are read there, the rest on layer 0 as configured.
@@ -64,7 +64,7 @@ def declare(like, like_kwargs, expect, cfg, setup, *, compare_with=None, kwargs=
     """Claims from --expect and from the --like layer's card; with compare_with (the block under test as compare's
     side A takes it, and kwargs its --kwargs), also the comparison against that layer with the block's weights carried
     to it."""
-    from tblock_cli.spec.read import read_card
+    from tblock_cli.card.read import read_card
 
     claims, reference_kwargs = validate(like, like_kwargs, expect)
     if like is None:
@@ -98,8 +98,8 @@ def moe_entries_of_a_moe_layer(reference: Card, like: str, kwargs, options: dict
     config (DeepSeek-V3's first_k_dense_replace=3): a block that ports its MoE layer is held against those."""
     import dataclasses
 
-    from tblock_cli.spec import moe
-    from tblock_cli.spec.probe import float64_probe
+    from tblock_cli.card import moe
+    from tblock_cli.card.probe import float64_probe
 
     given = config.to_dict() if config is not None and hasattr(config, "to_dict") else {}
     moved = {k: v for k, v in MOE_FIRST.items() if k in given and given[k] != v}

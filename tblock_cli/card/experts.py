@@ -9,8 +9,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
+from tblock_cli.card.probe import Probe
 from tblock_cli.probes import train_mode
-from tblock_cli.spec.probe import Probe
 
 # Calls that choose experts from the router's outputs.
 SELECT = frozenset({"topk", "sort", "argsort", "max", "argmax", "kthvalue"})

@@ -8,6 +8,9 @@ import math
 
 import torch
 
+from tblock_cli.card.entries import Entry, skipped
+from tblock_cli.card.probe import Probe
+from tblock_cli.card.scores import Scores, capture_scores, trace_scores
 from tblock_cli.checks.positions import (
     BIAS_MIN,
     LINEAR_FIT,
@@ -17,9 +20,6 @@ from tblock_cli.checks.positions import (
     line_fit,
     toeplitz_error,
 )
-from tblock_cli.spec.card import Entry, skipped
-from tblock_cli.spec.probe import Probe
-from tblock_cli.spec.scores import Scores, capture_scores, trace_scores
 
 ROPE_KEYS = ("rope.theta", "rope.dims", "rope.pairing", "rope.scaling", "rope.factor", "rope.freqs", "rope.low_freq_wavelen",
              "rope.high_freq_wavelen")

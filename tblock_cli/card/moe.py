@@ -9,10 +9,10 @@ import math
 import torch
 import torch.nn as nn
 
+from tblock_cli.card.entries import Entry, skipped
+from tblock_cli.card.experts import FEW_TOKENS, MANY_EXPERTS, Experts, Mixture, find, one_expert
+from tblock_cli.card.probe import Probe
 from tblock_cli.probes import train_mode
-from tblock_cli.spec.card import Entry, skipped
-from tblock_cli.spec.experts import FEW_TOKENS, MANY_EXPERTS, Experts, Mixture, find, one_expert
-from tblock_cli.spec.probe import Probe
 
 KEYS = ("moe.experts", "moe.top_k", "moe.router", "moe.renorm", "moe.scale", "moe.weight_sum", "moe.select",
         "moe.shared", "moe.shared_gate")
@@ -356,7 +356,7 @@ def _shared(probe: Probe, mix: Mixture, y_none: torch.Tensor, d: torch.Tensor) -
 def _gate_linear(probe: Probe, mix: Mixture):
     """A linear inside the mixture with one output per token (a shared expert's gate): its module and its outputs,
     read from a capture of the mixture alone."""
-    from tblock_cli.spec.probe import Capture
+    from tblock_cli.card.probe import Capture
 
     cap = Capture(probe.module)
     try:

@@ -14,8 +14,8 @@ import torch.nn.functional as F
 from tblock_cli.anatomy.attention import sdpa_signature
 from tblock_cli.anatomy.mha import MASKED_LOGIT, MHACall
 from tblock_cli.anatomy.tracer import Tracer
+from tblock_cli.card.probe import Probe
 from tblock_cli.probes import train_mode
-from tblock_cli.spec.probe import Probe
 
 
 @dataclass(frozen=True)

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import torch
 
-from tblock_cli.spec.card import Entry, skipped
-from tblock_cli.spec.probe import Probe
-from tblock_cli.spec.scores import Scores, capture_scores
+from tblock_cli.card.entries import Entry, skipped
+from tblock_cli.card.probe import Probe
+from tblock_cli.card.scores import Scores, capture_scores
 
 KEYS = ("attn.heads", "attn.kv_heads", "attn.head_dim", "attn.scale", "attn.softcap", "attn.window", "attn.qk_norm")
 # Tokens of the random input the scores are read on: enough entries per head for the fits below.
