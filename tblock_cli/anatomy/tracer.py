@@ -20,21 +20,11 @@ from tblock_cli.anatomy.attention import (
 )
 from tblock_cli.anatomy.calls import record_mha, record_sdpa
 from tblock_cli.anatomy.ops import ACTIVATIONS, LINEAR, MATMULS, NORMS, SCALING, SOFTMAX
+from tblock_cli.probes import tensors
 
 # Provenance flags: an activation function acted (gelu, silu, ...), or another nonlinearity did (a
 # product of two activations, exp, ...). A projection reached with neither composes linearly.
 ACT, NONLINEAR = 1, 2
-
-
-def tensors(obj):
-    if isinstance(obj, torch.Tensor):
-        yield obj
-    elif isinstance(obj, (list, tuple)):
-        for o in obj:
-            yield from tensors(o)
-    elif isinstance(obj, dict):
-        for o in obj.values():
-            yield from tensors(o)
 
 
 def owns_several_matrices(m: nn.Module) -> bool:
