@@ -15,7 +15,8 @@ from tblock_cli import runtime
 from tblock_cli.config import BUILTIN_ONLY, BlockConfig, Flag, build_config, parse_kwargs
 from tblock_cli.errors import ConfigError, LoadError
 from tblock_cli.report import RunInfo
-from tblock_cli.subject.loading import ALIASES, Subject, builtin_subject, construct, user_subject
+from tblock_cli.subject import Subject
+from tblock_cli.subject.loading import ALIASES, builtin_subject, construct, user_subject
 
 # Flags that describe a user block's forward; the built-in block takes pad_mask, True = pad.
 USER_ONLY = ("pad_keyword", "pad_means")
