@@ -255,6 +255,8 @@ def test_layers_builds_the_model_once_and_is_not_called_builtin_only(monkeypatch
     r = tblock_cli.depth("hf:llama", layers=2, d_model=32, n_heads=4, d_ff=64, seq=6, threads=1)
     assert len(r.layers) == 2 and len(built) == 1
     assert not any("built-in" in w for w in r.run.warnings)
+    # the config the model implies (a rotary decoder, HF's mask) is the run's, though depth builds its layers later
+    assert (r.run.config["causal"], r.run.config["positional"], r.run.config["pad_means"]) == (True, True, "keep")
 
 
 def test_kv_cache_bytes_count_the_kv_heads_the_cache_holds_not_the_repeated_ones():
