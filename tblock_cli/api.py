@@ -222,6 +222,7 @@ def depth(block=None, *, compare: bool = False, strict: bool = False, **options)
         s = setup(block, {**options, "norm": n}, allow_mixed=True, layers_apply=True)
         with s.session():
             s.gate(lambda cfg, _n: runtime.estimate_bytes(cfg), "depth")  # the stack is built layer by layer
+            s.resolve()
             reports.append(run_depth(s.cfg, s.device, s.dtype, layer_maker(s, block), strict=strict,
                                      run=s.run(strict=strict, compare=compare)))
     return DepthComparison(tuple(reports)) if compare else reports[0]

@@ -12,7 +12,7 @@ import torch.nn as nn
 from tblock_cli.config import BlockConfig
 from tblock_cli.errors import USER_ERRORS, reraise_as_measure_error
 from tblock_cli.probes import f64, residual_gain
-from tblock_cli.report import Finding, RunInfo, Status, failing_of
+from tblock_cli.report import Finding, RunInfo, Status, Verdict
 
 # A Post-LN layer ends in LayerNorm: at the default affine init (weight 1, bias 0) every output
 # token has mean 0 and (biased) std sqrt(var / (var + eps)) ~ 1. A Pre-LN layer's output is x + f(...),
@@ -34,7 +34,7 @@ class LayerStats:
 
 
 @dataclass(frozen=True)
-class DepthReport:
+class DepthReport(Verdict):
     subject: str
     norm: str  # what was asked: pre | post | mixed | user
     layers: tuple[LayerStats, ...]
@@ -45,14 +45,6 @@ class DepthReport:
     strict: bool
     run: RunInfo | None = None
 
-    @property
-    def failing(self) -> tuple[Finding, ...]:
-        return failing_of(self.findings, self.strict)
-
-    @property
-    def ok(self) -> bool:
-        return not self.failing
-
     def body(self) -> dict:
         return {"norm": self.norm, "layers": self.layers, "final_norm": self.final_norm, "final_rms": self.final_rms,
                 "input_rms": self.input_rms, "findings": self.findings}
@@ -62,18 +54,14 @@ class DepthReport:
 
 
 @dataclass(frozen=True)
-class DepthComparison:
+class DepthComparison(Verdict):
     """depth --compare: pre, post and mixed stacks of the same depth."""
 
     reports: tuple[DepthReport, ...]
 
     @property
-    def failing(self) -> tuple[Finding, ...]:
-        return tuple(f for r in self.reports for f in r.failing)
-
-    @property
-    def ok(self) -> bool:
-        return not self.failing
+    def strict(self) -> bool:
+        return any(r.strict for r in self.reports)  # one --strict for the three stacks
 
     @property
     def findings(self) -> tuple[Finding, ...]:

@@ -197,7 +197,9 @@ def compare(a, b, options: dict, *, kwargs_a, kwargs_b, dtype_b, compile, backen
     """tblock compare's options (each side's own block is judged when it is built)."""
     check_options({"compile": compile, "dtype_b": dtype_b, "backend": backend, "atol": atol, "rtol": rtol,
                    "map_file": map_file}, compile=bool, dtype_b=str, backend=str, atol=float, rtol=float, map_file=str)
-    shared(a, {k: v for k, v in options.items() if k != "kwargs"})
+    sides = (a,) if compile else (a, b)  # with --compile, B is A compiled
+    builtin = any(side is None or side == BUILTIN for side in sides)
+    shared(None if builtin else a, {k: v for k, v in options.items() if k != "kwargs"})  # a built-in side: flags alone
     side_options(kwargs_a, kwargs_b, dtype_b)
     for flag, tol in (("--atol", atol), ("--rtol", rtol)):
         if tol is None:

@@ -10,10 +10,10 @@ import torch.nn as nn
 from tblock_cli.anatomy import GROUPS, predicted_ffn_share
 from tblock_cli.config import BlockConfig
 from tblock_cli.errors import USER_ERRORS, reraise_as_measure_error
-from tblock_cli.report import Finding, RunInfo, Status, failing_of
+from tblock_cli.report import Finding, RunInfo, Status, Verdict
 from tblock_cli.runtime import dtype_name
+from tblock_cli.subject import Subject
 from tblock_cli.subject.builtin import Block, Stack
-from tblock_cli.subject.loading import Subject
 
 # A backward pass costs two matmuls per forward matmul (one for the input's gradient, one for the
 # weight's), so a training step is 3x the forward in matmul FLOPs; FlopCounterMode counts the same.
@@ -36,7 +36,7 @@ class Component:
 
 
 @dataclass(frozen=True)
-class ParamReport:
+class ParamReport(Verdict):
     subject: str
     components: tuple[Component, ...]  # one layer's rows (+ final_ln), or the user block's module rows
     layers: int  # how many times the per-layer rows repeat in the total
@@ -53,14 +53,6 @@ class ParamReport:
     linear_chains: tuple[tuple[str, str], ...] = ()  # FFN (first, second) projections that compose to one linear map
     kv_cache: dict | None = None  # bytes_per_token, bytes_at_seq: what a decoding cache holds
     findings: tuple[Finding, ...] = ()  # the FFN share (or why it is omitted), linear chains
-
-    @property
-    def failing(self) -> tuple[Finding, ...]:
-        return failing_of(self.findings)  # params counts; no finding of its fails
-
-    @property
-    def ok(self) -> bool:
-        return not self.failing
 
     @property
     def ffn_note(self) -> str:

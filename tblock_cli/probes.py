@@ -28,12 +28,22 @@ TOLERANCE = {torch.float64: 1e-10, torch.float32: 1e-5, torch.float16: 8e-3, tor
 _BOOKKEEPING = frozenset(vars(nn.Module())) - {"_parameters", "_buffers", "_modules", "training"}
 
 
+def tensors(obj):
+    """Every tensor in obj, and in the lists, tuples and dicts it holds."""
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, (list, tuple)):
+        for o in obj:
+            yield from tensors(o)
+    elif isinstance(obj, dict):
+        for o in obj.values():
+            yield from tensors(o)
+
+
 def state_key(module: nn.Module) -> tuple:
     """What a forward could read besides its input: every parameter's, buffer's and tensor attribute's identity and
     version, and plain scalar attributes, of the module and of modules it keeps as attributes (an HF layer's model).
     Equal keys: an eval forward of the same input computes what it computed before (once determinism holds)."""
-    from tblock_cli.anatomy.tracer import tensors
-
     key, seen, todo = [], set(), [module]
     while todo:
         m = todo.pop()

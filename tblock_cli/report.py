@@ -49,6 +49,20 @@ def failing_of(findings, strict: bool = False) -> tuple:
     return tuple(f for f in findings if f.status in bad)
 
 
+class Verdict:
+    """The protocol every command's report follows, written once: `findings` (each with status, kind, facts, text;
+    a check report's are its check results), `failing` (what makes it not ok: fail and error, and warn where the
+    report is `strict`) and `ok`. A report supplies `findings` (and `strict` where it has one)."""
+
+    @property
+    def failing(self) -> tuple:
+        return failing_of(self.findings, getattr(self, "strict", False))
+
+    @property
+    def ok(self) -> bool:
+        return not self.failing
+
+
 def jsonable(obj):
     """Dataclasses, enums, tuples and non-finite floats turned into plain JSON values."""
     if isinstance(obj, Finding):

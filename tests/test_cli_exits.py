@@ -222,3 +222,18 @@ def test_layers_with_an_hf_block_builds_them_and_does_not_warn():
     r = tblock_cli.params("hf:llama", d_model=32, n_heads=4, d_ff=64, layers=2)
     assert not any("--layers" in w for w in r.run.warnings)
     assert r.to_dict()["total"] == 2 * tblock_cli.params("hf:llama", d_model=32, n_heads=4, d_ff=64).to_dict()["total"]
+
+
+def test_compare_flags_are_refused_before_torch_is_imported():
+    """compare's own rules live in the same front door as the other commands' (options.compare)."""
+    bad = [["compare", "builtin", "x.py:A", "--kwargs", "{}"], ["compare", "x.py:A", "x.py:B", "--kwargs", "[1"],
+           ["compare", "builtin", "builtin", "--d-model", "100", "--n-heads", "8"], ["compare", "builtin", "--compile", "--backend", "tvm"],
+           ["compare", "builtin", "builtin", "--atol", "-1"], ["compare", "builtin", "builtin", "--backend", "eager"],
+           ["compare", "builtin"], ["compare", "builtin", "builtin", "--dtype-b", "float8"]]
+    code = ("import sys\nfrom tblock_cli.cli import main\ncodes = []\n"
+            f"for args in {bad!r}:\n"
+            "    try:\n        main(args)\n    except SystemExit as e:\n        codes.append(e.code)\n"
+            "print(codes, 'torch' in sys.modules)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert r.stdout.strip() == f"{[2] * len(bad)} False", (r.stdout, r.stderr)
+    assert len(r.stderr.strip().splitlines()) == len(bad)

@@ -273,3 +273,19 @@ def test_compare_is_gated_before_any_weight_exists():
     assert r.stdout.split() == ["2", "False"], (r.stdout, r.stderr)
     assert "compare needs an estimated" in r.stderr and "65,536 MiB free" in r.stderr
     assert time.perf_counter() - started < 30
+
+
+def test_each_side_is_built_once_and_an_hf_side_says_causal_once_built(monkeypatch):
+    """An hf: model says whether it is causal only once built, so hf: sides are built first and the other side follows:
+    hf:gpt2 against builtin makes the built-in side causal (and equal); hf:bert against hf:gpt2 takes the flag over
+    without building bert a second time."""
+    from tblock_cli.subject import hf
+
+    built = []
+    real = hf.build
+    monkeypatch.setattr(hf, "build", lambda *a, **k: built.append(a[0]) or real(*a, **k))
+    r = tblock_cli.compare("hf:gpt2", "builtin", **SIZES, kwargs_a={"activation_function": "gelu"})
+    assert built == ["gpt2"] and r.run.config["causal"] is True and r.ok, (r.run.config, r.findings)
+    built.clear()
+    tblock_cli.compare("hf:bert", "hf:gpt2", **SIZES)
+    assert built == ["bert", "gpt2"]

@@ -149,3 +149,21 @@ def test_bench_decode_of_the_wrong_shape_is_one_line_exit_one():
                               "--decode", "4", "--min-time", "0.01", "--threads", "1"])
     assert res.exit_code == 1, res.output
     assert len(res.stderr.strip().splitlines()) == 1 and "shape (2, 1, 1)" in res.stderr and "(2, 8, 32)" in res.stderr
+
+
+def test_one_report_protocol_and_one_finding_type(every_report):
+    """ok / failing / findings are written once (report.Verdict); compare's findings are the same Finding type. A
+    planted failing finding turns any report not ok, and a warning only under strict."""
+    import dataclasses
+
+    from tblock_cli.comparing.report import CompareReport
+    from tblock_cli.comparing.report import Finding as CompareFinding
+    from tblock_cli.report import Verdict
+
+    assert CompareFinding is Finding and issubclass(CompareReport, Verdict)
+    for name, report in every_report.items():
+        assert isinstance(report, Verdict), name
+    depth = every_report["depth"]
+    for status, strict, ok in ((Status.FAIL, False, False), (Status.WARN, False, True), (Status.WARN, True, False)):
+        planted = dataclasses.replace(depth, findings=depth.findings + (Finding(status, "depth.no_final_norm", {}),), strict=strict)
+        assert planted.ok is ok and (planted.failing[-1:] == planted.findings[-1:]) is (not ok), (status, strict)

@@ -4,7 +4,7 @@ An inverted ratio, ms printed as s, or a dropped column changes the text and fai
 intended change of a view: `pytest tests/test_golden.py --update-golden`, then read the diff. Each
 golden also asserts an invariant read back from the text (torchinfo's habit), so a golden rewritten
 with a wrong number still fails: params rows add up to the total, check counts to the checks, an
-on/off ratio to its medians, depth's gradient finding to its table.
+on/off ratio to its medians, depth's gradient finding to its table, compare's first difference to its components.
 """
 
 import io
@@ -19,7 +19,11 @@ from tblock_cli import render
 from tblock_cli.benchmark.report import BenchReport, BenchResult, Breakdown, Comparison
 from tblock_cli.benchmark.timing import Latency
 from tblock_cli.checks import CheckReport, CheckResult
+from tblock_cli.comparing.localise import ComponentDiff
+from tblock_cli.comparing.report import CompareReport, Finding
+from tblock_cli.comparing.report import Comparison as Compared
 from tblock_cli.depth_report import DepthReport, LayerStats, depth_findings
+from tblock_cli.render.compare import compare_view
 from tblock_cli.report import RunInfo, Status
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -70,6 +74,36 @@ def depth_report():
     layers = tuple(LayerStats(i, p, 1.0 + 0.1 * i, 2.0 - 0.2 * i, 0.5, 0.98, 0.01, 0.3) for i, p in enumerate(("pre", "pre", "post")))
     return DepthReport("built-in mixed-LN stack x3", "mixed", layers, False, None, 1.0,
                        tuple(depth_findings(list(layers), False, None, 1.0)), True)
+
+
+def compare_report():
+    """A Meta-layout rotary block against HF's: equal up to the keys after positions, different from there on."""
+    tol = 1e-5
+    comparisons = (Compared("outputs", 0.41, 1.7, tol, False), Compared("input_grad", 0.38, 0.92, tol, False),
+                   Compared("param_grads", 0.52, 0.061, tol, False, "layers.0.attn.q_proj.weight"),
+                   Compared("decode", 3.1e-7, 2.2e-6, tol, True))
+    components = (ComponentDiff("norm#0", 0.0, 0.0, (2, 10, 64)), ComponentDiff("attn.q#0", 2.4e-7, 1.1e-6, (2, 10, 64)),
+                  ComponentDiff("attn.k_pos#0", 0.93, 2.6, (2, 4, 10, 16)), ComponentDiff("attn.weights#0", 0.31, 0.44, (2, 4, 10, 10)),
+                  ComponentDiff("ffn.out#0", 0.47, 1.5, (2, 10, 64)))
+    findings = (Finding(Status.INFO, "mapping.carried", {"name": 9, "role": 0, "map": 0}),
+                Finding(Status.WARN, "mapping.name_role", {"a": "wo", "a_role": "attn.out", "b": "wo", "b_role": "ffn.out"}),
+                Finding(Status.FAIL, "compare.differ", {"what": ["outputs", "input_grad", "param_grads"]}),
+                Finding(Status.FAIL, "compare.first_difference", {"component": "attn.k_pos#0", "rel": 0.93, "max_abs": 2.6,
+                                                                  "rotary": {"a": "interleaved", "b": "half-split"}}))
+    run = RunInfo("zoo_compare.py:LlamaInterleavedRope vs hf:llama", {"dtype_b": None}, ENV)
+    return CompareReport("zoo_compare.py:LlamaInterleavedRope", "hf:llama", comparisons, findings, {}, components, None, run)
+
+
+def first_difference_is_the_first_component_over_tolerance(text: str, report) -> None:
+    rows = re.findall(r"^\s*(\S+#\d+)\s+([\d.e+-]+|0)\s", text, re.M)
+    assert [r[0] for r in rows] == [d.component for d in report.components]
+    tol = max(c.tol for c in report.comparisons)
+    first = next(name for name, rel in rows if float(rel) > tol)
+    table = text[text.index("error per component"):]
+    blocks = re.split(r"^\s*(?=\S+#\d+\s)", table, flags=re.M)[1:]  # one per component row, its wrapped lines with it
+    marked = [b.split()[0] for b in blocks if "<- first difference" in " ".join(b.split())]
+    assert marked == [first] and first == report.first_difference.facts["component"]
+    assert ("DIFFERENT" in text) == (not report.ok) and text.count("DIFFERS") == sum(not c.equal for c in report.comparisons)
 
 
 def params_sections(text: str) -> list[list[tuple[str, int]]]:
@@ -135,6 +169,7 @@ INVARIANTS = {
                     rows_sum_to_the_total),
     "bench": (bench_report, on_off_is_the_ratio_of_the_medians),
     "depth": (depth_report, gradient_finding_matches_the_table),
+    "compare": (compare_report, first_difference_is_the_first_component_over_tolerance),
 }
 
 VIEWS = {
@@ -144,6 +179,7 @@ VIEWS = {
                                                                 kwargs={"dropout": 0.0})),
     "bench": lambda: render.bench_view(bench_report()),
     "depth": lambda: render.depth_view(depth_report()),
+    "compare": lambda: compare_view(compare_report()),
 }
 
 

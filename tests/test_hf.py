@@ -255,6 +255,8 @@ def test_layers_builds_the_model_once_and_is_not_called_builtin_only(monkeypatch
     r = tblock_cli.depth("hf:llama", layers=2, d_model=32, n_heads=4, d_ff=64, seq=6, threads=1)
     assert len(r.layers) == 2 and len(built) == 1
     assert not any("built-in" in w for w in r.run.warnings)
+    # the config the model implies (a rotary decoder, HF's mask) is the run's, though depth builds its layers later
+    assert (r.run.config["causal"], r.run.config["positional"], r.run.config["pad_means"]) == (True, True, "keep")
 
 
 def test_kv_cache_bytes_count_the_kv_heads_the_cache_holds_not_the_repeated_ones():
@@ -292,3 +294,22 @@ def test_bench_decode_expects_the_cache_a_grouped_query_model_keeps():
     assert report.decode_expected_from == "trace"
     assert report.decode_analytic_bytes == 2 * 1 * 16 * 2 * 12 * 4  # k + v x 1 layer x kv width 16 x batch x positions x fp32
     assert not [f for f in report.findings if f.kind == "bench.cache_bytes_differ"], cached.cache_bytes
+
+
+def test_an_hf_block_is_built_inside_the_session_after_the_gate(monkeypatch):
+    """One pipeline: threads as asked, then the memory gate, then the model: an hf: block is no longer built while the
+    options are read, before --threads applies and before the command's own gate."""
+    from tblock_cli import runtime
+    from tblock_cli.errors import ResourceError
+
+    seen = []
+    real = hf.build
+    monkeypatch.setattr(hf, "build", lambda *a, **k: seen.append(torch.get_num_threads()) or real(*a, **k))
+    threads = 2 if torch.get_num_threads() != 2 else 3
+    tblock_cli.check("hf:llama", d_model=32, n_heads=4, d_ff=64, threads=threads, only=["shape"])
+    assert seen == [threads]
+    seen.clear()
+    monkeypatch.setattr(runtime, "free_bytes", lambda device: 2**20)  # 1 MiB free: any estimate is over
+    with pytest.raises(ResourceError, match="check needs an estimated"):
+        tblock_cli.check("hf:llama", d_model=32, n_heads=4, d_ff=64, threads=1)
+    assert seen == []

@@ -143,3 +143,36 @@ def test_the_wheel_takes_every_subpackage():
     packages = [".".join(p.parent.relative_to(PACKAGE.parent).parts) for p in PACKAGE.rglob("__init__.py")]
     missing = [p for p in packages if not any(fnmatch.fnmatch(p, pattern) for pattern in include)]
     assert len(packages) > 5 and not missing, missing
+
+
+# The parts of docs/architecture.md (a module belongs to the part with the longest prefix) and the arrows that must
+# never exist between them.
+PARTS = {
+    "Face": ("tblock_cli.cli", "tblock_cli.__main__"), "Render": ("tblock_cli.render",), "API": ("tblock_cli.api",),
+    "Options": ("tblock_cli.options",), "Compare": ("tblock_cli.comparing",), "Depth": ("tblock_cli.depth_report",),
+    "Checks": ("tblock_cli.checks",), "Bench": ("tblock_cli.benchmark",), "Params": ("tblock_cli.params_report",),
+    "Distributed": ("tblock_cli.distributed",), "Setup": ("tblock_cli.subject.setup",), "HF": ("tblock_cli.subject.hf",),
+    "Subject": ("tblock_cli.subject",), "Anatomy": ("tblock_cli.anatomy",), "Words": ("tblock_cli.messages",),
+    "Base": ("tblock_cli.config", "tblock_cli.errors", "tblock_cli.report", "tblock_cli.runtime", "tblock_cli.probes"),
+}
+NEVER = [("Checks", "Face"), ("Checks", "Render"), ("Bench", "Render"), ("Anatomy", "Render"), ("Render", "Bench"),
+         ("Subject", "Checks"), ("HF", "Checks"), ("Base", "API"), ("Base", "Anatomy"), ("Distributed", "Checks"),
+         ("Checks", "Distributed"), ("Words", "Anatomy"), ("Options", "Setup"), ("Options", "Subject")]
+
+
+def part_of(module: str) -> str | None:
+    found = [(len(p), name) for name, prefixes in PARTS.items() for p in prefixes if module == p or module.startswith(p + ".")]
+    return max(found)[1] if found else None
+
+
+def test_no_arrow_that_must_never_exist():
+    """The import graph (lazy imports included) read as arrows between parts: none of the forbidden ones. `from
+    tblock_cli import runtime` imports runtime, not the API the package re-exports."""
+    mods = modules()
+    found = {}
+    for m, path in mods.items():
+        for d in imports(m, path, set(mods)) - {"tblock_cli"}:
+            arrow = (part_of(m), part_of(d))
+            if arrow in NEVER:
+                found.setdefault(arrow, []).append(f"{m} -> {d}")
+    assert not found, found

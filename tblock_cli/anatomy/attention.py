@@ -13,9 +13,9 @@ from tblock_cli.anatomy.ops import causal_mask
 WEIGHT_SUM_TOL = 1e-2
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class AttentionCall:
-    """One attention computation seen on the probe input."""
+    """One attention computation seen on the probe input (built by keyword: nineteen fields read best named)."""
 
     kind: str  # nn.MultiheadAttention | scaled_dot_product_attention | softmax(QK^T)V
     where: str  # the module it ran in
@@ -38,6 +38,15 @@ class AttentionCall:
     self_masked: bool = False  # L == S and every query's own position is masked: no token attends to itself
     normalised: bool = True  # the weights multiplied into the values are non-negative and each row sums to 1
 
+
+
+@dataclass(frozen=True)
+class Captured:
+    """One attention call's scores as a capturing trace keeps them: the logits the softmax reads (biases and masks
+    in; float64, CPU) and the q.k product alone, where it was seen (None otherwise)."""
+
+    logits: torch.Tensor
+    product: torch.Tensor | None
 
 
 def rms(t: torch.Tensor) -> float:

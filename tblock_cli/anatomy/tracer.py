@@ -12,6 +12,7 @@ from torch.overrides import TorchFunctionMode
 from tblock_cli.anatomy.attention import (
     WEIGHT_SUM_TOL,
     AttentionCall,
+    Captured,
     qk_std,
     rms,
     score_stats,
@@ -20,21 +21,11 @@ from tblock_cli.anatomy.attention import (
 )
 from tblock_cli.anatomy.calls import record_mha, record_sdpa
 from tblock_cli.anatomy.ops import ACTIVATIONS, LINEAR, MATMULS, NORMS, SCALING, SOFTMAX
+from tblock_cli.probes import tensors
 
 # Provenance flags: an activation function acted (gelu, silu, ...), or another nonlinearity did (a
 # product of two activations, exp, ...). A projection reached with neither composes linearly.
 ACT, NONLINEAR = 1, 2
-
-
-def tensors(obj):
-    if isinstance(obj, torch.Tensor):
-        yield obj
-    elif isinstance(obj, (list, tuple)):
-        for o in obj:
-            yield from tensors(o)
-    elif isinstance(obj, dict):
-        for o in obj.values():
-            yield from tensors(o)
 
 
 def owns_several_matrices(m: nn.Module) -> bool:
@@ -44,6 +35,10 @@ def owns_several_matrices(m: nn.Module) -> bool:
 
 def qualified(module_name: str, param_name: str) -> str:
     return f"{module_name}.{param_name}" if module_name else param_name
+
+
+# The first few slips' errors kept as facts (one is usually all there is; more repeat it).
+MAX_SLIP_ERRORS = 3
 
 
 class Tracer(TorchFunctionMode):
@@ -80,11 +75,15 @@ class Tracer(TorchFunctionMode):
         # capture (position probes): per call its scores (biases, masks in) and its q.k product, float64; per
         # projection whether its input rows were equal (identical tokens: False where positions entered before it).
         self.capture = False
-        self.captured: dict[int, dict] = {}  # index of the attention call (recorded just before it) -> scores
+        self.captured: dict[int, Captured] = {}  # index of the attention call (recorded just before it) -> its scores
         self.uniform_in: dict[str, bool] = {}
         self.products: dict[int, tuple[str, str]] = {}  # id(a * b) of two projections' outputs -> their names
         self.act_after_product: list[tuple[str, ...]] = []  # projections multiplied together before an activation
         self.normed_outputs: set[str] = set()  # projections (and "@attnN" calls) whose output a full-width norm reads
+        # torch calls the recorder raised on (the user's forward went on): an anatomy that lost one may lack an
+        # attention call or a role, so the count is a fact the checks report, with the first few errors
+        self.slips = 0
+        self.slip_errors: list[str] = []
 
     def norm_out(self, args: tuple, out) -> None:
         """A norm module's output: a new start of the residual stream, unless it normalises one projection's output
@@ -140,8 +139,10 @@ class Tracer(TorchFunctionMode):
             return out
         try:
             self.record(func, name, args, kwargs, out)
-        except Exception:  # noqa: BLE001 - a tracing slip must never break the user's forward
-            pass
+        except Exception as e:  # noqa: BLE001 - a tracing slip must never break the user's forward: it is counted
+            self.slips += 1
+            if len(self.slip_errors) < MAX_SLIP_ERRORS:
+                self.slip_errors.append(f"{name}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:200])
         return out
 
     def follow_weight(self, args, out, sliced: bool = False) -> bool:
@@ -229,7 +230,7 @@ class Tracer(TorchFunctionMode):
 
     def keep_scores(self, logits: torch.Tensor, product: torch.Tensor | None) -> None:
         if self.capture:
-            self.captured[len(self.attention)] = {"logits": logits.detach().double().cpu(), "product": product}
+            self.captured[len(self.attention)] = Captured(logits.detach().double().cpu(), product)
 
     def matmul(self, name, args, acts, out, product: torch.Tensor | None = None):
         """product: the q.k part of out, where out adds more (baddbmm's input, bloom's ALiBi biases)."""
@@ -279,10 +280,11 @@ class Tracer(TorchFunctionMode):
         e = q.shape[-1] if q.ndim >= 2 else 1
         flops = 2 * (W.numel() // max(1, S)) * S * e + 2 * values.numel() * L
         kv = (k.numel() + values.numel()) // max(1, batch * S)
-        self.attention.append(AttentionCall("weights written out" if normalised else "no softmax", self.module_stack[-1],
-                                            self.sources(q), self.sources(k), self.sources(values), heads, e, batch, L, S,
-                                            std, ent, mp, ratio, note, flops, kv, True, self_masked(W.log() if normalised else W),
-                                            normalised))
+        self.attention.append(AttentionCall(
+            kind="weights written out" if normalised else "no softmax", where=self.module_stack[-1], q=self.sources(q),
+            k=self.sources(k), v=self.sources(values), heads=heads, head_dim=e, batch=batch, q_len=L, k_len=S,
+            logit_std=std, entropy=ent, max_prob=mp, scale_ratio=ratio, scale_note=note, flops=flops, kv_width=kv,
+            key_axis=True, self_masked=self_masked(W.log() if normalised else W), normalised=normalised))
         self.put(out, {f"@attn{len(self.attention) - 1}": 0})
 
     def softmax(self, args, kwargs, out, ins):
@@ -307,9 +309,10 @@ class Tracer(TorchFunctionMode):
         k_width = self.cached_width(b, b.numel() // max(1, batch * S))
         dim = args[1] if len(args) > 1 else kwargs.get("dim", -1)
         key_axis = dim is None or dim % x.ndim == x.ndim - 1
-        self.attention.append(AttentionCall("softmax(QK^T)V", self.module_stack[-1], self.sources(a), self.sources(b), (),
-                                            heads, e, batch, L, S, std, ent, mp, ratio, note, flops, k_width, key_axis,
-                                            self_masked(x)))
+        self.attention.append(AttentionCall(
+            kind="softmax(QK^T)V", where=self.module_stack[-1], q=self.sources(a), k=self.sources(b), v=(), heads=heads,
+            head_dim=e, batch=batch, q_len=L, k_len=S, logit_std=std, entropy=ent, max_prob=mp, scale_ratio=ratio,
+            scale_note=note, flops=flops, kv_width=k_width, key_axis=key_axis, self_masked=self_masked(x)))
         marker = f"@probs{len(self.attention) - 1}"
         self.probs[marker] = len(self.attention) - 1
         self.put(out, {marker: 0})

@@ -6,7 +6,7 @@ import statistics
 from dataclasses import dataclass
 
 from tblock_cli.benchmark.timing import NOISY_IQR, SLOW_TAIL, Latency
-from tblock_cli.report import Finding, RunInfo, Status, failing_of
+from tblock_cli.report import Finding, RunInfo, Status, Verdict
 
 MODES = ("infer", "train")
 # A cache class keeps a few bookkeeping tensors beside keys and values (HF's DynamicCache: 8 bytes at 2 layers, a
@@ -96,7 +96,7 @@ class Comparison:
 
 
 @dataclass(frozen=True)
-class BenchReport:
+class BenchReport(Verdict):
     subject: str
     results: tuple[BenchResult, ...]
     attention_bytes: dict  # seq -> {"weights_returned": B L S item, "matrix_per_head": B H L S item}
@@ -114,14 +114,6 @@ class BenchReport:
     trainable: bool = True  # the block has trainable parameters (else train mode's backward reaches the input only)
     train_skipped: bool = False  # train mode was asked for, but the output has no gradient path at all
     decode_expected_from: str = "d_model"  # decode_analytic_bytes from d_model (built-in), or "trace": the traced k/v widths
-
-    @property
-    def failing(self) -> tuple[Finding, ...]:
-        return failing_of(self.findings)
-
-    @property
-    def ok(self) -> bool:
-        return not self.failing
 
     def to_dict(self) -> dict:
         body = {

@@ -18,7 +18,7 @@ from tblock_cli.benchmark.timing import Latency, measure, step_fn, synchronizer
 from tblock_cli.config import BlockConfig
 from tblock_cli.errors import USER_ERRORS, ConfigError, MeasureError, reraise_as_measure_error
 from tblock_cli.report import RunInfo
-from tblock_cli.subject.loading import Subject
+from tblock_cli.subject import Subject
 
 
 @contextmanager

@@ -17,7 +17,7 @@ from tblock_cli.config import BlockConfig
 from tblock_cli.errors import USER_ERRORS, ConfigError, is_out_of_memory, one_line
 from tblock_cli.probes import plain_bool_checks
 from tblock_cli.report import RunInfo, Status
-from tblock_cli.subject.loading import Subject
+from tblock_cli.subject import Subject
 
 # What a need means, as the docs table names it.
 NEEDS = {"shape": "shape", "finite": "finite", "deterministic": "deterministic", "input_kept": "input kept",

@@ -10,7 +10,7 @@ import torch
 
 from tblock_cli.config import BlockConfig
 from tblock_cli.probes import TOLERANCE, changed, state_key, train_mode
-from tblock_cli.subject.loading import Subject
+from tblock_cli.subject import Subject
 
 # Probes of one check that need not see each other run as one forward of their concatenated batch when the block
 # is known to keep samples apart (the batch check passed) and the batch stays this small: at a 7B-size layer a

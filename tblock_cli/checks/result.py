@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tblock_cli.report import RunInfo, Status, failing_of
+from tblock_cli.report import RunInfo, Status, Verdict
 
 
 @dataclass(frozen=True)
@@ -63,7 +63,7 @@ class CheckResult:
 
 
 @dataclass(frozen=True)
-class CheckReport:
+class CheckReport(Verdict):
     checks: tuple[CheckResult, ...]
     strict: bool
     run: RunInfo | None = None
@@ -71,17 +71,9 @@ class CheckReport:
     passes: object = None  # cost.Passes of the whole battery
 
     @property
-    def ok(self) -> bool:
-        return not self.failing
-
-    @property
     def findings(self) -> tuple[CheckResult, ...]:
         """What every report calls its findings (status, kind, facts, text): here, the check results."""
         return self.checks
-
-    @property
-    def failing(self) -> tuple[CheckResult, ...]:
-        return failing_of(self.checks, self.strict)
 
     def counts(self) -> dict[str, int]:
         return {s.value: sum(c.status == s for c in self.checks) for s in Status if s is not Status.INFO}

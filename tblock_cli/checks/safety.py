@@ -8,11 +8,10 @@ import torch
 import torch.nn as nn
 from torch.overrides import TorchFunctionMode
 
-from tblock_cli.anatomy.tracer import tensors
 from tblock_cli.checks.context import TRAINING_BACKWARD, Context, eval_forward, projected
 from tblock_cli.checks.result import Outcome, failed, passed, warned
 from tblock_cli.errors import one_line
-from tblock_cli.probes import state_key, train_mode
+from tblock_cli.probes import state_key, tensors, train_mode
 
 # Nodes walked up a held tensor's graph looking for the input; a block's graph has a few hundred.
 GRAPH_WALK_MAX = 20000

@@ -2,24 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from tblock_cli.report import RunInfo, Status, jsonable
-
-
-@dataclass(frozen=True)
-class Finding:
-    """One observation: its sentence is `messages.text(kind, facts)`."""
-
-    status: Status
-    kind: str  # a stable dotted name: compare.outputs_differ, compare.first_difference, mapping.name_role, ...
-    facts: dict = field(default_factory=dict)
-
-    @property
-    def text(self) -> str:
-        from tblock_cli.messages import text
-
-        return text(self.kind, self.facts)
+from tblock_cli.report import Finding, RunInfo, Status, Verdict, jsonable  # noqa: F401 - Finding: compare's kinds too
 
 
 @dataclass(frozen=True)
@@ -35,7 +20,7 @@ class Comparison:
 
 
 @dataclass(frozen=True)
-class CompareReport:
+class CompareReport(Verdict):
     a: str
     b: str
     comparisons: tuple[Comparison, ...]
@@ -47,7 +32,8 @@ class CompareReport:
 
     @property
     def ok(self) -> bool:
-        return all(c.equal for c in self.comparisons) and not any(f.status == Status.FAIL for f in self.findings)
+        """Not failing, and every comparison equal (each is a verdict of its own)."""
+        return not self.failing and all(c.equal for c in self.comparisons)
 
     @property
     def first_difference(self) -> Finding | None:

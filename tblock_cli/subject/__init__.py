@@ -1,3 +1,59 @@
-"""The block under test: the built-in block (`builtin`), a user's block from a SPEC (`loading`), the reference it is
-held against (`reference`), the decode protocol (`kvcache`), Hugging Face layers (`hf/`), and the setup that builds
-any of them through one pipeline (`setup`)."""
+"""The block under test: `Subject` (a module and the one way tblock calls it), the built-in block (`builtin`), a user's
+block from a SPEC (`loading`), the reference it is held against (`reference`), the decode protocol (`kvcache`),
+Hugging Face layers (`hf/`), and the setup that builds any of them through one pipeline (`setup`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn as nn
+
+
+@dataclass
+class Subject:
+    """A module and the one way tblock calls it: `subject(x, pad_mask)` -> (B, T, d) tensor."""
+
+    module: nn.Module
+    name: str  # what to call it in output: "built-in pre-LN block" or the SPEC
+    builtin: bool
+    pad_keyword: str | None  # the forward keyword that takes a (B, T) padding mask, if any
+    causal: bool  # whether the user said the block is causal (--causal)
+    pad_means: str = "pad"  # what True means in the block's own mask: pad, or keep (HF, x-transformers)
+    # rules a known family breaks on purpose (kind -> reason; "check.skip" -> reason): tblock's own knowledge of an
+    # hf: family, never read from the module under test (a user block's attribute of that name means nothing here)
+    by_design: dict[str, str] = field(default_factory=dict)
+    # [forwards, backwards] through this calling convention, shared with every `like` copy (checks.cost counts them
+    # here, not with a module hook: a hook on the module turns off nn.TransformerEncoderLayer's fast path)
+    passes: list | None = field(default=None, compare=False, repr=False)
+
+    def __call__(self, x: torch.Tensor, pad_mask: torch.Tensor | None = None) -> torch.Tensor:
+        # pad_mask: (B, T) bool, True = padding, always; converted to the block's own convention here
+        if pad_mask is None:
+            out = self.module(x)
+        elif self.pad_keyword is None:
+            raise ValueError("this block's forward takes no padding mask")
+        else:
+            out = self.module(x, **{self.pad_keyword: pad_mask if self.pad_means == "pad" else ~pad_mask})
+        out = first_tensor(out)
+        if self.passes is not None:
+            self.passes[0] += 1
+            if out.requires_grad:
+                out.register_hook(self._backward_seen)
+        return out
+
+    def _backward_seen(self, _grad) -> None:
+        self.passes[1] += 1
+
+    def like(self, module: nn.Module) -> "Subject":
+        """The same calling convention around another module (a float64 copy, a dropout-free copy)."""
+        return Subject(module, self.name, self.builtin, self.pad_keyword, self.causal, self.pad_means, self.by_design,
+                       self.passes)
+
+
+def first_tensor(out) -> torch.Tensor:
+    if isinstance(out, torch.Tensor):
+        return out
+    if isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor):
+        return out[0]
+    raise TypeError(f"the forward returned {type(out).__name__}, not a tensor or a tuple/list starting with one")

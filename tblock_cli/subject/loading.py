@@ -1,4 +1,4 @@
-"""A block under test: the built-in one from flags, or the user's own from a --block SPEC."""
+"""A block under test built: the built-in one from flags, or the user's own from a --block SPEC, probed once."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ import importlib
 import importlib.util
 import inspect
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -16,6 +15,7 @@ import torch.nn as nn
 from tblock_cli.config import TO_CONSTRUCTOR, BlockConfig, parse_kwargs
 from tblock_cli.errors import USER_ERRORS, LoadError, is_out_of_memory, one_line
 from tblock_cli.probes import train_mode
+from tblock_cli.subject import Subject, first_tensor  # noqa: F401 - Subject: where callers long found it
 from tblock_cli.subject.builtin import build_block
 
 # Constructor keywords tblock fills from its flags (config.TO_CONSTRUCTOR), under the names blocks commonly use.
@@ -28,55 +28,6 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "causal": ("causal", "is_causal"),
 }
 PAD_KEYWORDS = ("pad_mask", "key_padding_mask", "src_key_padding_mask", "padding_mask")
-
-
-@dataclass
-class Subject:
-    """A module and the one way tblock calls it: `subject(x, pad_mask)` -> (B, T, d) tensor."""
-
-    module: nn.Module
-    name: str  # what to call it in output: "built-in pre-LN block" or the SPEC
-    builtin: bool
-    pad_keyword: str | None  # the forward keyword that takes a (B, T) padding mask, if any
-    causal: bool  # whether the user said the block is causal (--causal)
-    pad_means: str = "pad"  # what True means in the block's own mask: pad, or keep (HF, x-transformers)
-    # rules a known family breaks on purpose (kind -> reason; "check.skip" -> reason): tblock's own knowledge of an
-    # hf: family, never read from the module under test (a user block's attribute of that name means nothing here)
-    by_design: dict[str, str] = field(default_factory=dict)
-    # [forwards, backwards] through this calling convention, shared with every `like` copy (checks.cost counts them
-    # here, not with a module hook: a hook on the module turns off nn.TransformerEncoderLayer's fast path)
-    passes: list | None = field(default=None, compare=False, repr=False)
-
-    def __call__(self, x: torch.Tensor, pad_mask: torch.Tensor | None = None) -> torch.Tensor:
-        # pad_mask: (B, T) bool, True = padding, always; converted to the block's own convention here
-        if pad_mask is None:
-            out = self.module(x)
-        elif self.pad_keyword is None:
-            raise ValueError("this block's forward takes no padding mask")
-        else:
-            out = self.module(x, **{self.pad_keyword: pad_mask if self.pad_means == "pad" else ~pad_mask})
-        out = first_tensor(out)
-        if self.passes is not None:
-            self.passes[0] += 1
-            if out.requires_grad:
-                out.register_hook(self._backward_seen)
-        return out
-
-    def _backward_seen(self, _grad) -> None:
-        self.passes[1] += 1
-
-    def like(self, module: nn.Module) -> "Subject":
-        """The same calling convention around another module (a float64 copy, a dropout-free copy)."""
-        return Subject(module, self.name, self.builtin, self.pad_keyword, self.causal, self.pad_means, self.by_design,
-                       self.passes)
-
-
-def first_tensor(out) -> torch.Tensor:
-    if isinstance(out, torch.Tensor):
-        return out
-    if isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor):
-        return out[0]
-    raise TypeError(f"the forward returned {type(out).__name__}, not a tensor or a tuple/list starting with one")
 
 
 def builtin_subject(cfg: BlockConfig, device: torch.device, dtype: torch.dtype) -> Subject:

@@ -15,7 +15,8 @@ from tblock_cli import runtime
 from tblock_cli.config import BUILTIN_ONLY, BlockConfig, Flag, build_config, parse_kwargs
 from tblock_cli.errors import ConfigError, LoadError
 from tblock_cli.report import RunInfo
-from tblock_cli.subject.loading import ALIASES, Subject, builtin_subject, construct, user_subject
+from tblock_cli.subject import Subject
+from tblock_cli.subject.loading import ALIASES, builtin_subject, construct, user_subject
 
 # Flags that describe a user block's forward; the built-in block takes pad_mask, True = pad.
 USER_ONLY = ("pad_keyword", "pad_means")
@@ -69,8 +70,15 @@ class Setup:
         module = builtin.module if builtin is not None else self._module()
         if estimate is not None:
             n = sum(p.numel() for p in module.parameters())
-            self.gate(estimate, what, n, n * self.dtype.itemsize)
+            # weights built here are allocated already; a caller's module is still to be copied
+            self.gate(estimate, what, n, 0 if self.module is not None else n * self.dtype.itemsize)
         return builtin if builtin is not None else self._wrap(module)
+
+    def resolve(self) -> None:
+        """Build an hf: model now, unwrapped, so the config it implies (causal, positions, mask) is known before a command
+        reads `cfg` (depth builds its layers later); nothing for other blocks."""
+        if self.hf:
+            self._module()
 
     def make(self) -> Subject:
         """The block built with no gate, for a command that gated already (depth's layers of a stack)."""
