@@ -97,3 +97,22 @@ def test_no_attention_means_no_share():
     assert r.ffn_share is None and "no attention" in r.ffn_note
     c = {x.name: x for x in tblock_cli.check(MLPOnly(), d_model=D).checks}
     assert c["ffn_share"].status == Status.SKIP and c["attention"].status == Status.SKIP
+
+
+def test_a_tracing_slip_is_counted_and_reported_not_a_block_without_attention(monkeypatch):
+    """A recorder that raises never breaks the forward; it is counted, and attention says why it saw no attention."""
+    from tblock_cli.anatomy.tracer import Tracer
+
+    real = Tracer.record
+
+    def slips_on_softmax(self, func, name, args, kwargs, out):
+        if name == "softmax":
+            raise RuntimeError("planted slip")
+        return real(self, func, name, args, kwargs, out)
+
+    monkeypatch.setattr(Tracer, "record", slips_on_softmax)
+    r = tblock_cli.check(zoo_spec("HandSoftmax"), d_model=32, n_heads=4, threads=1, only=["attention"])
+    (attention,) = r.checks
+    assert attention.status == Status.SKIP and attention.kind == "attention.none"
+    assert attention.facts["tracing_slips"] >= 1 and "planted slip" in attention.facts["slip_errors"][0]
+    assert "could not record" in attention.text

@@ -42,6 +42,8 @@ class Dataflow:
     sublayer_post: bool = False
     norms: dict = field(default_factory=dict)  # module name -> width of every norm module found (find_norms)
     act_after_product: tuple[tuple[str, ...], ...] = ()  # projections multiplied together before an activation acts
+    slips: int = 0  # torch calls the tracer could not record (the forward went on): what it saw may be incomplete
+    slip_errors: tuple[str, ...] = ()  # the first few of their errors
 
     def group_params(self, matrices_only: bool = False) -> dict[str, int]:
         out = dict.fromkeys(GROUPS, 0)
@@ -115,7 +117,8 @@ def trace(module: nn.Module, call, x: torch.Tensor, d_model: int) -> Dataflow:
                  tuple(split_kv + tr.split_streams), tr.get(out) == {"@norm": 0})
     placement += (sublayer_post(tr, role, queries, ffn_ins, normed),)
     return Dataflow(tuple(modules), tuple(tr.attention), tuple(chains), tokens, total, *placement, norms=norms,
-                    act_after_product=tuple(sorted(set(tr.act_after_product))))
+                    act_after_product=tuple(sorted(set(tr.act_after_product))), slips=tr.slips,
+                    slip_errors=tuple(tr.slip_errors))
 
 
 def sublayer_post(tr, role: dict, queries: list, ffn_ins: list, normed) -> bool:

@@ -46,6 +46,10 @@ def qualified(module_name: str, param_name: str) -> str:
     return f"{module_name}.{param_name}" if module_name else param_name
 
 
+# The first few slips' errors kept as facts (one is usually all there is; more repeat it).
+MAX_SLIP_ERRORS = 3
+
+
 class Tracer(TorchFunctionMode):
     """Records projections, attention calls and provenance while one forward runs."""
 
@@ -85,6 +89,10 @@ class Tracer(TorchFunctionMode):
         self.products: dict[int, tuple[str, str]] = {}  # id(a * b) of two projections' outputs -> their names
         self.act_after_product: list[tuple[str, ...]] = []  # projections multiplied together before an activation
         self.normed_outputs: set[str] = set()  # projections (and "@attnN" calls) whose output a full-width norm reads
+        # torch calls the recorder raised on (the user's forward went on): an anatomy that lost one may lack an
+        # attention call or a role, so the count is a fact the checks report, with the first few errors
+        self.slips = 0
+        self.slip_errors: list[str] = []
 
     def norm_out(self, args: tuple, out) -> None:
         """A norm module's output: a new start of the residual stream, unless it normalises one projection's output
@@ -140,8 +148,10 @@ class Tracer(TorchFunctionMode):
             return out
         try:
             self.record(func, name, args, kwargs, out)
-        except Exception:  # noqa: BLE001 - a tracing slip must never break the user's forward
-            pass
+        except Exception as e:  # noqa: BLE001 - a tracing slip must never break the user's forward: it is counted
+            self.slips += 1
+            if len(self.slip_errors) < MAX_SLIP_ERRORS:
+                self.slip_errors.append(f"{name}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:200])
         return out
 
     def follow_weight(self, args, out, sliced: bool = False) -> bool:

@@ -34,8 +34,9 @@ def call_facts(c) -> dict:
 def check_attention(ctx: Context) -> Outcome:
     """Per attention call: logit std, entropy relative to uniform, mean max probability; unscaled scores warned."""
     flow = ctx.dataflow()
+    slipped = {"tracing_slips": flow.slips, "slip_errors": list(flow.slip_errors)} if flow.slips else {}
     if not flow.attention:
-        return skipped("attention.none")
+        return skipped("attention.none", **slipped)  # a slip may be why: said, not silently a block without attention
     calls = [call_facts(c) for c in flow.attention]
     scaled = [c for c in flow.attention if c.scale_ratio is not None]
     worst = max(scaled, key=lambda c: c.scale_ratio, default=None)

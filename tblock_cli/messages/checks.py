@@ -151,7 +151,10 @@ MESSAGES = {
                            "function in eval (an `if not self.training` path?)"),
     "train_eval.agree": "with dropout zeroed, train and eval forwards agree",
     # attention
-    "attention.none": "no attention computation seen (nn.MultiheadAttention, SDPA, or a softmax over a product of activations)",
+    "attention.none": lambda f: ("no attention computation seen (nn.MultiheadAttention, SDPA, or a softmax over a product of "
+                                 "activations)" + (f"; the tracer could not record {f['tracing_slips']} torch call(s) "
+                                                   f"({'; '.join(f['slip_errors'])}), so it may have missed one"
+                                                   if f.get("tracing_slips") else "")),
     "attention.stats": _calls,
     "attention.query_axis": lambda f: (f"softmax over the query axis in {f['where']}: each key's weights sum to 1, not each "
                                        f"query's (softmax(dim=-2)?); {_calls(f)}"),
