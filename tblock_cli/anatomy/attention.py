@@ -13,9 +13,9 @@ from tblock_cli.anatomy.ops import causal_mask
 WEIGHT_SUM_TOL = 1e-2
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class AttentionCall:
-    """One attention computation seen on the probe input."""
+    """One attention computation seen on the probe input (built by keyword: nineteen fields read best named)."""
 
     kind: str  # nn.MultiheadAttention | scaled_dot_product_attention | softmax(QK^T)V
     where: str  # the module it ran in

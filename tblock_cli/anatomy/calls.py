@@ -41,11 +41,13 @@ def record_sdpa(self, args, kwargs, out) -> None:
     heads = q.shape[1] if q.ndim == 4 else 1
     batch = q.shape[0] if q.ndim >= 3 else 1
     flops = 2 * (q.numel() // E) * S * E + 2 * (q.numel() // E) * S * v.shape[-1]
-    self.attention.append(AttentionCall("scaled_dot_product_attention", self.module_stack[-1], self.sources(a["query"]),
-                                        self.sources(a["key"]), self.sources(v), heads, E, batch, L, S, std, ent, mp,
-                                        ratio, note, flops, self.cached_width(a["key"], a["key"].numel() // max(1, batch * S))
-                                        + self.cached_width(v, v.numel() // max(1, batch * S)), True,
-                                        self_masked(logits)))
+    kv_width = self.cached_width(a["key"], a["key"].numel() // max(1, batch * S)) + \
+        self.cached_width(v, v.numel() // max(1, batch * S))
+    self.attention.append(AttentionCall(
+        kind="scaled_dot_product_attention", where=self.module_stack[-1], q=self.sources(a["query"]),
+        k=self.sources(a["key"]), v=self.sources(v), heads=heads, head_dim=E, batch=batch, q_len=L, k_len=S,
+        logit_std=std, entropy=ent, max_prob=mp, scale_ratio=ratio, scale_note=note, flops=flops, kv_width=kv_width,
+        key_axis=True, self_masked=self_masked(logits)))
     self.put(out, {f"@attn{len(self.attention) - 1}": 0})
 
 def record_mha(self, args, kwargs, out) -> None:
@@ -85,9 +87,11 @@ def record_mha(self, args, kwargs, out) -> None:
     qn = (self.owner.get(id(a["q_proj_weight"]), ""),) if sep else roles
     kn = (self.owner.get(id(a["k_proj_weight"]), ""),) if sep else roles
     vn = (self.owner.get(id(a["v_proj_weight"]), ""),) if sep else roles
-    self.attention.append(AttentionCall("nn.MultiheadAttention", mha_name, qn, kn, vn, H, dh, B, L, S, std, ent, mp, ratio,
-                                        "scale 1/sqrt(d_head), built into nn.MultiheadAttention", flops, 2 * E, True,
-                                        self_masked(logits)))
+    self.attention.append(AttentionCall(
+        kind="nn.MultiheadAttention", where=mha_name, q=qn, k=kn, v=vn, heads=H, head_dim=dh, batch=B, q_len=L, k_len=S,
+        logit_std=std, entropy=ent, max_prob=mp, scale_ratio=ratio,
+        scale_note="scale 1/sqrt(d_head), built into nn.MultiheadAttention", flops=flops, kv_width=2 * E, key_axis=True,
+        self_masked=self_masked(logits)))
     in_flops = 2 * (L * B) * (wq.numel()) + 2 * (S * B) * (wk.numel() + wv.numel())
     for n in set(qn + kn + vn):
         self.flops[n] = self.flops.get(n, 0) + in_flops // max(1, len(set(qn + kn + vn)))

@@ -289,10 +289,11 @@ class Tracer(TorchFunctionMode):
         e = q.shape[-1] if q.ndim >= 2 else 1
         flops = 2 * (W.numel() // max(1, S)) * S * e + 2 * values.numel() * L
         kv = (k.numel() + values.numel()) // max(1, batch * S)
-        self.attention.append(AttentionCall("weights written out" if normalised else "no softmax", self.module_stack[-1],
-                                            self.sources(q), self.sources(k), self.sources(values), heads, e, batch, L, S,
-                                            std, ent, mp, ratio, note, flops, kv, True, self_masked(W.log() if normalised else W),
-                                            normalised))
+        self.attention.append(AttentionCall(
+            kind="weights written out" if normalised else "no softmax", where=self.module_stack[-1], q=self.sources(q),
+            k=self.sources(k), v=self.sources(values), heads=heads, head_dim=e, batch=batch, q_len=L, k_len=S,
+            logit_std=std, entropy=ent, max_prob=mp, scale_ratio=ratio, scale_note=note, flops=flops, kv_width=kv,
+            key_axis=True, self_masked=self_masked(W.log() if normalised else W), normalised=normalised))
         self.put(out, {f"@attn{len(self.attention) - 1}": 0})
 
     def softmax(self, args, kwargs, out, ins):
@@ -317,9 +318,10 @@ class Tracer(TorchFunctionMode):
         k_width = self.cached_width(b, b.numel() // max(1, batch * S))
         dim = args[1] if len(args) > 1 else kwargs.get("dim", -1)
         key_axis = dim is None or dim % x.ndim == x.ndim - 1
-        self.attention.append(AttentionCall("softmax(QK^T)V", self.module_stack[-1], self.sources(a), self.sources(b), (),
-                                            heads, e, batch, L, S, std, ent, mp, ratio, note, flops, k_width, key_axis,
-                                            self_masked(x)))
+        self.attention.append(AttentionCall(
+            kind="softmax(QK^T)V", where=self.module_stack[-1], q=self.sources(a), k=self.sources(b), v=(), heads=heads,
+            head_dim=e, batch=batch, q_len=L, k_len=S, logit_std=std, entropy=ent, max_prob=mp, scale_ratio=ratio,
+            scale_note=note, flops=flops, kv_width=k_width, key_axis=key_axis, self_masked=self_masked(x)))
         marker = f"@probs{len(self.attention) - 1}"
         self.probs[marker] = len(self.attention) - 1
         self.put(out, {marker: 0})
