@@ -40,6 +40,15 @@ class AttentionCall:
 
 
 
+@dataclass(frozen=True)
+class Captured:
+    """One attention call's scores as a capturing trace keeps them: the logits the softmax reads (biases and masks
+    in; float64, CPU) and the q.k product alone, where it was seen (None otherwise)."""
+
+    logits: torch.Tensor
+    product: torch.Tensor | None
+
+
 def rms(t: torch.Tensor) -> float:
     return t.detach().double().pow(2).mean().sqrt().item()
 

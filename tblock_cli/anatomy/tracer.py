@@ -12,6 +12,7 @@ from torch.overrides import TorchFunctionMode
 from tblock_cli.anatomy.attention import (
     WEIGHT_SUM_TOL,
     AttentionCall,
+    Captured,
     qk_std,
     rms,
     score_stats,
@@ -84,7 +85,7 @@ class Tracer(TorchFunctionMode):
         # capture (position probes): per call its scores (biases, masks in) and its q.k product, float64; per
         # projection whether its input rows were equal (identical tokens: False where positions entered before it).
         self.capture = False
-        self.captured: dict[int, dict] = {}  # index of the attention call (recorded just before it) -> scores
+        self.captured: dict[int, Captured] = {}  # index of the attention call (recorded just before it) -> its scores
         self.uniform_in: dict[str, bool] = {}
         self.products: dict[int, tuple[str, str]] = {}  # id(a * b) of two projections' outputs -> their names
         self.act_after_product: list[tuple[str, ...]] = []  # projections multiplied together before an activation
@@ -239,7 +240,7 @@ class Tracer(TorchFunctionMode):
 
     def keep_scores(self, logits: torch.Tensor, product: torch.Tensor | None) -> None:
         if self.capture:
-            self.captured[len(self.attention)] = {"logits": logits.detach().double().cpu(), "product": product}
+            self.captured[len(self.attention)] = Captured(logits.detach().double().cpu(), product)
 
     def matmul(self, name, args, acts, out, product: torch.Tensor | None = None):
         """product: the q.k part of out, where out adds more (baddbmm's input, bloom's ALiBi biases)."""

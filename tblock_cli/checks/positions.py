@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
+from tblock_cli.anatomy.attention import Captured
 from tblock_cli.anatomy.mha import MASKED_LOGIT
 from tblock_cli.anatomy.tracer import Tracer
 from tblock_cli.checks.context import IDENTICAL_SCORES, Context
@@ -109,12 +110,12 @@ def relative_calls(ctx: Context, T: int) -> list[dict]:
     seen = identical_scores(ctx) if T == identical_length(ctx) else identical(ctx, T)
     calls, uniform_in = seen.calls, seen.uniform_in
     for c, got in calls:
-        if got is None or got["logits"].shape[-1] != got["logits"].shape[-2] or got["logits"].shape[-1] != T:
+        if got is None or got.logits.shape[-1] != got.logits.shape[-2] or got.logits.shape[-1] != T:
             continue
         sources = [n for n in c.q + c.k if n in uniform_in]
         if not sources or not all(uniform_in[n] for n in sources):
             continue  # positions entered before the projections (absolute): scores need not be Toeplitz
-        out.append({"where": c.where or "root", "seq": T, "error": toeplitz_error(got["logits"])})
+        out.append({"where": c.where or "root", "seq": T, "error": toeplitz_error(got.logits)})
     return out
 
 
@@ -156,21 +157,21 @@ def paper_slopes(n: int) -> list[float]:
     return first + paper_slopes(2 * p)[0::2][: n - p] if p < n else first
 
 
-def product_like(got: dict, z: torch.Tensor) -> torch.Tensor:
+def product_like(got: Captured, z: torch.Tensor) -> torch.Tensor:
     """A captured call's q.k product in float64 on the CPU, laid out like the scores z (RuntimeError where it is laid
     out otherwise: bloom's (batch * heads, T, T))."""
-    return got["product"].detach().double().cpu().expand_as(z)
+    return got.product.detach().double().cpu().expand_as(z)
 
 
-def sample_scores(got: dict | None, i: int) -> dict | None:
+def sample_scores(got: Captured | None, i: int) -> Captured | None:
     """Sample i's captured scores of a two-sample forward (None where the scores do not lead with that batch of 2)."""
-    if got is None or got["product"] is None or got["logits"].shape[0] != 2:
+    if got is None or got.product is None or got.logits.shape[0] != 2:
         return None
     try:  # a product laid out otherwise (bloom's (batch * heads, T, T)) is read from one forward per input instead
-        product = product_like(got, got["logits"])
+        product = product_like(got, got.logits)
     except RuntimeError:
         return None
-    return {"logits": got["logits"][i : i + 1], "product": product[i : i + 1]}
+    return Captured(got.logits[i : i + 1], product[i : i + 1])
 
 
 def score_pairs(ctx: Context, a: torch.Tensor, b: torch.Tensor) -> list[tuple]:
@@ -203,11 +204,11 @@ def head_biases(ctx: Context) -> list[torch.Tensor]:
     T = max(ctx.cfg.seq, BIAS_SEQ)
     out = []
     for got, other in score_pairs(ctx, ctx.x(1, T), ctx.x(1, T)):
-        if got is None or other is None or got["product"] is None or other["product"] is None \
-                or got["logits"].shape[-1] != T or got["logits"].shape[-2] != T or other["logits"].shape != got["logits"].shape:
+        if got is None or other is None or got.product is None or other.product is None \
+                or got.logits.shape[-1] != T or got.logits.shape[-2] != T or other.logits.shape != got.logits.shape:
             continue
-        z, p = got["logits"], product_like(got, got["logits"])
-        z2, p2 = other["logits"], product_like(other, z)
+        z, p = got.logits, product_like(got, got.logits)
+        z2, p2 = other.logits, product_like(other, z)
         # an input-independent bias cancels between two inputs: the difference of the scores is the scale times
         # the difference of the products, exactly
         valid = torch.isfinite(z) & (z > MASKED_LOGIT) & torch.isfinite(z2) & (z2 > MASKED_LOGIT)
@@ -221,13 +222,13 @@ def head_biases(ctx: Context) -> list[torch.Tensor]:
     return out
 
 
-def unbiased(got: dict | None) -> bool:
+def unbiased(got: Captured | None) -> bool:
     """Whether one input's captured scores are a multiple of their q.k product along every row (to NO_BIAS): no additive
     bias. A call that is not square (cross-attention) is not judged, as head_biases judges none. False where the
     scores cannot be read."""
-    if got is None or got["product"] is None:
+    if got is None or got.product is None:
         return False
-    z = got["logits"]
+    z = got.logits
     if z.ndim < 2 or z.shape[-1] != z.shape[-2]:
         return True
     try:
