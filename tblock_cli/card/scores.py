@@ -223,7 +223,7 @@ def trace_scores(probe: Probe, x: torch.Tensor, targets: frozenset[int] = frozen
         if got is None or info is None:
             continue
         kind, ordinal, q, k, fold, sources = info
-        logits = got["logits"]
+        logits = got.logits
         q4, k4 = _heads(q, logits), _heads(k, logits)
         if k4 is not None and logits.ndim == 4 and logits.shape[-1] > k4.shape[-2]:
             logits = _without_sinks(logits, k4.shape[-2])
