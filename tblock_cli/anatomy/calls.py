@@ -18,6 +18,7 @@ from tblock_cli.anatomy.attention import (
     uniform_rows,
 )
 from tblock_cli.anatomy.mha import MHACall
+from tblock_cli.anatomy.provenance import NORM, Attn
 
 
 def record_sdpa(self, args, kwargs, out) -> None:
@@ -48,7 +49,7 @@ def record_sdpa(self, args, kwargs, out) -> None:
         k=self.sources(a["key"]), v=self.sources(v), heads=heads, head_dim=E, batch=batch, q_len=L, k_len=S,
         logit_std=std, entropy=ent, max_prob=mp, scale_ratio=ratio, scale_note=note, flops=flops, kv_width=kv_width,
         key_axis=True, self_masked=self_masked(logits)))
-    self.put(out, {f"@attn{len(self.attention) - 1}": 0})
+    self.put(out, {Attn(len(self.attention) - 1): 0})
 
 def record_mha(self, args, kwargs, out) -> None:
     """An nn.MultiheadAttention call (F.multi_head_attention_forward), taken apart by MHACall: scores, q/k/v/out rows."""
@@ -101,10 +102,10 @@ def record_mha(self, args, kwargs, out) -> None:
     self.flops[out_name] = self.flops.get(out_name, 0) + 2 * L * B * out_w.numel()
     self.out_shape[out_name] = (B, L, E) if batched else (L, E)
     self.mha_out.add(out_name)
-    self.linear_in[out_name] = {f"@attn{len(self.attention) - 1}": 0}
+    self.linear_in[out_name] = {Attn(len(self.attention) - 1): 0}
     if owner:  # the in-projection reads the query (and key, value) stream
         self.linear_in.setdefault(owner, self.union(self.get(t) for t in (query, key, a["value"])))
-    if "@norm" in self.get(query) and not all("@norm" in self.get(t) for t in (key, a["value"])):
+    if NORM in self.get(query) and not all(NORM in self.get(t) for t in (key, a["value"])):
         self.split_streams.append(mha_name or "(root)")
     self.put(out, {out_name: 0})
 

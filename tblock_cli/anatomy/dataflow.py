@@ -21,6 +21,7 @@ import torch.nn as nn
 
 from tblock_cli.anatomy.attention import AttentionCall
 from tblock_cli.anatomy.norms import find_norms
+from tblock_cli.anatomy.provenance import NORM, Attn
 from tblock_cli.anatomy.roles import GROUPS, ModuleUse, assign_roles, mha_rows
 from tblock_cli.anatomy.tracer import Tracer, owns_several_matrices, qualified
 from tblock_cli.probes import train_mode
@@ -108,13 +109,13 @@ def trace(module: nn.Module, call, x: torch.Tensor, d_model: int) -> Dataflow:
     tokens = x.shape[0] * x.shape[1] if x.ndim >= 2 else 1
     def normed(n: str, depth: int = 0) -> bool:  # a low-rank chain reads what its first projection reads
         src = tr.linear_in.get(n, {})
-        return "@norm" in src or (depth < 3 and any(normed(s, depth + 1) for s in src if s in tr.linear_in and s != n))
+        return NORM in src or (depth < 3 and any(normed(s, depth + 1) for s in src if s in tr.linear_in and s != n))
     queries = sorted({q for c in tr.attention for q in c.q if q in tr.linear_in})
     ffn_ins = sorted(n for n, r in role.items() if r in ("ffn.in", "ffn.gate"))
     split_kv = sorted({n for c in tr.attention if c.q and all(normed(q) for q in c.q if q in tr.linear_in)
                        for n in c.k + c.v if n in tr.linear_in and not normed(n)})
     placement = (tr.stream_norms, tuple(q for q in queries if not normed(q)), tuple(n for n in ffn_ins if not normed(n)),
-                 tuple(split_kv + tr.split_streams), tr.get(out) == {"@norm": 0})
+                 tuple(split_kv + tr.split_streams), tr.get(out) == {NORM: 0})
     placement += (sublayer_post(tr, role, queries, ffn_ins, normed),)
     return Dataflow(tuple(modules), tuple(tr.attention), tuple(chains), tokens, total, *placement, norms=norms,
                     act_after_product=tuple(sorted(set(tr.act_after_product))), slips=tr.slips,
@@ -128,7 +129,7 @@ def sublayer_post(tr, role: dict, queries: list, ffn_ins: list, normed) -> bool:
     if not tr.stream_norms or not tr.attention or any(normed(n) for n in queries + ffn_ins):
         return False
     for i in range(len(tr.attention)):
-        marker = f"@attn{i}"
+        marker = Attn(i)
         outs = [n for n, src in tr.linear_in.items() if marker in src]
         if marker not in tr.normed_outputs and not any(n in tr.normed_outputs for n in outs):
             return False

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch.nn as nn
 
+from tblock_cli.anatomy.provenance import Attn, Marker
 from tblock_cli.anatomy.tracer import ACT, Tracer, qualified
 
 ATTENTION_ROLES = ("attn.q", "attn.k", "attn.v", "attn.qk", "attn.kv", "attn.qkv", "attn.out", "attn.gate")
@@ -45,7 +46,7 @@ def assign_roles(tr: Tracer) -> tuple[dict[str, str], list[tuple[str, str]]]:
         key = "".join(x for x, s in (("q", qs), ("k", ks), ("v", vs)) if n in s)
         role[n] = "attn." + key if key in ("q", "k", "v", "qk", "kv", "qkv") else "attn.qkv"
     for n, p in tr.linear_in.items():
-        if n not in role and any(k.startswith("@attn") for k in p):
+        if n not in role and any(isinstance(k, Attn) for k in p):
             role[n] = "attn.out"
     for n in [n for n, r in role.items() if r == "attn.out"]:  # a gate on the attention output (afmoe, qwen3_next)
         for src in tr.linear_in.get(n, {}):
@@ -61,7 +62,7 @@ def assign_roles(tr: Tracer) -> tuple[dict[str, str], list[tuple[str, str]]]:
     for n, p in tr.linear_in.items():
         if n in role:
             continue
-        preds = [(s, f) for s, f in p.items() if not s.startswith("@") and s in tr.linear_in and s not in role]
+        preds = [(s, f) for s, f in p.items() if not isinstance(s, Marker) and s in tr.linear_in and s not in role]
         if preds:
             consumed[n] = preds
     for out_name, preds in consumed.items():

@@ -21,6 +21,7 @@ from tblock_cli.anatomy.attention import (
 )
 from tblock_cli.anatomy.calls import record_mha, record_sdpa
 from tblock_cli.anatomy.ops import ACTIVATIONS, LINEAR, MATMULS, NORMS, SCALING, SOFTMAX
+from tblock_cli.anatomy.provenance import NORM, Attn, Marker, Probs, Product
 
 # Provenance flags: an activation function acted (gelu, silu, ...), or another nonlinearity did (a
 # product of two activations, exp, ...). A projection reached with neither composes linearly.
@@ -68,15 +69,15 @@ class Tracer(TorchFunctionMode):
                     self.owner[id(p)] = qualified(name, pn) if per_matrix else name
             for b in m.buffers(recurse=False):
                 self.params.add(id(b))
-        self.prov: dict[int, dict[str, int]] = {}
+        self.prov: dict[int, dict[str | Marker, int]] = {}
         self.keep: list = []  # every traced tensor stays alive, so ids are not reused
-        self.linear_in: dict[str, dict[str, int]] = {}  # projection -> provenance of its input
+        self.linear_in: dict[str, dict[str | Marker, int]] = {}  # projection -> provenance of its input
         self.out_shape: dict[str, tuple] = {}
         self.flops: dict[str, int] = {}
         self.attention: list[AttentionCall] = []
         self.attn_owner: list[str] = []
-        self.scores: dict[str, tuple] = {}  # marker -> (A, B) of a product of two activations
-        self.probs: dict[str, int] = {}  # marker -> index into self.attention
+        self.scores: dict[Product, tuple] = {}  # marker -> (A, B) of a product of two activations
+        self.probs: dict[Probs, int] = {}  # marker -> index into self.attention
         self.mha_out: set[str] = set()
         self.stream_norms = False
         self.split_streams: list[str] = []  # MHA calls whose query is normalised but whose key or value is not
@@ -89,7 +90,7 @@ class Tracer(TorchFunctionMode):
         self.uniform_in: dict[str, bool] = {}
         self.products: dict[int, tuple[str, str]] = {}  # id(a * b) of two projections' outputs -> their names
         self.act_after_product: list[tuple[str, ...]] = []  # projections multiplied together before an activation
-        self.normed_outputs: set[str] = set()  # projections (and "@attnN" calls) whose output a full-width norm reads
+        self.normed_outputs: set[str | Marker] = set()  # projections (and calls' Attn) whose output a full-width norm reads
         # torch calls the recorder raised on (the user's forward went on): an anatomy that lost one may lack an
         # attention call or a role, so the count is a fact the checks report, with the first few errors
         self.slips = 0
@@ -100,11 +101,11 @@ class Tracer(TorchFunctionMode):
         (olmo2's full-width q_norm) or an attention output (bitnet's attn_sub_norm): then it stays what it read. A norm
         called with the residual too (Gemma's norm fused with the add: norm(a, x)) normalises the stream."""
         inp = args[0] if len([a for a in args if isinstance(a, torch.Tensor)]) == 1 else None
-        if isinstance(inp, torch.Tensor) and (id(inp) in self.proj_outs or any(k.startswith("@attn") for k in self.get(inp))):
+        if isinstance(inp, torch.Tensor) and (id(inp) in self.proj_outs or any(isinstance(k, Attn) for k in self.get(inp))):
             self.normed_outputs.update(self.get(inp))  # a sublayer's output normalised before the add (OLMo-2)
             self.put(out, self.union([self.get(inp)], NONLINEAR))
         else:
-            self.put(out, {"@norm": 0})
+            self.put(out, {NORM: 0})
 
     def leave(self, name: str, out) -> None:
         if len(self.module_stack) > 1:
@@ -113,24 +114,24 @@ class Tracer(TorchFunctionMode):
             self.out_shape[name] = tuple(out.shape)
 
     # ---------------------------------------------------------------- provenance helpers
-    def get(self, t) -> dict[str, int]:
+    def get(self, t) -> dict[str | Marker, int]:
         return self.prov.get(id(t), {}) if isinstance(t, torch.Tensor) else {}
 
-    def put(self, t, prov: dict[str, int]) -> None:
+    def put(self, t, prov: dict[str | Marker, int]) -> None:
         for o in tensors(t):
             self.keep.append(o)
             self.prov[id(o)] = dict(prov)
 
     @staticmethod
-    def union(provs, flag: int = 0) -> dict[str, int]:
-        out: dict[str, int] = {}
+    def union(provs, flag: int = 0) -> dict[str | Marker, int]:
+        out: dict[str | Marker, int] = {}
         for p in provs:
             for k, v in p.items():
-                out[k] = out.get(k, 0) | v | (flag if not k.startswith("@") else 0)
+                out[k] = out.get(k, 0) | v | (flag if not isinstance(k, Marker) else 0)
         return out
 
     def sources(self, t) -> tuple[str, ...]:
-        return tuple(sorted(k for k in self.get(t) if not k.startswith("@")))
+        return tuple(sorted(k for k in self.get(t) if not isinstance(k, Marker)))
 
     def is_param(self, t) -> bool:
         return isinstance(t, torch.Tensor) and id(t) in self.params
@@ -195,7 +196,7 @@ class Tracer(TorchFunctionMode):
             record_sdpa(self, args, kwargs, out)
         elif name in NORMS and func is getattr(F, name, None):
             if out.shape[-1] == self.d_model:  # a norm of the residual stream: a new start for provenance
-                self.put(out, {"@norm": 0})
+                self.put(out, {NORM: 0})
                 self.stream_norms = True
             else:  # a per-head (QK) norm: q stays q
                 self.put(out, self.union((self.get(t) for t in acts), NONLINEAR))
@@ -230,7 +231,7 @@ class Tracer(TorchFunctionMode):
         if len(acts) < 2 or not isinstance(out, torch.Tensor) or not all(len(p) == 1 for p in direct):
             return
         (a, fa), (b, fb) = (next(iter(p.items())) for p in direct)
-        if a != b and not a.startswith("@") and not b.startswith("@") and a in self.linear_in and b in self.linear_in \
+        if a != b and not isinstance(a, Marker) and not isinstance(b, Marker) and a in self.linear_in and b in self.linear_in \
                 and not (fa | fb):
             self.products[id(out)] = (a, b)
 
@@ -253,14 +254,14 @@ class Tracer(TorchFunctionMode):
             mix = 2 * other.numel() * call.q_len  # (..., S, d_v) values, each weighted for L queries
             v_width = self.cached_width(other, other.numel() // max(1, call.batch * call.k_len))
             self.attention[i] = replace(call, v=self.sources(other), flops=call.flops + mix, kv_width=call.kv_width + v_width)
-            self.put(out, {f"@attn{i}": 0})
+            self.put(out, {Attn(i): 0})
             return
         scored = [t for t in (a, b) if any(k in self.scores for k in self.get(t))]
         if scored:  # weights derived from a q.k product, multiplied into values without torch's softmax
             w = scored[0]
             self.weights_call(w, b if w is a else a, next(k for k in self.get(w) if k in self.scores), out)
             return
-        marker = f"@scores{len(self.scores)}"
+        marker = Product(len(self.scores))
         self.scores[marker] = (a, b, out if product is None else product)
         self.put(out, {**self.union((self.get(a), self.get(b)), NONLINEAR), marker: 0})
 
@@ -295,7 +296,7 @@ class Tracer(TorchFunctionMode):
             k=self.sources(k), v=self.sources(values), heads=heads, head_dim=e, batch=batch, q_len=L, k_len=S,
             logit_std=std, entropy=ent, max_prob=mp, scale_ratio=ratio, scale_note=note, flops=flops, kv_width=kv,
             key_axis=True, self_masked=self_masked(W.log() if normalised else W), normalised=normalised))
-        self.put(out, {f"@attn{len(self.attention) - 1}": 0})
+        self.put(out, {Attn(len(self.attention) - 1): 0})
 
     def softmax(self, args, kwargs, out, ins):
         x = args[0]
@@ -323,7 +324,7 @@ class Tracer(TorchFunctionMode):
             kind="softmax(QK^T)V", where=self.module_stack[-1], q=self.sources(a), k=self.sources(b), v=(), heads=heads,
             head_dim=e, batch=batch, q_len=L, k_len=S, logit_std=std, entropy=ent, max_prob=mp, scale_ratio=ratio,
             scale_note=note, flops=flops, kv_width=k_width, key_axis=key_axis, self_masked=self_masked(x)))
-        marker = f"@probs{len(self.attention) - 1}"
+        marker = Probs(len(self.attention) - 1)
         self.probs[marker] = len(self.attention) - 1
         self.put(out, {marker: 0})
 

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 from tblock_cli.anatomy.attention import sdpa_signature
 from tblock_cli.anatomy.mha import MASKED_LOGIT, MHACall
+from tblock_cli.anatomy.provenance import Product
 from tblock_cli.anatomy.tracer import Tracer
 from tblock_cli.card.probe import Probe
 from tblock_cli.probes import train_mode
@@ -116,7 +117,7 @@ class ScoreTracer(Tracer):
         self.capture = True
         self.targets, self.factor = targets, factor
         self.n = -1  # ordinal of the call being handled
-        self.products_at: dict[str, tuple] = {}  # score marker -> (ordinal, q, k, fold, sources of q)
+        self.products_at: dict[Product, tuple] = {}  # score marker -> (ordinal, q, k, fold, sources of q)
         self.calls: dict[int, tuple] = {}  # attention index -> (kind, ordinal, q, k, fold, sources of q)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
@@ -172,7 +173,7 @@ class ScoreTracer(Tracer):
             got = _operands(name, args, kwargs)
             if got is not None:
                 _, q, k, a, b = got
-                self.products_at[f"@scores{markers}"] = (self.n, q, k, self.fold(a, b), self.sources(a))
+                self.products_at[Product(markers)] = (self.n, q, k, self.fold(a, b), self.sources(a))
 
     def softmax(self, args, kwargs, out, ins):
         before = len(self.attention)
