@@ -116,3 +116,27 @@ def test_a_tracing_slip_is_counted_and_reported_not_a_block_without_attention(mo
     assert attention.status == Status.SKIP and attention.kind == "attention.none"
     assert attention.facts["tracing_slips"] >= 1 and "planted slip" in attention.facts["slip_errors"][0]
     assert "could not record" in attention.text
+
+
+class AtNamed(torch.nn.Module):
+    """A block held under a name that starts with '@': every projection's name does too."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.add_module("@block", inner)
+
+    def forward(self, x, pad_mask=None):
+        return getattr(self, "@block")(x)
+
+
+def test_module_names_never_read_as_provenance_markers():
+    """Markers (a norm's restart, attention's steps) are their own type, so no module name can pass for one: a block
+    whose every name starts with '@' gets the roles the same block gets under its own names."""
+    torch.manual_seed(0)
+    for inner in (zoo.OpaqueNames(D, H), zoo.LlamaBlock(D, H)):
+        x = torch.randn(B, T, D)
+        plain = {m.name: m.role for m in trace(inner, inner, x, D).modules}
+        block = AtNamed(inner)
+        named = {m.name: m.role for m in trace(block, block, x, D).modules}
+        assert named == {f"@block.{n}": r for n, r in plain.items()}
+        assert "attn.q" in plain.values() and "ffn.out" in plain.values()

@@ -21,8 +21,9 @@ import torch.nn as nn
 
 from tblock_cli.anatomy.attention import AttentionCall
 from tblock_cli.anatomy.norms import find_norms
+from tblock_cli.anatomy.provenance import NORM, Attn, owns_several_matrices, qualified
 from tblock_cli.anatomy.roles import GROUPS, ModuleUse, assign_roles, mha_rows
-from tblock_cli.anatomy.tracer import Tracer, owns_several_matrices, qualified
+from tblock_cli.anatomy.tracer import Tracer
 from tblock_cli.probes import train_mode
 
 
@@ -69,8 +70,8 @@ def trace(module: nn.Module, call, x: torch.Tensor, d_model: int) -> Dataflow:
     hooks = []
     for name, m in module.named_modules():
         if norms.get(name) == d_model:  # a norm of the residual stream; per-head norms keep q as q
-            tr.stream_norms = True
-            hooks.append(m.register_forward_hook(lambda _m, a, o: tr.norm_out(a, o)))
+            tr.prov.stream_norms = True
+            hooks.append(m.register_forward_hook(lambda _m, a, o: tr.prov.norm_out(a, o)))
         hooks.append(m.register_forward_pre_hook(lambda _m, _a, _n=name: tr.module_stack.append(_n)))
         hooks.append(m.register_forward_hook(lambda _m, _a, o, _n=name: tr.leave(_n, o)))
     try:
@@ -93,31 +94,31 @@ def trace(module: nn.Module, call, x: torch.Tensor, d_model: int) -> Dataflow:
                 seen.add(id(p))
                 key = qualified(name, pn)
                 modules.append(ModuleUse(key, role.get(key, "other"), p.numel(), p.numel() if p.ndim >= 2 else 0,
-                                         tr.out_shape.get(key), tr.flops.get(key, 0)))
+                                         tr.counts.out_shape.get(key), tr.counts.flops.get(key, 0)))
             continue
         own = [p for p in m.parameters(recurse=False) if id(p) not in seen]
         if not own:
             continue
         seen.update(id(p) for p in own)
         in_norm = any(name == n or name.startswith(n + ".") for n in norms)
-        r = "norm" if in_norm else "attn.out" if name in tr.mha_out else role.get(name, "other")
+        r = "norm" if in_norm else "attn.out" if name in tr.attn.mha_out else role.get(name, "other")
         modules.append(ModuleUse(name or "(root)", r, sum(p.numel() for p in own), sum(p.numel() for p in own if p.ndim >= 2),
-                                 tr.out_shape.get(name), tr.flops.get(name, 0)))
+                                 tr.counts.out_shape.get(name), tr.counts.flops.get(name, 0)))
     total = sum(p.numel() for p in module.parameters())
     assert sum(m.params for m in modules) == total, (sum(m.params for m in modules), total)
     tokens = x.shape[0] * x.shape[1] if x.ndim >= 2 else 1
     def normed(n: str, depth: int = 0) -> bool:  # a low-rank chain reads what its first projection reads
-        src = tr.linear_in.get(n, {})
-        return "@norm" in src or (depth < 3 and any(normed(s, depth + 1) for s in src if s in tr.linear_in and s != n))
-    queries = sorted({q for c in tr.attention for q in c.q if q in tr.linear_in})
+        src = tr.prov.linear_in.get(n, {})
+        return NORM in src or (depth < 3 and any(normed(s, depth + 1) for s in src if s in tr.prov.linear_in and s != n))
+    queries = sorted({q for c in tr.attn.calls for q in c.q if q in tr.prov.linear_in})
     ffn_ins = sorted(n for n, r in role.items() if r in ("ffn.in", "ffn.gate"))
-    split_kv = sorted({n for c in tr.attention if c.q and all(normed(q) for q in c.q if q in tr.linear_in)
-                       for n in c.k + c.v if n in tr.linear_in and not normed(n)})
-    placement = (tr.stream_norms, tuple(q for q in queries if not normed(q)), tuple(n for n in ffn_ins if not normed(n)),
-                 tuple(split_kv + tr.split_streams), tr.get(out) == {"@norm": 0})
+    split_kv = sorted({n for c in tr.attn.calls if c.q and all(normed(q) for q in c.q if q in tr.prov.linear_in)
+                       for n in c.k + c.v if n in tr.prov.linear_in and not normed(n)})
+    placement = (tr.prov.stream_norms, tuple(q for q in queries if not normed(q)), tuple(n for n in ffn_ins if not normed(n)),
+                 tuple(split_kv + tr.prov.split_streams), tr.prov.get(out) == {NORM: 0})
     placement += (sublayer_post(tr, role, queries, ffn_ins, normed),)
-    return Dataflow(tuple(modules), tuple(tr.attention), tuple(chains), tokens, total, *placement, norms=norms,
-                    act_after_product=tuple(sorted(set(tr.act_after_product))), slips=tr.slips,
+    return Dataflow(tuple(modules), tuple(tr.attn.calls), tuple(chains), tokens, total, *placement, norms=norms,
+                    act_after_product=tuple(sorted(set(tr.prov.act_after_product))), slips=tr.slips,
                     slip_errors=tuple(tr.slip_errors))
 
 
@@ -125,12 +126,12 @@ def sublayer_post(tr, role: dict, queries: list, ffn_ins: list, normed) -> bool:
     """Whether every sublayer reads the un-normalised stream and hands its output to a full-width norm before the
     residual add: each attention call's output (or the projection reading it) and each FFN output projection."""
     ffn_outs = [n for n, r in role.items() if r == "ffn.out"]
-    if not tr.stream_norms or not tr.attention or any(normed(n) for n in queries + ffn_ins):
+    if not tr.prov.stream_norms or not tr.attn.calls or any(normed(n) for n in queries + ffn_ins):
         return False
-    for i in range(len(tr.attention)):
-        marker = f"@attn{i}"
-        outs = [n for n, src in tr.linear_in.items() if marker in src]
-        if marker not in tr.normed_outputs and not any(n in tr.normed_outputs for n in outs):
+    for i in range(len(tr.attn.calls)):
+        marker = Attn(i)
+        outs = [n for n, src in tr.prov.linear_in.items() if marker in src]
+        if marker not in tr.prov.normed_outputs and not any(n in tr.prov.normed_outputs for n in outs):
             return False
-    return all(n in tr.normed_outputs for n in ffn_outs)
+    return all(n in tr.prov.normed_outputs for n in ffn_outs)
 

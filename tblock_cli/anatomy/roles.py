@@ -6,7 +6,8 @@ from dataclasses import dataclass
 
 import torch.nn as nn
 
-from tblock_cli.anatomy.tracer import ACT, Tracer, qualified
+from tblock_cli.anatomy.provenance import ACT, Attn, Marker, qualified
+from tblock_cli.anatomy.tracer import Tracer
 
 ATTENTION_ROLES = ("attn.q", "attn.k", "attn.v", "attn.qk", "attn.kv", "attn.qkv", "attn.out", "attn.gate")
 FFN_ROLES = ("ffn.in", "ffn.gate", "ffn.out")
@@ -38,30 +39,30 @@ def group_of(role: str) -> str:
 def assign_roles(tr: Tracer) -> tuple[dict[str, str], list[tuple[str, str]]]:
     """projection name -> role, and the FFN chains that compose linearly."""
     role: dict[str, str] = {}
-    qs = {n for c in tr.attention for n in c.q}
-    ks = {n for c in tr.attention for n in c.k}
-    vs = {n for c in tr.attention for n in c.v}
+    qs = {n for c in tr.attn.calls for n in c.q}
+    ks = {n for c in tr.attn.calls for n in c.k}
+    vs = {n for c in tr.attn.calls for n in c.v}
     for n in qs | ks | vs:
         key = "".join(x for x, s in (("q", qs), ("k", ks), ("v", vs)) if n in s)
         role[n] = "attn." + key if key in ("q", "k", "v", "qk", "kv", "qkv") else "attn.qkv"
-    for n, p in tr.linear_in.items():
-        if n not in role and any(k.startswith("@attn") for k in p):
+    for n, p in tr.prov.linear_in.items():
+        if n not in role and any(isinstance(k, Attn) for k in p):
             role[n] = "attn.out"
     for n in [n for n, r in role.items() if r == "attn.out"]:  # a gate on the attention output (afmoe, qwen3_next)
-        for src in tr.linear_in.get(n, {}):
-            if src in tr.linear_in and src not in role:
+        for src in tr.prov.linear_in.get(n, {}):
+            if src in tr.prov.linear_in and src not in role:
                 role[src] = "attn.gate"
     for n in [n for n, r in role.items() if r not in ("attn.out", "attn.gate")]:
-        src = list(tr.linear_in.get(n, {}))
-        if len(src) == 1 and src[0] in tr.linear_in and src[0] not in role:  # fed by one projection alone (low rank, MLA)
+        src = list(tr.prov.linear_in.get(n, {}))
+        if len(src) == 1 and src[0] in tr.prov.linear_in and src[0] not in role:  # fed by one projection alone (low rank, MLA)
             role[src[0]] = role[n]
     # FFN: a projection that consumes another (non-attention) projection's output.
     chains = []
     consumed: dict[str, list[tuple[str, int]]] = {}
-    for n, p in tr.linear_in.items():
+    for n, p in tr.prov.linear_in.items():
         if n in role:
             continue
-        preds = [(s, f) for s, f in p.items() if not s.startswith("@") and s in tr.linear_in and s not in role]
+        preds = [(s, f) for s, f in p.items() if not isinstance(s, Marker) and s in tr.prov.linear_in and s not in role]
         if preds:
             consumed[n] = preds
     for out_name, preds in consumed.items():
@@ -77,7 +78,7 @@ def assign_roles(tr: Tracer) -> tuple[dict[str, str], list[tuple[str, str]]]:
     # A projection no other consumes, beside FFN projections in the same module (a mixture-of-experts layer's
     # shared-expert gate, sigmoid(gate(x)) * shared_expert(x)): part of that FFN.
     ffn_parents = {n.rpartition(".")[0] for n, r in role.items() if r.startswith("ffn")}
-    for n in tr.linear_in:
+    for n in tr.prov.linear_in:
         parent = n.rpartition(".")[0]
         if n not in role and parent and any(p == parent or p.startswith(parent + ".") for p in ffn_parents):
             role[n] = "ffn.gate"
@@ -106,8 +107,8 @@ def mha_rows(name: str, m: nn.MultiheadAttention, tr: Tracer, role: dict, seen: 
         if b is not None:
             extra[k] += b.numel()
     used = key in role
-    flops = tr.flops.get(key, 0)
+    flops = tr.counts.flops.get(key, 0)
     total_mats = sum(mats.values())
-    return [ModuleUse(f"{name}.{k}", f"attn.{k}" if used else "other", mats[k] + extra[k], mats[k], tr.out_shape.get(key),
+    return [ModuleUse(f"{name}.{k}", f"attn.{k}" if used else "other", mats[k] + extra[k], mats[k], tr.counts.out_shape.get(key),
                       flops * mats[k] // total_mats) for k in ("q", "k", "v")]
 

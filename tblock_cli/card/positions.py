@@ -263,8 +263,8 @@ def read(probe: Probe) -> list[Entry]:
              {k: "no relative bias" for k in BIAS_KEYS[1:]}
     # the projections reaching q (any projection where the trace lost them: on identical tokens attention outputs
     # are equal rows too, so only positions added to the stream make a projection's rows differ)
-    read_by_q = call.sources or tuple(tr.uniform_in)
-    if not all(tr.uniform_in.get(n, True) for n in read_by_q):
+    read_by_q = call.sources or tuple(tr.attn.uniform_in)
+    if not all(tr.attn.uniform_in.get(n, True) for n in read_by_q):
         return [Entry("pos.kind", "absolute", "the projections reaching q read rows that differ on identical tokens: "
                                               "positions entered before them")] + [skipped(k, "absolute positions")
                                                                                    for k in absent]

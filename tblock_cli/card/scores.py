@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 from tblock_cli.anatomy.attention import sdpa_signature
 from tblock_cli.anatomy.mha import MASKED_LOGIT, MHACall
+from tblock_cli.anatomy.provenance import Product
 from tblock_cli.anatomy.tracer import Tracer
 from tblock_cli.card.probe import Probe
 from tblock_cli.probes import train_mode
@@ -112,11 +113,10 @@ class ScoreTracer(Tracer):
     scaling the q operand of chosen products by `factor` (a later forward of the same input)."""
 
     def __init__(self, module, d_model: int, targets: frozenset[int] = frozenset(), factor: float = 1.0):
-        super().__init__(module, d_model)
-        self.capture = True
+        super().__init__(module, d_model, capture=True)
         self.targets, self.factor = targets, factor
         self.n = -1  # ordinal of the call being handled
-        self.products_at: dict[str, tuple] = {}  # score marker -> (ordinal, q, k, fold, sources of q)
+        self.products_at: dict[Product, tuple] = {}  # score marker -> (ordinal, q, k, fold, sources of q)
         self.calls: dict[int, tuple] = {}  # attention index -> (kind, ordinal, q, k, fold, sources of q)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
@@ -145,47 +145,39 @@ class ScoreTracer(Tracer):
         return tuple(self.follow(a, a * self.factor) if j == at else a for j, a in enumerate(args)), kwargs
 
     def follow(self, old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
-        self.put(new, self.get(old))
+        self.prov.put(new, self.prov.get(old))
         return new
 
     def fold(self, q, k) -> float:
-        return abs(self.scalar.get(id(q), 1.0) * self.scalar.get(id(k), 1.0)) or 1.0
+        return self.prov.folded(q, k) or 1.0
 
     def record(self, func, name, args, kwargs, out):
-        before = len(self.attention)
+        attn = self.attn
+        before = len(attn.calls)
         if func is F.scaled_dot_product_attention:
             bound = inspect.signature(sdpa_signature).bind(*args, **kwargs)
             q, k = bound.arguments["query"], bound.arguments["key"]
             super().record(func, name, args, kwargs, out)
-            if len(self.attention) > before:
-                self.calls[before] = ("sdpa", self.n, q, k, self.fold(q, k), self.sources(q))
+            if len(attn.calls) > before:
+                self.calls[before] = ("sdpa", self.n, q, k, self.fold(q, k), self.prov.sources(q))
             return
         if func is F.multi_head_attention_forward:
             super().record(func, name, args, kwargs, out)
-            if len(self.attention) > before:
+            if len(attn.calls) > before:
                 q, k = _mha_qk(args, kwargs)
-                self.calls[before] = ("mha", -1, q, k, 1.0, self.attention[before].q)
+                self.calls[before] = ("mha", -1, q, k, 1.0, attn.calls[before].q)
             return
-        markers = len(self.scores)
+        markers = len(attn.scores)
         super().record(func, name, args, kwargs, out)
-        if len(self.scores) > markers:  # a product of two activations: perhaps q.k
+        if len(attn.scores) > markers:  # a product of two activations: perhaps q.k
             got = _operands(name, args, kwargs)
             if got is not None:
                 _, q, k, a, b = got
-                self.products_at[f"@scores{markers}"] = (self.n, q, k, self.fold(a, b), self.sources(a))
-
-    def softmax(self, args, kwargs, out, ins):
-        before = len(self.attention)
-        markers = [k for k in self.get(args[0]) if k in self.scores] if args and isinstance(args[0], torch.Tensor) else []
-        super().softmax(args, kwargs, out, ins)
-        if len(self.attention) > before and markers and markers[-1] in self.products_at:
-            self.calls[before] = ("softmax", *self.products_at[markers[-1]])
-
-    def weights_call(self, w, values, marker, out) -> None:
-        before = len(self.attention)
-        super().weights_call(w, values, marker, out)
-        if len(self.attention) > before and marker in self.products_at and self.attention[before].normalised:
-            self.calls[before] = ("weights", *self.products_at[marker])
+                self.products_at[Product(markers)] = (self.n, q, k, self.fold(a, b), self.prov.sources(a))
+        if len(attn.calls) > before and before in attn.origin:  # a softmax over a product, or weights written out
+            kind, product = attn.origin[before]
+            if product in self.products_at and (kind == "softmax" or attn.calls[before].normalised):
+                self.calls[before] = (kind, *self.products_at[product])
 
 
 def _mha_qk(args, kwargs) -> tuple[torch.Tensor, torch.Tensor]:
@@ -218,12 +210,12 @@ def trace_scores(probe: Probe, x: torch.Tensor, targets: frozenset[int] = frozen
     with train_mode(module, False), torch.set_grad_enabled(grad), tr:
         probe.subject(x.clone())
     out = []
-    for i, c in enumerate(tr.attention):
-        got, info = tr.captured.get(i), tr.calls.get(i)
+    for i, c in enumerate(tr.attn.calls):
+        got, info = tr.attn.captured.get(i), tr.calls.get(i)
         if got is None or info is None:
             continue
         kind, ordinal, q, k, fold, sources = info
-        logits = got["logits"]
+        logits = got.logits
         q4, k4 = _heads(q, logits), _heads(k, logits)
         if k4 is not None and logits.ndim == 4 and logits.shape[-1] > k4.shape[-2]:
             logits = _without_sinks(logits, k4.shape[-2])

@@ -48,11 +48,10 @@ NO_BIAS = BIAS_MIN / 16
 def captured_scores(ctx: Context, x: torch.Tensor) -> tuple[list, Tracer]:
     """One eval forward of x with the tracer capturing each attention call's scores and q.k product."""
     module = ctx.subject.module
-    tr = Tracer(module, ctx.cfg.d_model)
-    tr.capture = True
+    tr = Tracer(module, ctx.cfg.d_model, capture=True)
     with train_mode(module, False), torch.enable_grad(), tr:
         ctx.subject(x.clone())
-    return [(c, tr.captured.get(i)) for i, c in enumerate(tr.attention)], tr
+    return [(c, tr.attn.captured.get(i)) for i, c in enumerate(tr.attn.calls)], tr
 
 
 def centred_rows(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -91,7 +90,7 @@ def identical(ctx: Context, T: int) -> Identical:
     """One traced eval forward of T identical tokens, capturing every attention call's scores."""
     x = ctx.randn(1, 1, ctx.cfg.d_model).expand(1, T, ctx.cfg.d_model).contiguous()
     calls, tr = captured_scores(ctx, x)
-    return Identical(calls, tr.uniform_in)
+    return Identical(calls, tr.attn.uniform_in)
 
 
 def identical_scores(ctx: Context) -> Identical:

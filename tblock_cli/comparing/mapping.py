@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from tblock_cli.anatomy.tracer import owns_several_matrices, qualified
+from tblock_cli.anatomy.provenance import owns_several_matrices, qualified
 from tblock_cli.errors import ConfigError
 
 # Parameter names too generic to match on alone: `weight` of one module says nothing about another's.

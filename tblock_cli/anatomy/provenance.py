@@ -1,0 +1,199 @@
+"""Provenance: per tensor, the projections whose outputs reach it and the markers it passed (a norm, attention's steps)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+
+from tblock_cli.anatomy.ops import ACTIVATIONS, LINEAR, SCALING
+from tblock_cli.probes import tensors
+
+# Provenance flags: an activation function acted (gelu, silu, ...), or another nonlinearity did (a
+# product of two activations, exp, ...). A projection reached with neither composes linearly.
+ACT, NONLINEAR = 1, 2
+
+
+@dataclass(frozen=True)
+class Marker:
+    """An entry of a provenance beside the projections' names: what else a tensor came through."""
+
+
+@dataclass(frozen=True)
+class Norm(Marker):
+    """The residual stream as a full-width norm left it: provenance starts again."""
+
+
+@dataclass(frozen=True)
+class Product(Marker):
+    """The index-th product of two activations: perhaps attention's q.k scores."""
+
+    index: int
+
+
+@dataclass(frozen=True)
+class Probs(Marker):
+    """Attention call `call`'s weights (a softmax over a product), before they meet the values."""
+
+    call: int
+
+
+@dataclass(frozen=True)
+class Attn(Marker):
+    """Attention call `call`'s output."""
+
+    call: int
+
+
+NORM = Norm()
+Prov = dict  # str (a projection) | Marker -> ACT | NONLINEAR flags since it
+
+
+def owns_several_matrices(m: nn.Module) -> bool:
+    """nn.MultiheadAttention, or a module holding bare weight matrices: each matrix is a projection of its own."""
+    return isinstance(m, nn.MultiheadAttention) or sum(p.ndim >= 2 for p in m.parameters(recurse=False)) > 1
+
+
+def qualified(module_name: str, param_name: str) -> str:
+    return f"{module_name}.{param_name}" if module_name else param_name
+
+
+class Provenance:
+    """Follows provenance through the torch calls of one forward: which projections (weight matrices, named by their
+    module) each tensor comes from, what each projection reads, which norms restart the stream."""
+
+    def __init__(self, module: nn.Module):
+        self.owner: dict[int, str] = {}  # id(weight matrix) -> module name
+        self.params: set[int] = set()
+        for name, m in module.named_modules():
+            per_matrix = owns_several_matrices(m)
+            for pn, p in m.named_parameters(recurse=False):
+                self.params.add(id(p))
+                if p.ndim >= 2 and id(p) not in self.owner:
+                    self.owner[id(p)] = qualified(name, pn) if per_matrix else name
+            for b in m.buffers(recurse=False):
+                self.params.add(id(b))
+        self.of: dict[int, Prov] = {}  # id(tensor) -> its provenance
+        self.keep: list = []  # every traced tensor stays alive, so ids are not reused
+        self.scalar: dict[int, float] = {}  # id(tensor) -> product of scalar factors applied to it by scaling ops
+        self.linear_in: dict[str, Prov] = {}  # projection -> provenance of its input
+        self.proj_outs: set[int] = set()  # ids of projection outputs
+        self.stream_norms = False
+        self.split_streams: list[str] = []  # MHA calls whose query is normalised but whose key or value is not
+        self.products: dict[int, tuple[str, str]] = {}  # id(a * b) of two projections' outputs -> their names
+        self.act_after_product: list[tuple[str, ...]] = []  # projections multiplied together before an activation
+        self.normed_outputs: set[str | Marker] = set()  # projections (and calls' Attn) whose output a full-width norm reads
+
+    def get(self, t) -> Prov:
+        return self.of.get(id(t), {}) if isinstance(t, torch.Tensor) else {}
+
+    def put(self, t, prov: Prov) -> None:
+        for o in tensors(t):
+            self.keep.append(o)
+            self.of[id(o)] = dict(prov)
+
+    @staticmethod
+    def union(provs, flag: int = 0) -> Prov:
+        out: Prov = {}
+        for p in provs:
+            for k, v in p.items():
+                out[k] = out.get(k, 0) | v | (flag if not isinstance(k, Marker) else 0)
+        return out
+
+    def flow(self, acts, out, flag: int = 0) -> None:
+        """out comes from acts, through an op with that flag."""
+        self.put(out, self.union((self.get(t) for t in acts), flag))
+
+    def sources(self, t) -> tuple[str, ...]:
+        return tuple(sorted(k for k in self.get(t) if not isinstance(k, Marker)))
+
+    def is_param(self, t) -> bool:
+        return isinstance(t, torch.Tensor) and id(t) in self.params
+
+    def follow_weight(self, args, out, sliced: bool = False) -> bool:
+        """A view or cast of a weight matrix (W.t(), W.T, W.to(dtype)) is that weight: same owner. So is one expert's
+        slice of a 3-D experts weight (W[e], W[expert_ids]): mixture-of-experts layers keep the experts stacked."""
+        src = args[0] if args and isinstance(args[0], torch.Tensor) else None
+        if src is None or id(src) not in self.owner or not isinstance(out, torch.Tensor):
+            return False
+        if out.numel() != src.numel() and not (sliced and src.ndim == 3):
+            return False
+        self.owner[id(out)] = self.owner[id(src)]
+        self.params.add(id(out))
+        self.keep.append(out)
+        return True
+
+    def reads(self, proj: str, acts, weight) -> None:
+        """Projection proj reads acts: what they came from is its input's provenance."""
+        self.linear_in[proj] = self.union(self.get(t) for t in acts if t is not weight)
+
+    def projection(self, proj: str, out) -> None:
+        """out is projection proj's output: a provenance of its own."""
+        self.put(out, {proj: 0})
+        self.proj_outs.add(id(out))
+
+    def norm(self, acts, out, stream: bool) -> None:
+        """A norm function's output: a norm of the residual stream starts provenance again; a per-head (QK) norm
+        keeps q as q."""
+        if stream:
+            self.put(out, {NORM: 0})
+            self.stream_norms = True
+        else:
+            self.flow(acts, out, NONLINEAR)
+
+    def norm_out(self, args: tuple, out) -> None:
+        """A norm module's output: a new start of the residual stream, unless it normalises one projection's output
+        (olmo2's full-width q_norm) or an attention output (bitnet's attn_sub_norm): then it stays what it read. A norm
+        called with the residual too (Gemma's norm fused with the add: norm(a, x)) normalises the stream."""
+        inp = args[0] if len([a for a in args if isinstance(a, torch.Tensor)]) == 1 else None
+        if isinstance(inp, torch.Tensor) and (id(inp) in self.proj_outs or any(isinstance(k, Attn) for k in self.get(inp))):
+            self.normed_outputs.update(self.get(inp))  # a sublayer's output normalised before the add (OLMo-2)
+            self.put(out, self.union([self.get(inp)], NONLINEAR))
+        else:
+            self.put(out, {NORM: 0})
+
+    def op(self, name: str, args, acts, out) -> None:
+        """Any other torch call: an activation, a scaling, a linear op (a view, an add), or a nonlinearity."""
+        if name in ACTIVATIONS:
+            pair = self.products.get(id(acts[0])) if acts else None
+            if pair is not None:
+                self.act_after_product.append(pair)
+            self.flow(acts, out, ACT)
+        elif name in SCALING:
+            with_prov = [t for t in acts if self.get(t) or t.numel() > 1]
+            flag = NONLINEAR if len([t for t in acts if self.get(t)]) >= 2 else 0
+            self.note_product(acts, out)
+            self.flow(with_prov, out, flag)
+            self.track_scalar(name, args, out)
+        elif name in LINEAR:
+            self.flow(acts, out)
+            if len(acts) == 1 and isinstance(out, torch.Tensor):  # a view or copy keeps the scalar factor
+                self.scalar[id(out)] = self.scalar.get(id(acts[0]), 1.0)
+        else:
+            self.flow(acts, out, NONLINEAR)
+
+    def note_product(self, acts, out) -> None:
+        """a * b of two different projections' outputs, neither through an activation yet (a gated FFN's product)."""
+        direct = [self.get(t) for t in acts[:2]]
+        if len(acts) < 2 or not isinstance(out, torch.Tensor) or not all(len(p) == 1 for p in direct):
+            return
+        (a, fa), (b, fb) = (next(iter(p.items())) for p in direct)
+        if a != b and not isinstance(a, Marker) and not isinstance(b, Marker) and a in self.linear_in \
+                and b in self.linear_in and not (fa | fb):
+            self.products[id(out)] = (a, b)
+
+    def track_scalar(self, name: str, args, out) -> None:
+        """x * c or x / c with a number c: remember the factor, so a q scaled before the product counts as scaled."""
+        if not isinstance(out, torch.Tensor) or len(args) != 2 or name.startswith("__r"):
+            return
+        x, c = args
+        if isinstance(c, torch.Tensor) and c.numel() == 1 and not self.get(c):
+            c = c.item()
+        if not isinstance(x, torch.Tensor) or not isinstance(c, (int, float)) or c == 0:
+            return
+        self.scalar[id(out)] = self.scalar.get(id(x), 1.0) * (c if name.startswith(("mul", "__mul", "__imul")) else 1 / c)
+
+    def folded(self, q, k) -> float:
+        """|the scalar factors applied to q and k on their way to the product|."""
+        return abs(self.scalar.get(id(q), 1.0) * self.scalar.get(id(k), 1.0))
