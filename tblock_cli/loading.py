@@ -6,7 +6,7 @@ import importlib
 import importlib.util
 import inspect
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -40,6 +40,9 @@ class Subject:
     pad_keyword: str | None  # the forward keyword that takes a (B, T) padding mask, if any
     causal: bool  # whether the user said the block is causal (--causal)
     pad_means: str = "pad"  # what True means in the block's own mask: pad, or keep (HF, x-transformers)
+    # builds the block anew from its factory: rebuild(seed, device) on "cpu" or "meta", in the run dtype, not moved;
+    # None where the block was handed over as a module instance (nothing to build it from)
+    rebuild: Callable[[int, str], nn.Module] | None = None
 
     def __call__(self, x: torch.Tensor, pad_mask: torch.Tensor | None = None) -> torch.Tensor:
         # pad_mask: (B, T) bool, True = padding, always; converted to the block's own convention here
@@ -53,7 +56,7 @@ class Subject:
 
     def like(self, module: nn.Module) -> "Subject":
         """The same calling convention around another module (a float64 copy, a dropout-free copy)."""
-        return Subject(module, self.name, self.builtin, self.pad_keyword, self.causal, self.pad_means)
+        return Subject(module, self.name, self.builtin, self.pad_keyword, self.causal, self.pad_means, self.rebuild)
 
 
 def first_tensor(out) -> torch.Tensor:
@@ -67,7 +70,8 @@ def first_tensor(out) -> torch.Tensor:
 def builtin_subject(cfg: BlockConfig, device: torch.device, dtype: torch.dtype) -> Subject:
     module = build_block(cfg, device, dtype)
     kind = f"built-in {cfg.norm}-LN block" + (f" x{cfg.layers}" if cfg.layers > 1 else "")
-    return Subject(module, kind, True, "pad_mask", cfg.causal)
+    rebuild = lambda seed, where: build_block(replace(cfg, seed=seed), where, dtype)  # noqa: E731
+    return Subject(module, kind, True, "pad_mask", cfg.causal, rebuild=rebuild)
 
 
 def make_subject(
@@ -90,7 +94,18 @@ def make_subject(
         return builtin_subject(cfg, device, dtype)
     factory = load_factory(spec)
     extra = kwargs_json if isinstance(kwargs_json, dict) else parse_kwargs(kwargs_json)
-    return user_subject(construct(spec, factory, cfg, extra), spec, cfg, device, dtype, same_shape=same_shape)
+    subject = user_subject(construct(spec, factory, cfg, extra), spec, cfg, device, dtype, same_shape=same_shape)
+    subject.rebuild = rebuilder(spec, factory, cfg, extra, dtype)
+    return subject
+
+
+def rebuilder(spec: str, factory: Callable, cfg: BlockConfig, extra: dict, dtype: torch.dtype) -> Callable[[int, str], nn.Module]:
+    """The block built anew from its factory at another seed, on the CPU or the meta device (Subject.rebuild)."""
+    def rebuild(seed: int, where: str) -> nn.Module:
+        with torch.device(where):
+            module = construct(spec, factory, replace(cfg, seed=seed), extra)
+        return module.to(dtype=dtype)
+    return rebuild
 
 
 def user_subject(module: nn.Module, name: str, cfg: BlockConfig, device: torch.device, dtype: torch.dtype, *,
@@ -109,8 +124,6 @@ def user_subject(module: nn.Module, name: str, cfg: BlockConfig, device: torch.d
 
 def user_layers(cfg: BlockConfig, device: torch.device, dtype: torch.dtype, spec: str, extra: dict, n: int) -> list[Subject]:
     """n independent instances of the user's block (seeds seed, seed+1, ...), for a stack of copies."""
-    from dataclasses import replace
-
     factory = load_factory(spec)
     first = user_subject(construct(spec, factory, cfg, extra), spec, cfg, device, dtype)  # probed once
     return [first] + [first.like(construct(spec, factory, replace(cfg, seed=cfg.seed + i), extra).to(device=device, dtype=dtype))

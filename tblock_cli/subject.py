@@ -14,7 +14,7 @@ import torch.nn as nn
 from tblock_cli import runtime
 from tblock_cli.config import BUILTIN_ONLY, FLAGS, BlockConfig, Flag, build_config, check_type, parse_kwargs
 from tblock_cli.errors import ConfigError, LoadError
-from tblock_cli.loading import ALIASES, Subject, builtin_subject, construct, user_subject
+from tblock_cli.loading import ALIASES, Subject, builtin_subject, construct, rebuilder, user_subject
 from tblock_cli.report import RunInfo
 
 # Flags that describe a user block's forward; the built-in block takes pad_mask, True = pad.
@@ -168,12 +168,19 @@ def setup(block=None, options: dict | None = None, *, same_shape: bool = True, a
         if module is not None:
             moves = not runtime.placed(module, device, dtype)
             own = private_copy(module, name) if caller is not None and (trains or moves) else module
-            return user_subject(own, name, cfg, device, dtype, same_shape=same_shape)
+            subject = user_subject(own, name, cfg, device, dtype, same_shape=same_shape)
+            if hf_spec:
+                from tblock_cli import hf
+
+                subject.rebuild = hf.rebuilder(block[3:], cfg, extra, subject.module, dtype)
+            return subject
         if isinstance(block, str):
             from tblock_cli.loading import make_subject
 
             return make_subject(cfg, device, dtype, block, extra, same_shape=same_shape)
-        return user_subject(construct(name, block, cfg, extra), name, cfg, device, dtype, same_shape=same_shape)
+        subject = user_subject(construct(name, block, cfg, extra), name, cfg, device, dtype, same_shape=same_shape)
+        subject.rebuild = rebuilder(name, block, cfg, extra, dtype)
+        return subject
 
     return Setup(cfg, device, dtype, make, name if not isinstance(block, str) else block, extra, tuple(warnings), caller)
 

@@ -1,0 +1,385 @@
+"""Checks of what training relies on: the gradient is the derivative, checkpointing changes nothing, one optimizer
+step does what it should."""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import math
+import time
+from contextlib import contextmanager
+
+import torch
+import torch.nn as nn
+
+from tblock_cli.checks.context import Context
+from tblock_cli.checks.result import Outcome, failed, passed, skipped, warned
+from tblock_cli.errors import is_out_of_memory, one_line
+from tblock_cli.probes import f64, rel_diff, train_mode
+
+# The seed every evaluation of the block starts from (dropout draws the same masks in each).
+PROBE_SEED = 1234
+# Central differences at steps 1e-3, 1e-4 and 1e-5 along random directions, in float64. A correct float64 block measured
+# 1e-11..3e-9 relative at 1e-4 (truncation ~h^2, rounding ~1e-16 / h); wrong backwards (a norm backward missing a term,
+# a detached branch, a recompute with other dropout masks, a weight read through .data) 1e-3..1 at every step. What
+# else can exceed the limit changes with the step: a kink (ReLU, max) or a jump (top-k routing) crossed inside the
+# step (x10 or /10 per step), a part computed in float32 on purpose (a rotary angle: rounding ~1e-7 / h, x10 per step).
+# An error counts only when it is above the limit at all three steps and within a factor CONSISTENT of itself.
+FD_STEPS = (1e-3, 1e-4, 1e-5)
+FD_LIMIT = 1e-6
+CONSISTENT = 2.0
+FD_DIRECTIONS = 3  # random directions over the input and every parameter jointly
+FD_LOCALISE = 48  # on a failure, tensors probed alone to name the worst (6 forwards each)
+# Attribute or forward keyword names blocks use for their own activation-checkpointing switch.
+SWITCHES = ("gradient_checkpointing", "use_checkpoint", "checkpoint", "grad_checkpointing", "use_gradient_checkpointing",
+            "activation_checkpointing", "checkpointing", "use_checkpointing")
+# One AdamW step: lr 1e-4 moves every float32 parameter with a non-zero gradient (lr / |p| >> 2^-23 for |p| < 100) and
+# stays where the first-order decrease (lr * |g|_1) dominates; no weight decay, so only a gradient moves a parameter.
+STEP_LR = 1e-4
+# Two parameters are a broken tie only when their values look random: at least this many elements, mostly distinct
+# (a ones or zeros initialisation, or any constant, is shared by design and is not evidence).
+TIE_MIN_NUMEL = 16
+TIE_DISTINCT = 0.5
+# The training-time checks copy, rebuild or difference the whole block several times over: at a 7B-size layer (202M
+# parameters) that is gigabytes and tens of seconds, past the battery's budget there (docs/performance.md). Above this
+# many parameters they skip and say so; the hidden bugs they look for show at any width.
+LARGE_PARAMS = 50_000_000
+
+
+def too_large(ctx: Context) -> Outcome | None:
+    """A skip for a block above LARGE_PARAMS, else None."""
+    n = sum(p.numel() for p in ctx.subject.module.parameters())
+    return skipped("training.too_large", params=n, limit=LARGE_PARAMS) if n > LARGE_PARAMS else None
+
+
+class Cost:
+    """Forward-equivalents a check spent (a forward 1, a backward 2) and its seconds, for its facts."""
+
+    def __init__(self):
+        self.units = 0
+        self.started = time.perf_counter()
+
+    def forward(self, n: int = 1) -> None:
+        self.units += n
+
+    def backward(self, n: int = 1) -> None:
+        self.units += 3 * n  # its forward and the backward's two
+
+    def facts(self) -> dict:
+        return {"forwards": self.units, "seconds": round(time.perf_counter() - self.started, 4)}
+
+
+@contextmanager
+def seeded(device: torch.device, seed: int = PROBE_SEED):
+    """The global RNG (CPU, and the device's) at a fixed seed for a while; the caller's state restored after."""
+    devices = [device.index if device.index is not None else torch.cuda.current_device()] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        yield
+
+
+def all_modules(module: nn.Module) -> list[nn.Module]:
+    """The module's submodules and the modules they keep as plain attributes (an HF layer's model), each once."""
+    out, seen, todo = [], set(), [module]
+    while todo:
+        m = todo.pop(0)
+        if id(m) in seen:
+            continue
+        seen.add(id(m))
+        out.append(m)
+        todo += list(m.children()) + [v for k, v in vars(m).items() if isinstance(v, nn.Module) and k != "_modules"]
+    return out
+
+
+def has_dropout(module: nn.Module) -> bool:
+    """A dropout that is active in train mode: a Dropout module with p > 0, or a dropout rate an attention reads."""
+    for m in all_modules(module):
+        if isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0:
+            return True
+        if any("dropout" in k and isinstance(v, float) and v > 0 for k, v in vars(m).items()):
+            return True
+    return False
+
+
+def trainable(module: nn.Module) -> list[tuple[str, nn.Parameter]]:
+    return [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+
+
+# ----------------------------------------------------------------------------- the gradient is the derivative
+
+
+def check_derivative(ctx: Context) -> Outcome:
+    if too_large(ctx):
+        return too_large(ctx)
+    cost = Cost()
+    device = ctx.device if ctx.device.type != "mps" else torch.device("cpu")
+    try:
+        m64 = copy.deepcopy(ctx.subject.module).to(device=device, dtype=torch.float64)
+    except Exception as e:  # noqa: BLE001 - a block that has no float64 cannot be differenced precisely
+        if is_out_of_memory(e):
+            raise
+        return skipped("derivative.no_float64", error=one_line(e), **cost.facts())
+    subject = ctx.subject.like(m64)
+    x = f64(ctx.x()).to(device)
+    params = trainable(m64)
+
+    def value(xin: torch.Tensor) -> torch.Tensor:
+        with seeded(device), train_mode(m64, True):
+            cost.forward()
+            return (subject(xin) * w).sum()
+
+    ctx.step("float64 backward")
+    with seeded(device), train_mode(m64, True), torch.enable_grad():
+        xr = x.clone().requires_grad_(True)
+        try:
+            out = subject(xr)
+        except Exception as e:  # noqa: BLE001
+            if is_out_of_memory(e):
+                raise
+            return skipped("derivative.no_float64", error=one_line(e), **cost.facts())
+        w = torch.randn(out.shape, generator=ctx.gen, dtype=torch.float64).to(device)
+        for _, p in params:
+            p.grad = None
+        (out * w).sum().backward()  # .backward, not autograd.grad: a reentrant checkpoint inside refuses the latter
+        cost.backward()
+    if not torch.isfinite(out).all():
+        return skipped("derivative.nonfinite", **cost.facts())
+    gx = xr.grad if xr.grad is not None else torch.zeros_like(x)
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for _, p in params]
+    originals = [p.detach().clone() for _, p in params]
+    dropout = has_dropout(m64)
+
+    def direction(which: set[int] | None) -> tuple[torch.Tensor, list]:
+        """A random direction over the input (index -1) and the parameters; which=None: all of them jointly."""
+        on = (lambda i: True) if which is None else (lambda i: i in which)
+        dx = torch.randn(x.shape, generator=ctx.gen, dtype=torch.float64).to(device) if on(-1) else None
+        dps = []
+        for i, (_, p) in enumerate(params):
+            if not on(i):
+                dps.append(None)
+                continue
+            scale = originals[i].pow(2).mean().sqrt().item() if p.numel() else 0.0
+            d = torch.randn(p.shape, generator=ctx.gen, dtype=torch.float64).to(device)
+            dps.append(d * (scale if scale > 0 else 1.0))
+        return dx, dps
+
+    def along(dx, dps, h: float) -> float:
+        with torch.no_grad():
+            ends = []
+            for sign in (1.0, -1.0):
+                for (_, p), orig, d in zip(params, originals, dps):
+                    if d is not None:
+                        p.copy_(orig + sign * h * d)
+                ends.append(value(x + sign * h * dx if dx is not None else x).item())
+            for (_, p), orig in zip(params, originals):
+                p.copy_(orig)
+        return (ends[0] - ends[1]) / (2 * h)
+
+    def errors(dx, dps, floor: float = 0.0) -> tuple[list[float], float]:
+        exact = (gx * dx).sum().item() if dx is not None else 0.0
+        exact += sum((g * d).sum().item() for g, d in zip(grads, dps) if d is not None)
+        errs = [abs(exact - fd) / max(abs(exact), abs(fd), floor, 1e-300) for fd in (along(dx, dps, h) for h in FD_STEPS)]
+        return errs, abs(exact)
+
+    def consistent(errs: list[float]) -> bool:
+        return min(errs) > FD_LIMIT and max(errs) / min(errs) < CONSISTENT
+
+    ctx.step(f"{FD_DIRECTIONS} finite-difference directions")
+    found = [errors(*direction(None)) for _ in range(FD_DIRECTIONS)]
+    worst = max(min(errs) for errs, _ in found)
+    facts = {"error": worst, "errors": [errs for errs, _ in found], "steps": list(FD_STEPS), "limit": FD_LIMIT,
+             "dropout": dropout, "directions": FD_DIRECTIONS}
+    if not any(consistent(errs) for errs, _ in found):
+        return passed("derivative.matches", worst, **facts, **cost.facts())
+    # Which tensor: each alone (the input, then the parameters), relative to the joint derivative's size.
+    ctx.step("finite differences per tensor")
+    floor = max(size for _, size in found) * 1e-6
+    blamed, best = None, 0.0
+    for i in [-1] + list(range(len(params)))[:FD_LOCALISE]:
+        errs, _ = errors(*direction({i}), floor=floor)
+        if consistent(errs) and min(errs) > best:
+            blamed, best = ("input" if i < 0 else params[i][0]), min(errs)
+    return failed("derivative.wrong", worst, **facts, tensor=blamed, tensor_error=best, **cost.facts())
+
+
+# ----------------------------------------------------------------------------- activation checkpointing
+
+
+def _grads(ctx: Context, call, x: torch.Tensor, w: torch.Tensor | None, cost: Cost, x_grad: bool = True):
+    """Output, input gradient and every parameter's gradient of one seeded train forward + backward of call(x)."""
+    module = ctx.subject.module
+    saved = {n: p.grad for n, p in module.named_parameters()}
+    for p in module.parameters():
+        p.grad = None
+    try:
+        with seeded(ctx.device), train_mode(module, True), torch.enable_grad():
+            xr = x.clone().requires_grad_(x_grad)
+            out = call(xr)
+            if out.requires_grad:  # else no parameter is reached at all (reentrant checkpointing of it all)
+                (out.float() * w).sum().backward()
+            cost.backward()
+        return out.detach(), xr.grad, {n: (None if p.grad is None else p.grad.detach().clone()) for n, p in trainable(module)}
+    finally:
+        for n, p in module.named_parameters():
+            p.grad = saved[n]
+
+
+def _differs(ref, got) -> tuple[float, str | None]:
+    """The largest relative difference between two (output, input grad, param grads) and where it is."""
+    out0, gx0, gp0 = ref
+    out1, gx1, gp1 = got
+    worst = (rel_diff(out1, out0), "output")
+    if gx0 is not None and gx1 is not None:
+        worst = max(worst, (rel_diff(gx1, gx0), "input gradient"))
+    for n, g in gp0.items():
+        h = gp1.get(n)
+        if g is None or h is None:
+            d = 0.0 if g is None and h is None else math.inf
+        else:
+            d = rel_diff(h, g)
+        worst = max(worst, (d, n))
+    return worst
+
+
+@contextmanager
+def _switched_on(module: nn.Module):
+    """The block's own checkpointing switch turned on (Hugging Face's, or a boolean attribute), restored after; yields
+    how it was turned on, or None where the block has no such switch."""
+    modules = all_modules(module)
+    hf = next((m for m in modules if getattr(m, "supports_gradient_checkpointing", False)
+               and callable(getattr(m, "activation_checkpointing_enable", getattr(m, "gradient_checkpointing_enable", None)))), None)
+    if hf is not None:
+        enable = getattr(hf, "activation_checkpointing_enable", None) or hf.gradient_checkpointing_enable
+        disable = getattr(hf, "activation_checkpointing_disable", None) or hf.gradient_checkpointing_disable
+        enable()
+        try:
+            yield f"{type(hf).__name__}.{enable.__name__}()"
+        finally:
+            disable()
+        return
+    flags = [(m, k) for m in modules for k in SWITCHES if isinstance(getattr(m, k, None), bool)]
+    was = [(m, k, getattr(m, k)) for m, k in flags]
+    for m, k in flags:
+        setattr(m, k, True)
+    try:
+        yield f"{flags[0][1]} = True" if flags else None
+    finally:
+        for m, k, v in was:
+            setattr(m, k, v)
+
+
+def check_checkpointing(ctx: Context) -> Outcome:
+    if too_large(ctx):
+        return too_large(ctx)
+    from torch.utils.checkpoint import checkpoint
+
+    cost = Cost()
+    subject, module = ctx.subject, ctx.subject.module
+    x = ctx.x()
+    with torch.no_grad(), seeded(ctx.device), train_mode(module, True):
+        shape = subject(x.clone()).shape
+        cost.forward()
+    w = torch.randn(shape, generator=ctx.gen).to(ctx.device)
+    ctx.step("plain and checkpointed backward")
+    plain = _grads(ctx, lambda t: subject(t), x, w, cost)
+    probes = {}
+    probes["torch.utils.checkpoint"] = _differs(plain, _grads(ctx, lambda t: checkpoint(subject, t, use_reentrant=False), x, w, cost))
+    cost.forward()  # the recompute
+    with _switched_on(module) as how:
+        if how is not None:
+            ctx.step("the block's own checkpointing")
+            probes[how] = _differs(plain, _grads(ctx, lambda t: subject(t), x, w, cost))
+    kwarg = _switch_keyword(module)
+    if kwarg is not None:
+        from tblock_cli.loading import first_tensor
+
+        probes[f"forward({kwarg}=True)"] = _differs(plain, _grads(ctx, lambda t: first_tensor(module(t, **{kwarg: True})), x, w, cost))
+    # An input that does not require grad (frozen embeddings before it, an adapter): every parameter still gets one.
+    ctx.step("backward from an input without grad")
+    frozen = _grads(ctx, lambda t: subject(t), x, w, cost, x_grad=False)
+    dropped = [n for n, g in plain[2].items() if g is not None and frozen[2].get(n) is None]
+    facts = {"probes": {k: {"diff": d, "where": where} for k, (d, where) in probes.items()}, "limit": ctx.tol,
+             "dropout": has_dropout(module), **cost.facts()}
+    if dropped:
+        return failed("checkpointing.input_without_grad", f"{len(dropped)} params", params=dropped, **facts)
+    name, (diff, where) = max(probes.items(), key=lambda kv: kv[1][0])
+    if diff > ctx.tol:
+        return failed("checkpointing.differs", diff, how=name, where=where, diff=diff, **facts)
+    return passed("checkpointing.same", diff, switches=[k for k in probes if k != "torch.utils.checkpoint"], **facts)
+
+
+def _switch_keyword(module: nn.Module) -> str | None:
+    try:
+        params = inspect.signature(module.forward).parameters
+    except (TypeError, ValueError):
+        return None
+    return next((k for k in SWITCHES if k in params), None)
+
+
+# ----------------------------------------------------------------------------- one optimizer step
+
+
+def _random_looking(t: torch.Tensor) -> bool:
+    return t.numel() >= TIE_MIN_NUMEL and t.detach().flatten().unique().numel() >= TIE_DISTINCT * t.numel()
+
+
+def broken_ties(module: nn.Module) -> list[list[str]]:
+    """Pairs of distinct parameters (no shared storage) holding the same random-looking values."""
+    params = [(n, p) for n, p in module.named_parameters()]
+    pairs = []
+    for i, (n, p) in enumerate(params):
+        for m, q in params[i + 1:]:
+            if (p.shape == q.shape and p.dtype == q.dtype and p.data_ptr() != q.data_ptr()
+                    and torch.equal(p.detach(), q.detach()) and _random_looking(p)):
+                pairs.append([n, m])
+    return pairs
+
+
+def check_optimizer_step(ctx: Context) -> Outcome:
+    if too_large(ctx):
+        return too_large(ctx)
+    cost = Cost()
+    ties = broken_ties(ctx.subject.module)  # at build: the module has not been trained by any check
+    module = copy.deepcopy(ctx.subject.module)
+    if ctx.dtype in (torch.float16, torch.bfloat16):
+        module = module.float()  # the step's size must show in every parameter: 1e-4 is below a half's resolution
+    subject = ctx.subject.like(module)
+    frozen = [n for n, p in module.named_parameters() if not p.requires_grad]
+    params = trainable(module)
+    if not params:
+        return skipped("optimizer_step.no_params", frozen=frozen, **cost.facts())
+    x = ctx.x().to(next(iter(module.parameters())).dtype)
+    target = torch.randn(x.shape, generator=ctx.gen).to(x)
+    before = {n: p.detach().clone() for n, p in params}
+    opt = torch.optim.AdamW([p for _, p in params], lr=STEP_LR, weight_decay=0.0)
+
+    def loss() -> torch.Tensor:  # the input requires grad, as a layer's inside a model does
+        with seeded(ctx.device), train_mode(module, True):
+            cost.forward()
+            return (subject(x.clone().requires_grad_(True)).float() - target.float()).pow(2).mean()
+
+    for p in module.parameters():
+        p.grad = None
+    with torch.enable_grad():
+        first = loss()
+        first.backward()
+        cost.backward()
+        cost.units -= 1  # the forward was counted by loss()
+    zero = [n for n, p in params if p.grad is not None and not p.grad.any()]
+    no_grad = [n for n, p in params if p.grad is None]
+    opt.step()
+    with torch.no_grad():
+        second = loss()
+    unchanged = [n for n, p in params if torch.equal(p.detach(), before[n]) and n not in zero and n not in no_grad]
+    facts = {"loss_before": first.item(), "loss_after": second.item(), "lr": STEP_LR, "frozen": frozen, "ties": ties,
+             "unchanged": unchanged, "no_grad": no_grad, "zero_grad": zero, **cost.facts()}
+    value = f"{first.item():.4g} -> {second.item():.4g}"
+    if not second.item() < first.item():
+        return failed("optimizer_step.loss_not_lowered", value, **facts)
+    if ties:
+        return failed("optimizer_step.tie_broken", value, **facts)
+    if unchanged:
+        return failed("optimizer_step.unchanged", value, **facts)
+    if frozen:
+        return warned("optimizer_step.frozen", value, **facts)
+    return passed("optimizer_step.ok", value, **facts)
