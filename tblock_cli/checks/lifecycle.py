@@ -125,17 +125,24 @@ def check_meta_init(ctx: Context) -> Outcome:
         if is_out_of_memory(e):
             raise
         return skipped("meta_init.unbuildable", error=one_line(e), **cost.facts())
-    normal = ctx.subject.module
+    # A buffer the init leaves wrong: non-persistent ones are judged (no checkpoint load restores them; a rotary
+    # inv_freq computed in __init__); persistent ones a load does restore, so they are a note. Against a fresh normal
+    # build: the subject's own buffers may have moved in its forwards (a data-dependent init, running statistics).
+    normal = rebuild(ctx.cfg.seed, "cpu").to(ctx.device)
     want, got = named_state(normal, "buffers"), named_state(meta, "buffers")
+    saved = {k for r in roots(normal) for k in r.state_dict()} | {f"<{type(r).__name__}>.{k}" for r in roots(normal)[1:]
+                                                                   for k in r.state_dict()}
     wrong = sorted(n for n, b in want.items() if n in got and not _same(got[n], b, ctx.tol))
     if wrong:  # a buffer drawn at random differs between two normal builds too: only its being set is asked
         other = named_state(rebuild(ctx.cfg.seed + 1, "cpu").to(ctx.device), "buffers")
         wrong = [n for n in wrong if n not in other or _same(other[n], want[n], ctx.tol) or
                  (got[n].is_floating_point() and not torch.isfinite(got[n]).all())]
+    persistent = [n for n in wrong if n in saved]
+    wrong = [n for n in wrong if n not in saved]
     params = named_state(meta, "params")
     unset = sorted(n for n, p in params.items() if p.is_floating_point() and torch.isnan(p).any())
     # The outputs with the normal build's weights loaded: what a checkpoint load after a meta build gives.
-    for src, dst in zip(roots(normal), roots(meta)):
+    for src, dst in zip(roots(ctx.subject.module), roots(meta)):
         dst.load_state_dict(src.state_dict(), strict=False)
     x, y = ctx.standard()
     try:
@@ -146,7 +153,7 @@ def check_meta_init(ctx: Context) -> Outcome:
             raise
         return failed("meta_init.forward_raises", None, error=one_line(e), buffers=wrong, init=ran, **cost.facts())
     facts = {"buffers": wrong, "checked": len(want), "diff": diff, "limit": ctx.tol, "init": ran,
-             "params_unset": unset, **cost.facts()}
+             "params_unset": unset, "persistent_unset": persistent, **cost.facts()}
     if wrong:
         return failed("meta_init.buffers", f"{len(wrong)}/{len(want)} buffers", **facts)
     if diff > ctx.tol:

@@ -7,6 +7,7 @@ import copy
 import inspect
 import math
 import time
+import warnings
 from contextlib import contextmanager
 
 import torch
@@ -194,12 +195,14 @@ def check_derivative(ctx: Context) -> Outcome:
     # Which tensor: each alone (the input, then the parameters), relative to the joint derivative's size.
     ctx.step("finite differences per tensor")
     floor = max(size for _, size in found) * 1e-6
-    blamed, best = None, 0.0
+    wrong = []
     for i in [-1] + list(range(len(params)))[:FD_LOCALISE]:
         errs, _ = errors(*direction({i}), floor=floor)
-        if consistent(errs) and min(errs) > best:
-            blamed, best = ("input" if i < 0 else params[i][0]), min(errs)
-    return failed("derivative.wrong", worst, **facts, tensor=blamed, tensor_error=best, **cost.facts())
+        if consistent(errs):
+            wrong.append(["input" if i < 0 else params[i][0], min(errs)])
+    wrong.sort(key=lambda t: -t[1])
+    return failed("derivative.wrong", worst, **facts, tensors=wrong, tensor=wrong[0][0] if wrong else None,
+                  tensor_error=wrong[0][1] if wrong else 0.0, **cost.facts())
 
 
 # ----------------------------------------------------------------------------- activation checkpointing
@@ -276,7 +279,8 @@ def check_checkpointing(ctx: Context) -> Outcome:
     cost = Cost()
     subject, module = ctx.subject, ctx.subject.module
     x = ctx.x()
-    with torch.no_grad(), seeded(ctx.device), train_mode(module, True):
+    with torch.no_grad(), seeded(ctx.device), train_mode(module, True), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a checkpoint inside warns that nothing requires grad here: true, and meant
         shape = subject(x.clone()).shape
         cost.forward()
     w = torch.randn(shape, generator=ctx.gen).to(ctx.device)
@@ -296,7 +300,9 @@ def check_checkpointing(ctx: Context) -> Outcome:
         probes[f"forward({kwarg}=True)"] = _differs(plain, _grads(ctx, lambda t: first_tensor(module(t, **{kwarg: True})), x, w, cost))
     # An input that does not require grad (frozen embeddings before it, an adapter): every parameter still gets one.
     ctx.step("backward from an input without grad")
-    frozen = _grads(ctx, lambda t: subject(t), x, w, cost, x_grad=False)
+    with warnings.catch_warnings():  # torch's own warning about exactly this, printed mid-report otherwise
+        warnings.simplefilter("ignore")
+        frozen = _grads(ctx, lambda t: subject(t), x, w, cost, x_grad=False)
     dropped = [n for n, g in plain[2].items() if g is not None and frozen[2].get(n) is None]
     facts = {"probes": {k: {"diff": d, "where": where} for k, (d, where) in probes.items()}, "limit": ctx.tol,
              "dropout": has_dropout(module), **cost.facts()}

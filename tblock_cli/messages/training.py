@@ -11,7 +11,8 @@ def _cost(f: dict) -> str:
 
 
 def _derivative(f: dict) -> str:
-    where = f"worst for {f['tensor']} ({f['tensor_error']:.1e})" if f.get("tensor") else "no single tensor alone shows it"
+    others = f"; also {names(n for n, _ in f['tensors'][1:6])}" if len(f["tensors"]) > 1 else ""
+    where = f"worst for {f['tensor']} ({f['tensor_error']:.1e}){others}" if f.get("tensor") else "no single tensor alone shows it"
     return (f"autograd's directional derivative differs from central finite differences by {f['error']:.1e} relative at "
             f"both steps (limit {f['limit']:g}): the gradient is not the derivative; {where}"
             + ("; dropout active with the RNG reseeded, so a recompute with other masks shows here" if f["dropout"] else "")
@@ -32,7 +33,9 @@ def _checkpointing_same(f: dict) -> str:
 
 def _meta(f: dict) -> str:
     unset = f"; parameters its init leaves unset (a deferred init must fill them): {names(f['params_unset'])}" if f["params_unset"] else ""
-    return f"init: {names(f['init']) or 'none of its own'}{unset}" + _cost(f)
+    kept = (f"; saved buffers its init leaves unset (a checkpoint load restores them): {names(f['persistent_unset'])}"
+            if f.get("persistent_unset") else "")
+    return f"init: {names(f['init']) or 'none of its own'}{unset}{kept}" + _cost(f)
 
 
 def _state_plain(f: dict) -> str:
