@@ -61,7 +61,7 @@ def test_derivative_names_the_tensors_a_detach_starves():
 def test_derivative_of_a_flipped_backward_is_off_by_two():
     # autograd says -d where the derivative is d: |(-d) - d| / |d| = 2 along any direction
     c = run("NegatedGradient", only=("derivative",))["derivative"]
-    assert c.facts["error"] == pytest.approx(2.0, rel=1e-3), c.facts
+    assert c.facts["error"] == pytest.approx(2.0, rel=1e-2), c.facts  # rel: the rotary angles are float32 on purpose
 
 
 def test_derivative_reports_its_cost_and_rng_use():
