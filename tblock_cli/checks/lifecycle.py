@@ -215,11 +215,14 @@ def check_state_dict(ctx: Context) -> Outcome:
     cost = Cost()
     module = ctx.subject.module
     x, y = ctx.standard()
+    # Plain tensors the module holds before a forward and that forward reads: state. One it assigns during the call
+    # and reads back (a mask built per call) is scratch, and is left alone.
+    held = plain_tensors(module)
     reads = _Reads()
     with reads, train_mode(module, False), torch.no_grad():
         ctx.subject(x.clone())
         cost.forward()
-    read_plain = sorted(n for n, t in plain_tensors(module).items() if id(t) in reads.ids)
+    read_plain = sorted(n for n, t in held.items() if id(t) in reads.ids)
     hidden = hidden_params(module)
     ctx.step("state_dict into a fresh instance")
     if ctx.subject.rebuild is not None:
