@@ -92,6 +92,12 @@ def test_meta_init_names_the_buffer_nothing_recomputes():
     assert twin.kind == "meta_init.same" and twin.facts["checked"] == 1, twin.facts
 
 
+def test_meta_init_skips_a_block_whose_own_init_leaves_parameters_unset():
+    c = run("IdiomRoPE", only=("meta_init",))["meta_init"]
+    assert c.kind == "meta_init.incomplete_init" and c.facts["params"] == ["attn_norm.weight", "ffn_norm.weight"], c.facts
+    assert c.facts["buffers"] == ["rotary.inv_freq"]  # named, not judged
+
+
 def test_meta_init_skips_a_module_handed_over_as_an_instance():
     r = tblock_cli.check(zoo_training.TrainBlock(32, 4), d_model=32, n_heads=4, only=("meta_init", "state_dict"))
     by = {c.name: c for c in r.checks}

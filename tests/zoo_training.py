@@ -176,7 +176,34 @@ class TiedBlock(TrainBlock):
         self.k_proj.weight = self.q_proj.weight
 
 
-CORRECT = ["TrainBlock", "ReLUBlock", "MoEBlock", "FusedNormBlock", "CheckpointedBlock", "TiedBlock"]
+class BareRMSNorm(nn.Module):
+    """RMSNorm as most single-file models write it: a weight of ones, no init of its own."""
+
+    def __init__(self, d, eps=1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(d))
+
+    def forward(self, x):
+        h = x.float()
+        return (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * self.weight
+
+
+class NoInitRotary(Rotary):
+    reset_parameters = None  # inv_freq from __init__ only, the common idiom
+
+
+class IdiomRoPE(TrainBlock):
+    """The single-file idiom: inv_freq computed in __init__ (persistent=False), norms without an init of their own.
+    Not built for deferred init at all (its norm weights come back unset too): meta_init has nothing to judge."""
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
+        super().__init__(d_model, n_heads, dropout, causal)
+        self.attn_norm, self.ffn_norm = BareRMSNorm(d_model), BareRMSNorm(d_model)
+        self.rotary = NoInitRotary(d_model // n_heads)
+
+
+CORRECT = ["TrainBlock", "ReLUBlock", "MoEBlock", "FusedNormBlock", "CheckpointedBlock", "TiedBlock", "IdiomRoPE"]
 
 
 # ----------------------------------------------------------------------------- planted bugs

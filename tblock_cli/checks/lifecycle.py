@@ -141,6 +141,8 @@ def check_meta_init(ctx: Context) -> Outcome:
     wrong = [n for n in wrong if n not in saved]
     params = named_state(meta, "params")
     unset = sorted(n for n, p in params.items() if p.is_floating_point() and torch.isnan(p).any())
+    if unset:  # no deferred init to judge: its own init does not even set its parameters (a custom norm's weight)
+        return skipped("meta_init.incomplete_init", params=unset, buffers=wrong, init=ran, **cost.facts())
     # The outputs with the normal build's weights loaded: what a checkpoint load after a meta build gives.
     for src, dst in zip(roots(ctx.subject.module), roots(meta)):
         dst.load_state_dict(src.state_dict(), strict=False)

@@ -32,10 +32,9 @@ def _checkpointing_same(f: dict) -> str:
 
 
 def _meta(f: dict) -> str:
-    unset = f"; parameters its init leaves unset (a deferred init must fill them): {names(f['params_unset'])}" if f["params_unset"] else ""
     kept = (f"; saved buffers its init leaves unset (a checkpoint load restores them): {names(f['persistent_unset'])}"
             if f.get("persistent_unset") else "")
-    return f"init: {names(f['init']) or 'none of its own'}{unset}{kept}" + _cost(f)
+    return f"init: {names(f['init']) or 'none of its own'}{kept}" + _cost(f)
 
 
 def _state_plain(f: dict) -> str:
@@ -70,6 +69,9 @@ MESSAGES = {
                                                    f"(reentrant checkpointing inside the block drops them): {names(f['params'])}" + _cost(f)),
     "meta_init.no_factory": "the block was handed over as a module instance: there is no factory to build it on the meta device",
     "meta_init.unbuildable": lambda f: f"the block's constructor does not run on the meta device: {f['error']}",
+    "meta_init.incomplete_init": lambda f: (f"its own init ({names(f['init']) or 'none'}) leaves parameters unset after a meta-device "
+                                            f"build ({names(f['params'])}): the block has no deferred initialisation to judge"
+                                            + (f"; buffers it leaves wrong too: {names(f['buffers'])}" if f["buffers"] else "")),
     "meta_init.forward_raises": lambda f: f"built on the meta device and initialised, its forward raises: {f['error']}",
     "meta_init.buffers": lambda f: (f"built on the meta device, materialised and initialised by its own init, these buffers differ "
                                     f"from a normal build's (nothing recomputes them): {names(f['buffers'])}; " + _meta(f)),
