@@ -7,16 +7,17 @@ import json
 import pytest
 import torch
 import torch.nn as nn
+import zoo_training
 
 import tblock_cli
 from tblock_cli.checks import Status, run_checks
+from tblock_cli.checks.checkpointing import recomputed
 from tblock_cli.checks.lifecycle import hidden_params, own_init, plain_tensors, roots
 from tblock_cli.checks.precision import _token_error
 from tblock_cli.checks.training import broken_ties, has_dropout, seeded
 from tblock_cli.config import build_config
 from tblock_cli.loading import make_subject
 
-import zoo_training
 from conftest import TESTS
 
 CPU = torch.device("cpu")
@@ -204,3 +205,26 @@ def test_has_dropout_sees_modules_and_rates_attention_reads():
     m = nn.Linear(2, 2)
     m.attention_dropout = 0.1
     assert has_dropout(m)
+
+
+def test_recomputed_runs_the_forward_again_and_gives_torchs_checkpoint_gradients():
+    from torch.utils.checkpoint import checkpoint
+
+    layer = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.3, batch_first=True).train()
+    calls = []
+    layer.register_forward_hook(lambda *_: calls.append(1))
+    x = torch.randn(2, 5, 16)
+
+    def grads(run):
+        layer.zero_grad()
+        xr = x.clone().requires_grad_(True)
+        with seeded(CPU):
+            run(xr).pow(2).sum().backward()
+        return [xr.grad] + [p.grad.clone() for p in layer.parameters()]
+
+    plain = grads(layer)
+    ours = grads(lambda t: recomputed(layer, t, CPU))
+    assert len(calls) == 3  # plain, our forward, our recompute in the backward
+    torchs = grads(lambda t: checkpoint(layer, t, use_reentrant=False))
+    for a, b, c in zip(plain, ours, torchs):
+        assert torch.allclose(a, b, atol=1e-6) and torch.allclose(b, c, atol=1e-6)

@@ -107,8 +107,8 @@ def _same(a: torch.Tensor, b: torch.Tensor, tol: float) -> bool:
 
 
 def check_meta_init(ctx: Context) -> Outcome:
-    if too_large(ctx):
-        return too_large(ctx)
+    if (large := too_large(ctx)) is not None:
+        return large
     rebuild = ctx.subject.rebuild
     if rebuild is None:
         return skipped("meta_init.no_factory")
@@ -212,8 +212,8 @@ def hidden_params(module: nn.Module) -> list[str]:
 
 
 def check_state_dict(ctx: Context) -> Outcome:
-    if too_large(ctx):
-        return too_large(ctx)
+    if (large := too_large(ctx)) is not None:
+        return large
     cost = Cost()
     module = ctx.subject.module
     x, y = ctx.standard()

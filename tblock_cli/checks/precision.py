@@ -94,8 +94,8 @@ def _component_errors(ref: list, got: list, seq: int) -> list[tuple[str, float]]
 
 
 def check_precision(ctx: Context) -> Outcome:
-    if too_large(ctx):
-        return too_large(ctx)
+    if (large := too_large(ctx)) is not None:
+        return large
     if ctx.device.type not in ("cpu", "cuda"):
         return skipped("precision.device", device=ctx.device.type)
     cost = Cost()

@@ -1,13 +1,10 @@
-"""Checks of what training relies on: the gradient is the derivative, checkpointing changes nothing, one optimizer
-step does what it should."""
+"""Checks of what training relies on: the gradient is the derivative, one optimizer step does what it should; and
+what the training-time checks share (the seeded RNG, their cost, the modules a block keeps)."""
 
 from __future__ import annotations
 
 import copy
-import inspect
-import math
 import time
-import warnings
 from contextlib import contextmanager
 
 import torch
@@ -16,7 +13,7 @@ import torch.nn as nn
 from tblock_cli.checks.context import Context
 from tblock_cli.checks.result import Outcome, failed, passed, skipped, warned
 from tblock_cli.errors import is_out_of_memory, one_line
-from tblock_cli.probes import f64, rel_diff, train_mode
+from tblock_cli.probes import f64, train_mode
 
 # The seed every evaluation of the block starts from (dropout draws the same masks in each).
 PROBE_SEED = 1234
@@ -33,9 +30,6 @@ CONSISTENT = 2.0
 # whole), alternating. A wrong gradient shows along almost every direction; two keep the cost at 12 forwards.
 FD_DIRECTIONS = 2
 FD_LOCALISE = 48  # on a failure, tensors probed alone to name the worst (6 forwards each)
-# Attribute or forward keyword names blocks use for their own activation-checkpointing switch.
-SWITCHES = ("gradient_checkpointing", "use_checkpoint", "checkpoint", "grad_checkpointing", "use_gradient_checkpointing",
-            "activation_checkpointing", "checkpointing", "use_checkpointing")
 # One AdamW step: lr 1e-4 moves every float32 parameter with a non-zero gradient (lr / |p| >> 2^-23 for |p| < 100) and
 # stays where the first-order decrease (lr * |g|_1) dominates; no weight decay, so only a gradient moves a parameter.
 STEP_LR = 1e-4
@@ -112,8 +106,8 @@ def trainable(module: nn.Module) -> list[tuple[str, nn.Parameter]]:
 
 
 def check_derivative(ctx: Context) -> Outcome:
-    if too_large(ctx):
-        return too_large(ctx)
+    if (large := too_large(ctx)) is not None:
+        return large
     cost = Cost()
     device = ctx.device if ctx.device.type != "mps" else torch.device("cpu")
     try:
@@ -209,123 +203,6 @@ def check_derivative(ctx: Context) -> Outcome:
                   tensor_error=wrong[0][1] if wrong else 0.0, **cost.facts())
 
 
-# ----------------------------------------------------------------------------- activation checkpointing
-
-
-def _grads(ctx: Context, call, x: torch.Tensor, w: torch.Tensor | None, cost: Cost, x_grad: bool = True):
-    """Output, input gradient and every parameter's gradient of one seeded train forward + backward of call(x)."""
-    module = ctx.subject.module
-    saved = {n: p.grad for n, p in module.named_parameters()}
-    for p in module.parameters():
-        p.grad = None
-    try:
-        with seeded(ctx.device), train_mode(module, True), torch.enable_grad():
-            xr = x.clone().requires_grad_(x_grad)
-            out = call(xr)
-            if out.requires_grad:  # else no parameter is reached at all (reentrant checkpointing of it all)
-                (out.float() * w).sum().backward()
-            cost.backward()
-        return out.detach(), xr.grad, {n: (None if p.grad is None else p.grad.detach().clone()) for n, p in trainable(module)}
-    finally:
-        for n, p in module.named_parameters():
-            p.grad = saved[n]
-
-
-def _differs(ref, got) -> tuple[float, str | None]:
-    """The largest relative difference between two (output, input grad, param grads) and where it is."""
-    out0, gx0, gp0 = ref
-    out1, gx1, gp1 = got
-    worst = (rel_diff(out1, out0), "output")
-    if gx0 is not None and gx1 is not None:
-        worst = max(worst, (rel_diff(gx1, gx0), "input gradient"))
-    for n, g in gp0.items():
-        h = gp1.get(n)
-        if g is None or h is None:
-            d = 0.0 if g is None and h is None else math.inf
-        else:
-            d = rel_diff(h, g)
-        worst = max(worst, (d, n))
-    return worst
-
-
-@contextmanager
-def _switched_on(module: nn.Module):
-    """The block's own checkpointing switch turned on (Hugging Face's, or a boolean attribute), restored after; yields
-    how it was turned on, or None where the block has no such switch."""
-    modules = all_modules(module)
-    hf = next((m for m in modules if getattr(m, "supports_gradient_checkpointing", False)
-               and callable(getattr(m, "activation_checkpointing_enable", getattr(m, "gradient_checkpointing_enable", None)))), None)
-    if hf is not None:
-        enable = getattr(hf, "activation_checkpointing_enable", None) or hf.gradient_checkpointing_enable
-        disable = getattr(hf, "activation_checkpointing_disable", None) or hf.gradient_checkpointing_disable
-        enable()
-        try:
-            yield f"{type(hf).__name__}.{enable.__name__}()"
-        finally:
-            disable()
-        return
-    flags = [(m, k) for m in modules for k in SWITCHES if isinstance(getattr(m, k, None), bool)]
-    was = [(m, k, getattr(m, k)) for m, k in flags]
-    for m, k in flags:
-        setattr(m, k, True)
-    try:
-        yield f"{flags[0][1]} = True" if flags else None
-    finally:
-        for m, k, v in was:
-            setattr(m, k, v)
-
-
-def check_checkpointing(ctx: Context) -> Outcome:
-    if too_large(ctx):
-        return too_large(ctx)
-    from torch.utils.checkpoint import checkpoint
-
-    cost = Cost()
-    subject, module = ctx.subject, ctx.subject.module
-    x = ctx.x()
-    with torch.no_grad(), seeded(ctx.device), train_mode(module, True), warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # a checkpoint inside warns that nothing requires grad here: true, and meant
-        shape = subject(x.clone()).shape
-        cost.forward()
-    w = torch.randn(shape, generator=ctx.gen).to(ctx.device)
-    ctx.step("plain and checkpointed backward")
-    plain = _grads(ctx, lambda t: subject(t), x, w, cost)
-    probes = {}
-    probes["torch.utils.checkpoint"] = _differs(plain, _grads(ctx, lambda t: checkpoint(subject, t, use_reentrant=False), x, w, cost))
-    cost.forward()  # the recompute
-    with _switched_on(module) as how:
-        if how is not None:
-            ctx.step("the block's own checkpointing")
-            probes[how] = _differs(plain, _grads(ctx, lambda t: subject(t), x, w, cost))
-    kwarg = _switch_keyword(module)
-    if kwarg is not None:
-        from tblock_cli.loading import first_tensor
-
-        probes[f"forward({kwarg}=True)"] = _differs(plain, _grads(ctx, lambda t: first_tensor(module(t, **{kwarg: True})), x, w, cost))
-    # An input that does not require grad (frozen embeddings before it, an adapter): every parameter still gets one.
-    ctx.step("backward from an input without grad")
-    with warnings.catch_warnings():  # torch's own warning about exactly this, printed mid-report otherwise
-        warnings.simplefilter("ignore")
-        frozen = _grads(ctx, lambda t: subject(t), x, w, cost, x_grad=False)
-    dropped = [n for n, g in plain[2].items() if g is not None and frozen[2].get(n) is None]
-    facts = {"probes": {k: {"diff": d, "where": where} for k, (d, where) in probes.items()}, "limit": ctx.tol,
-             "dropout": has_dropout(module), **cost.facts()}
-    if dropped:
-        return failed("checkpointing.input_without_grad", f"{len(dropped)} params", params=dropped, **facts)
-    name, (diff, where) = max(probes.items(), key=lambda kv: kv[1][0])
-    if diff > ctx.tol:
-        return failed("checkpointing.differs", diff, how=name, where=where, diff=diff, **facts)
-    return passed("checkpointing.same", diff, switches=[k for k in probes if k != "torch.utils.checkpoint"], **facts)
-
-
-def _switch_keyword(module: nn.Module) -> str | None:
-    try:
-        params = inspect.signature(module.forward).parameters
-    except (TypeError, ValueError):
-        return None
-    return next((k for k in SWITCHES if k in params), None)
-
-
 # ----------------------------------------------------------------------------- one optimizer step
 
 
@@ -346,8 +223,8 @@ def broken_ties(module: nn.Module) -> list[list[str]]:
 
 
 def check_optimizer_step(ctx: Context) -> Outcome:
-    if too_large(ctx):
-        return too_large(ctx)
+    if (large := too_large(ctx)) is not None:
+        return large
     cost = Cost()
     ties = broken_ties(ctx.subject.module)  # at build: the module has not been trained by any check
     module = copy.deepcopy(ctx.subject.module)

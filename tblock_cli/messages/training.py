@@ -27,7 +27,7 @@ def _checkpointing_differs(f: dict) -> str:
 
 def _checkpointing_same(f: dict) -> str:
     own = f"; the block's own switch too ({names(f['switches'])})" if f["switches"] else ""
-    return (f"torch.utils.checkpoint leaves outputs and gradients as they were (max {max(p['diff'] for p in f['probes'].values()):.1e})"
+    return (f"non-reentrant checkpointing leaves outputs and gradients as they were (max {max(p['diff'] for p in f['probes'].values()):.1e})"
             f"{own}; every parameter gets its gradient from an input without grad" + _cost(f))
 
 
