@@ -1,67 +1,97 @@
-"""The Python API: check, params, bench and depth on a module, a factory, a SPEC or the built-in block.
+"""The Python API: check, params, bench, depth and compare on a module, a factory, a SPEC or the built-in block.
 
-The CLI is a client of these functions: it parses flags into the same option names and renders what
-they return. Every report has `.ok` and `.to_dict()` (exactly what `--json` prints).
+The CLI is a client of these functions: it parses flags into the same option names and renders what they return.
+Each function's first line judges its options (`options`, no torch needed); then one setup builds the block through
+one pipeline (gate, build, gate, copy, wrap). Every report has `.ok` and `.to_dict()` (exactly what `--json` prints).
+torch is imported when a function runs, not with this module.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Callable
 
-import torch
-
-from tblock_cli import runtime
+from tblock_cli import options as rules
 from tblock_cli.errors import ConfigError
-from tblock_cli.loading import builtin_subject
-from tblock_cli.subject import check_options, layer_maker, setup
 
 
 def check(block=None, *, strict: bool = False, progress: Callable[[str, str | None], None] | None = None,
           only=None, skip=None, fast: bool = False, tp: int | None = None, fsdp: int | None = None,
-          tp_plan: str | None = None, **options):
-    """Run the check battery. `block`: an nn.Module, a factory, a SPEC string, or None (built-in).
-    only / skip: check names (a list or a comma-separated string); fast: leave out the slow checks.
+          tp_plan: str | None = None, like: str | None = None, like_kwargs=None, expect=None, **options):
+    """Run the check battery on `block` (an nn.Module, a zero-argument factory, a SPEC string, or None for the
+    built-in block) with the CLI's option names (d_model, n_heads, seq, batch, causal, dtype, ...).
+    only / skip: check names (a list or a comma-separated string); fast: leave out the slow checks; strict: warnings fail.
     progress(check, detail) hears each check as it starts (detail None) and the long checks' probes.
-    tp / fsdp: also check the block sharded over that many ranks (tp_plan: a JSON plan file for tp)."""
+    tp / fsdp: also check the block sharded over that many ranks (tp_plan: a JSON plan file for tp).
+    like / like_kwargs / expect: what the block claims to be (see `spec`), judged by the spec and like_reference checks.
+    Returns a CheckReport: `.ok`, `.checks`, `.to_dict()` (what `tblock check --json` prints)."""
+    rules.check(block, options, strict=strict, progress=progress, fast=fast, tp=tp, fsdp=fsdp, tp_plan=tp_plan,
+                like=like, like_kwargs=like_kwargs, expect=expect)
+    from tblock_cli import runtime
     from tblock_cli.checks import run_checks
     from tblock_cli.checks.battery import select
     from tblock_cli.distributed import prepare
+    from tblock_cli.spec.declare import declare
+    from tblock_cli.subject.setup import setup
 
-    check_options({"strict": strict, "progress": progress, "tp": tp, "fsdp": fsdp, "tp_plan": tp_plan, "fast": fast},
-                  strict=bool, progress=Callable, tp=int, fsdp=int, tp_plan=str, fast=bool)
     chosen = select(only, skip, fast)  # a misspelt name is refused before the block is built
     s = setup(block, options, same_shape=False)
     with s.session():
-        hf = isinstance(block, str) and block.startswith("hf:")
-        runtime.ensure_fits(runtime.check_estimate(s.cfg, hf=hf), s.device, "check")
-        subject = s.make()
-        # again with the block's own parameter count (a gated FFN, an HF layer), less the weights now allocated
-        n = sum(p.numel() for p in subject.module.parameters())
-        runtime.ensure_fits(runtime.check_estimate(s.cfg, params=n, hf=hf) - n * s.dtype.itemsize, s.device, "check")
+        subject = s.build(lambda cfg, n: runtime.check_estimate(cfg, params=n, hf=s.hf), "check")
         sharding = prepare(subject, s.cfg, s.device, s.dtype, tp=tp, fsdp=fsdp, tp_plan=tp_plan)
         distributed = {k: v for k, v in (("tp", tp), ("fsdp", fsdp), ("tp_plan", tp_plan)) if v is not None}
+        declared = {k: v for k, v in (("like", like), ("like_kwargs", like_kwargs), ("expect", expect)) if v is not None}
+        declaration = None
+        if declared and (chosen is None or "spec" in chosen or "like_reference" in chosen):
+            compared = like is not None and (chosen is None or "like_reference" in chosen)
+            declaration = declare(like, like_kwargs, expect, s.cfg, setup, kwargs=s.kwargs,
+                                  compare_with=(block if block is not None else "builtin") if compared else None,
+                                  progress=(lambda d: progress("spec", d)) if progress else None)
         return run_checks(subject, s.cfg, s.device, s.dtype, strict=strict, progress=progress,
-                          run=s.run(subject, strict=strict, **distributed), sharding=sharding, only=chosen)
+                          run=s.run(subject, strict=strict, **distributed, **declared), sharding=sharding, only=chosen,
+                          declaration=declaration)
+
+
+def spec(block=None, *, like: str | None = None, like_kwargs=None, expect=None,
+         progress: Callable[[str], None] | None = None, **options):
+    """The block's spec card: what it computes (rotary base and dims, score scale, soft-cap, activation, eps, residual
+    form, router, ...), each entry read black-box from its dataflow and probes. like="hf:TYPE" (with like_kwargs, that
+    layer's config overrides) and expect=["KEY=VALUE", ...] declare what it should be: each claim is judged.
+    Returns a SpecReport: `.ok`, `.card`, `.verdicts`, `.to_dict()` (what `tblock spec --json` prints)."""
+    rules.spec(block, options, like=like, like_kwargs=like_kwargs, expect=expect, progress=progress)
+    from tblock_cli import runtime
+    from tblock_cli.spec.card import judge
+    from tblock_cli.spec.declare import declare
+    from tblock_cli.spec.read import read_card
+    from tblock_cli.spec.report import SpecReport
+    from tblock_cli.subject.setup import setup
+
+    s = setup(block, options, trains=False)
+    with s.session():
+        subject = s.build(lambda cfg, n: runtime.estimate_bytes(cfg, params=n, copies=2), "spec")
+        card = read_card(subject, s.cfg, s.device, progress)
+        if progress is not None and like:
+            progress(f"reading {like}")
+        declaration = declare(like, like_kwargs, expect, s.cfg, setup)
+        declared = {k: v for k, v in (("like", like), ("like_kwargs", like_kwargs), ("expect", expect)) if v is not None}
+        return SpecReport(card, judge(card, declaration.claims), declaration.reference, like, s.run(subject, **declared))
 
 
 def params(block=None, *, tree_depth: int | None = None, **options):
-    """Parameters, bytes and FLOPs per component; rows by dataflow role (or the module tree to tree_depth)."""
-    from tblock_cli.counting import param_report
+    """Parameters, bytes and FLOPs per component by dataflow role (tree_depth=N: rows from the module tree); a ParamReport."""
+    rules.params(block, options, tree_depth=tree_depth)
+    import torch
 
-    check_options({"tree_depth": tree_depth}, tree_depth=int)
-    if tree_depth is not None and tree_depth < 1:
-        raise ConfigError(f"--tree-depth must be >= 1, got {tree_depth}")
+    from tblock_cli import runtime
+    from tblock_cli.params_report import param_report
+    from tblock_cli.subject.loading import builtin_subject
+    from tblock_cli.subject.setup import setup
+
     s = setup(block, options, trains=False)
     with s.session():
         if block is None and tree_depth is None:  # counted on the meta device: shapes without storage, so gpt2-xl
             subject = builtin_subject(s.cfg, torch.device("meta"), s.dtype)  # allocates nothing
-        elif block is None:  # the module tree is read from one traced forward, which needs values
-            runtime.ensure_fits(runtime.estimate_bytes(s.cfg), s.device, "params")
-            subject = builtin_subject(s.cfg, s.device, s.dtype)
-        else:
-            runtime.ensure_fits(runtime.estimate_bytes(s.cfg), s.device, "params")
-            subject = s.make()
+        else:  # the module tree is read from one traced forward, which needs values
+            subject = s.build(lambda cfg, n: runtime.estimate_bytes(cfg, params=n), "params")
         return param_report(subject, s.cfg, s.dtype, tree_depth, run=s.run(subject, tree_depth=tree_depth))
 
 
@@ -69,43 +99,38 @@ def bench(block=None, *, seq=(128, 512), need_weights: bool = False, mode: str =
           min_time: float = 0.5, decode: int | None = None, breakdown: bool = False, compare_with: dict | None = None,
           progress: Callable[[str, int, int], None] | None = None, tp: int | None = None, tp_plan: str | None = None,
           **options):
-    """Latency, peak memory and the attention kernel, per sequence length and mode.
+    """Latency (median, IQR), peak memory and the attention kernel, per sequence length and mode; a BenchReport.
 
     decode=N also generates N tokens after a seq[0]-token prompt, with the block's KV cache and by
     recomputing the prefix (the built-in block is then causal); compare_with is a saved run's dict.
     """
-    from tblock_cli.benchmark.options import validate_bench
-    from tblock_cli.benchmark.run import check_sizes, run_bench
-    from tblock_cli.benchmark.saved import config_mismatch, validate_saved
+    seqs = rules.bench(block, options, seq=seq, need_weights=need_weights, mode=mode, baseline=baseline,
+                       min_time=min_time, decode=decode, breakdown=breakdown, compare_with=compare_with,
+                       progress=progress, tp=tp, tp_plan=tp_plan)
+    from tblock_cli import runtime
+    from tblock_cli.benchmark.run import run_bench
+    from tblock_cli.benchmark.saved import config_mismatch
+    from tblock_cli.subject.setup import setup
 
-    check_options(locals(), need_weights=bool, mode=str, baseline=str, min_time=float, decode=int, breakdown=bool,
-                  compare_with=dict, progress=Callable, tp=int, tp_plan=str)
-    if isinstance(seq, bool) or not isinstance(seq, (int, str, list, tuple)) or \
-            (isinstance(seq, (list, tuple)) and not all(isinstance(n, int) and not isinstance(n, bool) for n in seq)):
-        raise ConfigError(f"--seq must be an integer, a list of integers or a comma-separated string, got {seq!r}")
-    seqs = validate_bench(seq, mode, baseline, min_time, decode)
-    if compare_with is not None:
-        validate_saved(compare_with, "compare_with")
     if tp is not None or tp_plan is not None:
-        given = [f for f, on in (("--decode", decode), ("--breakdown", breakdown), ("--baseline", baseline),
-                                 ("--compare", compare_with is not None), ("--need-weights", need_weights)) if on]
-        if given:
-            raise ConfigError(f"bench --tp times the sharded forward + backward alone; drop {', '.join(given)}")
         return _bench_tp(block, seqs[0], tp, tp_plan, options)
     if decode and block is None:
         options = {**options, "causal": True}  # cached decoding is causal decoding
     s = setup(block, {**options, "seq": seqs[0]})
     modes = [] if decode and mode == "both" else (["infer", "train"] if mode == "both" else [mode])
+    longest = max(seqs + ([seqs[0] + decode] if decode else []))  # the estimate grows with seq: the longest point
+
+    def estimate(cfg, n):
+        return runtime.bench_estimate(cfg, seq=longest, train="train" in modes, params=n)
+
     with s.session():
-        run = s.run(None, seq=seqs, mode=mode, need_weights=need_weights, baseline=baseline, min_time=min_time,
+        subject = s.build(estimate, f"bench at seq {longest}")
+        run = s.run(subject, seq=seqs, mode=mode, need_weights=need_weights, baseline=baseline, min_time=min_time,
                     decode=decode, breakdown=breakdown)
         if compare_with is not None:
             diffs = config_mismatch(compare_with, run.config, run.environment)
             if diffs:
                 raise ConfigError(f"--compare: the saved run has another config ({'; '.join(diffs)}); compare like with like")
-        check_sizes(s.cfg, seqs, modes, s.device, decode)
-        subject = s.make()
-        run = dataclasses.replace(run, subject=subject.name)
         return run_bench(subject, s.cfg, s.device, s.dtype, seqs=seqs, modes=modes, need_weights=need_weights,
                          baseline=baseline == "torch", min_time=min_time, progress=progress, run=run,
                          decode=decode, breakdown=breakdown, compare_with=compare_with)
@@ -113,13 +138,14 @@ def bench(block=None, *, seq=(128, 512), need_weights: bool = False, mode: str =
 
 def _bench_tp(block, seq: int, tp: int | None, tp_plan: str | None, options: dict):
     """bench --tp N: the sharded block's forward + backward per rank, and its share in collectives."""
+    from tblock_cli import runtime
     from tblock_cli.distributed import prepare
-    from tblock_cli.distributed.bench import run_tp_bench
+    from tblock_cli.distributed.timing import run_tp_bench
+    from tblock_cli.subject.setup import setup
 
     s = setup(block, {**options, "seq": seq})
     with s.session():
-        runtime.ensure_fits(runtime.estimate_bytes(s.cfg), s.device, "bench")
-        subject = s.make()
+        subject = s.build(lambda cfg, n: runtime.estimate_bytes(cfg, params=n), "bench")
         sharding = prepare(subject, s.cfg, s.device, s.dtype, tp=tp, fsdp=None, tp_plan=tp_plan)
         return run_tp_bench(subject, s.cfg, s.device, s.dtype, sharding.plan, tp,
                             s.run(subject, seq=seq, tp=tp, **({"tp_plan": tp_plan} if tp_plan else {})))
@@ -150,18 +176,19 @@ def save_report(report, path: str) -> None:
 
 
 def depth(block=None, *, compare: bool = False, strict: bool = False, **options):
-    """A stack of N blocks at init: per-layer scale, gradients, residual gain, detected norm placement."""
-    from tblock_cli.stacking import DepthComparison, run_depth
+    """A stack of `layers` blocks at init: per-layer scale, gradients, residual gain, detected norm placement; a
+    DepthReport (compare=True: the built-in pre, post and mixed stacks side by side, a DepthComparison)."""
+    rules.depth(block, options, compare=compare, strict=strict)
+    from tblock_cli import runtime
+    from tblock_cli.depth_report import DepthComparison, run_depth
+    from tblock_cli.subject.setup import layer_maker, setup
 
-    check_options({"compare": compare, "strict": strict}, compare=bool, strict=bool)
-    if compare and (block is not None or options.get("norm") is not None):
-        raise ConfigError("--compare runs the built-in pre, post and mixed stacks; drop --norm and --block")
     norms = ["pre", "post", "mixed"] if compare else [options.get("norm")]
     reports = []
     for n in norms:
         s = setup(block, {**options, "norm": n}, allow_mixed=True, layers_apply=True)
         with s.session():
-            runtime.ensure_fits(runtime.estimate_bytes(s.cfg), s.device, "depth")
+            s.gate(lambda cfg, _n: runtime.estimate_bytes(cfg), "depth")  # the stack is built layer by layer
             reports.append(run_depth(s.cfg, s.device, s.dtype, layer_maker(s, block), strict=strict,
                                      run=s.run(strict=strict, compare=compare)))
     return DepthComparison(tuple(reports)) if compare else reports[0]
@@ -170,8 +197,14 @@ def depth(block=None, *, compare: bool = False, strict: bool = False, **options)
 def compare(a=None, b=None, *, kwargs_a=None, kwargs_b=None, dtype_b: str | None = None, compile: bool = False,
             backend: str | None = None, atol: float | None = None, rtol: float | None = None,
             map_file: str | None = None, **options):
-    """A against B with A's weights carried across (or A against torch.compile(A)); a CompareReport."""
+    """Two implementations of one block (SPECs, modules, or None / "builtin" for the built-in block) with A's
+    weights carried to B: outputs, gradients and decoding compared, the first differing role output named.
+    Options: the shared size flags, kwargs_a, kwargs_b, dtype_b, atol, rtol, map_file; compile=True holds A
+    against torch.compile(A), on backend= inductor, aot_eager or eager. Returns a CompareReport: `.ok`, `.findings`, `.to_dict()`."""
+    rules.compare(a, b, options, kwargs_a=kwargs_a, kwargs_b=kwargs_b, dtype_b=dtype_b, compile=compile,
+                  backend=backend, atol=atol, rtol=rtol, map_file=map_file)
     from tblock_cli.comparing.run import run_compare
+    from tblock_cli.subject.setup import setup
 
     return run_compare(a, b, setup, options=options, kwargs_a=kwargs_a, kwargs_b=kwargs_b, dtype_b=dtype_b,
                        compile=compile, backend=backend, atol=atol, rtol=rtol, map_file=map_file)
@@ -181,7 +214,8 @@ def assert_ok(report) -> None:
     """Raise AssertionError listing what failed, so a user's test is one line: assert_ok(check(MyBlock())).
 
     Works on every report (check, params, bench, depth, depth --compare): each has `ok` and `failing`
-    (the check results or findings that made it not ok: fail, error, and warn under strict).
+    (the check results or findings that made it not ok: fail, error, and warn under strict); anything else is a
+    ConfigError (and a TypeError).
     """
     from tblock_cli.errors import NotAReport
     from tblock_cli.report import Status

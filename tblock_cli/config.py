@@ -24,8 +24,8 @@ DEVICE = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
 # The help panels the shared flags are listed under.
 BLOCK = "Block (shared by every command)"
 RUN = "Input and device"
-COMMANDS = ("check", "params", "bench", "depth", "compare")
-LOADS = ("check", "params", "bench", "depth")  # the commands with one --block (compare takes two SPECs)
+COMMANDS = ("check", "spec", "params", "bench", "depth", "compare")
+LOADS = ("check", "spec", "params", "bench", "depth")  # the commands with one --block (compare takes two SPECs)
 
 
 @dataclass(frozen=True)

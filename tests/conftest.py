@@ -7,7 +7,7 @@ import typer.testing
 
 TESTS = Path(__file__).parent
 # `--block tests/zoo.py:NAME` loads the file afresh for every block built: with PYTHONDONTWRITEBYTECODE set, each
-# load compiled its 1,500 lines again (~50 ms, a quarter of a battery on a small block). The cached bytecode is
+# load compiled the zoo again (~50 ms, a quarter of a battery on a small block). The cached bytecode is
 # checked against the source's mtime, so an edited zoo.py is still compiled anew.
 sys.dont_write_bytecode = False
 sys.path.insert(0, str(TESTS))  # so tests can `import zoo`

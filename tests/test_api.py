@@ -122,3 +122,54 @@ def test_threads_and_modes_are_restored_when_the_block_raises():
     with pytest.raises(MeasureError):
         tblock_cli.depth(module, layers=2, seq=6, threads=3)
     assert torch.get_num_threads() == threads and module.training
+
+
+# --- one front door: the API's own signatures, each option rule once and torch-free
+
+def test_the_package_exports_the_api_functions_with_their_real_keywords():
+    import inspect
+
+    from tblock_cli import api
+
+    for name in ("check", "params", "bench", "depth", "compare", "assert_ok"):
+        assert getattr(tblock_cli, name) is getattr(api, name)  # one function, one docstring
+    assert {"strict", "only", "skip", "fast", "tp", "fsdp", "tp_plan", "progress"} <= set(inspect.signature(tblock_cli.check).parameters)
+    assert {"seq", "mode", "min_time", "decode", "breakdown"} <= set(inspect.signature(tblock_cli.bench).parameters)
+    assert {"kwargs_a", "dtype_b", "atol", "backend"} <= set(inspect.signature(tblock_cli.compare).parameters)
+
+
+@pytest.mark.parametrize("call, says", [
+    ("params(tree_depth=0)", "--tree-depth must be >= 1"),
+    ("check(tp_plan='plan.json')", "--tp-plan needs --tp"),
+    ("bench(mode='fast')", "--mode must be"),
+    ("compare('builtin', 'builtin', atol=-1.0)", "--atol and --rtol"),
+    ("compare('builtin', 'builtin', backend='inductor')", "needs --compile"),
+    ("depth(compare=True, norm='pre')", "drop --norm"),
+    ("check(d_model=100, n_heads=8)", "not divisible"),
+], ids=["tree_depth", "tp_plan", "mode", "atol", "backend", "depth-compare", "heads"])
+def test_an_option_rule_answers_before_torch_is_imported(call, says):
+    """The same refusals the CLI gives, from the API, in a process where torch never loads."""
+    code = (f"import sys, tblock_cli\nfrom tblock_cli.errors import ConfigError\ntry:\n    tblock_cli.{call}\n"
+            f"except ConfigError as e:\n    print(str(e))\nprint('torch' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.splitlines()
+    assert out[-1] == "False" and says in out[0], out
+
+
+def test_a_user_modules_by_design_attribute_changes_no_verdict():
+    """`by_design` is tblock's own knowledge of an hf: family, held on its wrapper: a user block with an attribute of
+    that name (here: every failing kind and every check's skip claimed "by design") is judged exactly as without it."""
+
+    class Claims(zoo.NoResidual):
+        def __init__(self, *a):
+            super().__init__(*a)
+            self.by_design = {}
+
+    plain = tblock_cli.check(zoo.NoResidual(32, 4), threads=1)
+    claims = Claims(32, 4)
+    claims.by_design = {c.kind: "by design" for c in plain.checks} | {f"{c.name}.skip": "by design" for c in plain.checks}
+    torch.manual_seed(0)
+    plain = tblock_cli.check(zoo.NoResidual(32, 4), threads=1)
+    torch.manual_seed(0)
+    claimed = tblock_cli.check(claims, threads=1)
+    assert [(c.name, c.status, c.kind) for c in claimed.checks] == [(c.name, c.status, c.kind) for c in plain.checks]
+    assert not claimed.ok and "by_design" not in {c.kind for c in claimed.checks}

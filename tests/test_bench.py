@@ -14,7 +14,7 @@ from tblock_cli.benchmark.timing import Latency, step_fn, time_samples
 from tblock_cli.cli import app
 from tblock_cli.config import build_config
 from tblock_cli.errors import ConfigError
-from tblock_cli.loading import make_subject
+from tblock_cli.subject.loading import make_subject
 
 from conftest import zoo_spec
 

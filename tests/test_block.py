@@ -2,9 +2,9 @@ import pytest
 import torch
 import torch.nn as nn
 
-from tblock_cli.block import Block, Stack, build_block
 from tblock_cli.config import build_config
-from tblock_cli.reference import reference_output
+from tblock_cli.subject.builtin import Block, Stack, build_block
+from tblock_cli.subject.reference import reference_output
 
 
 @pytest.mark.parametrize("norm", ["pre", "post"])

@@ -5,7 +5,7 @@ import torch
 
 from tblock_cli.checks import CHECK_NAMES, CheckReport, Status, run_checks
 from tblock_cli.config import build_config
-from tblock_cli.loading import make_subject
+from tblock_cli.subject.loading import make_subject
 
 import zoo
 from conftest import zoo_spec

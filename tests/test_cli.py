@@ -47,7 +47,7 @@ def test_check_json_shape_and_exit_zero():
     assert [c["name"] for c in data["checks"]][:3] == ["shape", "finite", "determinism"]
     assert data["schema_version"] == 1 and data["command"] == "check" and data["subject"] == "built-in pre-LN block"
     assert {c["status"] for c in data["checks"]} <= {"pass", "skip"}
-    assert all(set(c) == {"name", "status", "value", "detail", "kind", "facts", "seconds"} for c in data["checks"])
+    assert all(set(c) == {"name", "status", "value", "detail", "kind", "facts", "seconds", "passes"} for c in data["checks"])
     assert all(c["kind"].startswith(c["name"] + ".") for c in data["checks"])
 
 

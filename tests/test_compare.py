@@ -255,3 +255,21 @@ def test_modules_handed_in_are_left_as_they_were():
     assert not torch.equal(a.linear1.weight, before)
     assert tblock_cli.compare(a, b, threads=1).ok  # equal only because A's weights reached B's copy
     assert torch.equal(b.linear1.weight, before)
+
+
+def test_compare_is_gated_before_any_weight_exists():
+    """Two 17-billion-parameter hf:llama layers: refused by the memory gate (exit 2) in seconds, before transformers
+    is even imported (the gate reads the config's sizes); free memory pinned at 64 GiB so any machine answers alike."""
+    import subprocess
+    import sys
+    import time
+
+    code = ("import sys\nimport tblock_cli.runtime as r\nr.free_bytes = lambda device: 64 * 2**30\n"
+            "from tblock_cli.cli import main\ntry:\n"
+            "    main(['compare', 'hf:llama', 'hf:llama', '--d-model', '32768', '--n-heads', '64', '--d-ff', '131072'])\n"
+            "except SystemExit as e:\n    print(e.code, 'transformers' in sys.modules)\n")
+    started = time.perf_counter()
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.stdout.split() == ["2", "False"], (r.stdout, r.stderr)
+    assert "compare needs an estimated" in r.stderr and "65,536 MiB free" in r.stderr
+    assert time.perf_counter() - started < 30

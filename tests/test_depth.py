@@ -7,10 +7,10 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from tblock_cli.block import build_block
 from tblock_cli.cli import app
 from tblock_cli.config import build_config
-from tblock_cli.stacking import detect_placement, run_depth
+from tblock_cli.depth_report import detect_placement, run_depth
+from tblock_cli.subject.builtin import build_block
 
 from conftest import zoo_spec
 

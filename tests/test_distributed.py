@@ -8,12 +8,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from tblock_cli import api
+import tblock_cli
 from tblock_cli.checks import run_checks
 from tblock_cli.distributed import prepare
 from tblock_cli.distributed.spawn import RankFailure, run_ranks
 from tblock_cli.errors import ConfigError
 from tblock_cli.report import Status
+from tblock_cli.subject.setup import setup
 
 import zoo
 from conftest import zoo_spec
@@ -22,7 +23,7 @@ SIZE = {"d_model": 64, "n_heads": 4, "causal": True, "threads": 1}
 
 
 def built(name, **size):
-    s = api.setup(zoo_spec(name), {**SIZE, **size}, same_shape=False)
+    s = setup(zoo_spec(name), {**SIZE, **size}, same_shape=False)
     return s, s.make()
 
 
@@ -79,8 +80,8 @@ def test_plan_from_roles_and_what_it_refuses(tmp_path):
     assert plan.styles == {"q_proj": "colwise", "o_proj": "rowwise"}
     with pytest.raises(ConfigError, match="no module named wq"):
         prepare(subject, s.cfg, s.device, s.dtype, tp=2, fsdp=None, tp_plan=str(bad))
-    with pytest.raises(ConfigError, match="--tp-plan needs --tp"):
-        prepare(subject, s.cfg, s.device, s.dtype, tp=None, fsdp=None, tp_plan=str(good))
+    with pytest.raises(ConfigError, match="--tp-plan needs --tp"):  # an option rule: refused before anything is built
+        tblock_cli.check(zoo_spec("LlamaTP"), tp_plan=str(good), **SIZE)
 
 
 def test_tp_ready_block_passes_tp_and_fsdp_and_leaves_nothing_behind():
@@ -136,14 +137,14 @@ def test_bench_tp_counts_collectives_once_and_reports_per_rank():
     from rich.console import Console
 
     from tblock_cli import render
-    from tblock_cli.distributed.bench import RankTiming, TPBench, collective_seconds
+    from tblock_cli.distributed.timing import RankTiming, TPBench, collective_seconds
 
     events = [E(key="_c10d_functional::all_reduce", self_cpu_time_total=1_000), E(key="c10d::allreduce_", self_cpu_time_total=30_000),
               E(key="_c10d_functional::wait_tensor", self_cpu_time_total=20_000), E(key="gloo:all_reduce", self_cpu_time_total=60_000),
               E(key="aten::mm", self_cpu_time_total=50_000)]
     assert collective_seconds(events) == pytest.approx(0.051)
     report = TPBench((RankTiming(0, (0.03, 0.02, 0.04), 0.051, 0.102), RankTiming(1, (0.02,), 0.0, 0.1)), (0.01, 0.01), 128,
-                     api.setup(None, {"d_model": 64}).run(None, tp=2))
+                     setup(None, {"d_model": 64}).run(None, tp=2))
     data = report.to_dict()
     assert [(r["median_s"], r["collective_share"]) for r in data["ranks"]] == [(0.03, 0.5), (0.02, 0.0)]
     jsonschema = pytest.importorskip("jsonschema")

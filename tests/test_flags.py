@@ -5,7 +5,7 @@ import typer.main
 from tblock_cli.benchmark.saved import COMPARED_CONFIG
 from tblock_cli.cli import app
 from tblock_cli.config import BUILTIN_ONLY, FLAGS, SOURCE_FLAGS, TO_CONSTRUCTOR, Flag
-from tblock_cli.loading import ALIASES
+from tblock_cli.subject.loading import ALIASES
 
 
 def options_of(command: str) -> dict:

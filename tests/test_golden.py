@@ -19,8 +19,8 @@ from tblock_cli import render
 from tblock_cli.benchmark.report import BenchReport, BenchResult, Breakdown, Comparison
 from tblock_cli.benchmark.timing import Latency
 from tblock_cli.checks import CheckReport, CheckResult
+from tblock_cli.depth_report import DepthReport, LayerStats, depth_findings
 from tblock_cli.report import RunInfo, Status
-from tblock_cli.stacking import DepthReport, LayerStats, depth_findings
 
 GOLDEN = Path(__file__).parent / "golden"
 ENV = {"torch": "2.13.0", "device": "cpu", "dtype": "float32", "threads": 1}

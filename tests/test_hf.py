@@ -18,7 +18,7 @@ from tblock_cli.config import build_config
 # the "hf" group below would pay it at collection for nothing.
 if importlib.util.find_spec("transformers") is None:
     pytest.skip("transformers is not installed", allow_module_level=True)
-from tblock_cli import hf  # noqa: E402
+from tblock_cli.subject import hf  # noqa: E402
 
 SMALL = ["--d-model", "64", "--n-heads", "4", "--d-ff", "256"]
 runner = CliRunner()

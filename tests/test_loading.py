@@ -6,7 +6,7 @@ from typer.testing import CliRunner
 
 from tblock_cli.cli import app
 from tblock_cli.config import build_config
-from tblock_cli.loading import constructor_kwargs, make_subject
+from tblock_cli.subject.loading import constructor_kwargs, make_subject
 
 from conftest import TESTS, zoo_spec
 

@@ -12,8 +12,8 @@ import tblock_cli
 from tblock_cli import render
 from tblock_cli.cli import app
 from tblock_cli.config import build_config
-from tblock_cli.counting import param_report
-from tblock_cli.loading import make_subject
+from tblock_cli.params_report import param_report
+from tblock_cli.subject.loading import make_subject
 
 from conftest import zoo_spec
 
@@ -211,8 +211,8 @@ def test_user_block_without_ffn_omits_the_share():
 @pytest.mark.parametrize("layers", [1, 2])
 def test_tree_depth_on_the_builtin_block_counts_every_parameter_once(layers):
     """params --tree-depth traces a forward: the built-in block is built with values for it (not on the meta device)."""
-    from tblock_cli.block import build_block
     from tblock_cli.config import build_config
+    from tblock_cli.subject.builtin import build_block
 
     report = tblock_cli.params(d_model=32, n_heads=4, layers=layers, tree_depth=1, threads=1)
     module = build_block(build_config(d_model=32, n_heads=4, layers=layers))

@@ -16,6 +16,7 @@ SMALL = ["--d-model", "32", "--n-heads", "4"]
 RUNS = {
     "check": ["check", *SMALL],
     "check-user": ["check", *SMALL, "--block", zoo_spec("CachedLlama"), "--causal"],
+    "spec": ["spec", *SMALL, "--expect", "attn.heads=4"],
     "params": ["params", *SMALL, "--layers", "2"],
     "params-user": ["params", *SMALL, "--block", zoo_spec("HandSoftmax")],
     "bench": ["bench", *SMALL, "--seq", "8", "--need-weights", "--min-time", "0.01", "--baseline", "torch"],

@@ -14,9 +14,9 @@ from tblock_cli.checks import Status, run_checks
 from tblock_cli.checks.checkpointing import recomputed
 from tblock_cli.checks.lifecycle import hidden_params, own_init, plain_tensors, roots
 from tblock_cli.checks.precision import _token_error
-from tblock_cli.checks.training import broken_ties, has_dropout, seeded
+from tblock_cli.checks.training import adamw_first_step, broken_ties, has_dropout, seeded
 from tblock_cli.config import build_config
-from tblock_cli.loading import make_subject
+from tblock_cli.subject.loading import make_subject
 
 from conftest import TESTS
 
@@ -68,9 +68,9 @@ def test_derivative_of_a_flipped_backward_is_off_by_two():
 def test_derivative_reports_its_cost_and_rng_use():
     c = run("TrainBlock", only=("derivative",))["derivative"]
     assert c.kind == "derivative.matches" and c.facts["dropout"] is True
-    # one forward + backward (3), then 2 forwards per step, 3 steps, per direction
-    assert c.facts["forwards"] == 3 + 2 * 3 * c.facts["directions"]
-    assert [len(e) for e in c.facts["errors"]] == [3] * c.facts["directions"] and c.facts["seconds"] >= 0
+    # one forward + backward of the float64 copy, then 2 forwards per step, 3 steps, per direction
+    assert (c.passes.forward, c.passes.backward) == (1 + 2 * 3 * c.facts["directions"], 1)
+    assert [len(e) for e in c.facts["errors"]] == [3] * c.facts["directions"]
 
 
 def test_checkpointing_turns_on_the_blocks_own_switch():
@@ -134,7 +134,7 @@ def test_optimizer_step_names_a_broken_tie_and_a_frozen_norm_but_not_a_real_tie(
 def test_every_training_check_reports_its_cost_in_json():
     r = tblock_cli.check(f"{TESTS / 'zoo_training.py'}:TrainBlock", d_model=32, n_heads=4, only=NEW)
     for c in json.loads(json.dumps(r.to_dict()))["checks"]:
-        assert c["facts"]["forwards"] > 0 and c["facts"]["seconds"] >= 0, c
+        assert c["passes"]["equivalents"] > 0 and c["seconds"] >= 0, c
 
 
 # ----------------------------------------------------------------------------- the probes' machinery
@@ -228,3 +228,17 @@ def test_recomputed_runs_the_forward_again_and_gives_torchs_checkpoint_gradients
     torchs = grads(lambda t: checkpoint(layer, t, use_reentrant=False))
     for a, b, c in zip(plain, ours, torchs):
         assert torch.allclose(a, b, atol=1e-6) and torch.allclose(b, c, atol=1e-6)
+
+
+def test_adamw_first_step_is_torchs():
+    torch.manual_seed(0)
+    a = nn.Linear(6, 3)
+    b = nn.Linear(6, 3)
+    b.load_state_dict(a.state_dict())
+    x = torch.randn(4, 6)
+    for m in (a, b):
+        m(x).pow(2).sum().backward()
+    torch.optim.AdamW(a.parameters(), lr=1e-3, weight_decay=0.0).step()
+    adamw_first_step(list(b.parameters()), 1e-3)
+    for p, q in zip(a.parameters(), b.parameters()):
+        assert torch.allclose(p, q, atol=1e-7, rtol=0)

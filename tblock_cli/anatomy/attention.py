@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from tblock_cli.anatomy.mha import MASKED_LOGIT
-from tblock_cli.ops import causal_mask
+from tblock_cli.anatomy.ops import causal_mask
 
 # Rows of attention weights written out by hand must sum to 1 within this (half precision rounds to ~1e-3).
 WEIGHT_SUM_TOL = 1e-2

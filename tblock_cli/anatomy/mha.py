@@ -13,7 +13,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from tblock_cli.ops import causal_mask
+from tblock_cli.anatomy.ops import causal_mask
 
 # Scores below this are a mask (-inf, finfo.min, -1e9), not a logit.
 MASKED_LOGIT = -1e4

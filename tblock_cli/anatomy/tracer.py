@@ -19,7 +19,7 @@ from tblock_cli.anatomy.attention import (
     uniform_rows,
 )
 from tblock_cli.anatomy.calls import record_mha, record_sdpa
-from tblock_cli.ops import ACTIVATIONS, LINEAR, MATMULS, NORMS, SCALING, SOFTMAX
+from tblock_cli.anatomy.ops import ACTIVATIONS, LINEAR, MATMULS, NORMS, SCALING, SOFTMAX
 
 # Provenance flags: an activation function acted (gelu, silu, ...), or another nonlinearity did (a
 # product of two activations, exp, ...). A projection reached with neither composes linearly.

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from tblock_cli.anatomy.mha import MHACall
-from tblock_cli.ops import ACTIVATIONS, ADDS, MATMULS, NORMS, PROJECTIONS, QUIET, SOFTMAX
+from tblock_cli.anatomy.ops import ACTIVATIONS, ADDS, MATMULS, NORMS, PROJECTIONS, QUIET, SOFTMAX
 
 COMPONENTS = ("attention projections", "attention kernel", "FFN", "norms", "residual adds", "other")
 # The attention kernel: SDPA, or a softmax and the products around it.

@@ -17,8 +17,8 @@ from tblock_cli.benchmark.saved import compare
 from tblock_cli.benchmark.timing import Latency, measure, step_fn, synchronizer
 from tblock_cli.config import BlockConfig
 from tblock_cli.errors import USER_ERRORS, ConfigError, MeasureError, reraise_as_measure_error
-from tblock_cli.loading import Subject
 from tblock_cli.report import RunInfo
+from tblock_cli.subject.loading import Subject
 
 
 @contextmanager
@@ -61,15 +61,15 @@ class TorchBaseline(nn.Module):
 
     def __init__(self, cfg: BlockConfig):
         super().__init__()
-        from tblock_cli.block import has_final_norm, layer_norms
-        from tblock_cli.reference import encoder_layer
+        from tblock_cli.subject.builtin import has_final_norm, layer_norms
+        from tblock_cli.subject.reference import encoder_layer
 
         self.layers = nn.ModuleList(encoder_layer(cfg, n) for n in layer_norms(cfg))
         self.final_ln = nn.LayerNorm(cfg.d_model, eps=cfg.eps, bias=cfg.bias) if has_final_norm(cfg) else None
         self.causal = cfg.causal
 
     def forward(self, x):
-        from tblock_cli.block import causal_mask
+        from tblock_cli.subject.builtin import causal_mask
 
         mask = causal_mask(x.shape[1], x.device) if self.causal else None
         for layer in self.layers:
@@ -81,7 +81,7 @@ def flops_at(subject: Subject, cfg: BlockConfig, dtype: torch.dtype, seq: int) -
     """{"forward": ..., "train_step": ...} per call at this seq: analytic, or traced for a user block."""
     from dataclasses import replace
 
-    from tblock_cli.counting import param_report
+    from tblock_cli.params_report import param_report
 
     try:
         return param_report(subject, replace(cfg, seq=seq), dtype).flops
@@ -93,7 +93,7 @@ def traced_cache_bytes(subject: Subject, cfg: BlockConfig, dtype: torch.dtype, p
     """Bytes a decoding cache should hold after `positions` tokens: the keys and values per token the dataflow saw."""
     from dataclasses import replace
 
-    from tblock_cli.counting import param_report
+    from tblock_cli.params_report import param_report
 
     try:
         kv = param_report(subject, replace(cfg, seq=positions), dtype).kv_cache
@@ -173,7 +173,7 @@ def run_bench(subject: Subject, cfg: BlockConfig, device: torch.device, dtype: t
                                    flops, cfg.batch * seq))
     analytic, expected_from = None, "d_model"
     if decode:
-        from tblock_cli.kvcache import analytic_cache_bytes
+        from tblock_cli.subject.kvcache import analytic_cache_bytes
 
         if progress:
             progress(f"decode {decode} tokens", len(points), total)
@@ -233,7 +233,7 @@ def _decoded_shape(subject: Subject, y: torch.Tensor, x_t: torch.Tensor) -> None
 def decode_results(subject: Subject, cfg: BlockConfig, device: torch.device, dtype: torch.dtype, prompt: int, n: int,
                    clock: list) -> list[BenchResult]:
     """Generate n tokens after a prompt: with the block's cache, and by recomputing the whole prefix each step."""
-    from tblock_cli import kvcache
+    from tblock_cli.subject import kvcache
 
     module = subject.module
     if not kvcache.has_decode(module):

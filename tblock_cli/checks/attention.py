@@ -71,7 +71,7 @@ def check_kv_cache(ctx: Context) -> Outcome:
     """Decoding with the block's cache equals the full causal forward at every position, for two chunkings, decoded
     in turns: one sequence a prompt then one token at a time, the other the same prompt length then chunks of 3,
     each with its own cache."""
-    from tblock_cli import kvcache
+    from tblock_cli.subject import kvcache
 
     if not ctx.cfg.causal:
         return skipped("kv_cache.not_causal")

@@ -8,16 +8,31 @@ from typing import Callable
 
 import torch
 
-from tblock_cli.checks import attention, forward, gradients, mixing, naming, norms, positions, safety, structure
-from tblock_cli.checks import checkpointing, lifecycle, precision, training
+from tblock_cli.checks import (
+    attention,
+    checkpointing,
+    claims,
+    forward,
+    gradients,
+    lifecycle,
+    mixing,
+    naming,
+    norms,
+    positions,
+    precision,
+    safety,
+    structure,
+    training,
+)
 from tblock_cli.checks.context import Context
+from tblock_cli.checks.cost import PassCounter, Passes
 from tblock_cli.checks.result import CheckReport, CheckResult, Outcome
+from tblock_cli.checks.sharded import check_fsdp, check_tensor_parallel
 from tblock_cli.config import BlockConfig
-from tblock_cli.distributed import fsdp, tp
 from tblock_cli.errors import USER_ERRORS, ConfigError, is_out_of_memory, one_line
-from tblock_cli.loading import Subject
 from tblock_cli.probes import plain_bool_checks
 from tblock_cli.report import RunInfo, Status
+from tblock_cli.subject.loading import Subject
 
 # What a need means, as the docs table names it.
 NEEDS = {"shape": "shape", "finite": "finite", "deterministic": "deterministic", "input_kept": "input kept",
@@ -59,13 +74,15 @@ REGISTRY: tuple[Check, ...] = (
     Check("need_weights", forward.check_need_weights, (), None, "`nn.MultiheadAttention` called with `need_weights=True` (its weights computed and dropped): a **warning** with the bytes"),
     Check("dtype", forward.check_dtype, COMPARES + ("copyable",), None, "the run's dtype differs from a float64 copy beyond its tolerance (relative RMS 2e-6, 5e-3, 4e-2)", slow=True),
     Check("ffn_share", structure.check_ffn_share, (), None, "the FFN's share from dataflow roles against what its matrices predict; **warns** on a linear FFN (two projections with no nonlinearity) and on parameters outside attention, FFN and norms (> 1 %)"),
-    Check("tensor_parallel", tp.check_tensor_parallel, COMPARES + GRADS, None, "with `--tp N`: outputs, input gradients or full parameter gradients of the block sharded by PyTorch's `parallelize_module` (plan from the dataflow roles, or `--tp-plan`) that differ from the unsharded block with the same weights; names the first module whose output differs ([distributed.md](distributed.md))"),
-    Check("fsdp", fsdp.check_fsdp, COMPARES + GRADS + ("independent",), None, "with `--fsdp N`: under `fully_shard`, each rank its own micro-batch, gradients that differ from one process's on the whole batch (averaged as FSDP reduces them), or parameters that differ after the same optimizer step"),
+    Check("tensor_parallel", check_tensor_parallel, COMPARES + GRADS, None, "with `--tp N`: outputs, input gradients or full parameter gradients of the block sharded by PyTorch's `parallelize_module` (plan from the dataflow roles, or `--tp-plan`) that differ from the unsharded block with the same weights; names the first module whose output differs ([distributed.md](distributed.md))"),
+    Check("fsdp", check_fsdp, COMPARES + GRADS + ("independent",), None, "with `--fsdp N`: under `fully_shard`, each rank its own micro-batch, gradients that differ from one process's on the whole batch (averaged as FSDP reduces them), or parameters that differ after the same optimizer step"),
     Check("reference", structure.check_reference, ("shape", "deterministic"), None, "the built-in block against `nn.TransformerEncoderLayer` with copied weights (1e-5, float32)"),
     Check("norms", norms.check_norms, ("finite", "copyable"), None, "each norm alone: relative RMS error against its float64 copy at input RMS 1e3 (an fp16 RMSNorm squaring before it upcasts returns 0: error 1.0; limit 0.1 half, 1e-4 float32); a `(1 + w)` norm whose output RMS at init exceeds 1.5 (w initialised to 1 doubles it)"),
     Check("relative", positions.check_relative, ("finite",), None, "with every token identical, attention scores (each row taken relative to its own diagonal) that are not a function of i - j: a rotary cos/sin layout that does not match its rotation, rotary angles computed in half precision (probed at 320 tokens in fp16/bf16); blocks whose positions enter before the q/k projections (absolute) are skipped"),
     Check("position_bias", positions.check_position_bias, ("finite",), None, "an additive bias linear in distance (ALiBi) that rises with distance or whose slopes are not geometric; slopes geometric but not the paper's set are a **warning**; a learned (non-linear) bias is not judged; where `relative`'s identical-token scores are a multiple of their q.k product (no bias), no probe of its own"),
     Check("names", naming.check_names, (), None, "conventional names that contradict dataflow roles (gate/up/down, q/k/v/o, w2/w3, wq/wk/wv): a **warning** naming both; a gated FFN whose activation follows the product (`act(gate * up)`): a **warning**"),
+    Check("spec", claims.check_spec, (), None, "with `--like hf:TYPE` or `--expect KEY=VALUE`: a spec card entry (rotary base, dims and scaling, score scale, soft-cap, window, activation, eps, norm offset, q/k-norm axis, residual form and gains, MoE routing; [spec.md](spec.md)) that differs from the declaration, each named with both values; skips when nothing is declared"),
+    Check("like_reference", claims.check_like_reference, ("shape",), None, "with `--like hf:TYPE`: the block against that Hugging Face layer with its weights carried (as `tblock compare` carries them): outputs or gradients that differ, the first differing component named; skips where the weights cannot be carried"),
     Check("derivative", training.check_derivative, ("finite", "input_kept", "train_safe", "copyable"), None, "a gradient that is finite but not the derivative: autograd's directional derivative against central finite differences (float64 copy, train mode, dropout active, RNG reseeded before every evaluation) along 2 random directions (input and parameters jointly, input alone), relative error above 1e-6 at both steps 1e-4 and 1e-5 (a kink changes with the step, a wrong backward does not); names the worst tensor (a custom backward, a `.detach()` or `.data` on a path, a recompute with other dropout masks)", slow=True),
     Check("checkpointing", checkpointing.check_checkpointing, GRADS + ("train_safe",), None, "non-reentrant activation checkpointing (as `torch.utils.checkpoint(use_reentrant=False)` does it) around the block, and the block's own switch (Hugging Face's, a `use_checkpoint`/`checkpoint`/`grad_checkpointing` flag or keyword), that change outputs, input or parameter gradients with dropout active and the same seed; parameters that get no gradient when the input does not require one (reentrant checkpointing inside)", slow=True),
     Check("meta_init", lifecycle.check_meta_init, ("finite",), None, "built on the meta device, `to_empty()`, then its own init (`reset_parameters`, a declared `init_weights`, the family's `_init_weights` for `hf:`): a buffer that differs from a normal build's (a rotary `inv_freq` registered `persistent=False` and computed in `__init__`), or outputs that differ with the normal build's weights loaded; skipped where its own init leaves parameters unset (no deferred init to judge) and for a module handed over as an instance", slow=True),
@@ -110,14 +127,24 @@ def select(only=None, skip=None, fast: bool = False) -> tuple[str, ...] | None:
 
 def run_checks(subject: Subject, cfg: BlockConfig, device: torch.device, dtype: torch.dtype, *,
                strict: bool = False, progress: Callable[[str, str | None], None] | None = None, run: RunInfo | None = None,
-               only: tuple[str, ...] | None = None, sharding=None) -> CheckReport:
+               only: tuple[str, ...] | None = None, sharding=None, declaration=None) -> CheckReport:
     """Run the battery; a check that raises becomes `error` and the rest still run; unmet needs skip.
     progress(check, detail) hears each check as it starts (detail None) and the long ones' probes."""
     with plain_bool_checks():
-        return _run(Context(subject, cfg, device, dtype, sharding=sharding, progress=progress), strict, run, only)
+        return _run(Context(subject, cfg, device, dtype, sharding=sharding, progress=progress, declaration=declaration),
+                    strict, run, only)
 
 
 def _run(ctx: Context, strict: bool, run: RunInfo | None, only: tuple[str, ...] | None) -> CheckReport:
+    counter = PassCounter(ctx.subject.module)
+    try:
+        return _battery(ctx, strict, run, only, counter)
+    finally:
+        counter.close()
+
+
+def _battery(ctx: Context, strict: bool, run: RunInfo | None, only: tuple[str, ...] | None,
+             counter: PassCounter) -> CheckReport:
     results = []
     battery_started = time.perf_counter()
     for check in REGISTRY:
@@ -128,14 +155,16 @@ def _run(ctx: Context, strict: bool, run: RunInfo | None, only: tuple[str, ...] 
             ctx.progress(check.name, None)
         unmet = next((n for n in check.needs if n in ctx.unmet), None)
         if unmet:
-            results.append(CheckResult(check.name, Status.SKIP, None, f"needs.{unmet}", {"check": ctx.unmet[unmet]}))
+            results.append(CheckResult(check.name, Status.SKIP, None, f"needs.{unmet}", {"check": ctx.unmet[unmet]}, 0.0, Passes()))
             continue
-        # A family known to break a rule on purpose (hf:TYPE sets `by_design`): that check skips, or passes with the reason.
-        design = getattr(ctx.subject.module, "by_design", None) or {}
+        # A family known to break a rule on purpose (an hf:TYPE subject's `by_design`): that check skips, or passes
+        # with the reason. Read from tblock's wrapper, never from the module under test.
+        design = ctx.subject.by_design
         if check.name + ".skip" in design:
-            results.append(CheckResult(check.name, Status.SKIP, None, "by_design.skip", {"reason": design[check.name + ".skip"]}))
+            results.append(CheckResult(check.name, Status.SKIP, None, "by_design.skip", {"reason": design[check.name + ".skip"]},
+                                       0.0, Passes()))
             continue
-        started = time.perf_counter()
+        started, before = time.perf_counter(), counter.now()
         try:
             outcome = check.run(ctx)
         except USER_ERRORS as e:  # the block under test raised (sys.exit included); report it, go on
@@ -152,5 +181,5 @@ def _run(ctx: Context, strict: bool, run: RunInfo | None, only: tuple[str, ...] 
             else:
                 ctx.met.add(check.establishes)
         results.append(CheckResult(check.name, outcome.status, outcome.value, outcome.kind, outcome.facts,
-                                   round(time.perf_counter() - started, 4)))
-    return CheckReport(tuple(results), strict, run, round(time.perf_counter() - battery_started, 4))
+                                   round(time.perf_counter() - started, 4), counter.now() - before))
+    return CheckReport(tuple(results), strict, run, round(time.perf_counter() - battery_started, 4), counter.now())

@@ -13,7 +13,7 @@ import torch.nn as nn
 
 from tblock_cli.checks.context import Context
 from tblock_cli.checks.result import Outcome, failed, passed
-from tblock_cli.checks.training import Cost, all_modules, has_dropout, seeded, too_large, trainable
+from tblock_cli.checks.training import all_modules, has_dropout, seeded, too_large, trainable
 from tblock_cli.probes import rel_diff, train_mode
 
 # Attribute or forward keyword names blocks use for their own activation-checkpointing switch.
@@ -54,7 +54,7 @@ def recomputed(fn, x: torch.Tensor, device: torch.device) -> torch.Tensor:
         return fn(x)
 
 
-def _grads(ctx: Context, call, x: torch.Tensor, w: torch.Tensor | None, cost: Cost, x_grad: bool = True):
+def _grads(ctx: Context, call, x: torch.Tensor, w: torch.Tensor | None, x_grad: bool = True):
     """Output, input gradient and every parameter's gradient of one seeded train forward + backward of call(x)."""
     module = ctx.subject.module
     saved = {n: p.grad for n, p in module.named_parameters()}
@@ -66,7 +66,6 @@ def _grads(ctx: Context, call, x: torch.Tensor, w: torch.Tensor | None, cost: Co
             out = call(xr)
             if out.requires_grad:  # else no parameter is reached at all (reentrant checkpointing of it all)
                 (out.float() * w).sum().backward()
-            cost.backward()
         return out.detach(), xr.grad, {n: (None if p.grad is None else p.grad.detach().clone()) for n, p in trainable(module)}
     finally:
         for n, p in module.named_parameters():
@@ -120,36 +119,33 @@ def _switched_on(module: nn.Module):
 def check_checkpointing(ctx: Context) -> Outcome:
     if (large := too_large(ctx)) is not None:
         return large
-    cost = Cost()
     subject, module = ctx.subject, ctx.subject.module
     x = ctx.x()
     with torch.no_grad(), seeded(ctx.device), train_mode(module, True), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a checkpoint inside warns that nothing requires grad here: true, and meant
         shape = subject(x.clone()).shape
-        cost.forward()
     w = torch.randn(shape, generator=ctx.gen).to(ctx.device)
     ctx.step("plain and checkpointed backward")
-    plain = _grads(ctx, lambda t: subject(t), x, w, cost)
+    plain = _grads(ctx, lambda t: subject(t), x, w)
     probes = {}
-    probes["non-reentrant checkpoint"] = _differs(plain, _grads(ctx, lambda t: recomputed(subject, t, ctx.device), x, w, cost))
-    cost.forward()  # the recompute
+    probes["non-reentrant checkpoint"] = _differs(plain, _grads(ctx, lambda t: recomputed(subject, t, ctx.device), x, w))
     with _switched_on(module) as how:
         if how is not None:
             ctx.step("the block's own checkpointing")
-            probes[how] = _differs(plain, _grads(ctx, lambda t: subject(t), x, w, cost))
+            probes[how] = _differs(plain, _grads(ctx, lambda t: subject(t), x, w))
     kwarg = _switch_keyword(module)
     if kwarg is not None:
-        from tblock_cli.loading import first_tensor
+        from tblock_cli.subject.loading import first_tensor
 
-        probes[f"forward({kwarg}=True)"] = _differs(plain, _grads(ctx, lambda t: first_tensor(module(t, **{kwarg: True})), x, w, cost))
+        probes[f"forward({kwarg}=True)"] = _differs(plain, _grads(ctx, lambda t: first_tensor(module(t, **{kwarg: True})), x, w))
     # An input that does not require grad (frozen embeddings before it, an adapter): every parameter still gets one.
     ctx.step("backward from an input without grad")
     with warnings.catch_warnings():  # torch's own warning about exactly this, printed mid-report otherwise
         warnings.simplefilter("ignore")
-        frozen = _grads(ctx, lambda t: subject(t), x, w, cost, x_grad=False)
+        frozen = _grads(ctx, lambda t: subject(t), x, w, x_grad=False)
     dropped = [n for n, g in plain[2].items() if g is not None and frozen[2].get(n) is None]
     facts = {"probes": {k: {"diff": d, "where": where} for k, (d, where) in probes.items()}, "limit": ctx.tol,
-             "dropout": has_dropout(module), **cost.facts()}
+             "dropout": has_dropout(module)}
     if dropped:
         return failed("checkpointing.input_without_grad", f"{len(dropped)} params", params=dropped, **facts)
     name, (diff, where) = max(probes.items(), key=lambda kv: kv[1][0])

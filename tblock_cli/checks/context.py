@@ -1,4 +1,5 @@
-"""What every check draws on: the subject, sizes, a seeded generator, tolerances, and the probes checks share."""
+"""What every check draws on: the subject, sizes, a seeded generator, tolerances, and the probes checks share
+(declared once here, memoised by `Context.probe`; checks never write the context)."""
 
 from __future__ import annotations
 
@@ -8,23 +9,59 @@ from typing import Callable
 import torch
 
 from tblock_cli.config import BlockConfig
-from tblock_cli.loading import Subject
-from tblock_cli.probes import changed, state_key, train_mode
+from tblock_cli.probes import TOLERANCE, changed, state_key, train_mode
+from tblock_cli.subject.loading import Subject
 
-# Largest |difference| between two computations that should agree, relative to max(1, |reference|).
-# float32 sums of a few hundred products carry ~1e-6 relative error; 1e-5 leaves a margin and is
-# the tolerance issue #2 sets for the reference check. Half precisions have 10 (fp16) and 7 (bf16)
-# mantissa bits: 2^-7 ~ 8e-3 and 2^-4 ~ 6e-2 cover a LayerNorm, an attention and an FFN in a row.
-TOLERANCE = {torch.float64: 1e-10, torch.float32: 1e-5, torch.float16: 8e-3, torch.bfloat16: 6e-2}
 # Probes of one check that need not see each other run as one forward of their concatenated batch when the block
 # is known to keep samples apart (the batch check passed) and the batch stays this small: at a 7B-size layer a
 # forward of 20 tokens costs 0.45 s and one of 80 tokens 0.87 s, most of it reading the weights once.
 BATCHED_TOKENS = 512
 
 
+# What invalidates a probe's memo.
+ONCE = "nothing: a property of the block, computed once per battery"
+STATE = "the module's state (state_key, taken in eval mode): a forward that wrote a buffer or a parameter"
+
+
+@dataclass(frozen=True)
+class Probe:
+    """A probe several checks read: computed by whichever check asks first, memoised on the context (`Context.probe`,
+    the only writer), computed again when what invalidates it changed."""
+
+    name: str
+    costs: str
+    invalidated_by: str = ONCE
+    failure_kept: bool = False  # a raise is remembered and raised again to later askers (else the next one retries)
+
+
+# Every shared probe, declared once; where it is computed is named after the colon.
+STANDARD = Probe("standard_forward", "one eval forward of the standard input: context.py", STATE)
+TRAINING_BACKWARD = Probe("training_backward", "one train forward + backward: gradients.train_backward")
+TRAINING_INPUT = Probe("training_input", "nothing: noted by the training backward's forward (even when its backward raises)")
+CAUSAL_BY_ITSELF = Probe("causal_by_itself", "one eval backward through the outputs up to t/2: mixing.causal_by_itself")
+DATAFLOW = Probe("dataflow", "one traced forward of the probe input: context.py")
+IDENTICAL_SCORES = Probe("identical_scores", "one traced eval forward of identical tokens: positions.identical_scores",
+                         failure_kept=True)
+PROBES = (STANDARD, TRAINING_BACKWARD, TRAINING_INPUT, CAUSAL_BY_ITSELF, DATAFLOW, IDENTICAL_SCORES)
+
+
+@dataclass(frozen=True)
+class Standard:
+    """The standard input (batch, seq, d), its eval output, and whether that forward wrote into its input."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+    changed_input: tuple[bool, float]
+
+
+@dataclass(frozen=True)
+class _Raised:
+    error: BaseException
+
+
 @dataclass
 class Context:
-    """The subject and what every check draws on: sizes, dtype, a seeded generator, shared probes."""
+    """The subject and what every check draws on: sizes, dtype, a seeded generator, the shared probes' memo."""
 
     subject: Subject
     cfg: BlockConfig
@@ -32,19 +69,12 @@ class Context:
     dtype: torch.dtype
     gen: torch.Generator = field(init=False)
     unmet: dict = field(default_factory=dict)  # need -> the check that left it unmet, filled as the battery runs
-    backward: tuple | None = None  # (x.grad, {name: grad_state}) of one train-mode backward, once computed
-    causal_itself: bool | None = None  # outputs ignore later positions without --causal, once computed
-    _dataflow: object = None
     sharding: object = None  # distributed.Sharding of check --tp / --fsdp, or None
+    declaration: object = None  # spec.declare.Declaration: what the block claims to be (--like, --expect), or None
     progress: Callable[[str, str | None], None] | None = None  # hears (check, probe) on long checks
     current: str = ""  # the check running now, for progress
     met: set = field(default_factory=set)  # needs established by a check that passed, filled as the battery runs
-    first_step: tuple | None = None  # (x, state_key) right after the training backward: train_state's first step
-    # (changed, rel. diff) of the input the training forward / the standard eval forward got, once run: written into?
-    train_changed_input: tuple[bool, float] | None = None
-    eval_changed_input: tuple[bool, float] | None = None
-    _standard: list = field(default_factory=lambda: [None, None, None])  # x0, y0 and the state key y0 was computed at
-    identical_scores: list | None = None  # per attention call, its scores captured on identical tokens (relative)
+    memo: dict = field(default_factory=dict)  # probe name -> (the key it was computed at, its value): see probe()
 
     def step(self, detail: str) -> None:
         """Say which probe of the running check starts (a progress line on big layers)."""
@@ -65,26 +95,56 @@ class Context:
     def x(self, batch: int | None = None, seq: int | None = None) -> torch.Tensor:
         return self.randn(batch or self.cfg.batch, seq or self.cfg.seq, self.cfg.d_model)
 
-    def standard(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The standard input (batch, seq, d) and its eval output: one forward shared by the checks that read it,
-        computed again only when the module's state changed since (state_key). The forward gets a copy of x0, not a
-        clone of a clone: whether it wrote into its input is kept for input_unchanged."""
-        x0, y0, key = self._standard
-        if x0 is None:
-            x0 = self.x()
-        module = self.subject.module
+    def probe(self, probe: Probe, compute: Callable[[], object]):
+        """`probe`'s value: memoised, or computed now by `compute` (whichever check asks first pays)."""
+        key = self._key(probe)
+        got = self.memo.get(probe.name)
+        if got is not None and got[0] == key:
+            if isinstance(got[1], _Raised):
+                raise got[1].error
+            return got[1]
+        try:
+            value = compute()
+        except Exception as e:
+            if probe.failure_kept:
+                self.memo[probe.name] = (key, _Raised(e))
+            raise
+        self.memo[probe.name] = (self._key(probe), value)  # the key after: the forward may have written state
+        return value
+
+    def noted(self, probe: Probe):
+        """What a probe noted on its way, or None (TRAINING_INPUT: the training forward's input change)."""
+        got = self.memo.get(probe.name)
+        return None if got is None else got[1]
+
+    def note(self, probe: Probe, value) -> None:
+        """For a probe's own computation only: a fact it saw on its way (kept even when it raises later)."""
+        self.memo[probe.name] = (None, value)
+
+    def _key(self, probe: Probe):
+        if probe.invalidated_by is not STATE:
+            return None
         # The key is taken in the mode the forward runs in: the modes a caller left (an HF layer's train() also sets
         # its model's, which kept_modes does not see) are no state this forward reads.
-        with train_mode(module, False):
-            now = state_key(module)
-            if y0 is None or key != now:
-                xin = x0.clone()
-                with torch.no_grad():
-                    y0 = self.subject(xin, None)
-                self.eval_changed_input = changed(xin, x0)
-                now = state_key(module)
-        self._standard = [x0, y0, now]
-        return x0, y0
+        with train_mode(self.subject.module, False):
+            return state_key(self.subject.module)
+
+    def standard(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The standard input (batch, seq, d) and its eval output: one forward shared by the checks that read it,
+        computed again only when the module's state changed since. The input is drawn once (by the first forward
+        that succeeds) and kept; the forward gets a copy of it, and whether it wrote into it is kept for input_unchanged."""
+        s = self.standard_forward()
+        return s.x, s.y
+
+    def standard_forward(self) -> Standard:
+        def compute() -> Standard:
+            before = self.memo.get(STANDARD.name)
+            x0 = before[1].x if before is not None else self.x()
+            xin = x0.clone()
+            with train_mode(self.subject.module, False), torch.no_grad():
+                y0 = self.subject(xin, None)
+            return Standard(x0, y0, changed(xin, x0))
+        return self.probe(STANDARD, compute)
 
     def batched(self, *xs: torch.Tensor, apart: bool = True) -> bool:
         """Whether probes xs (each (B, T, d)) may run as one forward: small, and samples known independent where each
@@ -92,12 +152,10 @@ class Context:
         return (not apart or "independent" in self.met) and sum(x.shape[0] * x.shape[1] for x in xs) <= BATCHED_TOKENS
 
     def dataflow(self):
-        """The block's traced anatomy on the probe input, computed once (ffn_share and attention share it)."""
-        if self._dataflow is None:
-            from tblock_cli.anatomy import trace
+        """The block's traced anatomy on the probe input, computed once (ffn_share, attention and others share it)."""
+        from tblock_cli.anatomy import trace
 
-            self._dataflow = trace(self.subject.module, self.subject, self.x(), self.cfg.d_model)
-        return self._dataflow
+        return self.probe(DATAFLOW, lambda: trace(self.subject.module, self.subject, self.x(), self.cfg.d_model))
 
 
 def eval_forward(ctx: Context, x: torch.Tensor, pad_mask: torch.Tensor | None = None, subject: Subject | None = None) -> torch.Tensor:

@@ -9,7 +9,7 @@ import torch
 
 from tblock_cli.anatomy.mha import attention_modules, attention_weights_bytes, mha_call_arguments
 from tblock_cli.anatomy.norms import find_norms, with_eps
-from tblock_cli.checks.context import Context, eval_forward, forward_together, nonfinite_kind
+from tblock_cli.checks.context import TRAINING_INPUT, Context, eval_forward, forward_together, nonfinite_kind
 from tblock_cli.checks.result import Outcome, failed, passed, skipped, warned
 from tblock_cli.errors import is_out_of_memory
 from tblock_cli.probes import changed, f64, float64_streamed, rel_diff, train_mode
@@ -116,23 +116,23 @@ def check_input_unchanged(ctx: Context) -> Outcome:
     """The standard eval forward and the training step (both shared with other checks) leave their input alone."""
     from tblock_cli.checks.gradients import train_backward
 
-    ctx.standard()
-    if ctx.eval_changed_input[0]:
-        return failed("input_unchanged.eval", ctx.eval_changed_input[1])
+    changed_eval = ctx.standard_forward().changed_input
+    if changed_eval[0]:
+        return failed("input_unchanged.eval", changed_eval[1])
     try:
         train_backward(ctx)
     except Exception as e:  # noqa: BLE001 - a backward that raises is grad_input's to report; its forward is read below
         if is_out_of_memory(e):
             raise
-        ctx.backward = None
-    if ctx.train_changed_input is None:  # the training forward itself raised: it raises here again, as the error
+    changed_train = ctx.noted(TRAINING_INPUT)
+    if changed_train is None:  # the training forward itself raised: it raises here again, as the error
         x = ctx.x()
         before = x.clone()
         with train_mode(ctx.subject.module, True), torch.enable_grad():
             ctx.subject(x)
-        ctx.train_changed_input = changed(x, before)
-    if ctx.train_changed_input[0]:
-        return failed("input_unchanged.train", ctx.train_changed_input[1])
+        changed_train = changed(x, before)
+    if changed_train[0]:
+        return failed("input_unchanged.train", changed_train[1])
     return passed("input_unchanged.kept", 0.0)
 
 

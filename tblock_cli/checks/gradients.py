@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
 import torch.nn as nn
 
-from tblock_cli.checks.context import Context, eval_forward, nonfinite_kind
+from tblock_cli.checks.context import TRAINING_BACKWARD, TRAINING_INPUT, Context, eval_forward, nonfinite_kind
 from tblock_cli.checks.result import Outcome, failed, passed
 from tblock_cli.probes import changed, f64, rel_diff, residual_gain, residual_probes, state_key, train_mode
 from tblock_cli.report import Status
@@ -45,7 +46,24 @@ def train_backward(ctx: Context) -> tuple[torch.Tensor | None, dict[str, str]]:
     """One train-mode backward of a random projection of the output, computed once for input_unchanged, grad_input,
     grad_params and train_state (its first step): the input's gradient and each parameter's grad_state (the
     gradients themselves are freed: at a 7B-size layer they are another copy of the weights)."""
-    if ctx.backward is None:
+    got = training_backward(ctx)
+    return got.x_grad, got.states
+
+
+@dataclass(frozen=True)
+class TrainingBackward:
+    """The training backward's facts; `x` and `key` (the module's state after it) are train_state's first step, valid
+    while nothing has run the block since."""
+
+    x_grad: torch.Tensor | None
+    states: dict
+    x: torch.Tensor
+    key: tuple
+
+
+def training_backward(ctx: Context) -> TrainingBackward:
+    """The TRAINING_BACKWARD probe (a raise is not kept: the next check that asks tries again)."""
+    def compute() -> TrainingBackward:
         ctx.step("training backward")
         module = ctx.subject.module
         x = ctx.x().requires_grad_(True)
@@ -56,7 +74,7 @@ def train_backward(ctx: Context) -> tuple[torch.Tensor | None, dict[str, str]]:
             with train_mode(module, True), torch.enable_grad():
                 xin = x.clone()
                 out = ctx.subject(xin)
-                ctx.train_changed_input = changed(xin, x)  # input_unchanged reads it
+                ctx.note(TRAINING_INPUT, changed(xin, x))  # input_unchanged reads it, even if the backward raises
                 # a random projection: out.sum() would see nothing through a final LayerNorm
                 w = torch.randn(out.shape, generator=ctx.gen).to(out.device)
                 (out.float() * w).sum().backward()
@@ -65,9 +83,8 @@ def train_backward(ctx: Context) -> tuple[torch.Tensor | None, dict[str, str]]:
         finally:
             for n, p in module.named_parameters():
                 p.grad = saved[n]
-        ctx.backward = (x.grad, states)
-        ctx.first_step = (x, state_key(module))  # train_state's first step, if nothing runs the block in between
-    return ctx.backward
+        return TrainingBackward(x.grad, states, x, state_key(module))
+    return ctx.probe(TRAINING_BACKWARD, compute)
 
 
 def check_grad_input(ctx: Context) -> Outcome:

@@ -13,7 +13,7 @@ from torch.utils._pytree import tree_leaves
 
 from tblock_cli.checks.context import Context, eval_forward
 from tblock_cli.checks.result import Outcome, failed, passed, skipped, warned
-from tblock_cli.checks.training import Cost, all_modules, seeded, too_large
+from tblock_cli.checks.training import all_modules, seeded, too_large
 from tblock_cli.errors import is_out_of_memory, one_line
 from tblock_cli.probes import rel_diff, train_mode
 
@@ -88,6 +88,12 @@ def _required_args(fn) -> bool:
         return True
 
 
+def materialise(module: nn.Module, device: torch.device) -> None:
+    """Module.to_empty(device=...), but through torch.empty: empty_like of a meta tensor runs a Python reference that
+    imports sympy (1-2 s) on its first call."""
+    module._apply(lambda t: torch.empty(t.shape, dtype=t.dtype, device=device))
+
+
 def _poison(module: nn.Module) -> None:
     """What to_empty() left, made visible: NaN in floating tensors, zeros elsewhere (uninitialised memory is often
     finite, so garbage would pass for values)."""
@@ -112,19 +118,18 @@ def check_meta_init(ctx: Context) -> Outcome:
     rebuild = ctx.subject.rebuild
     if rebuild is None:
         return skipped("meta_init.no_factory")
-    cost = Cost()
     ctx.step("meta-device build")
     try:
         with seeded(ctx.device, ctx.cfg.seed):
             meta = rebuild(ctx.cfg.seed, "meta")
-            meta.to_empty(device=ctx.device)
+            materialise(meta, ctx.device)
             _poison(meta)
             torch.manual_seed(ctx.cfg.seed)
             ran = own_init(meta)
     except Exception as e:  # noqa: BLE001 - the constructor itself does not run on the meta device
         if is_out_of_memory(e):
             raise
-        return skipped("meta_init.unbuildable", error=one_line(e), **cost.facts())
+        return skipped("meta_init.unbuildable", error=one_line(e))
     # A buffer the init leaves wrong: non-persistent ones are judged (no checkpoint load restores them; a rotary
     # inv_freq computed in __init__); persistent ones a load does restore, so they are a note. Against a fresh normal
     # build: the subject's own buffers may have moved in its forwards (a data-dependent init, running statistics).
@@ -142,20 +147,19 @@ def check_meta_init(ctx: Context) -> Outcome:
     params = named_state(meta, "params")
     unset = sorted(n for n, p in params.items() if p.is_floating_point() and torch.isnan(p).any())
     if unset:  # no deferred init to judge: its own init does not even set its parameters (a custom norm's weight)
-        return skipped("meta_init.incomplete_init", params=unset, buffers=wrong, init=ran, **cost.facts())
+        return skipped("meta_init.incomplete_init", params=unset, buffers=wrong, init=ran)
     # The outputs with the normal build's weights loaded: what a checkpoint load after a meta build gives.
     for src, dst in zip(roots(ctx.subject.module), roots(meta)):
         dst.load_state_dict(src.state_dict(), strict=False)
     x, y = ctx.standard()
     try:
         diff = rel_diff(eval_forward(ctx, x, subject=ctx.subject.like(meta)), y)
-        cost.forward()
     except Exception as e:  # noqa: BLE001 - e.g. a tensor kept outside the buffers, left on the meta device
         if is_out_of_memory(e):
             raise
-        return failed("meta_init.forward_raises", None, error=one_line(e), buffers=wrong, init=ran, **cost.facts())
+        return failed("meta_init.forward_raises", None, error=one_line(e), buffers=wrong, init=ran)
     facts = {"buffers": wrong, "checked": len(want), "diff": diff, "limit": ctx.tol, "init": ran,
-             "params_unset": unset, "persistent_unset": persistent, **cost.facts()}
+             "params_unset": unset, "persistent_unset": persistent}
     if wrong:
         return failed("meta_init.buffers", f"{len(wrong)}/{len(want)} buffers", **facts)
     if diff > ctx.tol:
@@ -214,7 +218,6 @@ def hidden_params(module: nn.Module) -> list[str]:
 def check_state_dict(ctx: Context) -> Outcome:
     if (large := too_large(ctx)) is not None:
         return large
-    cost = Cost()
     module = ctx.subject.module
     x, y = ctx.standard()
     # Plain tensors the module holds before a forward and that forward reads: state. One it assigns during the call
@@ -223,7 +226,6 @@ def check_state_dict(ctx: Context) -> Outcome:
     reads = _Reads()
     with reads, train_mode(module, False), torch.no_grad():
         ctx.subject(x.clone())
-        cost.forward()
     read_plain = sorted(n for n, t in held.items() if id(t) in reads.ids)
     hidden = hidden_params(module)
     ctx.step("state_dict into a fresh instance")
@@ -245,11 +247,10 @@ def check_state_dict(ctx: Context) -> Outcome:
     except Exception as e:  # noqa: BLE001 - a size mismatch: strict loading fails outright
         if is_out_of_memory(e):
             raise
-        return failed("state_dict.load_fails", None, error=one_line(e), fresh=how, **cost.facts())
+        return failed("state_dict.load_fails", None, error=one_line(e), fresh=how)
     diff = rel_diff(eval_forward(ctx, x, subject=ctx.subject.like(fresh)), y)
-    cost.forward()
     facts = {"fresh": how, "missing": missing, "unexpected": unexpected, "diff": diff, "limit": ctx.tol,
-             "plain_tensors": read_plain, "hidden_params": hidden, **cost.facts()}
+             "plain_tensors": read_plain, "hidden_params": hidden}
     if hidden:
         return failed("state_dict.hidden_params", f"{len(hidden)} hidden", **facts)
     if missing or unexpected:

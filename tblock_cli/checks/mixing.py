@@ -8,6 +8,7 @@ import torch
 
 from tblock_cli.anatomy.mha import attention_modules
 from tblock_cli.checks.context import (
+    CAUSAL_BY_ITSELF,
     Context,
     eval_forward,
     eval_forwards,
@@ -195,11 +196,12 @@ def future_grad(ctx: Context, x: torch.Tensor, t: int, train: bool) -> torch.Ten
 
 
 def causal_by_itself(ctx: Context, x: torch.Tensor) -> bool:
-    """Whether the block's outputs ignore later positions already (a property of the block: computed once)."""
-    if ctx.causal_itself is None:
+    """Whether the block's outputs ignore later positions already: a property of the block, so the CAUSAL_BY_ITSELF
+    probe reads it once, on the input the first check that asks hands it."""
+    def compute() -> bool:
         g = future_grad(ctx, x, x.shape[1] // 2, train=False)
-        ctx.causal_itself = g is None or not g.any()
-    return ctx.causal_itself
+        return g is None or not g.any()
+    return ctx.probe(CAUSAL_BY_ITSELF, compute)
 
 
 def check_causal(ctx: Context) -> Outcome:

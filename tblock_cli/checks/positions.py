@@ -4,13 +4,15 @@ position bias (ALiBi) falls with distance at the paper's geometric slopes."""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
 from tblock_cli.anatomy.mha import MASKED_LOGIT
 from tblock_cli.anatomy.tracer import Tracer
-from tblock_cli.checks.context import Context
+from tblock_cli.checks.context import IDENTICAL_SCORES, Context
 from tblock_cli.checks.result import Outcome, failed, passed, skipped, warned
+from tblock_cli.errors import is_out_of_memory
 from tblock_cli.probes import train_mode
 
 # Largest deviation of identical-token scores from a Toeplitz matrix (each row shifted so its own diagonal entry is 0,
@@ -76,18 +78,41 @@ def toeplitz_error(z: torch.Tensor) -> float:
     return worst / scale
 
 
+@dataclass(frozen=True)
+class Identical:
+    """Each attention call with its scores captured on identical tokens, and which projections read uniform rows."""
+
+    calls: list  # (AttentionCall, captured scores or None)
+    uniform_in: dict
+
+
+def identical(ctx: Context, T: int) -> Identical:
+    """One traced eval forward of T identical tokens, capturing every attention call's scores."""
+    x = ctx.randn(1, 1, ctx.cfg.d_model).expand(1, T, ctx.cfg.d_model).contiguous()
+    calls, tr = captured_scores(ctx, x)
+    return Identical(calls, tr.uniform_in)
+
+
+def identical_scores(ctx: Context) -> Identical:
+    """The IDENTICAL_SCORES probe, at relative's first length: relative judges it, position_bias reads whether any
+    call carries a bias at all (a raise is kept: position_bias then probes the bias its own way)."""
+    return ctx.probe(IDENTICAL_SCORES, lambda: identical(ctx, identical_length(ctx)))
+
+
+def identical_length(ctx: Context) -> int:
+    return max(ctx.cfg.seq, 8)
+
+
 def relative_calls(ctx: Context, T: int) -> list[dict]:
     """Per square attention call whose q and k projections read identical rows: its Toeplitz error at length T."""
-    x = ctx.randn(1, 1, ctx.cfg.d_model).expand(1, T, ctx.cfg.d_model).contiguous()
     out = []
-    calls, tr = captured_scores(ctx, x)
-    if ctx.identical_scores is None:
-        ctx.identical_scores = [got for _, got in calls]
+    seen = identical_scores(ctx) if T == identical_length(ctx) else identical(ctx, T)
+    calls, uniform_in = seen.calls, seen.uniform_in
     for c, got in calls:
         if got is None or got["logits"].shape[-1] != got["logits"].shape[-2] or got["logits"].shape[-1] != T:
             continue
-        sources = [n for n in c.q + c.k if n in tr.uniform_in]
-        if not sources or not all(tr.uniform_in[n] for n in sources):
+        sources = [n for n in c.q + c.k if n in uniform_in]
+        if not sources or not all(uniform_in[n] for n in sources):
             continue  # positions entered before the projections (absolute): scores need not be Toeplitz
         out.append({"where": c.where or "root", "seq": T, "error": toeplitz_error(got["logits"])})
     return out
@@ -97,7 +122,7 @@ def check_relative(ctx: Context) -> Outcome:
     """With every token identical, scores of a relative (or no) position scheme depend on i - j only."""
     if not ctx.dataflow().attention:
         return skipped("relative.no_attention")
-    lengths = [max(ctx.cfg.seq, 8)] + ([LONG_SEQ] if ctx.dtype in (torch.float16, torch.bfloat16) else [])
+    lengths = [identical_length(ctx)] + ([LONG_SEQ] if ctx.dtype in (torch.float16, torch.bfloat16) else [])
     calls, long_error = [], None
     for T in lengths:
         try:
@@ -221,7 +246,12 @@ def check_position_bias(ctx: Context) -> Outcome:
     flow = ctx.dataflow()
     if not flow.attention:
         return skipped("position_bias.no_attention")
-    seen = ctx.identical_scores  # relative's forward, where it ran: no bias in any call needs no forward here
+    try:  # relative's forward (whichever asks first pays): no bias in any call needs no forward of this check's own
+        seen = [got for _, got in identical_scores(ctx).calls]
+    except Exception as e:  # noqa: BLE001 - that forward raised: the bias is probed below, its own way
+        if is_out_of_memory(e):
+            raise
+        seen = None
     if seen is not None and len(seen) == len(flow.attention) and all(unbiased(got) for got in seen):
         return skipped("position_bias.none")
     biases = head_biases(ctx)

@@ -10,10 +10,10 @@ import torch.nn as nn
 
 from tblock_cli.checks.context import Context
 from tblock_cli.checks.result import Outcome, failed, passed, skipped
-from tblock_cli.checks.training import Cost, all_modules, too_large
+from tblock_cli.checks.training import all_modules, too_large
 from tblock_cli.errors import is_out_of_memory, one_line
-from tblock_cli.loading import first_tensor
 from tblock_cli.probes import train_mode
+from tblock_cli.subject.loading import first_tensor
 
 HALF = torch.bfloat16
 # Tokens in the probe, batch 1: past 256 a bfloat16 position is no longer exact (8 significant bits: steps of 2 up to
@@ -98,7 +98,6 @@ def check_precision(ctx: Context) -> Outcome:
         return large
     if ctx.device.type not in ("cpu", "cuda"):
         return skipped("precision.device", device=ctx.device.type)
-    cost = Cost()
     module = ctx.subject.module
     ref32 = copy.deepcopy(module).float()
     seq = max(ctx.cfg.seq, PRECISION_SEQ)
@@ -111,7 +110,6 @@ def check_precision(ctx: Context) -> Outcome:
         seq = ctx.cfg.seq
         x = x[:, :seq]
         ref, ref_parts = _outputs(ref32, ctx.subject.like(ref32), x, False, ctx.device)
-    cost.forward()
     results = {}  # how -> (the output's error, the reference's component outputs, the run's)
     try:
         ctx.step("autocast")
@@ -124,17 +122,16 @@ def check_precision(ctx: Context) -> Outcome:
         ref_r, parts_r = _outputs(rounded, ctx.subject.like(rounded), xh.float(), False, ctx.device)
         got, parts = _outputs(half, ctx.subject.like(half), xh, False, ctx.device)
         results["to_bfloat16"] = ([("output", ref_r)] + parts_r, [("output", got)] + parts)
-        cost.forward(3)
     except Exception as e:  # noqa: BLE001 - a block that does not run in bfloat16 at all
         if is_out_of_memory(e):
             raise
-        return skipped("precision.unsupported", error=one_line(e), **cost.facts())
+        return skipped("precision.unsupported", error=one_line(e))
     errors, first = {}, {}
     for how, (ref_parts, parts) in results.items():
         comps = _component_errors(ref_parts, parts, seq)
         errors[how] = max(e for _, e in comps)
         first[how] = next(((n, e) for n, e in comps if e > PRECISION_LIMIT), (None, 0.0))
-    facts = {"errors": errors, "limit": PRECISION_LIMIT, "seq": seq, **cost.facts()}
+    facts = {"errors": errors, "limit": PRECISION_LIMIT, "seq": seq}
     how = max(errors, key=errors.get)
     if errors[how] > PRECISION_LIMIT:
         component, err = first[how]

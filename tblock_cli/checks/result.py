@@ -42,6 +42,7 @@ class CheckResult:
     kind: str = ""
     facts: dict = field(default_factory=dict)
     seconds: float | None = None  # wall time the check took
+    passes: object = None  # cost.Passes: forwards and backwards over the block while it ran (the skipped: none)
 
     @property
     def detail(self) -> str:
@@ -57,7 +58,8 @@ class CheckResult:
 
     def to_dict(self) -> dict:
         return {"name": self.name, "status": self.status, "value": self.value, "detail": self.detail, "kind": self.kind,
-                "facts": self.facts, **({} if self.seconds is None else {"seconds": self.seconds})}
+                "facts": self.facts, **({} if self.seconds is None else {"seconds": self.seconds}),
+                **({} if self.passes is None else {"passes": self.passes.to_dict()})}
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,7 @@ class CheckReport:
     strict: bool
     run: RunInfo | None = None
     seconds: float | None = None  # wall time of the whole battery (the checks' own seconds and what they share)
+    passes: object = None  # cost.Passes of the whole battery
 
     @property
     def ok(self) -> bool:
@@ -87,4 +90,5 @@ class CheckReport:
         run = self.run or RunInfo("", {}, {})
         return run.envelope("check", self.ok, {"strict": self.strict, "counts": self.counts(),
                                                **({} if self.seconds is None else {"seconds": self.seconds}),
+                                               **({} if self.passes is None else {"passes": self.passes.to_dict()}),
                                                "checks": [c.to_dict() for c in self.checks]})

@@ -9,7 +9,7 @@ import torch.nn as nn
 from torch.overrides import TorchFunctionMode
 
 from tblock_cli.anatomy.tracer import tensors
-from tblock_cli.checks.context import Context, eval_forward, projected
+from tblock_cli.checks.context import TRAINING_BACKWARD, Context, eval_forward, projected
 from tblock_cli.checks.result import Outcome, failed, passed, warned
 from tblock_cli.errors import one_line
 from tblock_cli.probes import state_key, train_mode
@@ -51,7 +51,8 @@ def check_train_state(ctx: Context) -> Outcome:
     The first step is the training backward the gradient checks ran, when nothing has run the block since."""
     module = ctx.subject.module
     saved = {n: p.grad for n, p in module.named_parameters()}
-    first = ctx.first_step if ctx.first_step is not None and ctx.first_step[1] == state_key(module) else None
+    done = ctx.noted(TRAINING_BACKWARD)  # the gradient checks' training backward, if one ran
+    first = (done.x, done.key) if done is not None and done.key == state_key(module) else None
     kept = [first[0]] if first else []  # the inputs stay alive so their ids stay theirs
     inputs: set[int] = {id(x) for x in kept}
     try:

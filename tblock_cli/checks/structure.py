@@ -57,7 +57,7 @@ def rebuilt_without_dropout(ctx: Context) -> nn.Module | None:
     attribute cannot be zeroed from outside), holding the original's weights; None where that is not possible."""
     from dataclasses import replace
 
-    from tblock_cli.loading import ALIASES, construct, constructor_kwargs, load_factory
+    from tblock_cli.subject.loading import ALIASES, construct, constructor_kwargs, load_factory
 
     spec = ctx.subject.name
     if ctx.subject.builtin or spec.startswith("hf:") or not ctx.cfg.dropout:
@@ -182,7 +182,7 @@ def check_ffn_share(ctx: Context) -> Outcome:
 def check_reference(ctx: Context) -> Outcome:
     if not ctx.subject.builtin:
         return skipped("reference.user_block")
-    from tblock_cli.reference import reference_output
+    from tblock_cli.subject.reference import reference_output
 
     x = ctx.x().float()
     module = copy.deepcopy(ctx.subject.module).float()

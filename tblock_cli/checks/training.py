@@ -1,10 +1,9 @@
 """Checks of what training relies on: the gradient is the derivative, one optimizer step does what it should; and
-what the training-time checks share (the seeded RNG, their cost, the modules a block keeps)."""
+what the training-time checks share (the seeded RNG, the size gate, the modules a block keeps)."""
 
 from __future__ import annotations
 
 import copy
-import time
 from contextlib import contextmanager
 
 import torch
@@ -49,23 +48,6 @@ def too_large(ctx: Context) -> Outcome | None:
     return skipped("training.too_large", params=n, limit=LARGE_PARAMS) if n > LARGE_PARAMS else None
 
 
-class Cost:
-    """Forward-equivalents a check spent (a forward 1, a backward 2) and its seconds, for its facts."""
-
-    def __init__(self):
-        self.units = 0
-        self.started = time.perf_counter()
-
-    def forward(self, n: int = 1) -> None:
-        self.units += n
-
-    def backward(self, n: int = 1) -> None:
-        self.units += 3 * n  # its forward and the backward's two
-
-    def facts(self) -> dict:
-        return {"forwards": self.units, "seconds": round(time.perf_counter() - self.started, 4)}
-
-
 @contextmanager
 def seeded(device: torch.device, seed: int = PROBE_SEED):
     """The global RNG (CPU, and the device's) at a fixed seed for a while; the caller's state restored after."""
@@ -108,21 +90,19 @@ def trainable(module: nn.Module) -> list[tuple[str, nn.Parameter]]:
 def check_derivative(ctx: Context) -> Outcome:
     if (large := too_large(ctx)) is not None:
         return large
-    cost = Cost()
     device = ctx.device if ctx.device.type != "mps" else torch.device("cpu")
     try:
         m64 = copy.deepcopy(ctx.subject.module).to(device=device, dtype=torch.float64)
     except Exception as e:  # noqa: BLE001 - a block that has no float64 cannot be differenced precisely
         if is_out_of_memory(e):
             raise
-        return skipped("derivative.no_float64", error=one_line(e), **cost.facts())
+        return skipped("derivative.no_float64", error=one_line(e))
     subject = ctx.subject.like(m64)
     x = f64(ctx.x()).to(device)
     params = trainable(m64)
 
     def value(xin: torch.Tensor) -> torch.Tensor:
         with seeded(device), train_mode(m64, True):
-            cost.forward()
             return (subject(xin) * w).sum()
 
     ctx.step("float64 backward")
@@ -133,14 +113,13 @@ def check_derivative(ctx: Context) -> Outcome:
         except Exception as e:  # noqa: BLE001
             if is_out_of_memory(e):
                 raise
-            return skipped("derivative.no_float64", error=one_line(e), **cost.facts())
+            return skipped("derivative.no_float64", error=one_line(e))
         w = torch.randn(out.shape, generator=ctx.gen, dtype=torch.float64).to(device)
         for _, p in params:
             p.grad = None
         (out * w).sum().backward()  # .backward, not autograd.grad: a reentrant checkpoint inside refuses the latter
-        cost.backward()
     if not torch.isfinite(out).all():
-        return skipped("derivative.nonfinite", **cost.facts())
+        return skipped("derivative.nonfinite")
     gx = xr.grad if xr.grad is not None else torch.zeros_like(x)
     grads = [p.grad if p.grad is not None else torch.zeros_like(p) for _, p in params]
     originals = [p.detach().clone() for _, p in params]
@@ -189,7 +168,7 @@ def check_derivative(ctx: Context) -> Outcome:
     facts = {"error": worst, "errors": [errs for errs, _ in found], "steps": list(FD_STEPS), "limit": FD_LIMIT,
              "dropout": dropout, "directions": FD_DIRECTIONS}
     if not any(consistent(errs) for errs, _ in found):
-        return passed("derivative.matches", worst, **facts, **cost.facts())
+        return passed("derivative.matches", worst, **facts)
     # Which tensor: each alone (the input, then the parameters), relative to the joint derivative's size.
     ctx.step("finite differences per tensor")
     floor = max(size for _, size in found) * 1e-6
@@ -200,7 +179,7 @@ def check_derivative(ctx: Context) -> Outcome:
             wrong.append(["input" if i < 0 else params[i][0], min(errs)])
     wrong.sort(key=lambda t: -t[1])
     return failed("derivative.wrong", worst, **facts, tensors=wrong, tensor=wrong[0][0] if wrong else None,
-                  tensor_error=wrong[0][1] if wrong else 0.0, **cost.facts())
+                  tensor_error=wrong[0][1] if wrong else 0.0)
 
 
 # ----------------------------------------------------------------------------- one optimizer step
@@ -222,10 +201,19 @@ def broken_ties(module: nn.Module) -> list[list[str]]:
     return pairs
 
 
+def adamw_first_step(params: list[nn.Parameter], lr: float, eps: float = 1e-8) -> None:
+    """torch.optim.AdamW's first step (no weight decay), written out: from a fresh state its moments are (1 - b1) g
+    and (1 - b2) g^2, bias-corrected to g and g^2, so each parameter moves by lr * g / (|g| + eps). torch.optim's
+    first step imports torch._dynamo (1 s idle, several under load); a test holds the two equal."""
+    with torch.no_grad():
+        for p in params:
+            if p.grad is not None:
+                p.sub_(lr * p.grad / (p.grad.abs() + eps))
+
+
 def check_optimizer_step(ctx: Context) -> Outcome:
     if (large := too_large(ctx)) is not None:
         return large
-    cost = Cost()
     ties = broken_ties(ctx.subject.module)  # at build: the module has not been trained by any check
     module = copy.deepcopy(ctx.subject.module)
     if ctx.dtype in (torch.float16, torch.bfloat16):
@@ -234,15 +222,13 @@ def check_optimizer_step(ctx: Context) -> Outcome:
     frozen = [n for n, p in module.named_parameters() if not p.requires_grad]
     params = trainable(module)
     if not params:
-        return skipped("optimizer_step.no_params", frozen=frozen, **cost.facts())
+        return skipped("optimizer_step.no_params", frozen=frozen)
     x = ctx.x().to(next(iter(module.parameters())).dtype)
     target = torch.randn(x.shape, generator=ctx.gen).to(x)
     before = {n: p.detach().clone() for n, p in params}
-    opt = torch.optim.AdamW([p for _, p in params], lr=STEP_LR, weight_decay=0.0)
 
     def loss() -> torch.Tensor:  # the input requires grad, as a layer's inside a model does
         with seeded(ctx.device), train_mode(module, True):
-            cost.forward()
             return (subject(x.clone().requires_grad_(True)).float() - target.float()).pow(2).mean()
 
     for p in module.parameters():
@@ -250,16 +236,14 @@ def check_optimizer_step(ctx: Context) -> Outcome:
     with torch.enable_grad():
         first = loss()
         first.backward()
-        cost.backward()
-        cost.units -= 1  # the forward was counted by loss()
     zero = [n for n, p in params if p.grad is not None and not p.grad.any()]
     no_grad = [n for n, p in params if p.grad is None]
-    opt.step()
+    adamw_first_step([p for _, p in params], STEP_LR)
     with torch.no_grad():
         second = loss()
     unchanged = [n for n, p in params if torch.equal(p.detach(), before[n]) and n not in zero and n not in no_grad]
     facts = {"loss_before": first.item(), "loss_after": second.item(), "lr": STEP_LR, "frozen": frozen, "ties": ties,
-             "unchanged": unchanged, "no_grad": no_grad, "zero_grad": zero, **cost.facts()}
+             "unchanged": unchanged, "no_grad": no_grad, "zero_grad": zero}
     value = f"{first.item():.4g} -> {second.item():.4g}"
     if not second.item() < first.item():
         return failed("optimizer_step.loss_not_lowered", value, **facts)

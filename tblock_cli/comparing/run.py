@@ -6,17 +6,15 @@ import dataclasses
 
 import torch
 
-from tblock_cli.checks.context import TOLERANCE
-from tblock_cli.comparing import check_backend
 from tblock_cli.comparing.localise import capture, component_diffs, explain, head_dim_of
 from tblock_cli.comparing.mapping import Slot, build_mapping, execution_order, read_map, slots_of
 from tblock_cli.comparing.report import CompareReport, Comparison, Finding
 from tblock_cli.comparing.sides import BUILTIN, build_sides, is_builtin, spec_of
 from tblock_cli.errors import ConfigError, reraise_as_measure_error
-from tblock_cli.kvcache import decode_chunks, has_decode
-from tblock_cli.probes import f64, rel_diff, train_mode
+from tblock_cli.probes import TOLERANCE, f64, rel_diff, train_mode
 from tblock_cli.report import Status
 from tblock_cli.runtime import dtype_name, session
+from tblock_cli.subject.kvcache import decode_chunks, has_decode
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,19 +43,13 @@ class Judge:
 def run_compare(a, b, setup, *, options: dict, kwargs_a=None, kwargs_b=None, dtype_b: str | None = None,
                 compile: bool = False, backend: str | None = None, atol: float | None = None,
                 rtol: float | None = None, map_file: str | None = None) -> CompareReport:
-    """A against B (or A against torch.compile(A)); options are the shared size flags, as api.setup takes them."""
+    """A against B (or A against torch.compile(A)); options are the shared size flags, judged by options.compare."""
     options = {"dropout": 0.0, **{k: v for k, v in options.items() if v is not None}}  # gradients need no dropout
-    if (atol is not None and atol < 0) or (rtol is not None and rtol < 0):
-        raise ConfigError("--atol and --rtol must be >= 0")
-    check_backend(backend, compile)
     if compile:
-        if b is not None or dtype_b or kwargs_b or map_file:
-            raise ConfigError("--compile compares A with torch.compile(A): drop B, --kwargs-b, --dtype-b and --map")
         return compile_report(a, setup, options, kwargs_a, backend)
-    if b is None:
-        raise ConfigError("compare needs two blocks (A B; builtin names the built-in block), or --compile")
     overrides = read_map(map_file)
-    sa, subject_a, sb, subject_b, followed = build_sides(a, b, setup, options, kwargs_a, kwargs_b, dtype_b)
+    with session(options.get("threads")):  # the sides are built under the run's threads, each after its memory gate
+        sa, subject_a, sb, subject_b, followed = build_sides(a, b, setup, options, kwargs_a, kwargs_b, dtype_b, estimate)
     cfg = sa.cfg
     if (cfg.d_model, cfg.batch, cfg.seq) != (sb.cfg.d_model, sb.cfg.batch, sb.cfg.seq):
         raise ConfigError(f"the two sides take different inputs (d_model {cfg.d_model} vs {sb.cfg.d_model}); "
@@ -101,6 +93,13 @@ def run_compare(a, b, setup, *, options: dict, kwargs_a=None, kwargs_b=None, dty
     run = dataclasses.replace(run, subject=f"{names[0]} vs {names[1]}", warnings=tuple(dict.fromkeys(sa.warnings + sb.warnings)))
     return CompareReport(names[0], names[1], tuple(comparisons), tuple(findings), mapping_dict(mapping),
                          tuple(diffs) if differ or dtype_b else (), None, run)
+
+
+def estimate(cfg, params: int | None) -> int:
+    """One side's memory need: its weights and gradients, and one forward's saved activations."""
+    from tblock_cli.runtime import estimate_bytes
+
+    return estimate_bytes(cfg, params=params)
 
 
 def relabelled(slots_b: list[Slot], slots_a: list[Slot], mapping) -> list[Slot]:
@@ -189,7 +188,7 @@ def compile_report(a, setup, options: dict, kwargs_a, backend: str | None = None
         raise ConfigError("--backend inductor builds C++ kernels for the CPU and no C++ compiler (g++, clang++, cc) "
                           "was found: install one, or use --backend aot_eager")
     with session(s.cfg.threads):
-        subject = s.make()
+        subject = s.build(estimate, "compare")
         gen = torch.Generator().manual_seed(s.cfg.seed)
         x = torch.randn(s.cfg.batch, s.cfg.seq, s.cfg.d_model, generator=gen).to(s.device, s.dtype)
         v = torch.randn(x.shape, generator=gen).to(s.device, s.dtype)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import torch.nn as nn
 import torch.nn.functional as F
@@ -48,9 +49,12 @@ def declared_layout(module: nn.Module) -> dict:
     return out
 
 
-def build_sides(a, b, setup, options: dict, kwargs_a, kwargs_b, dtype_b: str | None):
-    """(setup_a, subject_a, setup_b, subject_b, followed): both built; `followed` is what the built-in side took
-    from the other side's declared layout."""
+def build_sides(a, b, setup, options: dict, kwargs_a, kwargs_b, dtype_b: str | None, estimate):
+    """(setup_a, subject_a, setup_b, subject_b, followed): each side built once, after its memory gate (`estimate`);
+    `followed` is what the built-in side took from the other side's declared layout.
+
+    An hf: side says whether it is causal only once built, and the built-in side follows the other's layout: so the
+    hf: sides are built first, then the other user sides (causal when either is), then the built-in one."""
     spec_a, spec_b = spec_of(a), spec_of(b)
     given = {k: v for k, v in options.items() if v is not None}
 
@@ -60,26 +64,30 @@ def build_sides(a, b, setup, options: dict, kwargs_a, kwargs_b, dtype_b: str | N
             raise ConfigError("--kwargs-a/--kwargs-b apply to a SPEC side, not to builtin (use the size flags)")
         return {**o, **extra, **({"kwargs": kwargs} if kwargs is not None else {})}
 
-    sa = setup(spec_a, opts(spec_a, kwargs_a))
-    sb = setup(spec_b, opts(spec_b, kwargs_b, **({"dtype": dtype_b} if dtype_b else {})))
-    if "causal" not in given and sa.cfg.causal != sb.cfg.causal:  # causal when either is
-        if not sa.cfg.causal:
-            sa = setup(spec_a, opts(spec_a, kwargs_a, causal=True))
+    dtype = {"a": {}, "b": {"dtype": dtype_b} if dtype_b else {}}
+    specs, kwargs = {"a": spec_a, "b": spec_b}, {"a": kwargs_a, "b": kwargs_b}
+    sides = {k: setup(specs[k], opts(specs[k], kwargs[k], **dtype[k])) for k in "ab"}
+    subjects = {k: sides[k].build(estimate, "compare") for k in "ab" if sides[k].hf}
+    if "causal" not in given and sides["a"].cfg.causal != sides["b"].cfg.causal:  # causal when either is
+        k = "a" if not sides["a"].cfg.causal else "b"
+        if sides[k].hf:  # what the model does stands; the flag only says how to probe it (built once, kept)
+            sides[k].cfg = dataclasses.replace(sides[k].cfg, causal=True)
+            subjects[k] = dataclasses.replace(subjects[k], causal=True)
         else:
-            sb = setup(spec_b, opts(spec_b, kwargs_b, causal=True, **({"dtype": dtype_b} if dtype_b else {})))
-    subject_a, subject_b = sa.make(), sb.make()
+            sides[k] = setup(specs[k], opts(specs[k], kwargs[k], causal=True, **dtype[k]))
+    for k in "ab":
+        if specs[k] is not None and k not in subjects:
+            subjects[k] = sides[k].build(estimate, "compare")
     followed = {}
     if (spec_a is None) != (spec_b is None):
-        other = subject_b if spec_a is None else subject_a
-        followed = {k: v for k, v in declared_layout(other.module).items() if k not in given}
+        k, other = ("a", "b") if spec_a is None else ("b", "a")
+        followed = {n: v for n, v in declared_layout(subjects[other].module).items() if n not in given}
         if followed:
-            extra = {**followed, **({"dtype": dtype_b} if dtype_b and spec_b is None else {})}
-            if sa.cfg.causal and spec_a is None or sb.cfg.causal and spec_b is None:
+            extra = {**followed, **dtype[k]}
+            if sides[k].cfg.causal:
                 extra["causal"] = True
-            if spec_a is None:
-                sa = setup(None, opts(None, None, **extra))
-                subject_a = sa.make()
-            else:
-                sb = setup(None, opts(None, None, **extra))
-                subject_b = sb.make()
-    return sa, subject_a, sb, subject_b, followed
+            sides[k] = setup(None, opts(None, None, **extra))
+    for k in "ab":
+        if k not in subjects:
+            subjects[k] = sides[k].build(estimate, "compare")
+    return sides["a"], subjects["a"], sides["b"], subjects["b"], followed

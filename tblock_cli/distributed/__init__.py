@@ -1,5 +1,7 @@
-"""Checks past one device: the block under tensor parallelism (`tp`) and FSDP2 (`fsdp`) on PyTorch's own engine,
-the plan that shards it (`plan`), and the local ranks that run it (`spawn`). torch is imported by the modules, not here."""
+"""The block past one device: its rank passes under tensor parallelism (`tp`) and FSDP2 (`fsdp`) on PyTorch's own
+engine, the plan that shards it (`plan`), and the local ranks that run it (`spawn`). The engine returns facts
+(`RankPasses`); the verdicts are checks' (checks/sharded.py), and neither package imports the other: a check reaches
+the engine through the `Sharding` it is handed. torch is imported by the modules, not here."""
 
 from __future__ import annotations
 
@@ -7,23 +9,39 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
+class RankPasses:
+    """What the ranks measured: relative differences from the unsharded block (maxima over ranks), or how a rank failed."""
+
+    ranks: int
+    measured: dict  # output, input_grad, param_grad (+ worst_param, first_module for tp; step for fsdp)
+    failure: object = None  # spawn.RankFailure (rank, error, where) when a rank raised or died
+
+
+@dataclass(frozen=True)
 class Sharding:
-    """What `check --tp N / --fsdp N / --tp-plan FILE` asked for, with the tensor-parallel plan resolved."""
+    """What `check --tp N / --fsdp N / --tp-plan FILE` asked for, with the tensor-parallel plan resolved; the rank
+    passes run through it, so a check needs no import of this package."""
 
     tp: int | None = None
     fsdp: int | None = None
     plan: object = None  # plan.Plan when tp is set
 
+    def tensor_parallel(self, subject, cfg, device, dtype) -> RankPasses:
+        from tblock_cli.distributed import tp
+
+        return tp.measure(subject, cfg, device, dtype, self)
+
+    def fully_sharded(self, subject, cfg, device, dtype) -> RankPasses:
+        from tblock_cli.distributed import fsdp
+
+        return fsdp.measure(subject, cfg, device, dtype, self)
+
 
 def prepare(subject, cfg, device, dtype, *, tp: int | None, fsdp: int | None, tp_plan: str | None) -> Sharding | None:
-    """The sharding to check, or None; ConfigError (exit 2) for what cannot be sharded, before anything runs."""
+    """The sharding to check, or None; ConfigError (exit 2) for what cannot be sharded, before anything runs.
+    The flags' own rules (--tp-plan needs --tp, 2 ranks or more) are judged by tblock_cli.options."""
     from tblock_cli.errors import ConfigError
 
-    if tp_plan is not None and not tp:
-        raise ConfigError("--tp-plan needs --tp N")
-    for flag, n in (("--tp", tp), ("--fsdp", fsdp)):
-        if n is not None and n < 2:
-            raise ConfigError(f"{flag} {n}: a world of fewer than 2 ranks shards nothing; give 2 or more")
     if not tp and not fsdp:
         return None
     if device.type not in ("cpu", "cuda"):

@@ -1,10 +1,11 @@
-"""The fsdp check: the block under PyTorch's `fully_shard`, each rank its own micro-batch, against one process on the whole batch."""
+"""FSDP2's rank passes: the block under PyTorch's `fully_shard`, each rank its own micro-batch, against one process on
+the whole batch; the differences come back as facts (checks/sharded.py judges them)."""
 
 from __future__ import annotations
 
-import math
-
 import torch
+
+from tblock_cli.distributed import RankPasses
 
 # The step is plain SGD: it moves each parameter by lr x its gradient, so the sharded step applied to the wrong
 # shard shows at the gradients' scale. AdamW was tried first and gave a false alarm on the built-in block: it
@@ -15,26 +16,16 @@ LR = 0.1
 RANK_MODULES = ("torch.distributed.device_mesh", "torch.distributed.fsdp", "torch._dynamo")
 
 
-def check_fsdp(ctx):
-    """Skipped without the flag; else the verdict on what the ranks measured (checks import this module: results are imported here)."""
-    from tblock_cli.checks.result import failed, passed, skipped
-
-    sharding = ctx.sharding
-    if sharding is None or not sharding.fsdp:
-        return skipped("fsdp.off")
+def measure(subject, cfg, device: torch.device, dtype: torch.dtype, sharding) -> RankPasses:
+    """The ranks' passes: each rank its micro-batch through the fully sharded block, against one process on the whole batch."""
     from tblock_cli.distributed.spawn import RankFailure, run_ranks
 
-    n = sharding.fsdp
-    shape = (ctx.cfg.batch, ctx.cfg.seq, ctx.cfg.d_model)
+    shape = (cfg.batch, cfg.seq, cfg.d_model)
     try:
-        got = run_ranks(fsdp_rank, n, ctx.device, ctx.subject, ctx.cfg.seed, shape, ctx.dtype, preload=RANK_MODULES)
+        got = run_ranks(fsdp_rank, sharding.fsdp, device, subject, cfg.seed, shape, dtype, preload=RANK_MODULES)
     except RankFailure as e:
-        return failed("fsdp.raised", e.where, rank=e.rank, error=e.error, where=e.where, ranks=n)
-    worst = max(got["output"], got["input_grad"], got["param_grad"], got["step"])
-    facts = {"ranks": n, "batch": n * ctx.cfg.batch, "limit": ctx.tol, **got}
-    if not math.isfinite(worst) or worst > ctx.tol:
-        return failed("fsdp.differs", worst, **facts)
-    return passed("fsdp.equal", worst, **facts)
+        return RankPasses(sharding.fsdp, {}, e)
+    return RankPasses(sharding.fsdp, got)
 
 
 def fsdp_rank(rank: int, n: int, device: torch.device, subject, seed: int, shape: tuple, dtype: torch.dtype) -> dict:
@@ -44,7 +35,7 @@ def fsdp_rank(rank: int, n: int, device: torch.device, subject, seed: int, shape
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    from tblock_cli.distributed.compare import forward_backward, full, grad_diffs, inputs, same_weights, world_max
+    from tblock_cli.distributed.rankpass import forward_backward, full, grad_diffs, inputs, same_weights, world_max
     from tblock_cli.probes import rel_diff
 
     module = same_weights(subject.module, device)

@@ -1,10 +1,11 @@
-"""The tensor_parallel check: the block sharded by PyTorch's `parallelize_module` against the unsharded block, same weights."""
+"""Tensor parallelism's rank passes: the block sharded by PyTorch's `parallelize_module` against the unsharded block,
+same weights; the differences come back as facts (checks/sharded.py judges them)."""
 
 from __future__ import annotations
 
-import math
-
 import torch
+
+from tblock_cli.distributed import RankPasses
 
 NO_MODULE = 1 << 30  # "no module output differed", as the minimum over ranks
 # What a rank imports, imported before the ranks fork: the DTensor modules (1.5 s), and torch._dynamo, which
@@ -12,33 +13,16 @@ NO_MODULE = 1 << 30  # "no module output differed", as the minimum over ranks
 RANK_MODULES = ("torch.distributed.device_mesh", "torch.distributed.tensor.parallel", "torch._dynamo")
 
 
-def check_tensor_parallel(ctx):
-    """Skipped without the flag; else the verdict on what the ranks measured (checks import this module: results are imported here)."""
-    from tblock_cli.checks.result import failed, passed, skipped
-
-    sharding = ctx.sharding
-    if sharding is None or not sharding.tp:
-        return skipped("tensor_parallel.off")
+def measure(subject, cfg, device: torch.device, dtype: torch.dtype, sharding) -> RankPasses:
+    """The ranks' passes: the block sharded by the plan against the unsharded block, same weights (maxima over ranks)."""
     from tblock_cli.distributed.spawn import RankFailure, run_ranks
 
-    n, plan = sharding.tp, sharding.plan
-    shape = (ctx.cfg.batch, ctx.cfg.seq, ctx.cfg.d_model)
-    sharded = {"ranks": n, "colwise": sorted(k for k, s in plan.styles.items() if s == "colwise"),
-               "rowwise": sorted(k for k, s in plan.styles.items() if s == "rowwise"), "plan": plan.to_dict()}
+    shape = (cfg.batch, cfg.seq, cfg.d_model)
     try:
-        got = run_ranks(tp_rank, n, ctx.device, ctx.subject, plan.styles, ctx.cfg.seed, shape, ctx.dtype, preload=RANK_MODULES)
+        got = run_ranks(tp_rank, sharding.tp, device, subject, sharding.plan.styles, cfg.seed, shape, dtype, preload=RANK_MODULES)
     except RankFailure as e:
-        return failed("tensor_parallel.raised", e.where, rank=e.rank, error=e.error, where=e.where,
-                      role=plan.roles.get(e.where or "", ""), **sharded)
-    # The battery's tolerance per dtype: sharded matmuls add partial sums in another order, and float32 agreed to
-    # 1.4e-7..4.2e-7 (relative) on every TP-ready block measured; the global head count is off by 3.3e-2.
-    limit = ctx.tol
-    worst = max(got["output"], got["input_grad"], got["param_grad"])
-    first = got["first_module"]
-    facts = {**sharded, **got, "limit": limit, "role": plan.roles.get(first or "", "")}
-    if not math.isfinite(worst) or worst > limit:
-        return failed("tensor_parallel.differs", worst, **facts)
-    return passed("tensor_parallel.equal", worst, **facts)
+        return RankPasses(sharding.tp, {}, e)
+    return RankPasses(sharding.tp, got)
 
 
 def tp_rank(rank: int, n: int, device: torch.device, subject, styles: dict, seed: int, shape: tuple, dtype: torch.dtype) -> dict:
@@ -48,8 +32,8 @@ def tp_rank(rank: int, n: int, device: torch.device, subject, styles: dict, seed
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-    from tblock_cli.distributed import compare as c
-    from tblock_cli.probes import rel_diff
+    from tblock_cli.distributed import rankpass as c
+    from tblock_cli.probes import TOLERANCE, rel_diff
 
     module = c.same_weights(subject.module, device)
     x, v = c.inputs(seed, shape, device, dtype)
@@ -58,8 +42,6 @@ def tp_rank(rank: int, n: int, device: torch.device, subject, styles: dict, seed
     parallelize_module(module, mesh, {name: (ColwiseParallel if s == "colwise" else RowwiseParallel)() for name, s in styles.items()})
     got = c.forward_backward(subject.like(module), x, v)
     # The first module (in the order modules finished) whose output differs, on any rank.
-    from tblock_cli.checks.context import TOLERANCE
-
     ref_outputs, limit = dict(expected.outputs), TOLERANCE[dtype]
     order = [name for name, _ in got.outputs]
     diffs = [c.diff_local(t, ref_outputs[name], rank, n) if name in ref_outputs else None for name, t in got.outputs]

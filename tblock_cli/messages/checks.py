@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from tblock_cli.messages.units import fmt_bytes
 from tblock_cli.messages.words import layer_prefix, names, shape, span
-from tblock_cli.units import fmt_bytes
 
 NEED_REASON = {
     "shape": "needs an output of the input's shape (see shape)",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tblock_cli.units import fmt_bytes
+from tblock_cli.messages.units import fmt_bytes
 
 MIB = 2**20
 # What one decimal of a percentage point shows: a smaller move of the FFN share is not worth a clause.

@@ -9,8 +9,8 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from tblock_cli.messages.units import fmt_bytes
 from tblock_cli.render.common import ByWidth, environment_line, finding_line, table_for
-from tblock_cli.units import fmt_bytes
 
 
 def run_label(r) -> str:

@@ -7,8 +7,8 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from tblock_cli.messages.units import fmt_bytes
 from tblock_cli.render.common import ByWidth, environment_line, fmt_count, fmt_value, status_text, table_for
-from tblock_cli.units import fmt_bytes
 
 # Below this many columns the check table keeps two columns, name and status, and puts the value and
 # its meaning under the name. Measured on the golden report: the four-column table drops every column
@@ -40,7 +40,7 @@ def check_table(report, narrow: bool) -> Table:
     table.add_column("value", justify="right", no_wrap=True, min_width=9)
     table.add_column("what it means", overflow="fold", ratio=1)
     for c in report.checks:
-        table.add_row(c.name, status_text(c.status), fmt_value(c.value), c.detail)
+        table.add_row(c.name, status_text(c.status), fmt_value(c.value), Text(c.detail))
     return table
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from tblock_cli.loading import first_tensor
+from tblock_cli.subject.loading import first_tensor
 
 
 def has_decode(module: nn.Module) -> bool:

@@ -13,8 +13,8 @@ from tblock_cli.checks.battery import CHECK_NAMES, select
 from tblock_cli.checks.gradients import grad_state
 from tblock_cli.config import build_config
 from tblock_cli.errors import ConfigError
-from tblock_cli.loading import make_subject
 from tblock_cli.probes import float64_streamed, residual_probes, stream_units
+from tblock_cli.subject.loading import make_subject
 
 CPU = torch.device("cpu")
 
@@ -89,8 +89,8 @@ def test_hf_init_once_keeps_what_transformers_init_writes():
     pytest.importorskip("transformers")
     from transformers import AutoModel
 
-    from tblock_cli import hf
-    from tblock_cli.hf.init import _marked, from_config_once
+    from tblock_cli.subject import hf
+    from tblock_cli.subject.hf.init import _marked, from_config_once
 
     config = hf.build_config("llama", build_config(d_model=32, n_heads=4), {})
     torch.manual_seed(0)

@@ -2,33 +2,40 @@
 
 from __future__ import annotations
 
-import contextlib
-import os
-import sys
-from typing import Annotated, Callable, Optional
+from typing import Annotated, Optional
 
 import typer
 import typer.core
 
 from tblock_cli import __version__
-from tblock_cli.config import FLAGS, RUN
-from tblock_cli.errors import OOM_HINT, ConfigError, LoadError, TBlockError, interrupted, on_interrupt
-from tblock_cli.flags import RICH_HELP_MIN_WIDTH, SWITCH, Group, Json, NoArgsIsHelpError, Plot, click_errors, command
-from tblock_cli.render.common import make_console
+from tblock_cli.cli.edge import err, out, run_command, say
+from tblock_cli.cli.flags import (
+    RICH_HELP_MIN_WIDTH,
+    SWITCH,
+    Expect,
+    Group,
+    Json,
+    Like,
+    LikeKwargs,
+    NoArgsIsHelpError,
+    Plot,
+    click_errors,
+    command,
+)
+from tblock_cli.config import RUN
+from tblock_cli.errors import ConfigError, interrupted, on_interrupt
 from tblock_cli.report import ensure_writable
 
 app = typer.Typer(
     cls=Group,
     name="tblock",
-    help="Diagnostics for Transformer blocks: is it correct (check), how big is it (params), what does it cost (bench), how does it stack (depth)?",
+    help="Diagnostics for Transformer blocks: is it correct (check), what does it compute (spec), how big is it (params), what does it cost (bench), how does it stack (depth)?",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
-out = make_console()
-err = make_console(stderr=True)
 
 
 def _version(value: bool):
@@ -44,99 +51,6 @@ def _root(
     """Diagnostics for Transformer blocks."""
 
 
-def say(kind: str, message: str) -> None:
-    """One line on stderr; the message is plain text (no markup or emoji codes: specs contain colons)."""
-    from rich.text import Text
-
-    err.print(Text.assemble((f"{kind}: ", "bold red" if kind == "error" else "yellow"), message), soft_wrap=True)
-
-
-@contextlib.contextmanager
-def stdout_to_stderr():
-    """Everything written to stdout goes to stderr for a while, file descriptor 1 included (os.write, C
-    extensions), so --json owns stdout; sys.stdout still writes to the real stdout after."""
-    sys.stdout.flush()
-    try:
-        saved = os.dup(1)
-        os.dup2(2, 1)
-    except OSError:  # no descriptor 1 or 2 (a closed stream): Python's own redirect is all there is
-        saved = None
-    try:
-        with contextlib.redirect_stdout(sys.stderr):
-            yield
-    finally:
-        if saved is not None:
-            with contextlib.suppress(OSError, ValueError):
-                sys.stdout.flush()
-            os.dup2(saved, 1)
-            os.close(saved)
-
-
-def run_command(compute: Callable[[], object], render: Callable[[object], None], *, json_: bool,
-                plot: str | None = None, save_plot: Callable[[object, str], None] | None = None) -> None:
-    """The edge, for every command: compute, print warnings, render (JSON or tables), plot, exit code.
-
-    A TBlockError or running out of memory becomes one line on stderr and its exit code; a block's own
-    prints go to stderr while --json owns stdout.
-    """
-    from tblock_cli.errors import is_out_of_memory
-
-    try:
-        if plot is not None:
-            check_plot_target(plot)
-        with stdout_to_stderr() if json_ else contextlib.nullcontext():
-            report = compute()
-        for w in report.run.warnings if report.run else ():
-            say("warning", w)
-        if json_:
-            from tblock_cli.report import dumps
-
-            print(dumps(report.to_dict()))
-        else:
-            render(report)
-        if plot is not None:
-            try:
-                save_plot(report, plot)
-            except OSError as e:
-                raise ConfigError(f"--plot {plot}: cannot write it: {e.strerror or e}") from None
-            err.print(f"saved {plot}", highlight=False)
-    except TBlockError as e:
-        say("error", str(e))
-        raise typer.Exit(e.exit_code) from None
-    except (MemoryError, RuntimeError) as e:
-        if not is_out_of_memory(e):
-            raise
-        say("error", f"out of memory; {OOM_HINT}")
-        raise typer.Exit(2) from None
-    raise typer.Exit(0 if report.ok else 1)
-
-
-def check_plot_target(path: str) -> None:
-    """Refuse, before measuring, a plot that could not be written: wrong suffix, no matplotlib, no such folder."""
-    import importlib.util
-
-    if not os.path.isdir(path) and os.path.splitext(path)[1].lower() not in (".png", ".svg", ".pdf"):
-        raise ConfigError(f"--plot {path}: use a .png, .svg or .pdf file name")
-    if importlib.util.find_spec("matplotlib") is None:
-        raise ConfigError("--plot needs matplotlib: pip install 'tblock[plot]'")
-    ensure_writable(path, "--plot")
-
-
-def precheck(options: dict, *, allow_mixed: bool = False) -> None:
-    """Every flag value that can be judged without torch, judged now (a bad --dtype answers in a blink)."""
-    from tblock_cli.config import build_config, check_values, parse_kwargs, preset_values
-
-    values = {k: v for k, v in options.items() if k in FLAGS}
-    check_values(values, allow_mixed=allow_mixed)
-    preset_values(options.get("preset"))
-    if options.get("kwargs") is not None:
-        if options.get("block") is None:
-            raise LoadError("--kwargs only applies with --block SPEC")
-        parse_kwargs(options["kwargs"])
-    elif options.get("block") is None:
-        build_config(options.get("preset"), allow_mixed=allow_mixed, **values)
-
-
 @command(app)
 def check(
     *,
@@ -148,15 +62,18 @@ def check(
     only: Annotated[Optional[str], typer.Option("--only", help="Run only these checks (comma-separated names).", show_default=False, metavar="NAMES")] = None,
     skip: Annotated[Optional[str], typer.Option("--skip", help="Leave out these checks (comma-separated names).", show_default=False, metavar="NAMES")] = None,
     fast: Annotated[bool, typer.Option("--fast", help="Leave out the slow checks (kv_cache, dtype): for CI loops on big layers.", **SWITCH)] = False,
+    like: Like = None,
+    like_kwargs: LikeKwargs = None,
+    expect: Expect = None,
     json_: Json = False,
     **options,
 ):
     """Run the diagnostic battery on a block. Exit 0 when nothing fails, 1 when a check fails or errors, 2 on bad input."""
     block = options.pop("block")
-    selection = {"only": only, "skip": skip, "fast": fast, "tp": tp, "fsdp": fsdp, "tp_plan": tp_plan}
+    selection = {"only": only, "skip": skip, "fast": fast, "tp": tp, "fsdp": fsdp, "tp_plan": tp_plan,
+                 "like": like, "like_kwargs": like_kwargs, "expect": expect}
 
     def compute():
-        precheck({**options, "block": block})
         if junit_xml is not None:
             ensure_writable(junit_xml, "--junit-xml")
         from tblock_cli import api
@@ -170,7 +87,7 @@ def check(
 
                 report = api.check(block, strict=strict, progress=progress, **selection, **options)
         if junit_xml is not None:
-            from tblock_cli.junit import write_junit
+            from tblock_cli.render.junit import write_junit
 
             write_junit(report, junit_xml)
         return report
@@ -184,6 +101,34 @@ def check(
 
     with quiet_unless_rank_zero():
         run_command(compute, show, json_=json_)
+
+
+@command(app)
+def spec(
+    *,
+    like: Like = None,
+    like_kwargs: LikeKwargs = None,
+    expect: Expect = None,
+    json_: Json = False,
+    **options,
+):
+    """What the block really computes, read black-box (the spec card: scale, soft-cap, rotary, activation, eps, residual,
+    MoE routing, ...). With --like or --expect each declared entry is judged: exit 1 when one differs."""
+    block = options.pop("block")
+
+    def compute():
+        from tblock_cli import api
+
+        with err.status("reading the spec", spinner="dots") as status:
+            return api.spec(block, like=like, like_kwargs=like_kwargs, expect=expect,
+                            progress=lambda what: status.update(f"spec: {what}"), **options)
+
+    def show(report):
+        from tblock_cli.render.spec import spec_view
+
+        out.print(spec_view(report))
+
+    run_command(compute, show, json_=json_)
 
 
 @command(app)
@@ -210,9 +155,6 @@ def params(
     block = options.pop("block")
 
     def compute():
-        precheck({**options, "block": block})
-        if tree_depth is not None and tree_depth < 1:
-            raise ConfigError(f"--tree-depth must be >= 1, got {tree_depth}")
         from tblock_cli import api
 
         with err.status("counting", spinner="dots"):
@@ -248,10 +190,6 @@ def bench(
     block = options.pop("block")
 
     def compute():
-        from tblock_cli.benchmark.options import validate_bench
-
-        precheck({**options, "block": block})
-        validate_bench(seq, mode, baseline, min_time, decode)
         from tblock_cli.benchmark.saved import ensure_save_target, load_saved
 
         if save is not None:
@@ -263,16 +201,24 @@ def bench(
 
         if tp is not None and plot is not None:
             raise ConfigError("--plot draws the sequence sweep; bench --tp has none")
-        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      console=err, transient=True) as bar:
-            task = bar.add_task("measuring", total=None)
+        bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                       console=err, transient=True)
+        task = None
 
-            def step(desc: str, done: int, total: int):
-                bar.update(task, completed=done, total=total, description=f"measuring {desc}")
+        def step(desc: str, done: int, total: int):  # the bar starts with the first measurement: a refused flag shows none
+            nonlocal task
+            if task is None:
+                bar.start()
+                task = bar.add_task("measuring", total=None)
+            bar.update(task, completed=done, total=total, description=f"measuring {desc}")
 
+        try:
             report = api.bench(block, seq=seq, need_weights=need_weights, mode=mode, baseline=baseline, min_time=min_time,
                                decode=decode, breakdown=breakdown, progress=step, compare_with=saved, tp=tp, tp_plan=tp_plan,
                                **options)
+        finally:
+            if task is not None:
+                bar.stop()
         if save is not None:
             api.save_report(report, save)
         return report
@@ -303,7 +249,6 @@ def depth(
     block = options.pop("block")
 
     def compute():
-        precheck({**options, "block": block}, allow_mixed=True)
         from tblock_cli import api
 
         with err.status("measuring the stack", spinner="dots"):
@@ -343,10 +288,6 @@ def compare(
     first differing part named. Exit 0 equal, 1 different, 2 bad input (an unmatched parameter among them)."""
 
     def compute():
-        precheck({**options, "block": a})
-        from tblock_cli.comparing import check_backend
-
-        check_backend(backend, compile_)
         from tblock_cli import api
 
         with err.status("comparing", spinner="dots"):

@@ -171,7 +171,7 @@ def run_depth(cfg: BlockConfig, device: torch.device, dtype: torch.dtype,
     """Build N blocks (built-in with cfg.norm, or make_layers(N) of a user block) and measure them."""
     gen = torch.Generator().manual_seed(cfg.seed)
     if make_layers is None:
-        from tblock_cli.block import build_block
+        from tblock_cli.subject.builtin import build_block
 
         stack = build_block(cfg, device, dtype)
         blocks = list(stack.layers) if hasattr(stack, "layers") else [stack]

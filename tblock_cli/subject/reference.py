@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from tblock_cli.block import Block, Stack, causal_mask
 from tblock_cli.config import BlockConfig
+from tblock_cli.subject.builtin import Block, Stack, causal_mask
 
 
 def encoder_layer(cfg: BlockConfig, norm: str) -> nn.TransformerEncoderLayer:

@@ -1,4 +1,4 @@
-"""Before measuring: the options checked into a config, the module looked into, and a way to build the subject."""
+"""Before measuring: the options turned into a config, the module looked into, and the one pipeline that builds it."""
 
 from __future__ import annotations
 
@@ -12,27 +12,35 @@ import torch
 import torch.nn as nn
 
 from tblock_cli import runtime
-from tblock_cli.config import BUILTIN_ONLY, FLAGS, BlockConfig, Flag, build_config, check_type, parse_kwargs
+from tblock_cli.config import BUILTIN_ONLY, BlockConfig, Flag, build_config, parse_kwargs
 from tblock_cli.errors import ConfigError, LoadError
-from tblock_cli.loading import ALIASES, Subject, builtin_subject, construct, rebuilder, user_subject
 from tblock_cli.report import RunInfo
+from tblock_cli.subject.loading import ALIASES, Subject, builtin_subject, construct, user_subject
 
 # Flags that describe a user block's forward; the built-in block takes pad_mask, True = pad.
 USER_ONLY = ("pad_keyword", "pad_means")
 
+# A command's memory need in bytes from the config and the block's parameter count (None: the built-in block's).
+Estimate = Callable[[BlockConfig, "int | None"], int]
+
 
 @dataclass
 class Setup:
-    """Everything a command needs before it measures: the validated config, where it runs, the block."""
+    """Everything a command needs before it measures: the validated config, where it runs, and the one way to build
+    the block (`build`). An hf: block's config gains what its model implies (causal, positions, mask) once built."""
 
     cfg: BlockConfig
     device: torch.device
     dtype: torch.dtype
-    make: Callable[[], Subject]  # builds (or wraps) the block; called after the memory gate
+    source: object  # what the caller handed in: None (built-in), a SPEC, a module or a factory
     block: str  # "built-in", a SPEC, or the module's class name
     kwargs: dict
     warnings: tuple[str, ...]
     module: nn.Module | None = None  # the caller's own module, never changed: tblock works on a copy
+    same_shape: bool = True
+    trains: bool = True
+    given: tuple[str, ...] = ()  # the flags the caller gave: an hf: model's implied value never overrides one
+    built: nn.Module | None = None  # an hf: model's layers, built once however often they are asked for
 
     def run(self, subject: Subject | None = None, **config) -> RunInfo:
         cfg = {**self.cfg.as_dict(), "block": self.block, "kwargs": self.kwargs, **config}
@@ -42,6 +50,68 @@ class Setup:
     def session(self):
         """Threads as asked, and the caller's module (if any) as it was, after."""
         return runtime.session(self.cfg.threads, self.module)
+
+    @property
+    def hf(self) -> bool:
+        return isinstance(self.source, str) and self.source.startswith("hf:")
+
+    def gate(self, estimate: Estimate, what: str, params: int | None = None, allocated: int = 0) -> None:
+        """Refuse, before allocating, work estimated larger than the free memory (less what is allocated already)."""
+        runtime.ensure_fits(estimate(self.cfg, params) - allocated, self.device, what)
+
+    def build(self, estimate: Estimate | None = None, what: str = "") -> Subject:
+        """The one build pipeline, inside `session()`: gate on the command's estimate (the built-in block's count) ->
+        build (an hf: model too, once) -> gate on the block's real parameter count, less the weights now allocated ->
+        a private copy of a caller's module -> wrapped as a Subject."""
+        if estimate is not None:
+            self.gate(estimate, what)
+        builtin = builtin_subject(self.cfg, self.device, self.dtype) if self.source is None else None
+        module = builtin.module if builtin is not None else self._module()
+        if estimate is not None:
+            n = sum(p.numel() for p in module.parameters())
+            self.gate(estimate, what, n, n * self.dtype.itemsize)
+        return builtin if builtin is not None else self._wrap(module)
+
+    def make(self) -> Subject:
+        """The block built with no gate, for a command that gated already (depth's layers of a stack)."""
+        return builtin_subject(self.cfg, self.device, self.dtype) if self.source is None else self._wrap(self._module())
+
+    def _module(self) -> nn.Module:
+        """The user's module as constructed, before it is moved, copied or probed."""
+        if self.hf:
+            if self.built is None:
+                self.built = hf_block(self)
+            return self.built
+        if self.module is not None:
+            return self.module
+        if isinstance(self.source, str):
+            from tblock_cli.subject.loading import load_factory
+
+            return construct(self.source, load_factory(self.source), self.cfg, self.kwargs)
+        return construct(self.block, self.source, self.cfg, self.kwargs)
+
+    def _wrap(self, module: nn.Module) -> Subject:
+        if self.module is not None:
+            moves = not runtime.placed(module, self.device, self.dtype)
+            module = private_copy(module, self.block) if self.trains or moves else module
+        subject = user_subject(module, self.block, self.cfg, self.device, self.dtype, same_shape=self.same_shape)
+        if self.hf:  # the family's known departures, as tblock's hf: builder found them
+            subject.by_design = dict(module.by_design)
+        subject.rebuild = self._rebuilder(subject.module)
+        return subject
+
+    def _rebuilder(self, built: nn.Module):
+        """Subject.rebuild: the block built anew from what it was built from; None for a caller's module instance."""
+        if self.module is not None:
+            return None
+        if self.hf:
+            from tblock_cli.subject import hf
+
+            return hf.rebuilder(self.source[3:], self.cfg, self.kwargs, built, self.dtype)
+        from tblock_cli.subject.loading import load_factory, rebuilder
+
+        factory = load_factory(self.source) if isinstance(self.source, str) else self.source
+        return rebuilder(self.block, factory, self.cfg, self.kwargs, self.dtype)
 
 
 def _infer(module: nn.Module, names: tuple[str, ...]) -> int | None:
@@ -86,22 +156,6 @@ def private_copy(module: nn.Module, name: str) -> nn.Module:
                         f"{one_line(e)}; pass a factory (a function that builds it) instead") from None
 
 
-def check_options(values: dict, **types: type) -> None:
-    """An API caller's own keyword values (strict=, tree_depth=, ...) of the wrong type, as a ConfigError naming them."""
-    for name, kind in types.items():
-        value = values.get(name)
-        if value is None:
-            continue
-        if kind is Callable:
-            if not callable(value):
-                raise ConfigError(f"{name} must be a function, got {value!r}")
-        elif kind is dict:
-            if not isinstance(value, dict):
-                raise ConfigError(f"{name} must be a dict (a saved run, as api.load_saved returns), got {type(value).__name__}")
-        else:
-            check_type(name, value, kind)
-
-
 def setup(block=None, options: dict | None = None, *, same_shape: bool = True, allow_mixed: bool = False,
           layers_apply: bool = False, trains: bool = True) -> Setup:
     """Options (the CLI flags' names) -> validated config, device, dtype and a way to build the block.
@@ -109,22 +163,13 @@ def setup(block=None, options: dict | None = None, *, same_shape: bool = True, a
     `trains`: the command runs the block in train mode (gradients, BatchNorm statistics), so a caller's
     module is copied even when it already sits on the device and dtype.
     """
-    options = {k: v for k, v in (options or {}).items() if v is not None}
+    options = {k: v for k, v in (options or {}).items() if v is not None}  # judged by options.shared already
     preset = options.pop("preset", None)
     kwargs = options.pop("kwargs", None)
-    unknown = sorted(set(options) - set(FLAGS))
-    if unknown:
-        raise ConfigError(f"unknown option(s): {', '.join(unknown)}; known: {', '.join(FLAGS)}, preset, kwargs")
-    if preset is not None and not isinstance(preset, str):
-        raise ConfigError(f"--preset must be a string, got {preset!r}")
-    if kwargs is not None and not isinstance(kwargs, (str, dict)):
-        raise ConfigError("kwargs must be a dict or a JSON object string")
     extra = parse_kwargs(kwargs) if isinstance(kwargs, str) else dict(kwargs or {})
     warnings = []
     builtin = block is None
     hf_spec = isinstance(block, str) and block.startswith("hf:")
-    if builtin and kwargs is not None:
-        raise LoadError("--kwargs only applies with --block SPEC")
     ignored = [k for k in USER_ONLY if k in options] if builtin else \
         [k for k in BUILTIN_ONLY if k in options and not (k == "layers" and (layers_apply or hf_spec))]
     if ignored:
@@ -137,12 +182,10 @@ def setup(block=None, options: dict | None = None, *, same_shape: bool = True, a
             alias = next((a for a in ALIASES[canonical] if a in extra), None)
             if canonical not in options and alias is not None and isinstance(extra[alias], int):
                 options[canonical] = extra[alias]
-    module = None
-    if isinstance(block, nn.Module):
-        module, name = block, type(block).__name__
+    module = block if isinstance(block, nn.Module) else None
+    if module is not None:
+        name = type(block).__name__
     elif block is not None and not isinstance(block, str):
-        if not callable(block):
-            raise ConfigError(f"block must be an nn.Module, a factory, a SPEC string or None, got {type(block).__name__}")
         name = getattr(block, "__name__", type(block).__name__)
     else:
         name = block or "built-in"
@@ -156,45 +199,21 @@ def setup(block=None, options: dict | None = None, *, same_shape: bool = True, a
     cfg = build_config(preset, allow_mixed=allow_mixed, builtin=builtin, **options)
     device = runtime.resolve_device(cfg.device)
     dtype = runtime.resolve_dtype(cfg.dtype, device)
-    caller = module
-    if hf_spec:
-        module, name, cfg = hf_block(block, cfg, options, extra)
-        caller = None
     warnings.extend(cfg.warnings)
-
-    def make() -> Subject:
-        if block is None:
-            return builtin_subject(cfg, device, dtype)
-        if module is not None:
-            moves = not runtime.placed(module, device, dtype)
-            own = private_copy(module, name) if caller is not None and (trains or moves) else module
-            subject = user_subject(own, name, cfg, device, dtype, same_shape=same_shape)
-            if hf_spec:
-                from tblock_cli import hf
-
-                subject.rebuild = hf.rebuilder(block[3:], cfg, extra, subject.module, dtype)
-            return subject
-        if isinstance(block, str):
-            from tblock_cli.loading import make_subject
-
-            return make_subject(cfg, device, dtype, block, extra, same_shape=same_shape)
-        subject = user_subject(construct(name, block, cfg, extra), name, cfg, device, dtype, same_shape=same_shape)
-        subject.rebuild = rebuilder(name, block, cfg, extra, dtype)
-        return subject
-
-    return Setup(cfg, device, dtype, make, name if not isinstance(block, str) else block, extra, tuple(warnings), caller)
+    return Setup(cfg, device, dtype, block, name, extra, tuple(warnings), module, same_shape, trains, tuple(options))
 
 
-def hf_block(spec: str, cfg: BlockConfig, options: dict, extra: dict) -> tuple[nn.Module, str, BlockConfig]:
-    """An hf:TYPE block, and the config its model implies: causal for decoders, positions for rotary layers,
-    HF's mask convention (attention_mask, 1 = keep). A flag the user gave explicitly stands."""
-    from tblock_cli import hf
+def hf_block(s: Setup) -> nn.Module:
+    """An hf:TYPE block, and the config its model implies written into the setup: causal for decoders, positions for
+    rotary layers, HF's mask convention (attention_mask, 1 = keep). A flag the user gave explicitly stands."""
+    from tblock_cli.subject import hf
 
-    module = hf.build(spec[3:], cfg, extra)
+    module = hf.build(s.source[3:], s.cfg, s.kwargs)
     implied = {"causal": module.causal, "positional": module.positional, "pad_keyword": module.pad_keyword, "pad_means": "keep"}
-    cfg = dataclasses.replace(cfg, **{k: v for k, v in implied.items() if k not in options},
-                              warnings=cfg.warnings + module.warnings)
-    return module, spec, cfg
+    s.cfg = dataclasses.replace(s.cfg, **{k: v for k, v in implied.items() if k not in s.given},
+                                warnings=s.cfg.warnings + module.warnings)
+    s.warnings = s.warnings + tuple(module.warnings)
+    return module
 
 
 def layer_maker(s: Setup, block) -> Callable[[int], list[Subject]] | None:
@@ -202,17 +221,17 @@ def layer_maker(s: Setup, block) -> Callable[[int], list[Subject]] | None:
     if block is None:
         return None
     if isinstance(block, str) and block.startswith("hf:"):
-        from tblock_cli import hf
+        from tblock_cli.subject import hf
 
         def hf_layers(n: int) -> list[Subject]:
-            first = s.make()  # the calling convention (mask keyword, causal) around the model setup built
+            first = s.make()  # the calling convention (mask keyword, causal) around the model built once
             layers = first.module.single_layers()
             if len(layers) != n:  # only when asked for another depth than --layers: a model of n layers
                 layers = hf.build(block[3:], dataclasses.replace(s.cfg, layers=n), s.kwargs).single_layers()
             return [first.like(layer) for layer in layers]
         return hf_layers
     if isinstance(block, str):
-        from tblock_cli.loading import user_layers
+        from tblock_cli.subject.loading import user_layers
 
         return lambda n: user_layers(s.cfg, s.device, s.dtype, block, s.kwargs, n)
 

@@ -8,12 +8,12 @@ import torch
 import torch.nn as nn
 
 from tblock_cli.anatomy import GROUPS, predicted_ffn_share
-from tblock_cli.block import Block, Stack
 from tblock_cli.config import BlockConfig
 from tblock_cli.errors import USER_ERRORS, reraise_as_measure_error
-from tblock_cli.loading import Subject
 from tblock_cli.report import Finding, RunInfo, Status, failing_of
 from tblock_cli.runtime import dtype_name
+from tblock_cli.subject.builtin import Block, Stack
+from tblock_cli.subject.loading import Subject
 
 # A backward pass costs two matmuls per forward matmul (one for the input's gradient, one for the
 # weight's), so a training step is 3x the forward in matmul FLOPs; FlopCounterMode counts the same.

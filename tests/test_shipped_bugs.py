@@ -7,7 +7,7 @@ import torch
 from tblock_cli.checks import Status, run_checks
 from tblock_cli.checks.positions import paper_slopes, toeplitz_error
 from tblock_cli.config import build_config
-from tblock_cli.loading import make_subject
+from tblock_cli.subject.loading import make_subject
 
 import zoo
 from conftest import zoo_spec
@@ -204,3 +204,15 @@ def test_the_scale_is_read_through_a_large_learned_bias_whatever_the_seed(seed):
     torch.manual_seed(seed)
     raw = tblock_cli.check(LargeRelativeBias(scaled=False), d_model=32, n_heads=4, threads=1, seed=seed, only=["attention"]).checks[0]
     assert raw.kind == "attention.unscaled" and raw.value > 2.0, raw
+
+
+def test_position_bias_alone_pays_the_identical_token_probe_itself(monkeypatch):
+    """Whichever check asks first pays: alone, position_bias computes the identical-token probe relative would have,
+    so a RoPE block (scores a multiple of q.k) needs no bias probe of its own either way."""
+    from tblock_cli.checks import positions
+
+    probed = []
+    real = positions.head_biases
+    monkeypatch.setattr(positions, "head_biases", lambda ctx: probed.append(1) or real(ctx))
+    alone = battery("Rel3", only=("position_bias",), **zoo.CORRECT_3["Rel3"])["position_bias"]
+    assert alone.kind == "position_bias.none" and not probed, alone

@@ -10,8 +10,8 @@ import torch.nn as nn
 from tblock_cli import runtime
 from tblock_cli.config import BlockConfig
 from tblock_cli.errors import ConfigError, LoadError, TBlockError, is_out_of_memory
-from tblock_cli.hf import families, sizes
-from tblock_cli.hf.drive import HFLayers
+from tblock_cli.subject.hf import families, sizes
+from tblock_cli.subject.hf.drive import HFLayers
 
 STACKS = ("encoder", "decoder")
 # Positions of the causal probe at build: enough for a later position to exist after an earlier one.
@@ -84,7 +84,7 @@ def _model(config) -> nn.Module:
 
     from transformers import AutoModel
 
-    from tblock_cli.hf.init import from_config_once
+    from tblock_cli.subject.hf.init import from_config_once
 
     if getattr(config, "architectures", None) is None:  # AutoModel iterates it for types mapped to two classes (funnel)
         config.architectures = []

@@ -69,7 +69,7 @@ def bench_rank(rank: int, n: int, device: torch.device, subject, styles: dict, s
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
     from torch.profiler import ProfilerActivity, profile
 
-    from tblock_cli.distributed import compare as c
+    from tblock_cli.distributed import rankpass as c
 
     module = c.same_weights(subject.module, device)
     x, v = c.inputs(seed, shape, device, dtype)
@@ -96,7 +96,7 @@ def bench_rank(rank: int, n: int, device: torch.device, subject, styles: dict, s
 
 def _step(subject, x, v) -> None:
     """One train-mode forward + backward from grads = None, as bench's train mode times it."""
-    from tblock_cli.distributed.compare import full
+    from tblock_cli.distributed.rankpass import full
 
     for p in subject.module.parameters():
         p.grad = None

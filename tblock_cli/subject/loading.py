@@ -6,17 +6,17 @@ import importlib
 import importlib.util
 import inspect
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
 import torch
 import torch.nn as nn
 
-from tblock_cli.block import build_block
 from tblock_cli.config import TO_CONSTRUCTOR, BlockConfig, parse_kwargs
 from tblock_cli.errors import USER_ERRORS, LoadError, is_out_of_memory, one_line
 from tblock_cli.probes import train_mode
+from tblock_cli.subject.builtin import build_block
 
 # Constructor keywords tblock fills from its flags (config.TO_CONSTRUCTOR), under the names blocks commonly use.
 ALIASES: dict[str, tuple[str, ...]] = {
@@ -40,6 +40,9 @@ class Subject:
     pad_keyword: str | None  # the forward keyword that takes a (B, T) padding mask, if any
     causal: bool  # whether the user said the block is causal (--causal)
     pad_means: str = "pad"  # what True means in the block's own mask: pad, or keep (HF, x-transformers)
+    # rules a known family breaks on purpose (kind -> reason; "check.skip" -> reason): tblock's own knowledge of an
+    # hf: family, never read from the module under test (a user block's attribute of that name means nothing here)
+    by_design: dict[str, str] = field(default_factory=dict)
     # builds the block anew from its factory: rebuild(seed, device) on "cpu" or "meta", in the run dtype, not moved;
     # None where the block was handed over as a module instance (nothing to build it from)
     rebuild: Callable[[int, str], nn.Module] | None = None
@@ -56,7 +59,8 @@ class Subject:
 
     def like(self, module: nn.Module) -> "Subject":
         """The same calling convention around another module (a float64 copy, a dropout-free copy)."""
-        return Subject(module, self.name, self.builtin, self.pad_keyword, self.causal, self.pad_means, self.rebuild)
+        return Subject(module, self.name, self.builtin, self.pad_keyword, self.causal, self.pad_means, self.by_design,
+                       self.rebuild)
 
 
 def first_tensor(out) -> torch.Tensor:

@@ -1,0 +1,51 @@
+"""The words of `tblock spec` and of the `spec` and `like_reference` checks."""
+
+from __future__ import annotations
+
+
+def shown(v) -> str:
+    """A card value as the card prints it: numbers to 4 significant digits, tuples shortened, words as they are."""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    if isinstance(v, (list, tuple)):
+        items = [shown(x) for x in v]
+        return ", ".join(items[:6] + (["..."] if len(items) > 6 else []))
+    return str(v)
+
+
+def _differs(f: dict) -> str:
+    return f"{f['key']}: measured {shown(f['measured'])}, {f['source']} says {shown(f['claimed'])}"
+
+
+def _check_differs(f: dict) -> str:
+    parts = [_differs(v) for v in f["differs"]]
+    return "not what it claims to be: " + "; ".join(parts)
+
+
+MESSAGES = {
+    "spec.differs": _differs,
+    "spec.unread": lambda f: f"{f['key']}: could not be read ({f.get('why') or 'no reading'}); {f['source']} says {shown(f['claimed'])}",
+    "spec.match": lambda f: f"{f['key']}: {shown(f['measured'])} as declared",
+    "spec.slip": "a spec reader raised: {slip}",
+    # the battery's spec check
+    "spec.undeclared": "nothing declared (give --like hf:TYPE or --expect KEY=VALUE)",
+    "spec.reference_unread": lambda f: f"nothing could be read off {f['like']} to hold the block against",
+    "spec.matches": lambda f: f"{f['matched']} declared entr{'y' if f['matched'] == 1 else 'ies'} match"
+                              + (f" ({f['unread']} could not be read: {', '.join(f['unread_keys'])})" if f["unread"] else ""),
+    "spec.not_like": _check_differs,
+    "spec.nothing_read": lambda f: f"none of the {f['unread']} declared entries could be read ({', '.join(f['unread_keys'])})",
+}
+
+MESSAGES.update({
+    "like_reference.undeclared": "no --like layer declared",
+    "like_reference.not_compared": lambda f: f"not compared with {f['like']}: {f['why']}",
+    "like_reference.same": lambda f: f"computes what {f['like']} computes with the same weights (max rel. diff {f['rel']:.2g})",
+    "like_reference.rotary_layout": lambda f: f"{f['like']}'s layer with its rotary pairs laid out the other way (here "
+                                    f"{f['rotary']['a']}, there {f['rotary']['b']}): not compared beyond that weight layout; "
+                                    f"the spec check reads the rest",
+    "like_reference.differs": lambda f: f"differs from {f['like']} with the same weights ({', '.join(f['differ']) or 'a finding'}; max rel. diff "
+                              f"{f['rel']:.2g})" + (f"; {f['first']}" if f.get("first") else "")
+                              + ("" if f.get("first") or not f.get("findings") else f"; {f['findings'][0]}"),
+})

@@ -1,0 +1,85 @@
+"""What a block is declared to be: --expect KEY=VALUE claims, and --like hf:TYPE, whose own layer is built at the
+same sizes and read the same way (no table of config fields to keep in sync), and compared with weights carried."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from tblock_cli.errors import ConfigError, TBlockError, one_line
+from tblock_cli.spec.card import Card, Claim, claims_from_card, parse_expect
+
+# The size flags the --like reference is built at: the block under test's own, so only what the config says differs.
+SIZES = ("d_model", "n_heads", "d_ff", "seq", "batch", "seed", "device", "threads")
+
+
+@dataclass(frozen=True)
+class Declaration:
+    """Every claim about the block, the reference card they came from, and the reference comparison (check --like)."""
+
+    claims: tuple[Claim, ...] = ()
+    like: str | None = None
+    reference: Card | None = None
+    compared: object = None  # a comparing CompareReport of the block against the --like layer, weights carried
+    compare_error: str | None = None  # why that comparison could not run
+
+    @property
+    def empty(self) -> bool:
+        return not self.claims and self.like is None
+
+
+def validate(like, like_kwargs, expect) -> tuple[tuple[Claim, ...], dict | None]:
+    """The declaration flags judged without torch: --like names an hf: layer, --like-kwargs is a JSON object,
+    every --expect is KEY=VALUE with a known key."""
+    if like is not None:
+        if not isinstance(like, str) or not like.startswith("hf:") or len(like) <= 3:
+            raise ConfigError(f"--like takes hf:TYPE (a Hugging Face layer, e.g. hf:llama), got {like!r}")
+    kwargs = None
+    if like_kwargs is not None:
+        if like is None:
+            raise ConfigError("--like-kwargs applies with --like hf:TYPE")
+        if isinstance(like_kwargs, dict):
+            kwargs = like_kwargs
+        else:
+            try:
+                kwargs = json.loads(like_kwargs)
+            except (TypeError, ValueError):
+                raise ConfigError(f"--like-kwargs must be a JSON object, got {like_kwargs!r}") from None
+            if not isinstance(kwargs, dict):
+                raise ConfigError(f"--like-kwargs must be a JSON object, got {like_kwargs!r}")
+    return parse_expect(expect), kwargs
+
+
+def reference_options(cfg) -> dict:
+    """The --like layer's size flags: the block under test's, as resolved (a width inferred from the block too)."""
+    d = cfg.as_dict()
+    return {k: d[k] for k in SIZES if d.get(k) is not None}
+
+
+def declare(like, like_kwargs, expect, cfg, setup, *, compare_with=None, kwargs=None, progress=None) -> Declaration:
+    """Claims from --expect and from the --like layer's card; with compare_with (the block under test as compare's
+    side A takes it, and kwargs its --kwargs), also the comparison against that layer with the block's weights carried
+    to it."""
+    from tblock_cli.spec.read import read_card
+
+    claims, reference_kwargs = validate(like, like_kwargs, expect)
+    if like is None:
+        return Declaration(claims)
+    options = reference_options(cfg)
+    s = setup(like, {**options, **({"kwargs": reference_kwargs} if reference_kwargs else {})})
+    reference = read_card(s.make(), s.cfg, s.device)
+    source = f"--like {like}"
+    compared = error = None
+    if compare_with is not None:
+        if progress is not None:
+            progress("like: comparing with weights carried")
+        from tblock_cli.comparing.run import run_compare
+
+        try:
+            compared = run_compare(compare_with, like, setup, options={k: v for k, v in options.items() if k != "threads"},
+                                   kwargs_a=kwargs or None, kwargs_b=reference_kwargs)
+        except TBlockError as e:
+            error = str(e)
+        except Exception as e:  # noqa: BLE001 - the block under test raised while compared: said in the check
+            error = one_line(e)
+    return Declaration(claims_from_card(reference, source) + claims, like, reference, compared, error)

@@ -1,0 +1,10 @@
+"""Spec readers: the moe entries of the card."""
+
+from __future__ import annotations
+
+from tblock_cli.spec.card import Entry
+from tblock_cli.spec.probe import Probe
+
+
+def read(probe: Probe) -> list[Entry]:
+    return []

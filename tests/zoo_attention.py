@@ -1,0 +1,105 @@
+"""Planted bugs the attention check catches: the softmax over the wrong axis, scores unscaled or scaled twice, a masked
+diagonal, no softmax at all; and an attention-only block."""
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from zoo_correct import HandSoftmax, LlamaBlock, OpaqueNames, QKNorm, allowed_mask, heads, merge
+
+
+class SoftmaxOverQueries(LlamaBlock):
+    """Attention normalised over the query axis: each key's weights sum to 1, so the future leaks."""
+
+    def attention(self, h, pad_mask):
+        B, T, C = h.shape
+        q, k, v = (p(h).view(B, T, self.n_heads, C // self.n_heads).transpose(1, 2) for p in (self.q_proj, self.k_proj, self.v_proj))
+        scores = q @ k.transpose(-2, -1) / math.sqrt(C // self.n_heads)
+        scores = scores.masked_fill(torch.ones(T, T, dtype=torch.bool, device=h.device).triu(1), float("-inf"))
+        w = scores.softmax(dim=-2).nan_to_num(0.0)  # bug: softmax over queries, not keys
+        return self.o_proj((w @ v).transpose(1, 2).reshape(B, T, C))
+
+
+class AttentionOnly(nn.Module):
+    """A residual attention layer and no FFN: params must omit the FFN share, with a note."""
+
+    def __init__(self, d_model=64, n_heads=4):
+        super().__init__()
+        self.norm = nn.LayerNorm(d_model)
+        self.attn = nn.MultiheadAttention(d_model, n_heads, batch_first=True)
+
+    def forward(self, x, key_padding_mask=None):
+        h = self.norm(x)
+        return x + self.attn(h, h, h, key_padding_mask=key_padding_mask, need_weights=False)[0]
+
+
+class Unscaled(HandSoftmax):
+    def scores(self, q, k):
+        return q @ k.transpose(-2, -1)  # bug: no 1/sqrt(d_head)
+
+
+class UnscaledSDPA(OpaqueNames):
+    def forward(self, x, pad_mask=None):
+        h = self.n1(x)
+        q, k, v = heads(self.w_a(h), self.n), heads(self.w_b(h), self.n), heads(self.w_c(h), self.n)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed_mask(x.shape[1], x.device, self.causal, pad_mask), scale=1.0)  # bug
+        x = x + self.w_d(merge(y))
+        return x + self.g(F.gelu(self.f(self.n2(x))))
+
+
+class UnscaledQKNorm(QKNorm):
+    def attention(self, h, pad_mask):
+        B, T, C = h.shape
+        q, k, v = (heads(p(h), self.n_heads) for p in (self.q_proj, self.k_proj, self.v_proj))
+        q, k = self.q_norm(q), self.k_norm(k)
+        s = (q @ k.transpose(-2, -1)).masked_fill(~allowed_mask(T, h.device, self.causal, pad_mask), float("-inf"))  # bug: no scale
+        return self.o_proj(merge(s.softmax(-1) @ v))
+
+
+class SoftmaxQueryAxisBidirectional(HandSoftmax):
+    def attend(self, h, mask):
+        q, k, v = (heads(t, self.n) for t in self.qkv(h).chunk(3, dim=-1))
+        s = self.scores(q, k).masked_fill(~allowed_mask(h.shape[1], h.device, self.causal, mask), float("-inf"))
+        return merge(s.softmax(dim=-2).nan_to_num(0.0) @ v)  # bug: normalised over the queries
+
+
+class DiagonalMasked(HandSoftmax):
+    """Causal mask from triu(0): no token sees itself; the first row is empty and zeroed."""
+
+    def attend(self, h, mask):
+        q, k, v = (heads(t, self.n) for t in self.qkv(h).chunk(3, dim=-1))
+        T = h.shape[1]
+        s = self.scores(q, k).masked_fill(torch.ones(T, T, dtype=torch.bool, device=h.device).triu(0), float("-inf"))  # bug
+        return merge(s.softmax(dim=-1).nan_to_num(0.0) @ v)
+
+
+class ScaledByDModel(HandSoftmax):
+    def scores(self, q, k):
+        return q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1] * self.n)  # bug: 1/sqrt(d_model), not 1/sqrt(d_head)
+
+
+class ScaledTwice(OpaqueNames):
+    def forward(self, x, pad_mask=None):
+        h = self.n1(x)
+        q, k, v = heads(self.w_a(h), self.n), heads(self.w_b(h), self.n), heads(self.w_c(h), self.n)
+        q = q / math.sqrt(q.shape[-1])  # bug: SDPA scales by 1/sqrt(d_head) again
+        x = x + self.w_d(merge(F.scaled_dot_product_attention(q, k, v, attn_mask=allowed_mask(x.shape[1], x.device, self.causal, pad_mask))))
+        return x + self.g(F.gelu(self.f(self.n2(x))))
+
+
+class ManualSoftmax(HandSoftmax):
+    """Correct: softmax written out as exp / sum (with the max subtracted), not torch.softmax."""
+
+    def attend(self, h, mask):
+        q, k, v = (heads(t, self.n) for t in self.qkv(h).chunk(3, dim=-1))
+        s = self.scores(q, k).masked_fill(~allowed_mask(h.shape[1], h.device, self.causal, mask), float("-inf"))
+        e = torch.exp(s - s.amax(-1, keepdim=True))
+        return merge((e / e.sum(-1, keepdim=True)) @ v)
+
+
+class NoSoftmax(HandSoftmax):
+    def attend(self, h, mask):
+        q, k, v = (heads(t, self.n) for t in self.qkv(h).chunk(3, dim=-1))
+        s = self.scores(q, k).masked_fill(~allowed_mask(h.shape[1], h.device, self.causal, mask), 0.0)
+        return merge(s @ v)  # bug: the scores weight the values with no softmax
