@@ -3,6 +3,7 @@ and every parameter still gets a gradient when the input requires none."""
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 import warnings
@@ -96,6 +97,8 @@ def _switched_on(module: nn.Module):
     modules = all_modules(module)
     hf = next((m for m in modules if getattr(m, "supports_gradient_checkpointing", False)
                and callable(getattr(m, "activation_checkpointing_enable", getattr(m, "gradient_checkpointing_enable", None)))), None)
+    if hf is not None or any(isinstance(getattr(m, "gradient_checkpointing", None), bool) for m in modules):
+        from torch.utils.checkpoint import checkpoint  # the block's own switch calls it: its cost is the block's
     if hf is not None:
         enable = getattr(hf, "activation_checkpointing_enable", None) or hf.gradient_checkpointing_enable
         disable = getattr(hf, "activation_checkpointing_disable", None) or hf.gradient_checkpointing_disable
@@ -107,13 +110,19 @@ def _switched_on(module: nn.Module):
         return
     flags = [(m, k) for m in modules for k in SWITCHES if isinstance(getattr(m, k, None), bool)]
     was = [(m, k, getattr(m, k)) for m, k in flags]
+    # A Hugging Face layer reached without its model (a vision encoder's) calls the function its model would set
+    funcs = [m for m, k in flags if k == "gradient_checkpointing" and not hasattr(m, "_gradient_checkpointing_func")]
     for m, k in flags:
         setattr(m, k, True)
+    for m in funcs:
+        m._gradient_checkpointing_func = functools.partial(checkpoint, use_reentrant=False)
     try:
         yield f"{flags[0][1]} = True" if flags else None
     finally:
         for m, k, v in was:
             setattr(m, k, v)
+        for m in funcs:
+            del m._gradient_checkpointing_func
 
 
 def check_checkpointing(ctx: Context) -> Outcome:

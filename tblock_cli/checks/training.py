@@ -38,7 +38,7 @@ TIE_MIN_NUMEL = 16
 TIE_DISTINCT = 0.5
 # The training-time checks copy, rebuild or difference the whole block several times over: at a 7B-size layer (202M
 # parameters) that is gigabytes and tens of seconds, past the battery's budget there (docs/performance.md). Above this
-# many parameters they skip and say so; the hidden bugs they look for show at any width.
+# many parameters they skip and say so; the bugs they look for show at any width.
 LARGE_PARAMS = 50_000_000
 
 
