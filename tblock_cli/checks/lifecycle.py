@@ -38,12 +38,13 @@ def roots(module: nn.Module) -> list[nn.Module]:
 
 
 def named_state(module: nn.Module, kind: str) -> dict[str, torch.Tensor]:
-    """Every parameter (kind 'params') or buffer ('buffers', persistent or not) of the module and its roots, by name."""
+    """Every parameter (kind 'params'), buffer ('buffers', persistent or not) or saved tensor ('saved': the
+    state_dict's) of the module and its roots, by name (a root after the first prefixed with its class)."""
     out = {}
     for i, root in enumerate(roots(module)):
         prefix = "" if i == 0 else f"<{type(root).__name__}>."
-        items = root.named_parameters() if kind == "params" else root.named_buffers()
-        for n, t in items:
+        items = {"params": root.named_parameters, "buffers": root.named_buffers, "saved": root.state_dict}[kind]()
+        for n, t in items.items() if kind == "saved" else items:
             out.setdefault(prefix + n, t)
     return out
 
@@ -135,8 +136,7 @@ def check_meta_init(ctx: Context) -> Outcome:
     # build: the subject's own buffers may have moved in its forwards (a data-dependent init, running statistics).
     normal = rebuild(ctx.cfg.seed, "cpu").to(ctx.device)
     want, got = named_state(normal, "buffers"), named_state(meta, "buffers")
-    saved = {k for r in roots(normal) for k in r.state_dict()} | {f"<{type(r).__name__}>.{k}" for r in roots(normal)[1:]
-                                                                   for k in r.state_dict()}
+    saved = named_state(normal, "saved")
     wrong = sorted(n for n, b in want.items() if n in got and not _same(got[n], b, ctx.tol))
     if wrong:  # a buffer drawn at random differs between two normal builds too: only its being set is asked
         other = named_state(rebuild(ctx.cfg.seed + 1, "cpu").to(ctx.device), "buffers")
@@ -159,7 +159,7 @@ def check_meta_init(ctx: Context) -> Outcome:
             raise
         return failed("meta_init.forward_raises", None, error=one_line(e), buffers=wrong, init=ran)
     facts = {"buffers": wrong, "checked": len(want), "diff": diff, "limit": ctx.tol, "init": ran,
-             "params_unset": unset, "persistent_unset": persistent}
+             "persistent_unset": persistent}
     if wrong:
         return failed("meta_init.buffers", f"{len(wrong)}/{len(want)} buffers", **facts)
     if diff > ctx.tol:
