@@ -242,3 +242,18 @@ def test_adamw_first_step_is_torchs():
     adamw_first_step(list(b.parameters()), 1e-3)
     for p, q in zip(a.parameters(), b.parameters()):
         assert torch.allclose(p, q, atol=1e-7, rtol=0)
+
+
+def test_state_dict_leaves_a_zero_dim_scale_and_a_per_call_mask_alone():
+    class Scaled(nn.Module):
+        def __init__(self, d_model=32, n_heads=4):
+            super().__init__()
+            self.lin = nn.Linear(d_model, d_model)
+            self.scale = torch.tensor(0.5)  # 0-dim: mixes with any device and dtype
+
+        def forward(self, x):
+            self.mask = torch.ones_like(x)  # assigned and read within the call: scratch, not state
+            return x + self.lin(x) * self.scale * self.mask
+
+    r = tblock_cli.check(Scaled, d_model=32, n_heads=4, only=("state_dict",))
+    assert r.checks[0].kind == "state_dict.round_trip" and not r.checks[0].facts["plain_tensors"], r.checks[0]

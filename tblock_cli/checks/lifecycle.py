@@ -226,7 +226,8 @@ def check_state_dict(ctx: Context) -> Outcome:
     reads = _Reads()
     with reads, train_mode(module, False), torch.no_grad():
         ctx.subject(x.clone())
-    read_plain = sorted(n for n, t in held.items() if id(t) in reads.ids)
+    # a 0-dim tensor (a scale kept as torch.tensor(0.125)) mixes with tensors on any device and of any float dtype
+    read_plain = sorted(n for n, t in held.items() if id(t) in reads.ids and t.dim() > 0)
     hidden = hidden_params(module)
     ctx.step("state_dict into a fresh instance")
     if ctx.subject.rebuild is not None:
