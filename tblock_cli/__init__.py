@@ -7,7 +7,7 @@ each function imports it when called.
     tblock_cli.assert_ok(tblock_cli.check(MyBlock(), d_model=64))
 """
 
-__version__ = "0.2.0"
+__version__ = "0.4.0"
 
 from tblock_cli.api import assert_ok, bench, check, compare, depth, params, spec  # noqa: E402 - after __version__, which cli reads
 

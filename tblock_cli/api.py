@@ -8,12 +8,40 @@ torch is imported when a function runs, not with this module.
 
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
 from tblock_cli import options as rules
 from tblock_cli.errors import ConfigError
 
+# The seed torch's default generator starts from when torch is imported (c10's default_rng_seed_val).
+TORCH_START_SEED = 67280421310721
 
+
+def keeps_rng(api_function: Callable) -> Callable:
+    """torch's global random state as the caller had it, after: tblock seeds its weights and inputs for repeatable
+    runs, never the caller's stream. A caller that has not imported torch yet gets it at its starting state (the
+    option rules run before torch is imported, so a bad option still answers in a blink). functools.wraps keeps the
+    real signature for help() and IDEs."""
+    @functools.wraps(api_function)
+    def kept(*args, **kwargs):
+        import sys
+
+        if "torch" in sys.modules:
+            from tblock_cli.runtime import kept_rng
+
+            with kept_rng():
+                return api_function(*args, **kwargs)
+        try:
+            return api_function(*args, **kwargs)
+        finally:
+            torch = sys.modules.get("torch")
+            if torch is not None:
+                torch.random.default_generator.manual_seed(TORCH_START_SEED)
+    return kept
+
+
+@keeps_rng
 def check(block=None, *, strict: bool = False, progress: Callable[[str, str | None], None] | None = None,
           only=None, skip=None, fast: bool = False, tp: int | None = None, fsdp: int | None = None,
           tp_plan: str | None = None, like: str | None = None, like_kwargs=None, expect=None, **options):
@@ -51,6 +79,7 @@ def check(block=None, *, strict: bool = False, progress: Callable[[str, str | No
                           declaration=declaration)
 
 
+@keeps_rng
 def spec(block=None, *, like: str | None = None, like_kwargs=None, expect=None,
          progress: Callable[[str], None] | None = None, **options):
     """The block's spec card: what it computes (rotary base and dims, score scale, soft-cap, activation, eps, residual
@@ -76,6 +105,7 @@ def spec(block=None, *, like: str | None = None, like_kwargs=None, expect=None,
         return SpecReport(card, judge(card, declaration.claims), declaration.reference, like, s.run(subject, **declared))
 
 
+@keeps_rng
 def params(block=None, *, tree_depth: int | None = None, **options):
     """Parameters, bytes and FLOPs per component by dataflow role (tree_depth=N: rows from the module tree); a ParamReport."""
     rules.params(block, options, tree_depth=tree_depth)
@@ -95,7 +125,8 @@ def params(block=None, *, tree_depth: int | None = None, **options):
         return param_report(subject, s.cfg, s.dtype, tree_depth, run=s.run(subject, tree_depth=tree_depth))
 
 
-def bench(block=None, *, seq=(128, 512), need_weights: bool = False, mode: str = "both", baseline: str | None = None,
+@keeps_rng
+def bench(block=None, *, seq=None, need_weights: bool = False, mode: str | None = None, baseline: str | None = None,
           min_time: float = 0.5, decode: int | None = None, breakdown: bool = False, compare_with: dict | None = None,
           progress: Callable[[str, int, int], None] | None = None, tp: int | None = None, tp_plan: str | None = None,
           **options):
@@ -103,10 +134,11 @@ def bench(block=None, *, seq=(128, 512), need_weights: bool = False, mode: str =
 
     decode=N also generates N tokens after a seq[0]-token prompt, with the block's KV cache and by
     recomputing the prefix (the built-in block is then causal); compare_with is a saved run's dict.
+    seq None: 128 and 512 (bench --tp: 128); mode None: both (bench --tp: train, the only mode it times).
     """
-    seqs = rules.bench(block, options, seq=seq, need_weights=need_weights, mode=mode, baseline=baseline,
-                       min_time=min_time, decode=decode, breakdown=breakdown, compare_with=compare_with,
-                       progress=progress, tp=tp, tp_plan=tp_plan)
+    seqs, mode = rules.bench(block, options, seq=seq, need_weights=need_weights, mode=mode, baseline=baseline,
+                             min_time=min_time, decode=decode, breakdown=breakdown, compare_with=compare_with,
+                             progress=progress, tp=tp, tp_plan=tp_plan)
     from tblock_cli import runtime
     from tblock_cli.benchmark.run import run_bench
     from tblock_cli.benchmark.saved import config_mismatch
@@ -175,6 +207,7 @@ def save_report(report, path: str) -> None:
         raise ConfigError(f"--save {path}: cannot write it: {e.strerror or e}") from None
 
 
+@keeps_rng
 def depth(block=None, *, compare: bool = False, strict: bool = False, **options):
     """A stack of `layers` blocks at init: per-layer scale, gradients, residual gain, detected norm placement; a
     DepthReport (compare=True: the built-in pre, post and mixed stacks side by side, a DepthComparison)."""
@@ -194,11 +227,13 @@ def depth(block=None, *, compare: bool = False, strict: bool = False, **options)
     return DepthComparison(tuple(reports)) if compare else reports[0]
 
 
+@keeps_rng
 def compare(a=None, b=None, *, kwargs_a=None, kwargs_b=None, dtype_b: str | None = None, compile: bool = False,
             backend: str | None = None, atol: float | None = None, rtol: float | None = None,
             map_file: str | None = None, **options):
-    """Two implementations of one block (SPECs, modules, or None / "builtin" for the built-in block) with A's
-    weights carried to B: outputs, gradients and decoding compared, the first differing role output named.
+    """Two implementations of one block (SPECs, modules, or "builtin" for the built-in block; A may also be None)
+    with A's weights carried to B; B is None only with compile=True: outputs, gradients and decoding compared, the
+    first differing role output named.
     Options: the shared size flags, kwargs_a, kwargs_b, dtype_b, atol, rtol, map_file; compile=True holds A
     against torch.compile(A), on backend= inductor, aot_eager or eager. Returns a CompareReport: `.ok`, `.findings`, `.to_dict()`."""
     rules.compare(a, b, options, kwargs_a=kwargs_a, kwargs_b=kwargs_b, dtype_b=dtype_b, compile=compile,

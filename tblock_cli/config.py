@@ -125,8 +125,8 @@ SOURCE_FLAGS: dict[str, Flag] = {
     "preset": Flag("A well-known shape (see `tblock params --list-presets`); explicit flags override it.", type=str,
                    default_text=""),
     "block": Flag("Your own block: package.module:NAME, path/to/file.py:NAME (a class or a factory), or hf:TYPE (a "
-                  "Hugging Face layer, e.g. hf:llama).", type=str, default_text=""),
-    "kwargs": Flag("More constructor keywords for --block, as a JSON object.", type=str, default_text=""),
+                  "Hugging Face layer, e.g. hf:llama).", type=str, default_text="", commands=LOADS),
+    "kwargs": Flag("More constructor keywords for --block, as a JSON object.", type=str, default_text="", commands=LOADS),
 }
 # Every config field's flag, by name, in declaration order.
 FLAGS: dict[str, Flag] = {f.name: f.metadata["flag"] for f in dataclasses.fields(BlockConfig) if "flag" in f.metadata}

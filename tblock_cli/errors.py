@@ -1,5 +1,11 @@
 """The one exception family that carries a user's mistake to the CLI edge as an exit code."""
 
+import contextlib
+import os
+
+# The process's own exit, kept before anything can replace it: `interrupted` and forked children end through it.
+_REAL_EXIT = os._exit
+
 
 class TBlockError(Exception):
     """A problem the user can fix; `cli.py` prints its message on one line and exits `exit_code`."""
@@ -27,6 +33,29 @@ class MeasureError(TBlockError):
     """The block raised while being measured (bench, depth, params of a user block): a failure, exit 1."""
 
     exit_code = 1
+
+
+class BlockExited(MeasureError):
+    """The user's code called os._exit() while tblock ran it: reported as a failure instead of ending tblock."""
+
+
+@contextlib.contextmanager
+def exits_guarded():
+    """os._exit raises BlockExited for a while in this process (a block calling it in its forward or at import would
+    otherwise end tblock with its code, 0 included, and nothing printed; no atexit hook runs on os._exit). A forked
+    child (a rank, a compile worker) still ends through the real one."""
+    pid = os.getpid()
+
+    def guarded(code=0):
+        if os.getpid() != pid:
+            _REAL_EXIT(code)
+        raise BlockExited(f"the block called os._exit({code}), which would have ended tblock; a block must return")
+
+    os._exit = guarded
+    try:
+        yield
+    finally:
+        os._exit = _REAL_EXIT
 
 
 # What a user's block may raise that tblock reports instead of dying: any Exception, and SystemExit (a block
@@ -77,7 +106,7 @@ def interrupted(*_) -> None:
     try:
         os.write(STDERR_FD[0], b"interrupted\n")
     finally:
-        os._exit(130)
+        _REAL_EXIT(130)
 
 
 def on_interrupt() -> None:

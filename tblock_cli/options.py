@@ -125,12 +125,31 @@ def parse_seqs(seq) -> list[int]:
     return sorted(set(seqs))
 
 
+# What bench sweeps when --seq and --mode are not given (bench --tp: the first sequence length, train mode only).
+SEQ_DEFAULT = "128,512"
+MODE_DEFAULT = "both"
+
+
+def bench_defaults(seq, mode, tp: int | None) -> tuple[object, str]:
+    """--seq and --mode as given, or their defaults. bench --tp times one train step (forward + backward) at one
+    length: a second --seq or another --mode would be ignored, so it is refused instead."""
+    if tp is not None:
+        if seq is not None and len(parse_seqs(seq)) > 1:
+            raise ConfigError(f"bench --tp times one sequence length; give one --seq, got {seq!r}")
+        if mode is not None and mode != "train":
+            raise ConfigError(f"bench --tp times the train step (forward + backward) alone; drop --mode {mode} "
+                              f"(or give --mode train)")
+        return (seq if seq is not None else SEQ_DEFAULT.split(",")[0]), "train"
+    return (seq if seq is not None else SEQ_DEFAULT), (mode if mode is not None else MODE_DEFAULT)
+
+
 def bench(block, options: dict, *, seq, need_weights, mode, baseline, min_time, decode, breakdown, compare_with,
-          progress, tp, tp_plan) -> list[int]:
-    """tblock bench's options; the sequence lengths to sweep, sorted."""
+          progress, tp, tp_plan) -> tuple[list[int], str]:
+    """tblock bench's options; the sequence lengths to sweep, sorted, and the mode (defaults filled in)."""
     check_options(locals(), need_weights=bool, mode=str, baseline=str, min_time=float, decode=int, breakdown=bool,
                   compare_with=dict, progress=Callable, tp=int, tp_plan=str)
     shared(block, options)
+    seq, mode = bench_defaults(seq, mode, tp)
     seqs = parse_seqs(seq)
     if mode not in ("infer", "train", "both"):
         raise ConfigError(f"--mode must be infer, train or both, got {mode!r}")
@@ -153,7 +172,7 @@ def bench(block, options: dict, *, seq, need_weights, mode, baseline, min_time, 
                                  ("--compare", compare_with is not None), ("--need-weights", need_weights)) if on]
         if given:
             raise ConfigError(f"bench --tp times the sharded forward + backward alone; drop {', '.join(given)}")
-    return seqs
+    return seqs, mode
 
 
 def depth(block, options: dict, *, compare, strict) -> None:
@@ -179,18 +198,39 @@ def compare(a, b, options: dict, *, kwargs_a, kwargs_b, dtype_b, compile, backen
     check_options({"compile": compile, "dtype_b": dtype_b, "backend": backend, "atol": atol, "rtol": rtol,
                    "map_file": map_file}, compile=bool, dtype_b=str, backend=str, atol=float, rtol=float, map_file=str)
     shared(a, {k: v for k, v in options.items() if k != "kwargs"})
-    if dtype_b is not None:
-        check_values({"dtype": dtype_b})
-    for name, kwargs in (("--kwargs-a", kwargs_a), ("--kwargs-b", kwargs_b)):
-        if kwargs is not None and not isinstance(kwargs, (str, dict)):
-            raise ConfigError(f"{name} must be a dict or a JSON object string")
-        if isinstance(kwargs, str):
-            parse_kwargs(kwargs)
-    if (atol is not None and atol < 0) or (rtol is not None and rtol < 0):
-        raise ConfigError("--atol and --rtol must be >= 0")
+    side_options(kwargs_a, kwargs_b, dtype_b)
+    for flag, tol in (("--atol", atol), ("--rtol", rtol)):
+        if tol is None:
+            continue
+        if not math.isfinite(tol):  # inf passes every difference; NaN compares False with all: both judge nothing
+            raise ConfigError(f"{flag} must be a finite number, got {tol}")
+        if tol < 0:
+            raise ConfigError(f"{flag} must be >= 0, got {tol}")
     check_backend(backend, compile)
     if compile:
         if b is not None or dtype_b or kwargs_b or map_file:
             raise ConfigError("--compile compares A with torch.compile(A): drop B, --kwargs-b, --dtype-b and --map")
-    elif b is None:
-        raise ConfigError("compare needs two blocks (A B; builtin names the built-in block), or --compile")
+    elif b is None:  # the built-in block is named "builtin": a forgotten B must not become one silently
+        raise ConfigError('compare needs two blocks: B is missing (give "builtin" for the built-in block, or '
+                          'compile=True / --compile to hold A against torch.compile(A))')
+
+
+def side_options(kwargs_a, kwargs_b, dtype_b) -> None:
+    """--kwargs-a, --kwargs-b and --dtype-b judged under their own names (setup would name --kwargs and --dtype)."""
+    import json
+
+    from tblock_cli.config import DTYPES
+
+    for flag, text in (("--kwargs-a", kwargs_a), ("--kwargs-b", kwargs_b)):
+        if text is None or isinstance(text, dict):
+            continue
+        if not isinstance(text, str):
+            raise ConfigError(f"{flag} must be a JSON object string (or a dict), got {type(text).__name__}")
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{flag} is not valid JSON: {e.msg} (at character {e.pos})") from None
+        if not isinstance(value, dict):
+            raise ConfigError(f"{flag} must be a JSON object, e.g. '{{\"norm_first\": true}}'")
+    if dtype_b is not None and dtype_b not in DTYPES:
+        raise ConfigError(f"--dtype-b must be one of {', '.join(DTYPES)}, got {dtype_b!r}")

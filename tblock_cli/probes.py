@@ -75,6 +75,59 @@ def train_mode(module: nn.Module, on: bool):
         yield
 
 
+@contextmanager
+def _dropouts(module: nn.Module, for_module, for_attribute, configs: bool = False):
+    """Dropout probabilities set for a while (modules' p, float attributes named *drop*), put back after; yields how
+    many changed. for_module(p) / for_attribute(value): the new value, or None to leave it. configs: also the float
+    *drop* fields of a module's `config` object, which Hugging Face layers read at call time (falcon's
+    `self.config.hidden_dropout`, persimmon's `self.config.attention_dropout`)."""
+    changes = []
+    holders = list(module.modules())
+    if configs:
+        seen = set()
+        for m in module.modules():
+            c = vars(m).get("config")
+            if c is not None and not isinstance(c, nn.Module) and hasattr(c, "__dict__") and id(c) not in seen:
+                seen.add(id(c))
+                holders.append(c)
+    try:
+        for m in holders:
+            if isinstance(m, nn.modules.dropout._DropoutNd):
+                found = [("p", m.p, for_module(m.p))]
+            else:
+                found = [(k, v, for_attribute(v)) for k, v in list(vars(m).items()) if "drop" in k.lower()]
+            for key, old, new in found:
+                if new is not None:
+                    changes.append((m, key, old))
+                    setattr(m, key, new)
+        yield len(changes)
+    finally:
+        for m, key, old in reversed(changes):
+            setattr(m, key, old)
+
+
+def zero_dropout(module: nn.Module):
+    """Every dropout probability inside set to 0 for a while (modules, MHA's, float attributes named *drop*, and
+    those of a config the modules keep)."""
+    return _dropouts(module, lambda p: 0.0, lambda v: 0.0 if isinstance(v, float) and 0 < v < 1 else None, configs=True)
+
+
+def raise_dropout(module: nn.Module, p: float = 0.1):
+    """Every dropout probability that is 0 set to p for a while (modules, float attributes named *drop*). A block
+    built without dropout cannot show dropout left on in eval; raised, it can."""
+    return _dropouts(module, lambda q: p if q == 0 else None, lambda v: p if type(v) is float and v == 0.0 else None)
+
+
+@contextmanager
+def same_draws(device: torch.device, seed: int = 0):
+    """torch's random stream (CPU, and the device's) seeded for a while and put back after: two forwards run under it
+    draw the same dropout masks, and the caller's own stream is left where it was."""
+    devices = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        yield
+
+
 def f64(t: torch.Tensor) -> torch.Tensor:
     """A float64 copy on the CPU, where every comparison is made (MPS has no float64)."""
     return t.detach().to(device="cpu", dtype=torch.float64)

@@ -63,6 +63,15 @@ def session(threads: int | None, module: torch.nn.Module | None = None):
             torch.set_num_threads(was)
 
 
+@contextmanager
+def kept_rng():
+    """torch's global random state (CPU, and every CUDA device already in use) as the caller left it, after: tblock
+    seeds weights and inputs for repeatable runs, and must not re-seed the caller's stream."""
+    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
+    with torch.random.fork_rng(devices=devices):
+        yield
+
+
 def placed(module: torch.nn.Module, device: torch.device, dtype: torch.dtype) -> bool:
     """Whether every floating parameter and buffer is already of this device and dtype (moving would change nothing)."""
     tensors = [*module.parameters(), *module.buffers()]

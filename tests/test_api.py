@@ -142,7 +142,7 @@ def test_the_package_exports_the_api_functions_with_their_real_keywords():
     ("params(tree_depth=0)", "--tree-depth must be >= 1"),
     ("check(tp_plan='plan.json')", "--tp-plan needs --tp"),
     ("bench(mode='fast')", "--mode must be"),
-    ("compare('builtin', 'builtin', atol=-1.0)", "--atol and --rtol"),
+    ("compare('builtin', 'builtin', atol=-1.0)", "--atol must be >= 0"),
     ("compare('builtin', 'builtin', backend='inductor')", "needs --compile"),
     ("depth(compare=True, norm='pre')", "drop --norm"),
     ("check(d_model=100, n_heads=8)", "not divisible"),

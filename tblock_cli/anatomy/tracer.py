@@ -190,6 +190,9 @@ class Tracer(TorchFunctionMode):
                 self.put(out, self.union((self.get(t) for t in acts), NONLINEAR))
         elif name in SOFTMAX:
             self.softmax(args, kwargs, out, ins)
+        elif name == "baddbmm" and baddbmm_operands(args, kwargs) is not None:
+            b1, b2, alpha = baddbmm_operands(args, kwargs)  # input + alpha * b1 @ b2: the q.k part is b1 @ b2 alone
+            self.matmul(name, args, [b1, b2], out, product=(b1.detach() @ b2.detach()) * alpha)
         elif name in MATMULS and len(acts) >= 2:
             self.matmul(name, args, acts, out)
         elif name in ACTIVATIONS:
@@ -228,7 +231,8 @@ class Tracer(TorchFunctionMode):
         if self.capture:
             self.captured[len(self.attention)] = {"logits": logits.detach().double().cpu(), "product": product}
 
-    def matmul(self, name, args, acts, out):
+    def matmul(self, name, args, acts, out, product: torch.Tensor | None = None):
+        """product: the q.k part of out, where out adds more (baddbmm's input, bloom's ALiBi biases)."""
         a, b = acts[0], acts[1]
         probs = [k for k in self.get(a) if k in self.probs] + [k for k in self.get(b) if k in self.probs]
         if probs:  # the weighted sum: attention weights times values
@@ -246,7 +250,7 @@ class Tracer(TorchFunctionMode):
             self.weights_call(w, b if w is a else a, next(k for k in self.get(w) if k in self.scores), out)
             return
         marker = f"@scores{len(self.scores)}"
-        self.scores[marker] = (a, b, out)
+        self.scores[marker] = (a, b, out if product is None else product)
         self.put(out, {**self.union((self.get(a), self.get(b)), NONLINEAR), marker: 0})
 
     def weights_call(self, w: torch.Tensor, values: torch.Tensor, marker: str, out) -> None:
@@ -338,3 +342,13 @@ class Tracer(TorchFunctionMode):
         folded = abs(self.scalar.get(id(q), 1.0) * self.scalar.get(id(k), 1.0))
         note = "the q and k that reach the product" + (f" (a factor {folded:.4g} folded into them)" if folded != 1.0 else "")
         return logit_std * folded / (rq * rk), note
+
+
+def baddbmm_operands(args, kwargs):
+    """(batch1, batch2, alpha) of a baddbmm(input, batch1, batch2, beta=, alpha=) call, given by position or keyword."""
+    b1 = kwargs.get("batch1", args[1] if len(args) > 1 else None)
+    b2 = kwargs.get("batch2", args[2] if len(args) > 2 else None)
+    alpha = kwargs.get("alpha", 1)
+    if not (isinstance(b1, torch.Tensor) and isinstance(b2, torch.Tensor) and isinstance(alpha, (int, float))):
+        return None
+    return b1, b2, alpha

@@ -91,7 +91,8 @@ class Comparison:
 
     @property
     def inconclusive(self) -> bool:
-        return bool(self.noisy)
+        """Noisy, and not so far apart that the noise could not explain it (then slower or faster stands)."""
+        return bool(self.noisy) and not (self.slower or self.faster)
 
 
 @dataclass(frozen=True)

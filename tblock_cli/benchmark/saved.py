@@ -112,12 +112,18 @@ def ensure_save_target(path: str, flag: str = "--save") -> None:
                           f"(give a new file name, or remove it first)")
 
 
+# A noisy point still gets a latency verdict when every sample of one run is this many times every sample of the
+# other: contention from other work slowed bench's samples by at most 5x on a 2-core machine with 8 busy processes
+# beside it (each gets 2/10 of the cores), so 10x is beyond what load can do.
+CLEAR_FACTOR = 10.0
+
+
 def compare(report, saved: dict) -> list:
     """Each point of this run against the same point of a saved (validated) one.
 
     A point whose samples were noisy in either run gets no latency verdict (inconclusive): a median
-    taken while other work competed for the cores says nothing about the code. Memory is exact and
-    is judged regardless.
+    taken while other work competed for the cores says nothing about the code, unless the two runs'
+    samples are CLEAR_FACTOR apart. Memory is exact and is judged regardless.
     """
     from tblock_cli.benchmark.report import MEMORY_GROWTH_MAX, SLOWER_MIN, Comparison
     from tblock_cli.benchmark.timing import Latency
@@ -132,10 +138,15 @@ def compare(report, saved: dict) -> list:
         if o is None:
             continue
         then = Latency(tuple(s / 1e3 for s in o["latency_ms"]["samples"]), o["latency_ms"].get("number_per_sample", 1))
-        saved_noisy = then.noisy or o["latency_ms"].get("noisy") is True  # as judged then, or from its samples now
+        judged = o["latency_ms"].get("noisy")
+        saved_noisy = judged if isinstance(judged, bool) else then.noisy  # as judged then; from its samples if not saved
         noisy = tuple(who for who, was in (("this run", r.latency.noisy), ("the saved run", saved_noisy)) if was and r.mode != "decode")
         ratio = r.latency.median / then.median if then.median else None
-        apart = r.latency.differs_from(then) and not noisy
+        # Noise widens the quartiles but cannot move every sample of one run past every sample of the other by
+        # CLEAR_FACTOR: such a difference is the code's, however noisy either run was.
+        clear = bool(noisy) and (min(r.latency.samples) > CLEAR_FACTOR * max(then.samples)
+                                 or max(r.latency.samples) * CLEAR_FACTOR < min(then.samples))
+        apart = r.latency.differs_from(then) and (not noisy or clear)
         delta = r.peak_bytes - o["peak_bytes"] if r.peak_bytes >= 0 and o.get("peak_bytes", -1) >= 0 else None
         grew = delta is not None and o["peak_bytes"] > 0 and delta / o["peak_bytes"] > MEMORY_GROWTH_MAX
         out.append(Comparison(r.key, point_label(r.key), ratio, apart and ratio is not None and ratio > 1 + SLOWER_MIN,

@@ -117,12 +117,22 @@ def check_names(names, flag: str) -> tuple[str, ...]:
 
 
 def select(only=None, skip=None, fast: bool = False) -> tuple[str, ...] | None:
-    """The checks to run: --only NAMES, minus --skip NAMES, minus the slow ones under --fast (None: all)."""
+    """The checks to run: --only NAMES, minus --skip NAMES, minus the slow ones under --fast (None: all). --fast
+    leaves out the slow checks nobody named: a check named in --only runs. Nothing left is a ConfigError (an empty
+    table that says OK checked nothing)."""
     if only is None and skip is None and not fast:
         return None
     chosen = check_names(only, "--only") if only is not None else CHECK_NAMES
-    dropped = set(check_names(skip, "--skip") if skip is not None else ()) | ({c.name for c in REGISTRY if c.slow} if fast else set())
-    return tuple(n for n in chosen if n not in dropped)
+    if only is not None and not chosen:
+        raise ConfigError(f"--only {only if isinstance(only, str) else ','.join(map(str, only))!r} names no check; "
+                          f"checks: {', '.join(CHECK_NAMES)}")
+    slow = {c.name for c in REGISTRY if c.slow} if fast and only is None else set()
+    skipped = set(check_names(skip, "--skip") if skip is not None else ())
+    left = tuple(n for n in chosen if n not in skipped | slow)
+    if not left:
+        said = [f for f, on in (("--only", only is not None), ("--skip", skip is not None), ("--fast", fast)) if on]
+        raise ConfigError(f"no check selected: {' and '.join(said)} leave(s) out every check; name at least one to run")
+    return left
 
 
 def run_checks(subject: Subject, cfg: BlockConfig, device: torch.device, dtype: torch.dtype, *,

@@ -4,52 +4,19 @@ and equality with PyTorch's own layer for the built-in block."""
 from __future__ import annotations
 
 import copy
-from contextlib import contextmanager
 
 import torch
 import torch.nn as nn
 
 from tblock_cli.checks.context import Context, eval_forward
 from tblock_cli.checks.result import Outcome, failed, passed, skipped, warned
-from tblock_cli.probes import rel_diff, train_mode
+from tblock_cli.probes import raise_dropout, rel_diff, train_mode, zero_dropout  # noqa: F401 - raise_dropout: part of this room's vocabulary
 
 # The FFN-share check warns when parameters outside attention, FFN and norms exceed this share:
 # in a standard block only biases could land there, and they are attributed to their layers.
 OTHER_SHARE_MAX = 0.01
 # The reference check's tolerance: issue #2's, float32 max |diff| against nn.TransformerEncoderLayer.
 REFERENCE_TOL = 1e-5
-
-
-@contextmanager
-def _dropouts(module: nn.Module, for_module, for_attribute):
-    """Dropout probabilities set for a while (modules' p, float attributes named *drop*), put back after; yields how
-    many changed. for_module(p) / for_attribute(value): the new value, or None to leave it."""
-    changes = []
-    try:
-        for m in module.modules():
-            if isinstance(m, nn.modules.dropout._DropoutNd):
-                found = [("p", m.p, for_module(m.p))]
-            else:
-                found = [(k, v, for_attribute(v)) for k, v in list(vars(m).items()) if "drop" in k.lower()]
-            for key, old, new in found:
-                if new is not None:
-                    changes.append((m, key, old))
-                    setattr(m, key, new)
-        yield len(changes)
-    finally:
-        for m, key, old in reversed(changes):
-            setattr(m, key, old)
-
-
-def zero_dropout(module: nn.Module):
-    """Every dropout probability inside set to 0 for a while (modules, MHA's, float attributes named *drop*)."""
-    return _dropouts(module, lambda p: 0.0, lambda v: 0.0 if isinstance(v, float) and 0 < v < 1 else None)
-
-
-def raise_dropout(module: nn.Module, p: float = 0.1):
-    """Every dropout probability that is 0 set to p for a while (modules, float attributes named *drop*). A block
-    built without dropout cannot show dropout left on in eval; raised, it can."""
-    return _dropouts(module, lambda q: p if q == 0 else None, lambda v: p if type(v) is float and v == 0.0 else None)
 
 
 def rebuilt_without_dropout(ctx: Context) -> nn.Module | None:

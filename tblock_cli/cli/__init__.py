@@ -14,6 +14,7 @@ from tblock_cli.cli.flags import (
     SWITCH,
     Expect,
     Group,
+    Html,
     Json,
     Like,
     LikeKwargs,
@@ -24,7 +25,6 @@ from tblock_cli.cli.flags import (
 )
 from tblock_cli.config import RUN
 from tblock_cli.errors import ConfigError, interrupted, on_interrupt
-from tblock_cli.report import ensure_writable
 
 app = typer.Typer(
     cls=Group,
@@ -66,6 +66,7 @@ def check(
     like_kwargs: LikeKwargs = None,
     expect: Expect = None,
     json_: Json = False,
+    html: Html = None,
     **options,
 ):
     """Run the diagnostic battery on a block. Exit 0 when nothing fails, 1 when a check fails or errors, 2 on bad input."""
@@ -75,7 +76,9 @@ def check(
 
     def compute():
         if junit_xml is not None:
-            ensure_writable(junit_xml, "--junit-xml")
+            from tblock_cli.render.junit import ensure_junit_target
+
+            ensure_junit_target(junit_xml)
         from tblock_cli import api
 
         if json_ or not err.is_terminal:  # a progress line only for a person watching a terminal
@@ -100,7 +103,7 @@ def check(
     from tblock_cli.distributed.ranks import quiet_unless_rank_zero
 
     with quiet_unless_rank_zero():
-        run_command(compute, show, json_=json_)
+        run_command(compute, show, json_=json_, html=html)
 
 
 @command(app)
@@ -110,6 +113,7 @@ def spec(
     like_kwargs: LikeKwargs = None,
     expect: Expect = None,
     json_: Json = False,
+    html: Html = None,
     **options,
 ):
     """What the block really computes, read black-box (the spec card: scale, soft-cap, rotary, activation, eps, residual,
@@ -128,7 +132,7 @@ def spec(
 
         out.print(spec_view(report))
 
-    run_command(compute, show, json_=json_)
+    run_command(compute, show, json_=json_, html=html)
 
 
 @command(app)
@@ -137,6 +141,7 @@ def params(
     tree_depth: Annotated[Optional[int], typer.Option("--tree-depth", help="Rows from the module tree, this deep, instead of dataflow roles.", show_default=False)] = None,
     list_presets: Annotated[bool, typer.Option("--list-presets", help="List the --preset shapes and exit.", **SWITCH)] = False,
     json_: Json = False,
+    html: Html = None,
     **options,
 ):
     """Parameters, bytes and FLOPs per component (norms, attention q/k/v/out, FFN), the FFN's share and the KV cache."""
@@ -165,15 +170,15 @@ def params(
 
         out.print(render.params_view(report))
 
-    run_command(compute, show, json_=json_)
+    run_command(compute, show, json_=json_, html=html)
 
 
 @command(app)
 def bench(
     *,
-    seq: Annotated[str, typer.Option("--seq", help="Sequence lengths to sweep, comma-separated.", rich_help_panel=RUN)] = "128,512",
+    seq: Annotated[Optional[str], typer.Option("--seq", help="Sequence lengths to sweep, comma-separated. (default: 128,512; with --tp: 128)", rich_help_panel=RUN, show_default=False)] = None,
     need_weights: Annotated[bool, typer.Option("--need-weights", help="Measure attention with need_weights (HF: output_attentions) forced on and off.", **SWITCH)] = False,
-    mode: Annotated[str, typer.Option("--mode", help="infer (eval, inference_mode, forward), train (forward + backward) or both.")] = "both",
+    mode: Annotated[Optional[str], typer.Option("--mode", help="infer (eval, inference_mode, forward), train (forward + backward) or both. (default: both; with --tp: train)", show_default=False)] = None,
     baseline: Annotated[Optional[str], typer.Option("--baseline", help="torch: also time nn.TransformerEncoderLayer of the same shape, and print the ratio.", show_default=False)] = None,
     min_time: Annotated[float, typer.Option("--min-time", help="Seconds of timed calls per measurement, in (0, 600].")] = 0.5,
     decode: Annotated[Optional[int], typer.Option("--decode", help="Generate N tokens after a --seq prompt, with the KV cache and by recomputing the prefix.", show_default=False)] = None,
@@ -184,6 +189,7 @@ def bench(
     tp_plan: Annotated[Optional[str], typer.Option("--tp-plan", help="The --tp plan as JSON: module name -> colwise, rowwise or replicate. (default: derived from the dataflow)", show_default=False, metavar="FILE")] = None,
     plot: Plot = None,
     json_: Json = False,
+    html: Html = None,
     **options,
 ):
     """Latency (median, IQR), peak memory and the attention kernel that ran; with --need-weights, both ways."""
@@ -233,7 +239,7 @@ def bench(
 
         render.save_plot(report, path)
 
-    run_command(compute, show, json_=json_, plot=plot, save_plot=save_plot)
+    run_command(compute, show, json_=json_, plot=plot, save_plot=save_plot, html=html)
 
 
 @command(app)
@@ -243,6 +249,7 @@ def depth(
     strict: Annotated[bool, typer.Option("--strict", help="Warnings (mixed placement, no final norm) fail: exit 1.", **SWITCH)] = False,
     plot: Plot = None,
     json_: Json = False,
+    html: Html = None,
     **options,
 ):
     """A stack of N blocks at init: per-layer activation scale, gradient norms, residual gain and detected norm placement."""
@@ -264,7 +271,7 @@ def depth(
 
         render.save_depth_plot(report.reports if compare else [report], path)
 
-    run_command(compute, show, json_=json_, plot=plot, save_plot=save_plot)
+    run_command(compute, show, json_=json_, plot=plot, save_plot=save_plot, html=html)
 
 
 @command(app)
@@ -282,12 +289,15 @@ def compare(
     rtol: Annotated[Optional[float], typer.Option("--rtol", help="Relative tolerance, elementwise.", show_default=False, metavar="FLOAT")] = None,
     map_file: Annotated[Optional[str], typer.Option("--map", help="JSON object, A parameter name -> B parameter name, overriding the matching.", show_default=False, metavar="FILE")] = None,
     json_: Json = False,
+    html: Html = None,
     **options,
 ):
     """Two implementations of one block with A's weights carried to B: outputs, gradients and decoding compared, the
     first differing part named. Exit 0 equal, 1 different, 2 bad input (an unmatched parameter among them)."""
 
     def compute():
+        if b is None and not compile_:
+            raise ConfigError("compare needs two blocks (A B; builtin names the built-in block), or --compile")
         from tblock_cli import api
 
         with err.status("comparing", spinner="dots"):
@@ -299,7 +309,7 @@ def compare(
 
         out.print(compare_view(report))
 
-    run_command(compute, show, json_=json_)
+    run_command(compute, show, json_=json_, html=html)
 
 
 def main(args: list[str] | None = None):

@@ -46,18 +46,23 @@ def stdout_to_stderr():
 
 
 def run_command(compute: Callable[[], object], render: Callable[[object], None], *, json_: bool,
-                plot: str | None = None, save_plot: Callable[[object, str], None] | None = None) -> None:
-    """The edge, for every command: compute, print warnings, render (JSON or tables), plot, exit code.
+                plot: str | None = None, save_plot: Callable[[object, str], None] | None = None,
+                html: str | None = None) -> None:
+    """The edge, for every command: compute, print warnings, render (JSON or tables), plot, HTML page, exit code.
 
     A TBlockError or running out of memory becomes one line on stderr and its exit code; a block's own
     prints go to stderr while --json owns stdout.
     """
-    from tblock_cli.errors import is_out_of_memory
+    from tblock_cli.errors import exits_guarded, is_out_of_memory
 
     try:
         if plot is not None:
             check_plot_target(plot)
-        with stdout_to_stderr() if json_ else contextlib.nullcontext():
+        if html is not None:
+            from tblock_cli.render.html import ensure_html_target
+
+            ensure_html_target(html)
+        with stdout_to_stderr() if json_ else contextlib.nullcontext(), exits_guarded():
             report = compute()
         for w in report.run.warnings if report.run else ():
             say("warning", w)
@@ -72,10 +77,18 @@ def run_command(compute: Callable[[], object], render: Callable[[object], None],
                 save_plot(report, plot)
             except OSError as e:
                 raise ConfigError(f"--plot {plot}: cannot write it: {e.strerror or e}") from None
-            err.print(f"saved {plot}", highlight=False)
+            err.print(f"saved {plot}", highlight=False, markup=False)
+        if html is not None:
+            from tblock_cli.render.html import save_html
+
+            save_html(report, html)
+            err.print(f"saved {html}", highlight=False, markup=False)
     except TBlockError as e:
         say("error", str(e))
         raise typer.Exit(e.exit_code) from None
+    except SystemExit as e:  # the block's sys.exit() where no check caught it: never a silent success
+        say("error", f"the block called sys.exit({e.code!r}), which would have ended tblock; a block must return")
+        raise typer.Exit(1) from None
     except (MemoryError, RuntimeError) as e:
         if not is_out_of_memory(e):
             raise

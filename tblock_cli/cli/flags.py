@@ -45,6 +45,7 @@ Json = Annotated[bool, typer.Option("--json", help="Print one JSON object (see d
 Like = Annotated[Optional[str], typer.Option("--like", help="What the block claims to be: hf:TYPE, a Hugging Face layer built at the same sizes; its spec card is read the same way and each entry judged.", show_default=False, metavar="hf:TYPE", rich_help_panel="Declared spec")]
 LikeKwargs = Annotated[Optional[str], typer.Option("--like-kwargs", help="The --like layer's config overrides, as a JSON object (e.g. '{\"rope_theta\": 500000}').", show_default=False, metavar="JSON", rich_help_panel="Declared spec")]
 Expect = Annotated[Optional[list[str]], typer.Option("--expect", help="A card entry the block must have, KEY=VALUE (repeatable; keys as `tblock spec` prints them, e.g. rope.theta=500000, ffn.act=gelu_tanh, attn.softcap=50).", show_default=False, metavar="KEY=VALUE", rich_help_panel="Declared spec")]
+Html = Annotated[Optional[str], typer.Option("--html", help="Also write the report as one self-contained HTML page (tables, SVG figures; no scripts) to FILE.", show_default=False, metavar="FILE")]
 Plot = Annotated[Optional[str], typer.Option("--plot", help="Save a chart to FILE.png, .svg or .pdf (needs pip install 'tblock\\[plot]').", show_default=False, metavar="FILE")]
 
 

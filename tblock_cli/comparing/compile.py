@@ -6,12 +6,12 @@ from __future__ import annotations
 import copy
 import logging
 import shutil
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 
 import torch
 
 from tblock_cli.errors import one_line
-from tblock_cli.probes import rel_diff, train_mode
+from tblock_cli.probes import rel_diff, same_draws, train_mode, zero_dropout
 
 # Inductor's CPU kernels are C++ built at run time; without a compiler it cannot run there.
 CXX = ("g++", "c++", "clang++", "gcc", "cc")
@@ -72,9 +72,13 @@ def compile_and_compare(subject, x: torch.Tensor, v: torch.Tensor, backend: str 
         backend = "inductor" if cxx or x.device.type != "cpu" else "aot_eager"
     tol = COMPILE_TOLERANCE[x.dtype]
     out = {"backend": backend, "cxx": cxx, "tolerance": tol}
+    stack = ExitStack()
     try:
         out.update(graph_breaks(subject, x))
         torch._dynamo.reset()
+        # The block's own dropout, zeroed in both (put back in the caller's after): eager and compiled kernels draw
+        # different masks from one seed, so with dropout on the gradients could never agree.
+        stack.enter_context(zero_dropout(subject.module))
         twin = subject.like(copy.deepcopy(subject.module))
         compiled = torch.compile(twin.module, backend=backend)
         fast = subject.like(compiled)
@@ -85,7 +89,7 @@ def compile_and_compare(subject, x: torch.Tensor, v: torch.Tensor, backend: str 
         grads = []
         for s in (subject, fast):
             xi = x.detach().clone().requires_grad_(True)
-            with train_mode(s.module, True), torch.enable_grad():
+            with train_mode(s.module, True), same_draws(x.device), torch.enable_grad():
                 (s(xi) * v).float().sum().backward()
             grads.append(xi.grad)
         out["input_grad"] = rel_diff(grads[1], grads[0])
@@ -109,5 +113,6 @@ def compile_and_compare(subject, x: torch.Tensor, v: torch.Tensor, backend: str 
         out["error"] = one_line(e)
         out["equal"] = False
     finally:
+        stack.close()
         torch._dynamo.reset()
     return out

@@ -11,7 +11,7 @@ from tblock_cli.comparing.mapping import Slot, build_mapping, execution_order, r
 from tblock_cli.comparing.report import CompareReport, Comparison, Finding
 from tblock_cli.comparing.sides import BUILTIN, build_sides, is_builtin, spec_of
 from tblock_cli.errors import ConfigError, reraise_as_measure_error
-from tblock_cli.probes import TOLERANCE, f64, rel_diff, train_mode
+from tblock_cli.probes import TOLERANCE, f64, rel_diff, same_draws, train_mode, zero_dropout
 from tblock_cli.report import Status
 from tblock_cli.runtime import dtype_name, session
 from tblock_cli.subject.kvcache import decode_chunks, has_decode
@@ -52,8 +52,10 @@ def run_compare(a, b, setup, *, options: dict, kwargs_a=None, kwargs_b=None, dty
         sa, subject_a, sb, subject_b, followed = build_sides(a, b, setup, options, kwargs_a, kwargs_b, dtype_b, estimate)
     cfg = sa.cfg
     if (cfg.d_model, cfg.batch, cfg.seq) != (sb.cfg.d_model, sb.cfg.batch, sb.cfg.seq):
-        raise ConfigError(f"the two sides take different inputs (d_model {cfg.d_model} vs {sb.cfg.d_model}); "
-                          f"give both the same size flags")
+        differ = [f"{k}: A {ka}, B {kb}" for k, ka, kb in (("d_model", cfg.d_model, sb.cfg.d_model), ("batch", cfg.batch, sb.cfg.batch),
+                                                           ("seq", cfg.seq, sb.cfg.seq)) if ka != kb]
+        raise ConfigError(f"the two sides take different inputs ({'; '.join(differ)}); give both the same width "
+                          f"(--d-model, or --kwargs-a/--kwargs-b for the side that differs)")
     judge = Judge(max(TOLERANCE[sa.dtype], TOLERANCE[sb.dtype]), atol, rtol)
     from tblock_cli.anatomy import trace
 
@@ -137,7 +139,9 @@ def compare_all(sa, sb, xa, xb, v, mapping, judge: Judge, train: bool = True) ->
         x = x.detach().clone().requires_grad_(True)
         for p in s.module.parameters():
             p.grad = None
-        with train_mode(s.module, train), torch.enable_grad():
+        # A block's own dropout (built in, not from --dropout) would draw other masks on each side: zeroed where it
+        # can be reached, and the same random stream for both where it cannot (a functional dropout of a literal p).
+        with train_mode(s.module, train), zero_dropout(s.module), same_draws(x.device), torch.enable_grad():
             (s(x) * v.to(x.device, x.dtype)).float().sum().backward()
         grads.append(x.grad)
     out.append(judge("input_grad", grads[1], grads[0]))

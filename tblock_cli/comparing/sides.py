@@ -31,6 +31,22 @@ def spec_of(side) -> object:
     return side
 
 
+def on_side(label: str, build, own_dtype: bool = False):
+    """build(), with a user's mistake on one side named as that side's (both may be the same SPEC); the flags a side
+    takes under compare are its own (--kwargs-a, --dtype-b), so setup's `--block`, `--kwargs` and `--dtype` are renamed."""
+    from tblock_cli.errors import TBlockError
+
+    try:
+        return build()
+    except TBlockError as e:
+        text = str(e).removeprefix("--block ")
+        suffix = label.lower()
+        for flag in ("--kwargs", "--dtype"):
+            if flag == "--kwargs" or own_dtype:
+                text = text.replace(f"{flag} ", f"{flag}-{suffix} ")
+        raise type(e)(f"side {label}: {text}") from None
+
+
 def declared_layout(module: nn.Module) -> dict:
     """What a block says about itself that the built-in block can follow: nn.TransformerEncoderLayer's
     norm_first and activation, and its norms' eps."""
@@ -66,18 +82,22 @@ def build_sides(a, b, setup, options: dict, kwargs_a, kwargs_b, dtype_b: str | N
 
     dtype = {"a": {}, "b": {"dtype": dtype_b} if dtype_b else {}}
     specs, kwargs = {"a": spec_a, "b": spec_b}, {"a": kwargs_a, "b": kwargs_b}
-    sides = {k: setup(specs[k], opts(specs[k], kwargs[k], **dtype[k])) for k in "ab"}
-    subjects = {k: sides[k].build(estimate, "compare") for k in "ab" if sides[k].hf}
+
+    def side(k: str, build):  # a mistake on one side is named as that side's, under its own flags
+        return on_side(k.upper(), build, k == "b" and dtype_b is not None)
+
+    sides = {k: side(k, lambda k=k: setup(specs[k], opts(specs[k], kwargs[k], **dtype[k]))) for k in "ab"}
+    subjects = {k: side(k, lambda k=k: sides[k].build(estimate, "compare")) for k in "ab" if sides[k].hf}
     if "causal" not in given and sides["a"].cfg.causal != sides["b"].cfg.causal:  # causal when either is
         k = "a" if not sides["a"].cfg.causal else "b"
         if sides[k].hf:  # what the model does stands; the flag only says how to probe it (built once, kept)
             sides[k].cfg = dataclasses.replace(sides[k].cfg, causal=True)
             subjects[k] = dataclasses.replace(subjects[k], causal=True)
         else:
-            sides[k] = setup(specs[k], opts(specs[k], kwargs[k], causal=True, **dtype[k]))
+            sides[k] = side(k, lambda k=k: setup(specs[k], opts(specs[k], kwargs[k], causal=True, **dtype[k])))
     for k in "ab":
         if specs[k] is not None and k not in subjects:
-            subjects[k] = sides[k].build(estimate, "compare")
+            subjects[k] = side(k, lambda k=k: sides[k].build(estimate, "compare"))
     followed = {}
     if (spec_a is None) != (spec_b is None):
         k, other = ("a", "b") if spec_a is None else ("b", "a")

@@ -51,4 +51,9 @@ def prepare(subject, cfg, device, dtype, *, tp: int | None, fsdp: int | None, tp
         from tblock_cli.distributed.plan import plan_for
 
         plan = plan_for(subject, cfg, device, dtype, tp, tp_plan)
+    from tblock_cli.distributed.spawn import check_world
+
+    for flag, n in (("--tp", tp), ("--fsdp", fsdp)):  # after the plan (whose refusals say more), before any rank
+        if n:
+            check_world(n, device, flag)
     return Sharding(tp, fsdp, plan)

@@ -105,8 +105,12 @@ def load(path: str, module: nn.Module, dataflow, n: int, n_heads: int, d_model: 
     if unknown:
         raise ConfigError(f"--tp-plan {path}: no module named {', '.join(unknown)} in the block "
                           f"(its modules: {', '.join(n_ for n_ in names if n_)[:300]})")
+    sharded = {k: v for k, v in raw.items() if v != "replicate"}
+    if not sharded:  # every rank would hold the whole block: the check would compare the block with itself
+        raise ConfigError(f"--tp-plan {path}: the plan shards no module (it is empty or all replicate), so it checks "
+                          f"nothing; name at least one colwise or rowwise module, or drop --tp-plan for the derived plan")
     roles = {m.name: m.role for m in dataflow.modules}
-    plan = Plan({k: v for k, v in raw.items() if v != "replicate"}, roles, path)
+    plan = Plan(sharded, roles, path)
     validate(module, plan, n, n_heads, d_model)
     return plan
 

@@ -30,9 +30,8 @@ RANK_TIMEOUT_S = 600
 # How long a terminated rank gets to exit before it is killed.
 GRACE_S = 3.0
 LOOPBACK = "127.0.0.1"
-# What a rank raises when a peer left the world (gloo: "Connection closed by peer", DistBackendError), and how
-# long to wait for the peer's own error after seeing one.
-PEER_LOST = ("DistBackendError", "Connection closed", "Connection reset", "Broken pipe")
+# How long to wait, after a first failure, for the other ranks' answers or deaths: a peer whose partner failed
+# sees a broken connection, and the partner's own error (or death) is the one to report.
 PEER_WAIT_S = 2.0
 
 
@@ -64,9 +63,7 @@ def run_ranks(fn: Callable, n: int, device: torch.device, *args, preload: tuple[
         return _in_this_world(fn, n, device, *args)
     if n < 2:
         raise ConfigError(f"a world of {n} rank(s) shards nothing; give 2 or more")
-    if device.type == "cuda" and torch.cuda.device_count() < n:
-        raise ConfigError(f"{n} ranks on CUDA need {n} GPUs, {torch.cuda.device_count()} visible; "
-                          f"use --device cpu (gloo) or fewer ranks")
+    check_world(n, device)
     import multiprocessing as mp
 
     from torch.distributed import TCPStore
@@ -96,6 +93,24 @@ def run_ranks(fn: Callable, n: int, device: torch.device, *args, preload: tuple[
         del store
 
 
+def check_world(n: int, device: torch.device, flag: str = "a world of") -> None:
+    """Refuse, before any process starts, a local world this machine cannot run: one rank per GPU on CUDA, and on
+    CPU no more ranks than cores (each rank is a process holding the block; 100,000 of them forked until the
+    machine fell over). Under torchrun the world is torchrun's, already running."""
+    if under_torchrun():
+        return
+    if device.type == "cuda":
+        have = torch.cuda.device_count()
+        if n > have:
+            raise ConfigError(f"{flag} {n}: {n} ranks on CUDA need {n} GPUs and {have} are visible; "
+                              f"give at most {have}, or use --device cpu (gloo)")
+        return
+    cores = os.cpu_count() or 1
+    if n > cores:
+        raise ConfigError(f"{flag} {n}: each rank is a process of its own and this machine has {cores} CPU core(s); "
+                          f"give at most {cores} (or run under torchrun on more machines)")
+
+
 def _collect(procs, results, n: int) -> object:
     """Wait for every rank's answer; the first failure (a raise, or a death with no answer) ends the world."""
     answers: dict[int, object] = {}
@@ -114,25 +129,36 @@ def _collect(procs, results, n: int) -> object:
                 raise RankFailure(min(set(range(n)) - set(answers)), f"no answer in {RANK_TIMEOUT_S} s") from None
             continue
         if not ok:
-            raise _cause(RankFailure(rank, *value), results)
+            raise _cause((RankFailure(rank, *value[:2]), value[2]), results, procs, answers)
         answers[rank] = value
     return answers[0]
 
 
-def _cause(first: RankFailure, results) -> RankFailure:
-    """The failure to report: a rank whose peer failed first sees only a broken connection; wait a moment for
-    the peer's own error and name that one."""
-    if not any(w in first.error for w in PEER_LOST):
-        return first
+def _cause(first: tuple[RankFailure, float], results, procs, answers: dict) -> RankFailure:
+    """The failure to report. A rank whose peer failed first sees only a broken connection, in the backend's own
+    words (which change with the release): so wait a moment, until every other rank has answered or ended, and name
+    a rank that died with no answer (the root cause, whatever its peers said), else the failure that happened first
+    (each rank stamps its own with the system's monotonic clock: a peer's broken connection comes after the cause)."""
+    failures = [first]
     end = time.monotonic() + PEER_WAIT_S
     while time.monotonic() < end:
         try:
-            rank, ok, value = results.get(timeout=max(0.01, end - time.monotonic()))
+            rank, ok, value = results.get(timeout=0.05)
+            if ok:
+                answers[rank] = value
+            else:
+                failures.append((RankFailure(rank, *value[:2]), value[2]))
+            continue
         except queue.Empty:
+            pass
+        said = {f.rank for f, _ in failures} | set(answers)
+        if all(p.exitcode is not None for r, p in enumerate(procs) if r not in said):
             break
-        if not ok and not any(w in value[0] for w in PEER_LOST):
-            return RankFailure(rank, *value)
-    return first
+    said = {f.rank for f, _ in failures} | set(answers)
+    dead = [(r, p.exitcode) for r, p in enumerate(procs) if r not in said and p.exitcode not in (None, 0)]
+    if dead:
+        return RankFailure(dead[0][0], _death(dead[0][1]))
+    return min(failures, key=lambda f: f[1])[0]
 
 
 def _death(code: int) -> str:
@@ -190,7 +216,7 @@ def _child(fn, rank: int, n: int, device: torch.device, port: int, method: str, 
     except KeyboardInterrupt:
         pass  # the parent tears the world down and says so
     except BaseException as e:  # noqa: BLE001 - any failure is this rank's answer, sent before its peers lose it
-        results.put((rank, False, (one_line(e), getattr(e, "tblock_where", None))))
+        results.put((rank, False, (one_line(e), getattr(e, "tblock_where", None), time.monotonic())))
     finally:
         import torch.distributed as dist
 

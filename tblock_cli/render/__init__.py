@@ -1,6 +1,7 @@
 """Rich views and charts built from the reports; nothing here computes a measurement or imports torch.
 
-`common` (console, glyphs, formats), `tables` (check, params, presets), `bench`, `depth`, `plots` (matplotlib).
+`common` (console, glyphs, formats), `tables` (check, params, presets), `bench`, `depth`, `plots` (matplotlib);
+`html` and `svg`: the --html page and its charts, from a report's dict.
 """
 
 from tblock_cli.render.bench import bench_view, tp_bench_view

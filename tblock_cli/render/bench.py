@@ -10,7 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from tblock_cli.messages.units import fmt_bytes
-from tblock_cli.render.common import ByWidth, environment_line, finding_line, table_for
+from tblock_cli.render.common import ByWidth, PlainTable, environment_line, finding_line, table_for
 
 
 def run_label(r) -> str:
@@ -84,7 +84,7 @@ def sweep_table(report, mode: str, seqs: list[int], forced: bool, narrow: bool) 
 
 
 def decode_view(report, cached, full, fit) -> Group:
-    table = Table(title=f"decode: {len(cached.per_position)} tokens after a {cached.seq}-token prompt, batch {report.batch}",
+    table = PlainTable(title=f"decode: {len(cached.per_position)} tokens after a {cached.seq}-token prompt, batch {report.batch}",
                   box=box.SIMPLE_HEAVY, title_justify="left", pad_edge=False)
     for col, width in (("run", 9), ("ms/token (IQR)", 14), ("tok/s", 8), ("growth", 6), ("cache", 10)):
         table.add_column(col, justify="left" if col == "run" else "right", no_wrap=True, min_width=width)
@@ -112,7 +112,7 @@ def _bucket(values, n: int = 48) -> list[float]:
 
 
 def breakdown_view(b, width: int, fit) -> Group:
-    table = Table(title=f"breakdown at seq {b.seq} ({b.conditions})", box=box.SIMPLE_HEAVY, title_justify="left", pad_edge=False)
+    table = PlainTable(title=f"breakdown at seq {b.seq} ({b.conditions})", box=box.SIMPLE_HEAVY, title_justify="left", pad_edge=False)
     for col, just, w in (("component", "left", 10), ("ms", "right", 8), ("share", "right", 6), ("peak", "right", 9),
                          ("calls", "right", 5), ("", "left", width)):
         table.add_column(col, justify=just, no_wrap=col != "component", overflow="fold", min_width=w)
@@ -130,7 +130,7 @@ def breakdown_view(b, width: int, fit) -> Group:
 
 
 def comparison_view(report) -> Table:
-    table = Table(title="against the saved run", box=box.SIMPLE_HEAVY, title_justify="left", pad_edge=False)
+    table = PlainTable(title="against the saved run", box=box.SIMPLE_HEAVY, title_justify="left", pad_edge=False)
     for col, w in (("point", 12), ("latency", 8), ("verdict", 10), ("peak delta", 10)):
         table.add_column(col, justify="left" if col in ("point", "verdict") else "right", overflow="fold", min_width=w)
     for c in report.comparisons:
@@ -160,7 +160,7 @@ def memory_bars(report, width: int, fit) -> Group:
 
 def tp_bench_view(report) -> Group:
     """bench --tp N: per-rank latency of the sharded forward + backward, and the share spent in collectives."""
-    table = Table(title=f"tensor-parallel over {len(report.ranks)} ranks, seq {report.seq}: train-mode forward + backward",
+    table = PlainTable(title=f"tensor-parallel over {len(report.ranks)} ranks, seq {report.seq}: train-mode forward + backward",
                   title_justify="left", box=box.SIMPLE_HEAVY)
     for col in ("rank", "median ms", "vs unsharded", "in collectives"):
         table.add_column(col, justify="right")

@@ -45,6 +45,17 @@ class PlainConsole(Console):
         self.file.flush()
 
 
+class PlainTable(Table):
+    """A Table whose string cells and title are plain text, never markup: a check's detail, a path or an error carries
+    foreign text (every gloo error starts with `[/path/...]`, which Rich would read as a closing tag and raise on)."""
+
+    def __init__(self, *columns, title=None, **kw):
+        super().__init__(*columns, title=Text(title) if isinstance(title, str) else title, **kw)
+
+    def add_row(self, *cells, **kw):
+        super().add_row(*(Text(c) if isinstance(c, str) else c for c in cells), **kw)
+
+
 def make_console(stderr: bool = False) -> PlainConsole:
     """The console a command prints to; COLUMNS=0 (or garbage) falls back to the terminal's width or 80."""
     console = PlainConsole(stderr=stderr)
@@ -81,7 +92,7 @@ class ByWidth:
 
 def table_for(narrow: bool, **kw) -> Table:
     """SIMPLE_HEAVY, left title; narrow: no edge padding and one space between columns."""
-    return Table(box=box.SIMPLE_HEAVY, title_justify="left", pad_edge=False, collapse_padding=narrow,
+    return PlainTable(box=box.SIMPLE_HEAVY, title_justify="left", pad_edge=False, collapse_padding=narrow,
                  padding=(0, 1) if not narrow else (0, 0, 0, 1), **kw)
 
 

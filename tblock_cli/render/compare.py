@@ -8,6 +8,7 @@ from rich.table import Table
 from rich.text import Text
 
 from tblock_cli.messages.compare import component
+from tblock_cli.render.common import PlainTable
 
 STYLE = {"pass": "green", "warn": "yellow", "fail": "bold red", "info": "", "skip": "dim", "error": "bold magenta"}
 # What each comparison is, in a few words.
@@ -24,7 +25,7 @@ def num(v) -> str:
 
 
 def compare_view(report) -> Group:
-    table = Table(title=f"tblock compare: {report.run.subject if report.run else report.a + ' vs ' + report.b}",
+    table = PlainTable(title=f"tblock compare: {report.run.subject if report.run else report.a + ' vs ' + report.b}",
                   box=box.SIMPLE_HEAVY, title_justify="left")
     table.add_column("compared", overflow="fold", ratio=1)
     table.add_column("relative", justify="right", no_wrap=True, min_width=8)
@@ -52,7 +53,7 @@ def compare_view(report) -> Group:
 
 
 def components_table(report) -> Table:
-    table = Table(title="error per component (A's role outputs against B's)", box=box.SIMPLE, title_justify="left")
+    table = PlainTable(title="error per component (A's role outputs against B's)", box=box.SIMPLE, title_justify="left")
     table.add_column("component", no_wrap=True, min_width=13)
     table.add_column("relative", justify="right", no_wrap=True, min_width=8)
     table.add_column("max |A-B|", justify="right", no_wrap=True, min_width=9)

@@ -7,7 +7,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from tblock_cli.render.common import ByWidth, finding_line, table_for
+from tblock_cli.render.common import ByWidth, PlainTable, finding_line, table_for
 
 
 def depth_view(report) -> Group:
@@ -41,7 +41,7 @@ def depth_table(report, width: int, fit) -> Table:
 
 def depth_compare_view(reports: list) -> Group:
     n = len(reports[0].layers)
-    table = Table(title=f"tblock depth --compare: {n} layers at init (act RMS / grad-in norm per layer)", box=box.SIMPLE_HEAVY,
+    table = PlainTable(title=f"tblock depth --compare: {n} layers at init (act RMS / grad-in norm per layer)", box=box.SIMPLE_HEAVY,
                   title_justify="left", pad_edge=False)
     table.add_column("layer", justify="right")
     for r in reports:

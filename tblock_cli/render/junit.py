@@ -39,6 +39,34 @@ def junit_tree(report) -> ET.ElementTree:
     return ET.ElementTree(root)
 
 
+# What every report write_junit makes starts with (after the XML declaration): how an existing file is known as ours.
+OURS = '<testsuites name="tblock check"'
+
+
+def ensure_junit_target(path: str) -> None:
+    """Refuse, before checking, a --junit-xml path that cannot be written or that holds something other than a JUnit
+    report of tblock's (as bench --save does for a saved run): an existing file is only replaced when it is ours, or
+    empty (nothing to lose)."""
+    import os
+
+    from tblock_cli.errors import ConfigError
+    from tblock_cli.report import ensure_writable
+
+    if not isinstance(path, str) or not path.strip():
+        raise ConfigError("--junit-xml needs a file name")
+    ensure_writable(path, "--junit-xml")
+    if not os.path.isfile(path) or os.path.getsize(path) == 0:
+        return
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            head = f.read(4096)
+    except OSError:
+        head = ""
+    if OURS not in head:
+        raise ConfigError(f"--junit-xml {path}: the file exists and is not a tblock JUnit report; refusing to overwrite "
+                          f"it (give a new file name, or remove it first)")
+
+
 def write_junit(report, path: str) -> None:
     from tblock_cli.errors import ConfigError
 

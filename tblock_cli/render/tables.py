@@ -8,7 +8,7 @@ from rich.table import Table
 from rich.text import Text
 
 from tblock_cli.messages.units import fmt_bytes
-from tblock_cli.render.common import ByWidth, environment_line, fmt_count, fmt_value, status_text, table_for
+from tblock_cli.render.common import ByWidth, PlainTable, environment_line, fmt_count, fmt_value, status_text, table_for
 
 # Below this many columns the check table keeps two columns, name and status, and puts the value and
 # its meaning under the name. Measured on the golden report: the four-column table drops every column
@@ -34,7 +34,7 @@ def check_table(report, narrow: bool) -> Table:
         for c in report.checks:
             table.add_row(Text.assemble(c.name, "\n", (f"{fmt_value(c.value)}: {c.detail}", "dim")), status_text(c.status))
         return table
-    table = Table(title=title, box=box.SIMPLE_HEAVY, title_justify="left")
+    table = PlainTable(title=title, box=box.SIMPLE_HEAVY, title_justify="left")
     table.add_column("check", no_wrap=True, min_width=15)
     table.add_column("status", no_wrap=True, min_width=6)
     table.add_column("value", justify="right", no_wrap=True, min_width=9)
@@ -113,7 +113,7 @@ def params_lines(report) -> list:
 
 
 def presets_view(presets: dict) -> Table:
-    table = Table(title="presets (sources in tblock_cli/config.py)", box=box.SIMPLE_HEAVY, title_justify="left")
+    table = PlainTable(title="presets (sources in tblock_cli/config.py)", box=box.SIMPLE_HEAVY, title_justify="left")
     keys = ("d_model", "n_heads", "d_ff", "layers", "norm", "activation", "eps", "causal")
     table.add_column("name", no_wrap=True)
     for k, header in zip(keys, ("d_model", "heads", "d_ff", "layers", "norm", "act", "eps", "causal")):

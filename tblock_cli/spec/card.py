@@ -35,7 +35,7 @@ KEYS: dict[str, str] = {
     "relbias.curve": "the relative bias against distance (head 0), from -16 to +16",
     # FFN
     "ffn.gated": "a gated FFN (act(gate) * up)",
-    "ffn.act": "the FFN activation: relu, relu2, gelu, gelu_tanh, silu, quick_gelu, ...",
+    "ffn.act": "the FFN activation: relu, relu2, gelu, gelu_tanh, silu, quick_gelu, ... (silu(gate*up): act of the product)",
     "ffn.hidden": "the FFN's hidden width",
     # norms
     "norm.kind": "layernorm or rmsnorm",

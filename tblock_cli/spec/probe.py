@@ -25,7 +25,7 @@ class Call:
     kwargs: dict
     out: object  # the output (a tensor, or a tuple of them), copied
     module: str  # the qualified name of the innermost module running, "" for the root
-    weight: str | None = None  # for linear: the qualified name of the weight parameter
+    weight: str | None = None  # for linear (and x @ W): the qualified name of the weight parameter (W, W.T, W[e])
 
     def tensor_args(self) -> list[torch.Tensor]:
         return [a for a in list(self.args) + list(self.kwargs.values()) if isinstance(a, torch.Tensor)]
@@ -53,11 +53,17 @@ class Capture(TorchFunctionMode):
         self.calls: list[Call] = []
         self.stack: list[str] = [""]
         self.weights = {id(p): n for n, p in module.named_parameters()}
+        self._params = list(module.named_parameters())
+        self._storage: dict | None = None  # storage -> name of the stacked (3-D) weights, built on first need
         self.names = {id(p): n for n, p in list(module.named_parameters()) + list(module.named_buffers())}
         self._hooks = []
         for name, m in module.named_modules():
             self._hooks.append(m.register_forward_pre_hook(lambda _m, _a, n=name: self.stack.append(n)))
-            self._hooks.append(m.register_forward_hook(lambda _m, _a, _o: self.stack.pop() if len(self.stack) > 1 else None))
+            self._hooks.append(m.register_forward_hook(lambda _m, _a, _o: self._leave()))
+
+    def _leave(self) -> None:  # a forward hook that returned a value would replace the module's output
+        if len(self.stack) > 1:
+            self.stack.pop()
 
     def close(self) -> None:
         for h in self._hooks:
@@ -70,12 +76,22 @@ class Capture(TorchFunctionMode):
         if name in self.SKIP:
             return out
         weight = None
-        if name == "linear" and len(args) > 1 and isinstance(args[1], torch.Tensor):
-            weight = self.weights.get(id(args[1]))
+        if name in ("linear", "matmul", "__matmul__", "bmm") and len(args) > 1 and isinstance(args[1], torch.Tensor):
+            weight = self.weight_name(args[1])
         elif name == "linear" and isinstance(kwargs.get("weight"), torch.Tensor):
-            weight = self.weights.get(id(kwargs["weight"]))
+            weight = self.weight_name(kwargs["weight"])
         self.calls.append(Call(name, func, _copy(tuple(args)), _copy(kwargs), _copy(out), self.stack[-1], weight))
         return out
+
+    def weight_name(self, w: torch.Tensor) -> str | None:
+        """The parameter a projection's weight is, or is a view of (x @ W.T, one expert's W[e] of a stacked experts
+        weight)."""
+        got = self.weights.get(id(w))
+        if got is None and w.ndim >= 2:
+            if self._storage is None:
+                self._storage = {p.untyped_storage().data_ptr(): n for n, p in self._params if p.ndim >= 2}
+            got = self._storage.get(w.untyped_storage().data_ptr())
+        return got
 
     def named(self, *names: str) -> list[Call]:
         return [c for c in self.calls if c.name in names]
@@ -93,6 +109,7 @@ class Probe:
     device: torch.device
     seed: int = 0
     gen: torch.Generator = field(init=False)
+    memo: dict = field(default_factory=dict, repr=False)  # what one reader reads and others reuse (spec.sublayers)
 
     def __post_init__(self):
         self.gen = torch.Generator().manual_seed(self.seed + 4321)

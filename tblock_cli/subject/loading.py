@@ -115,6 +115,9 @@ def rebuilder(spec: str, factory: Callable, cfg: BlockConfig, extra: dict, dtype
 def user_subject(module: nn.Module, name: str, cfg: BlockConfig, device: torch.device, dtype: torch.dtype, *,
                  same_shape: bool = True) -> Subject:
     """A user's module moved to the device and dtype, its padding keyword found, probed once."""
+    if isinstance(module, torch.jit.ScriptModule):
+        raise LoadError(f"--block {name}: it builds a TorchScript module (torch.jit.script or trace), which tblock does "
+                        f"not support (its forward cannot be traced); build the module without scripting it")
     try:
         module = module.to(device=device, dtype=dtype)
     except Exception as e:  # noqa: BLE001 - any failure here is the user's block
@@ -139,11 +142,17 @@ def load_factory(spec: str) -> Callable:
     target, sep, name = spec.rpartition(":")
     if not sep or not target or not name:
         raise LoadError(f"--block {spec!r}: expected package.module:NAME or path/to/file.py:NAME")
-    if target.endswith(".py") or "/" in target or "\\" in target or Path(target).is_file():
-        path = Path(target).expanduser().resolve()
-        if path.is_dir():
+    try:  # a name the file system refuses (too long, a NUL byte) is the user's to fix, in one line
+        is_path = target.endswith(".py") or "/" in target or "\\" in target or Path(target).is_file()
+        path = Path(target).expanduser().resolve() if is_path else None
+        kind = "folder" if is_path and path.is_dir() else "file" if is_path and path.is_file() else None
+    except (OSError, ValueError) as e:
+        raise LoadError(f"--block: cannot read the path {target[:80]}{'...' if len(target) > 80 else ''}: "
+                        f"{getattr(e, 'strerror', None) or e}") from None
+    if is_path:
+        if kind == "folder":
             raise LoadError(f"--block {spec}: {target} is a folder; give path/to/file.py:NAME")
-        if not path.is_file():
+        if kind is None:
             raise LoadError(f"--block {spec}: file {target} not found")
         if path.suffix != ".py":
             raise LoadError(f"--block {spec}: {target} is not a .py file; give path/to/file.py:NAME or package.module:NAME")

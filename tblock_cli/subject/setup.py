@@ -156,6 +156,15 @@ def private_copy(module: nn.Module, name: str) -> nn.Module:
                         f"{one_line(e)}; pass a factory (a function that builds it) instead") from None
 
 
+def refuse_scripted(module: nn.Module, name: str) -> None:
+    """A TorchScript module (torch.jit.script or trace) shares its parameters with every copy and hides its forward
+    from hooks and the tracer: gradients would land on the caller's module and half the checks could not run."""
+    if isinstance(module, torch.jit.ScriptModule):
+        raise LoadError(f"{name} is a TorchScript module (torch.jit.script or trace), which tblock does not support: "
+                        f"its copies share the caller's parameters and its forward cannot be traced; pass the module "
+                        f"before scripting (or a factory that builds it)")
+
+
 def setup(block=None, options: dict | None = None, *, same_shape: bool = True, allow_mixed: bool = False,
           layers_apply: bool = False, trains: bool = True) -> Setup:
     """Options (the CLI flags' names) -> validated config, device, dtype and a way to build the block.
@@ -185,6 +194,7 @@ def setup(block=None, options: dict | None = None, *, same_shape: bool = True, a
     module = block if isinstance(block, nn.Module) else None
     if module is not None:
         name = type(block).__name__
+        refuse_scripted(module, name)
     elif block is not None and not isinstance(block, str):
         name = getattr(block, "__name__", type(block).__name__)
     else:

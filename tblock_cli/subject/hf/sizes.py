@@ -12,9 +12,9 @@ VOCAB = 256
 # --kwargs keys that steer tblock's driving, not the config.
 DRIVER_KEYS = ("attn_implementation", "stack")
 
-# embedding_size: albert's factorised embeddings are mapped to the layers' width outside the layers; tblock's x
-# stands for that mapping's output, so the placeholder it replaces takes the same width.
-D_MODEL = ("hidden_size", "d_model", "n_embd", "dim", "embed_dim", "model_dim", "embedding_size")
+# embedding_size (albert), input_embedding_size (rembert): factorised embeddings mapped to the layers' width outside
+# the layers; tblock's x stands for that mapping's output, so the placeholder it replaces takes the same width.
+D_MODEL = ("hidden_size", "d_model", "n_embd", "dim", "embed_dim", "model_dim", "embedding_size", "input_embedding_size")
 HEADS = ("num_attention_heads", "n_head", "n_heads", "num_heads", "attention_heads", "encoder_attention_heads",
          "decoder_attention_heads", "num_decoder_attention_heads")
 KV_HEADS = ("num_key_value_heads", "num_kv_heads", "n_head_kv", "multi_query_group_num")

@@ -1,0 +1,36 @@
+"""The API and the caller's state: a TorchScript module refused with one error and left untouched, torch's global
+random stream left where the caller had it."""
+
+import pytest
+import torch
+import torch.nn as nn
+
+import tblock_cli
+from tblock_cli.errors import LoadError
+
+S = {"d_model": 32, "n_heads": 4, "threads": 1, "seq": 8}
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch.jit.script is deprecated, and still used
+def test_a_scripted_module_is_one_clear_error_and_stays_untouched():
+    """Before: .grad filled on the caller's module, grad_params failed falsely and 7 checks errored."""
+    m = torch.jit.script(nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True))
+    before = {n: p.detach().clone() for n, p in m.named_parameters()}
+    for call in (tblock_cli.check, tblock_cli.params):
+        with pytest.raises(LoadError, match="TorchScript"):
+            call(m, **S)
+    with pytest.raises(LoadError, match="TorchScript"):
+        tblock_cli.compare(m, "builtin", **S)
+    assert all(p.grad is None and torch.equal(p, before[n]) for n, p in m.named_parameters())
+
+
+@pytest.mark.parametrize("call", ["check", "params", "depth", "compare"])
+def test_the_callers_random_stream_is_left_as_it_was(call):
+    m = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True)
+    run = {"check": lambda: tblock_cli.check(m, only="shape", **S), "params": lambda: tblock_cli.params(m, **S),
+           "depth": lambda: tblock_cli.depth(m, layers=2, **S), "compare": lambda: tblock_cli.compare(m, m, **S)}[call]
+    torch.manual_seed(1234)
+    expected = torch.rand(3)
+    torch.manual_seed(1234)
+    run()
+    assert torch.equal(torch.rand(3), expected)

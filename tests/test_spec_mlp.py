@@ -1,0 +1,183 @@
+"""The ffn, norms and residual entries of the spec card: read off Hugging Face layers they equal the layer's config;
+each planted variant is caught by a declared spec check naming the entry, and its correct twin passes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from spec_blocks_mlp import (
+    Block,
+    DeepNormEncoder,
+    DeepNormOnBranch,
+    GPT2ExactGelu,
+    GPT2Layer,
+    NeoXLayer,
+    NeoXSequential,
+)
+
+import tblock_cli
+from tblock_cli.checks.result import Status
+from tblock_cli.spec.ffn import ACTS, fit
+
+SIZES = {"d_model": 64, "n_heads": 4, "threads": 1}
+
+# Hugging Face's activation names, as the card names the curve
+HF_ACT = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh",
+          "silu": "silu", "swish": "silu", "relu": "relu", "quick_gelu": "quick_gelu"}
+
+
+def _hf_card(model_type: str, **kwargs):
+    """The card of one hf: layer and that layer's own config."""
+    pytest.importorskip("transformers")
+    from tblock_cli.spec.read import read_card
+    from tblock_cli.subject.setup import setup
+
+    s = setup(f"hf:{model_type}", {**SIZES, "d_ff": 128, **({"kwargs": kwargs} if kwargs else {})}, trains=False)
+    with s.session():
+        subject = s.make()
+        return read_card(subject, s.cfg, s.device), subject.module.config
+
+
+# model type -> (config overrides, the config fields naming activation and eps, norm kind, placement, offset, gated,
+# parallel as the config says it)
+FAMILIES = {
+    "gpt2": ({}, "activation_function", "layer_norm_epsilon", "layernorm", "pre", False, False, lambda c: False),
+    "bert": ({}, "hidden_act", "layer_norm_eps", "layernorm", "post", False, False, lambda c: False),
+    "llama": ({}, "hidden_act", "rms_norm_eps", "rmsnorm", "pre", False, True, lambda c: False),
+    "gemma2": ({}, "hidden_activation", "rms_norm_eps", "rmsnorm", "sandwich", True, True, lambda c: False),
+    "olmo2": ({}, "hidden_act", "rms_norm_eps", "rmsnorm", "olmo2", False, True, lambda c: False),
+    "gpt_neox": ({}, "hidden_act", "layer_norm_eps", "layernorm", "pre", False, False, lambda c: c.use_parallel_residual),
+    "gpt_neox-seq": ({"use_parallel_residual": False}, "hidden_act", "layer_norm_eps", "layernorm", "pre", False, False,
+                     lambda c: c.use_parallel_residual),
+    "falcon": ({}, "activation", "layer_norm_epsilon", "layernorm", "pre", False, False,
+               lambda c: c.parallel_attn or c.new_decoder_architecture),
+    "falcon-seq": ({"parallel_attn": False}, "activation", "layer_norm_epsilon", "layernorm", "pre", False, False,
+                   lambda c: c.parallel_attn or c.new_decoder_architecture),
+    "phi": ({}, "hidden_act", "layer_norm_eps", "layernorm", "pre", False, False, lambda c: True),  # phi: always parallel
+    "t5": ({}, "dense_act_fn", "layer_norm_epsilon", "rmsnorm", "pre", False, None, lambda c: False),
+}
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_card_equals_the_config(family):
+    kwargs, act, eps, kind, placement, offset, gated, parallel = FAMILIES[family]
+    card, config = _hf_card(family.split("-")[0], **kwargs)
+    assert not card.slips, card.slips
+    assert card.value("ffn.act") == HF_ACT[getattr(config, act)]
+    assert card.value("ffn.gated") is (config.is_gated_act if gated is None else gated)
+    assert card.value("ffn.hidden") == 128
+    assert card.value("norm.kind") == kind
+    assert card.value("norm.eps") == pytest.approx(getattr(config, eps), rel=1e-4)
+    assert card.value("norm.offset") is offset
+    assert card.value("norm.placement") == placement
+    assert card.value("residual.form") == ("parallel" if parallel(config) else "sequential")
+    for key in ("residual.stream_gain", "residual.attn_gain", "residual.ffn_gain"):
+        assert card.value(key) == pytest.approx(1.0, abs=1e-9), key
+
+
+def test_granite_residual_multiplier_is_each_branch_gain():
+    card, config = _hf_card("granite", residual_multiplier=0.22)
+    assert card.value("residual.attn_gain") == pytest.approx(config.residual_multiplier, rel=1e-9)
+    assert card.value("residual.ffn_gain") == pytest.approx(config.residual_multiplier, rel=1e-9)
+    assert card.value("residual.stream_gain") == pytest.approx(1.0, rel=1e-9)
+
+
+def _spec(block, expect):
+    report = tblock_cli.check(block, only=["spec"], expect=expect, **SIZES)
+    return next(c for c in report.checks if c.name == "spec")
+
+
+# (planted variant, its correct twin, the declaration, the entry that must differ)
+PLANTED = {
+    "gelu_exact_for_tanh": (dict(act="gelu", gated=False), dict(act="gelu_tanh", gated=False), ["ffn.act=gelu_tanh"], "ffn.act"),
+    "relu_for_gelu": (dict(act="relu", gated=False), dict(act="gelu", gated=False), ["ffn.act=gelu"], "ffn.act"),
+    "gelu_for_silu": (dict(act="gelu"), dict(act="silu"), ["ffn.act=silu", "ffn.gated=true"], "ffn.act"),
+    "act_of_product": (dict(product_inside=True), dict(), ["ffn.act=silu"], "ffn.act"),
+    "not_gated": (dict(gated=False), dict(), ["ffn.gated=true"], "ffn.gated"),
+    "eps": (dict(eps=1e-5), dict(eps=1e-6), ["norm.eps=1e-6"], "norm.eps"),
+    "no_offset": (dict(offset=False), dict(offset=True), ["norm.offset=true"], "norm.offset"),
+    "layernorm_for_rms": (dict(norm="ln"), dict(norm="rms"), ["norm.kind=rmsnorm"], "norm.kind"),
+    "no_sandwich": (dict(placement="pre"), dict(placement="sandwich"), ["norm.placement=sandwich"], "norm.placement"),
+    "parallel_forced": (dict(parallel=True), dict(), ["residual.form=sequential"], "residual.form"),
+    "sequential_for_parallel": (dict(), dict(parallel=True), ["residual.form=parallel"], "residual.form"),
+    "deepnorm_on_branch": (dict(placement="post", norm="ln", alpha=2.0, alpha_on="branch"),
+                           dict(placement="post", norm="ln", alpha=2.0), ["residual.stream_gain=2"], "residual.stream_gain"),
+    "layerscale_missing": (dict(), dict(layerscale=0.1), ["residual.attn_gain=0.1", "residual.ffn_gain=0.1"],
+                           "residual.attn_gain"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PLANTED))
+def test_planted_variant_is_caught_and_its_twin_passes(name):
+    bug, twin, expect, key = PLANTED[name]
+    torch.manual_seed(0)
+    caught = _spec(Block(**bug), expect)
+    assert caught.status == Status.FAIL, caught
+    assert key in [d["key"] for d in caught.facts["differs"]], caught.facts
+    torch.manual_seed(0)
+    passed = _spec(Block(**twin), expect)
+    assert passed.status == Status.PASS, passed.facts
+    assert passed.facts["matched"] == len(expect)
+
+
+def test_layerscale_is_read_per_channel():
+    from tblock_cli.spec.read import read_card
+    from tblock_cli.subject.setup import setup
+
+    torch.manual_seed(0)
+    block = Block(layerscale=0.1)
+    with torch.no_grad():
+        block.g_attn.copy_(torch.linspace(0.05, 0.15, 64))  # mean 0.1, one value per channel
+    s = setup(block, dict(SIZES), trains=False)
+    with s.session():
+        card = read_card(s.make(), s.cfg, s.device)
+    e = card.get("residual.attn_gain")
+    assert e.value == pytest.approx(block.g_attn.double().mean().item(), rel=1e-9) and "per channel" in e.how
+    assert card.value("residual.ffn_gain") == pytest.approx(block.g_ffn.double().mean().item(), rel=1e-9)
+
+
+def test_fit_names_each_curve_and_the_mistaken_product():
+    """The fit against curves computed here: each activation, gated either way, and act(gate * up)."""
+    g = torch.linspace(-4, 4, 400, dtype=torch.float64).unsqueeze(0)
+    u = torch.linspace(3, -2, 400, dtype=torch.float64).unsqueeze(0) ** 2 - 1
+    for act, f in ACTS.items():
+        if act == "identity":
+            continue
+        best = fit(f(g), {"a": g, "b": u})[0]
+        assert (best[1], best[2]) == (act, False) and best[0] < 1e-15
+        best = fit(f(g) * u, {"a": g, "b": u})[0]
+        assert (best[1], best[2]) == (act, True) and best[0] < 1e-15
+    best = fit(torch.nn.functional.silu(g * u), {"a": g, "b": u})[0]
+    assert best[1] == "silu(gate*up)"
+
+
+def test_deepnorm_gain_on_the_branch_is_caught_as_declared():
+    """alpha = (2 x 6)^(1/4) = 1.8612, declared to three digits; on the branch it reads 1 / alpha on the stream."""
+    torch.manual_seed(0)
+    caught = _spec(DeepNormOnBranch(), ["residual.stream_gain=1.86"])
+    assert caught.status == Status.FAIL
+    assert caught.facts["differs"][0]["measured"] == pytest.approx(12 ** -0.25, rel=1e-6)
+    torch.manual_seed(0)
+    assert _spec(DeepNormEncoder(), ["residual.stream_gain=1.86", "norm.placement=post"]).status == Status.PASS
+
+
+def _like(block, like, **kwargs):
+    """The spec check against an hf: layer: the entries of this area that differ."""
+    pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    report = tblock_cli.check(block, only=["spec"], like=like, causal=True, **kwargs, **SIZES)
+    spec = next(c for c in report.checks if c.name == "spec")
+    return {d["key"]: d for d in spec.facts.get("differs", []) if d["key"].startswith(("ffn.", "norm.", "residual."))}
+
+
+def test_exact_gelu_where_gpt2_trained_tanh_is_caught_against_hf_gpt2():
+    assert _like(GPT2ExactGelu(), "hf:gpt2") == {"ffn.act": {"key": "ffn.act", "status": "differs", "claimed": "gelu_tanh",
+                                                             "measured": "gelu", "source": "--like hf:gpt2"}}
+    assert _like(GPT2Layer(), "hf:gpt2") == {}
+
+
+def test_parallel_residual_forced_is_caught_against_a_sequential_gpt_neox():
+    sequential = {"use_parallel_residual": False}
+    assert set(_like(NeoXLayer(), "hf:gpt_neox", like_kwargs=sequential)) == {"residual.form"}
+    assert _like(NeoXSequential(), "hf:gpt_neox", like_kwargs=sequential) == {}
+    assert _like(NeoXLayer(), "hf:gpt_neox") == {}  # the config's default: parallel
