@@ -98,6 +98,10 @@ class TrainBlock(nn.Module):
 class ReLUBlock(TrainBlock):
     """A ReLU FFN: kinks everywhere, the derivative check must not mistake them for a wrong backward."""
 
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
+        super().__init__(d_model, n_heads, dropout, causal)
+        del self.w3  # no gate
+
     def ffn(self, h):
         return self.drop(self.w2(F.relu(self.w1(h))))
 
@@ -107,6 +111,7 @@ class MoEBlock(TrainBlock):
 
     def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
         super().__init__(d_model, n_heads, dropout, causal)
+        del self.w1, self.w2, self.w3  # the experts are the FFN
         self.router = nn.Linear(d_model, 4, bias=False)
         self.experts = nn.ModuleList(nn.Sequential(nn.Linear(d_model, 2 * d_model), nn.GELU(), nn.Linear(2 * d_model, d_model))
                                      for _ in range(4))
