@@ -132,7 +132,8 @@ class _RMSNormFn(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, w, eps):
-        r = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+        h = x.to(torch.promote_types(x.dtype, torch.float32))  # squared in float32 at least: no fp16 overflow
+        r = torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps).to(x.dtype)
         ctx.save_for_backward(x, w, r)
         return x * r * w
 
@@ -174,11 +175,11 @@ class CheckpointedBlock(TrainBlock):
 
 
 class TiedBlock(TrainBlock):
-    """q and k share one matrix, tied the right way (one Parameter object)."""
+    """q and v share one matrix, tied the right way (one Parameter object)."""
 
     def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
         super().__init__(d_model, n_heads, dropout, causal)
-        self.k_proj.weight = self.q_proj.weight
+        self.v_proj.weight = self.q_proj.weight
 
 
 class BareRMSNorm(nn.Module):
