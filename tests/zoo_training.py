@@ -1,10 +1,7 @@
-"""Blocks for the training-time checks: correct ones that must pass, and ones with one planted bug each, every bug a
-class real projects shipped (wrong custom backwards, detached paths, recomputes with other dropout masks, deferred
-init, unsaved state, half-precision positions, frozen or untied parameters).
-
-Every buggy block is the correct `TrainBlock` (or a correct twin) with one thing changed; constructors take tblock's
-keywords (d_model, n_heads, dropout, causal) so `--block tests/zoo_training.py:NAME` builds it.
-"""
+"""Blocks for the training-time checks: correct twins that must pass, and one planted bug each of the classes real
+projects shipped (wrong custom backwards, detached paths, recomputes with other dropout masks, deferred init, unsaved
+state, half-precision positions, frozen or untied parameters). Each bug is `TrainBlock` (or a twin) with one thing
+changed; constructors take tblock's keywords, so `--block tests/zoo_training.py:NAME` builds it."""
 
 import math
 
@@ -197,7 +194,6 @@ class BareRMSNorm(nn.Module):
 
 class NoInitRotary(Rotary):
     reset_parameters = None  # inv_freq from __init__ only, the common idiom
-
 
 class IdiomRoPE(TrainBlock):
     """The single-file idiom: inv_freq computed in __init__ (persistent=False), norms without an init of their own.
