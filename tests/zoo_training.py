@@ -195,6 +195,7 @@ class BareRMSNorm(nn.Module):
 class NoInitRotary(Rotary):
     reset_parameters = None  # inv_freq from __init__ only, the common idiom
 
+
 class IdiomRoPE(TrainBlock):
     """The single-file idiom: inv_freq computed in __init__ (persistent=False), norms without an init of their own.
     Not built for deferred init at all (its norm weights come back unset too): meta_init has nothing to judge."""
