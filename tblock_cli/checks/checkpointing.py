@@ -97,16 +97,17 @@ def _switched_on(module: nn.Module):
     modules = all_modules(module)
     hf = next((m for m in modules if getattr(m, "supports_gradient_checkpointing", False)
                and callable(getattr(m, "activation_checkpointing_enable", getattr(m, "gradient_checkpointing_enable", None)))), None)
-    if hf is not None or any(isinstance(getattr(m, "gradient_checkpointing", None), bool) for m in modules):
-        from torch.utils.checkpoint import checkpoint  # the block's own switch calls it: its cost is the block's
     if hf is not None:
         enable = getattr(hf, "activation_checkpointing_enable", None) or hf.gradient_checkpointing_enable
         disable = getattr(hf, "activation_checkpointing_disable", None) or hf.gradient_checkpointing_disable
-        enable()
+        was_on = bool(getattr(hf, "is_gradient_checkpointing", False))  # then the plain run had it on: left as it is
+        if not was_on:
+            enable()
         try:
             yield f"{type(hf).__name__}.{enable.__name__}()"
         finally:
-            disable()
+            if not was_on:
+                disable()
         return
     flags = [(m, k) for m in modules for k in SWITCHES if isinstance(getattr(m, k, None), bool)]
     was = [(m, k, getattr(m, k)) for m, k in flags]
@@ -114,8 +115,11 @@ def _switched_on(module: nn.Module):
     funcs = [m for m, k in flags if k == "gradient_checkpointing" and not hasattr(m, "_gradient_checkpointing_func")]
     for m, k in flags:
         setattr(m, k, True)
-    for m in funcs:
-        m._gradient_checkpointing_func = functools.partial(checkpoint, use_reentrant=False)
+    if funcs:
+        from torch.utils.checkpoint import checkpoint  # the block's own switch calls it: its cost is the block's
+
+        for m in funcs:
+            m._gradient_checkpointing_func = functools.partial(checkpoint, use_reentrant=False)
     try:
         yield f"{flags[0][1]} = True" if flags else None
     finally:
