@@ -64,13 +64,15 @@ class Rotary(nn.Module):
 class TrainBlock(nn.Module):
     """Llama-style Pre-norm block with dropout: RMSNorm, rotary SDPA attention, SwiGLU FFN."""
 
+    rotary_class = Rotary
+
     def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
         super().__init__()
         self.n_heads, self.causal, self.p = n_heads, causal, dropout
         hidden = int(8 * d_model / 3)
         self.attn_norm, self.ffn_norm = RMSNorm(d_model), RMSNorm(d_model)
         self.q_proj, self.k_proj, self.v_proj, self.o_proj = (nn.Linear(d_model, d_model, bias=False) for _ in range(4))
-        self.rotary = Rotary(d_model // n_heads)
+        self.rotary = self.rotary_class(d_model // n_heads)
         self.w1, self.w3 = nn.Linear(d_model, hidden, bias=False), nn.Linear(d_model, hidden, bias=False)
         self.w2 = nn.Linear(hidden, d_model, bias=False)
         self.drop = nn.Dropout(dropout)
@@ -179,17 +181,8 @@ class TiedBlock(TrainBlock):
         self.v_proj.weight = self.q_proj.weight
 
 
-class BareRMSNorm(nn.Module):
-    """RMSNorm as most single-file models write it: a weight of ones, no init of its own."""
-
-    def __init__(self, d, eps=1e-6):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(d))
-
-    def forward(self, x):
-        h = x.float()
-        return (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * self.weight
+class BareRMSNorm(RMSNorm):
+    reset_parameters = None  # as most single-file models write it: a weight of ones, no init of its own
 
 
 class NoInitRotary(Rotary):
@@ -200,10 +193,11 @@ class IdiomRoPE(TrainBlock):
     """The single-file idiom: inv_freq computed in __init__ (persistent=False), norms without an init of their own.
     Not built for deferred init at all (its norm weights come back unset too): meta_init has nothing to judge."""
 
+    rotary_class = NoInitRotary
+
     def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
         super().__init__(d_model, n_heads, dropout, causal)
         self.attn_norm, self.ffn_norm = BareRMSNorm(d_model), BareRMSNorm(d_model)
-        self.rotary = NoInitRotary(d_model // n_heads)
 
 
 CORRECT = ["TrainBlock", "ReLUBlock", "MoEBlock", "FusedNormBlock", "CheckpointedBlock", "TiedBlock", "IdiomRoPE"]
@@ -276,18 +270,11 @@ class ReentrantInside(TrainBlock):
         return checkpoint(super().forward, x, use_reentrant=True)
 
 
-class InitOnlyRotary(Rotary):
-    def reset_parameters(self):  # the twin's init recomputes inv_freq; this one's leaves it to __init__
-        pass
-
-
 class RotaryInitOnly(TrainBlock):
     """inv_freq registered persistent=False and computed only in __init__ (transformers issue #45902): after a
     meta-device build and to_empty() nothing recomputes it."""
 
-    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
-        super().__init__(d_model, n_heads, dropout, causal)
-        self.rotary = InitOnlyRotary(d_model // n_heads)
+    rotary_class = NoInitRotary
 
 
 class PlainTensorAttr(TrainBlock):
@@ -331,12 +318,24 @@ class HalfPositions(Rotary):
 
 
 class Bf16Positions(TrainBlock):
-    """Rotary positions built in the buffers' dtype: exact in float32, rounded to steps of 2 past 256 tokens after
-    .to(bfloat16)."""
+    """Rotary positions built in the buffers' dtype: exact in float32, steps of 2 past 256 after .to(bfloat16)."""
 
-    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
-        super().__init__(d_model, n_heads, dropout, causal)
-        self.rotary = HalfPositions(d_model // n_heads)
+    rotary_class = HalfPositions
+
+
+class CachedAngles(Rotary):
+    def __init__(self, dim, base=10000.0, n=2048):  # angles cached as a buffer, which .to(bfloat16) rounds
+        super().__init__(dim, base)
+        self.register_buffer("freqs", torch.outer(torch.arange(n).float(), self.inv_freq), persistent=False)
+
+    def angles(self, T, device):
+        return self.freqs[:T].float()
+
+
+class AngleCacheCast(TrainBlock):
+    """A rotary cache of angles, cast to bfloat16 by .to: past 256 positions, steps of 2 to 8 radians' worth."""
+
+    rotary_class = CachedAngles
 
 
 class MatmulAngles(Rotary):
@@ -348,9 +347,7 @@ class MatmulAngles(Rotary):
 class AutocastAngles(TrainBlock):
     """Rotary angles from a matmul that autocast runs in bfloat16: positions lost under mixed precision."""
 
-    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
-        super().__init__(d_model, n_heads, dropout, causal)
-        self.rotary = MatmulAngles(d_model // n_heads)
+    rotary_class = MatmulAngles
 
 
 class FrozenNorm(TrainBlock):
@@ -394,6 +391,6 @@ PLANTED = {
     "OwnCheckpointNoRng": "checkpointing", "ReentrantInside": "checkpointing",
     "RotaryInitOnly": "meta_init",
     "PlainTensorAttr": "state_dict", "ListParams": "state_dict", "UnsavedBuffer": "state_dict",
-    "Bf16Positions": "precision", "AutocastAngles": "precision",
+    "Bf16Positions": "precision", "AngleCacheCast": "precision", "AutocastAngles": "precision",
     "FrozenNorm": "optimizer_step", "TieBrokenByCopy": "optimizer_step",
 }
