@@ -115,13 +115,11 @@ def test_state_dict_names_hidden_parameters_and_plain_tensors():
     assert c.kind == "state_dict.outputs" and not c.facts["missing"] and not c.facts["unexpected"], c.facts
 
 
-def test_precision_names_the_rotary_in_each_way_positions_get_lost():
+def test_precision_names_the_rotary_in_both_ways_positions_get_lost():
     c = run("Bf16Positions", only=("precision",))["precision"]
     assert c.facts["how"] == "to_bfloat16" and c.facts["component"] == "rotary", c.facts
     c = run("AutocastAngles", only=("precision",))["precision"]
     assert c.facts["how"] == "autocast" and c.facts["component"] == "rotary", c.facts
-    c = run("AngleCacheCast", only=("precision",))["precision"]
-    assert c.facts["how"] == "to_bfloat16" and c.facts["component"] == "rotary", c.facts
 
 
 def test_optimizer_step_names_a_broken_tie_and_a_frozen_norm_but_not_a_real_tie():

@@ -323,21 +323,6 @@ class Bf16Positions(TrainBlock):
     rotary_class = HalfPositions
 
 
-class CachedAngles(Rotary):
-    def __init__(self, dim, base=10000.0, n=2048):  # angles cached as a buffer, which .to(bfloat16) rounds
-        super().__init__(dim, base)
-        self.register_buffer("freqs", torch.outer(torch.arange(n).float(), self.inv_freq), persistent=False)
-
-    def angles(self, T, device):
-        return self.freqs[:T].float()
-
-
-class AngleCacheCast(TrainBlock):
-    """A rotary cache of angles, cast to bfloat16 by .to: past 256 positions, steps of 2 to 8 radians' worth."""
-
-    rotary_class = CachedAngles
-
-
 class MatmulAngles(Rotary):
     def angles(self, T, device):  # a matmul: under autocast it runs in bfloat16 (HF disables autocast here)
         t = torch.arange(T, device=device, dtype=torch.float32)
@@ -391,6 +376,6 @@ PLANTED = {
     "OwnCheckpointNoRng": "checkpointing", "ReentrantInside": "checkpointing",
     "RotaryInitOnly": "meta_init",
     "PlainTensorAttr": "state_dict", "ListParams": "state_dict", "UnsavedBuffer": "state_dict",
-    "Bf16Positions": "precision", "AngleCacheCast": "precision", "AutocastAngles": "precision",
+    "Bf16Positions": "precision", "AutocastAngles": "precision",
     "FrozenNorm": "optimizer_step", "TieBrokenByCopy": "optimizer_step",
 }

@@ -20,15 +20,13 @@ HALF = torch.bfloat16
 # 512, of 4 beyond), so at 768 tokens 42 % of positions are wrong in a rotary table or angle built from bfloat16
 # positions, more than the QUANTILE leaves out; the attention's cost grows with its square.
 PRECISION_SEQ = 768
-# Each component's output (and the block's) against the float32 block, under autocast and after .to(bfloat16) (its
-# input rounded too); per token position, the relative error, and of those the QUANTILE. Measured at 768 tokens: blocks
-# without rotary positions (zoo, built-in, hf gpt2, gpt_neox, gptj, MoE ones whose routers send a few tokens elsewhere)
-# 5e-3..7e-3; rotary blocks after .to(bfloat16), whose inv_freq buffer .to rounds (positions x frequencies off by
-# 2^-9), 0.045..0.047 at d_head 16 and 0.057..0.066 at d_head 64 (hf llama, qwen3, gemma2, falcon, phi3, the zoo's);
-# positions built in bfloat16, angles cached in a buffer that .to rounds, or rotary angles from a matmul autocast runs
-# in bfloat16: 0.35..0.41 at d_head 16, 0.24..0.30 at d_head 64. 0.15 sits 2.3x above the first and 1.6x below the
-# second at d_head 64 (7x and 2.3x at 16).
-PRECISION_LIMIT = 0.15
+# Each component's output (and the block's) against float32 (autocast), or against float32 computing with the same
+# bfloat16-rounded weights and buffers (after .to(bfloat16): the rounding of the weights themselves, an inv_freq
+# included, is what .to asks for; the computation's precision is what is judged); per token position, the relative
+# error, and of those the QUANTILE. Measured at 768 tokens, d_model 64: correct blocks (zoo, built-in, hf layers,
+# MoE ones whose routers send a few tokens elsewhere) 3e-3..7e-3; rotary positions in bfloat16 (.to) or rotary angles
+# from a matmul autocast runs in bfloat16: 0.36. 5e-2 sits 7x above the first and 7x below the second.
+PRECISION_LIMIT = 5e-2
 QUANTILE = 0.75
 
 
@@ -119,8 +117,11 @@ def check_precision(ctx: Context) -> Outcome:
         results["autocast"] = ([("output", ref)] + ref_parts, [("output", got)] + parts)
         ctx.step(".to(bfloat16)")
         half = copy.deepcopy(module).to(HALF)
-        got, parts = _outputs(half, ctx.subject.like(half), x.to(HALF), False, ctx.device)
-        results["to_bfloat16"] = ([("output", ref)] + ref_parts, [("output", got)] + parts)
+        rounded = copy.deepcopy(half).float()  # float32 computing with the bfloat16-rounded weights and buffers
+        xh = x.to(HALF)
+        ref_r, parts_r = _outputs(rounded, ctx.subject.like(rounded), xh.float(), False, ctx.device)
+        got, parts = _outputs(half, ctx.subject.like(half), xh, False, ctx.device)
+        results["to_bfloat16"] = ([("output", ref_r)] + parts_r, [("output", got)] + parts)
     except Exception as e:  # noqa: BLE001 - a block that does not run in bfloat16 at all
         if is_out_of_memory(e):
             raise
