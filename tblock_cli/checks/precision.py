@@ -23,10 +23,11 @@ PRECISION_SEQ = 768
 # Each component's output (and the block's) against float32 (autocast), or against float32 computing with the same
 # bfloat16-rounded weights and buffers (after .to(bfloat16): the rounding of the weights themselves, an inv_freq
 # included, is what .to asks for; the computation's precision is what is judged); per token position, the relative
-# error, and of those the QUANTILE. Measured at 768 tokens, d_model 64: correct blocks (zoo, built-in, hf layers,
-# MoE ones whose routers send a few tokens elsewhere) 3e-3..7e-3; rotary positions in bfloat16 (.to) or rotary angles
-# from a matmul autocast runs in bfloat16: 0.36. 5e-2 sits 7x above the first and 7x below the second.
-PRECISION_LIMIT = 5e-2
+# error, and of those the QUANTILE. Measured at 768 tokens: correct blocks (zoo, built-in, 89 hf layers, MoE ones whose
+# routers send a few tokens elsewhere) 3e-3..8e-3 at d_model 64 and 512, hf funnel 0.045 at 512 (its relative
+# positions); rotary positions in bfloat16 (.to) or rotary angles from a matmul autocast runs in bfloat16: 0.36 at
+# d_head 16, 0.30 at d_head 64. 0.1 sits 2.2x above the worst correct block and 3x below the bugs.
+PRECISION_LIMIT = 0.1
 QUANTILE = 0.75
 
 
