@@ -55,10 +55,10 @@ def check(block=None, *, strict: bool = False, progress: Callable[[str, str | No
     rules.check(block, options, strict=strict, progress=progress, fast=fast, tp=tp, fsdp=fsdp, tp_plan=tp_plan,
                 like=like, like_kwargs=like_kwargs, expect=expect)
     from tblock_cli import runtime
+    from tblock_cli.card.declare import declare
     from tblock_cli.checks import run_checks
     from tblock_cli.checks.battery import select
     from tblock_cli.distributed import prepare
-    from tblock_cli.spec.declare import declare
     from tblock_cli.subject.setup import setup
 
     chosen = select(only, skip, fast)  # a misspelt name is refused before the block is built
@@ -88,10 +88,10 @@ def spec(block=None, *, like: str | None = None, like_kwargs=None, expect=None,
     Returns a SpecReport: `.ok`, `.card`, `.verdicts`, `.to_dict()` (what `tblock spec --json` prints)."""
     rules.spec(block, options, like=like, like_kwargs=like_kwargs, expect=expect, progress=progress)
     from tblock_cli import runtime
-    from tblock_cli.spec.card import judge
-    from tblock_cli.spec.declare import declare
-    from tblock_cli.spec.read import read_card
-    from tblock_cli.spec.report import SpecReport
+    from tblock_cli.card.declare import declare
+    from tblock_cli.card.entries import judge
+    from tblock_cli.card.read import read_card
+    from tblock_cli.card.report import SpecReport
     from tblock_cli.subject.setup import setup
 
     s = setup(block, options, trains=False)

@@ -67,7 +67,7 @@ def shared(block, options: dict, *, allow_mixed: bool = False) -> None:
 
 def declared(like, like_kwargs, expect) -> None:
     """What a block is declared to be: --like hf:TYPE, --like-kwargs JSON, --expect KEY=VALUE (spec and check)."""
-    from tblock_cli.spec.declare import validate
+    from tblock_cli.card.declare import validate
 
     validate(like, like_kwargs, expect)
 

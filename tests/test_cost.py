@@ -11,18 +11,22 @@ from tblock_cli.checks.battery import CHECK_NAMES
 from tblock_cli.checks.cost import BUDGET, PassCounter, budget_table
 
 
-def test_counter_counts_forwards_backwards_and_a_deep_copys_passes():
-    m = nn.Linear(4, 4)
-    counter = PassCounter(m)
-    x = torch.randn(2, 4)
-    m(x).sum().backward()
+def test_counter_counts_forwards_backwards_and_a_copys_passes_without_a_module_hook():
+    from tblock_cli.subject.loading import Subject
+
+    m = nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True).eval()
+    subject = Subject(m, "layer", False, None, False)
+    counter = PassCounter(subject)
+    x = torch.randn(2, 3, 8)
+    subject(x.requires_grad_()).sum().backward()
     with torch.no_grad():
-        m(x)
-    copy.deepcopy(m)(x).sum().backward()  # a check's copy: its passes are the check's cost too
+        subject(x)
+    subject.like(copy.deepcopy(m))(x).sum().backward()  # a check's copy: its passes are the check's cost too
     got = counter.now()
     assert (got.forward, got.backward, got.equivalents) == (3, 2, 7)
+    assert not m._forward_hooks and not m._forward_pre_hooks  # the fast path of nn.TransformerEncoderLayer stays on
     counter.close()
-    m(x)
+    subject(x)
     assert counter.now().forward == 3
 
 

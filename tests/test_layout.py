@@ -129,3 +129,16 @@ def test_checks_never_write_the_context():
             writes += [f"{path.name}:{node.lineno}" for t in targets
                        if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "ctx"]
     assert not writes, writes
+
+
+def test_the_wheel_takes_every_subpackage():
+    """`pip install .` (not -e) installs what setuptools finds: a package list of the root alone left out checks/,
+    subject/ and the rest, and the installed command failed on its first import."""
+    import fnmatch
+    import tomllib
+
+    config = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())
+    include = config["tool"]["setuptools"]["packages"]["find"]["include"]
+    packages = [".".join(p.parent.relative_to(PACKAGE.parent).parts) for p in PACKAGE.rglob("__init__.py")]
+    missing = [p for p in packages if not any(fnmatch.fnmatch(p, pattern) for pattern in include)]
+    assert len(packages) > 5 and not missing, missing

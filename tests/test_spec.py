@@ -8,12 +8,12 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
+from tblock_cli.card.declare import validate
+from tblock_cli.card.entries import KEYS, Card, Claim, Entry, judge, parse_expect, parse_value, same
+from tblock_cli.card.report import SpecReport
 from tblock_cli.cli import app
 from tblock_cli.errors import ConfigError
 from tblock_cli.report import RunInfo
-from tblock_cli.spec.card import KEYS, Card, Claim, Entry, judge, parse_expect, parse_value, same
-from tblock_cli.spec.declare import validate
-from tblock_cli.spec.report import SpecReport
 
 SMALL = ["--d-model", "32", "--n-heads", "4", "--threads", "1"]
 
@@ -112,3 +112,10 @@ def test_spec_json_is_one_object_with_the_card():
     assert res.exit_code == 0, res.output
     data = json.loads(res.stdout)
     assert [e["key"] for e in data["card"]["entries"]] == list(KEYS)
+
+
+def test_the_api_function_spec_is_not_shadowed_by_the_package_that_reads_the_card():
+    import tblock_cli
+    import tblock_cli.card.entries  # noqa: F401 - importing a subpackage sets its name on tblock_cli
+
+    assert callable(tblock_cli.spec) and tblock_cli.spec.__name__ == "spec"

@@ -42,3 +42,29 @@ def test_weights_that_cannot_be_carried_skip_with_the_reason():
                               kwargs={"n_kv_heads": 2})  # hf:llama keeps 4 key/value heads: k/v widths differ
     (r,) = report.checks
     assert (r.status.value, r.kind) == ("skip", "like_reference.not_compared") and "carry" in r.facts["why"]
+
+
+EXAMPLE = f"{Path(__file__).parent.parent / 'examples' / 'llama_layer.py'}:LlamaLayer"
+LAYER = {"d_model": 32, "n_heads": 4, "d_ff": 64, "seq": 8, "threads": 1, "causal": True}
+
+
+def test_the_example_whose_rotary_ignores_its_theta_is_caught_by_both_checks():
+    report = tblock_cli.check(EXAMPLE, kwargs={"rope_theta": 500000.0}, like="hf:llama",
+                              like_kwargs={"rope_theta": 500000.0}, only="spec,like_reference", **LAYER)
+    spec, like = report.checks
+    assert (spec.status.value, like.status.value) == ("fail", "fail")
+    assert {d["key"] for d in spec.facts["differs"]} == {"rope.theta", "rope.freqs"}
+    theta = next(d for d in spec.facts["differs"] if d["key"] == "rope.theta")
+    assert abs(theta["measured"] - 1e4) < 1e2 and theta["claimed"] == pytest.approx(5e5, rel=1e-6)
+
+
+def test_a_transformers_4_rotary_key_means_the_same_reference():
+    """rope_theta (transformers 4's field) and rope_parameters (5's) build the same reference; the example's own
+    base, 10000, then matches."""
+    for like_kwargs in ({"rope_theta": 10000.0}, {"rotary_emb_base": 10000.0}):
+        report = tblock_cli.check(EXAMPLE, like="hf:llama", like_kwargs=like_kwargs, only="spec,like_reference",
+                                  **LAYER)
+        assert [c.status.value for c in report.checks] == ["pass", "pass"], [c.detail for c in report.checks]
+    report = tblock_cli.spec("hf:llama", kwargs={"rope_scaling": {"type": "linear", "factor": 4.0}}, d_model=32,
+                             n_heads=4, threads=1)
+    assert report.card.value("rope.scaling") == "linear" and report.card.value("rope.factor") == pytest.approx(4.0, rel=0.02)

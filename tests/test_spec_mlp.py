@@ -16,8 +16,8 @@ from spec_blocks_mlp import (
 )
 
 import tblock_cli
+from tblock_cli.card.ffn import ACTS, fit
 from tblock_cli.checks.result import Status
-from tblock_cli.spec.ffn import ACTS, fit
 
 SIZES = {"d_model": 64, "n_heads": 4, "threads": 1}
 
@@ -29,7 +29,7 @@ HF_ACT = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_ta
 def _hf_card(model_type: str, **kwargs):
     """The card of one hf: layer and that layer's own config."""
     pytest.importorskip("transformers")
-    from tblock_cli.spec.read import read_card
+    from tblock_cli.card.read import read_card
     from tblock_cli.subject.setup import setup
 
     s = setup(f"hf:{model_type}", {**SIZES, "d_ff": 128, **({"kwargs": kwargs} if kwargs else {})}, trains=False)
@@ -121,7 +121,7 @@ def test_planted_variant_is_caught_and_its_twin_passes(name):
 
 
 def test_layerscale_is_read_per_channel():
-    from tblock_cli.spec.read import read_card
+    from tblock_cli.card.read import read_card
     from tblock_cli.subject.setup import setup
 
     torch.manual_seed(0)

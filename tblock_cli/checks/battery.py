@@ -146,7 +146,7 @@ def run_checks(subject: Subject, cfg: BlockConfig, device: torch.device, dtype: 
 
 
 def _run(ctx: Context, strict: bool, run: RunInfo | None, only: tuple[str, ...] | None) -> CheckReport:
-    counter = PassCounter(ctx.subject.module)
+    counter = PassCounter(ctx.subject)
     try:
         return _battery(ctx, strict, run, only, counter)
     finally:

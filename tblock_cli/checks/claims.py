@@ -9,8 +9,8 @@ from tblock_cli.checks.result import Outcome, failed, passed, skipped
 
 def check_spec(ctx: Context) -> Outcome:
     """Every declared card entry holds within its tolerance; an entry that cannot be read is said, never guessed."""
-    from tblock_cli.spec.card import judge
-    from tblock_cli.spec.read import read_card
+    from tblock_cli.card.entries import judge
+    from tblock_cli.card.read import read_card
 
     decl = ctx.declaration
     if decl is None or (not decl.claims and decl.like is None):

@@ -51,6 +51,8 @@ class Mapping:
     pairs: tuple[tuple[Slot, Slot, str], ...]  # (A slot, B slot, "name" | "role" | "map")
     zeroed: tuple[tuple[str, str], ...] = ()  # (side, parameter): a bias the other side lacks, set to zero
     disagreements: tuple[tuple[str, str, str, str], ...] = ()  # (A name, A role, B name, B role)
+    at_init: tuple[tuple[str, str, str], ...] = ()  # (side, parameter, "ones" | "zeros"): an unmatched norm-like
+    # weight left as it was, where it computes the identity (a weighted q/k-norm against a weight-free one)
 
     def carry(self, a: nn.Module, b: nn.Module) -> None:
         pa, pb = dict(a.named_parameters()), dict(b.named_parameters())
@@ -203,11 +205,47 @@ def build_mapping(a: nn.Module, b: nn.Module, slots_a: list[Slot], slots_b: list
             if s.part == "bias" and s.role != "other" and s.param not in paired:
                 zeroed.append((side, s.param))
                 left.remove(s)
+    at_init, left_a, left_b = identity_extras(left_a, left_b, pa, pb, pairs)
     if left_a or left_b:
-        said = [f"A's {s.label} ({s.role})" for s in left_a] + [f"B's {s.label} ({s.role})" for s in left_b]
+        said = [f"A's {s.label} ({s.role}{why_not_identity(pa[s.param])})" for s in left_a] + \
+               [f"B's {s.label} ({s.role}{why_not_identity(pb[s.param])})" for s in left_b]
         raise ConfigError(f"cannot carry the weights across: nothing matches {', '.join(said)}; "
                           f"pass --map FILE (JSON: A parameter name -> B parameter name)")
-    return Mapping(tuple(pairs), tuple(dict.fromkeys(zeroed)), tuple(disagreements))
+    return Mapping(tuple(pairs), tuple(dict.fromkeys(zeroed)), tuple(disagreements), at_init)
+
+
+def identity_value(p: torch.Tensor) -> str | None:
+    """'ones' or 'zeros' for a 1-D parameter at the value where a norm's scale or shift (or a (1 + w) offset scale)
+    computes the identity, as Hugging Face initialises them; None for anything else."""
+    if p.ndim != 1 or not p.numel():
+        return None
+    if bool((p == 1).all()):
+        return "ones"
+    return "zeros" if bool((p == 0).all()) else None
+
+
+def why_not_identity(p: torch.Tensor) -> str:
+    if p.ndim != 1:
+        return ""
+    return "; a 1-D weight not at the identity (ones or zeros), so leaving it out would change what that side computes"
+
+
+def identity_extras(left_a: list[Slot], left_b: list[Slot], pa: dict, pb: dict, pairs):
+    """Unmatched parameters of one side that are norm-like weights at their identity (a weighted q/k-norm at its
+    init against a weight-free one): left as they are, and said. Anything else stays unmatched (refused)."""
+    out = []
+    rest = []
+    for side, left, params, paired in (("a", left_a, pa, {p[0].param for p in pairs}),
+                                       ("b", left_b, pb, {p[1].param for p in pairs})):
+        keep = []
+        for s in left:
+            value = identity_value(params[s.param]) if s.param not in paired else None
+            if value is None:
+                keep.append(s)
+            else:
+                out.append((side, s.param, value))
+        rest.append(keep)
+    return tuple(dict.fromkeys(out)), rest[0], rest[1]
 
 
 def by_role(left_a: list[Slot], left_b: list[Slot], pa: dict, pb: dict):

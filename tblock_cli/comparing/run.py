@@ -87,6 +87,9 @@ def run_compare(a, b, setup, *, options: dict, kwargs_a=None, kwargs_b=None, dty
     differ = [c for c in comparisons if not c.equal]
     if differ:
         first = explain(diffs, cap_a, cap_b, head_dim_of(flows[0]) or head_dim_of(flows[1]), judge.component_tol)
+        with session(cfg.threads):
+            first = beyond_one_forward(first, differ, subject_a, subject_b, xa, xb, mapping, slots_a,
+                                       relabelled(slots_b, slots_a, mapping), judge)
         findings.append(Finding(Status.FAIL, "compare.differ", {"what": [c.name for c in differ]}))
         findings.append(Finding(Status.FAIL, "compare.first_difference", first) if first else
                         Finding(Status.INFO, "compare.not_localised", {"captured": len(diffs)}))
@@ -168,11 +171,31 @@ def compare_all(sa, sb, xa, xb, v, mapping, judge: Judge, train: bool = True) ->
     return out
 
 
+def beyond_one_forward(first, differ, sa, sb, xa, xb, mapping, slots_a, slots_b, judge) -> dict | None:
+    """What one forward's captures cannot name: a fused q/k/v split in another order (tried where the outputs
+    differ), and a difference on the cached path only (the decode step and the component in it)."""
+    from tblock_cli.comparing.decoding import localise_decode
+    from tblock_cli.comparing.reorder import fused_order
+
+    names = {c.name for c in differ}
+    try:
+        if "outputs" in names:
+            order = fused_order(sa, sb, xa, xb, mapping, judge)
+            return {**(first or {}), "fused_order": order} if order else first
+        if names == {"decode"}:
+            return localise_decode(sa, sb, xa, xb, slots_a, slots_b, judge) or first
+    except Exception:  # noqa: BLE001 - a side that cannot be rerun so: the difference stays as localised
+        return first
+    return first
+
+
 def mapping_findings(mapping, followed: dict, a_builtin: bool, b_builtin: bool) -> list[Finding]:
     out = [Finding(Status.INFO, "mapping.carried", mapping.counts())]
     out += [Finding(Status.WARN, "mapping.name_role", {"a": an, "a_role": ar, "b": bn, "b_role": br})
             for an, ar, bn, br in mapping.disagreements]
     out += [Finding(Status.INFO, "mapping.bias_zeroed", {"side": side.upper(), "param": p}) for side, p in mapping.zeroed]
+    out += [Finding(Status.INFO, "mapping.at_init", {"side": side.upper(), "param": p, "value": v})
+            for side, p, v in mapping.at_init]
     if followed:
         out.append(Finding(Status.INFO, "compare.builtin_follows", {"side": "A" if a_builtin else "B", **followed}))
     return out

@@ -20,6 +20,18 @@ def component(key: str) -> str:
 
 
 def first_difference(f: dict) -> str:
+    if "fused_order" in f:
+        o = f["fused_order"]
+        out = (f"first difference: fused q/k/v split in order {o['order']} ({o['side']}'s {', '.join(o['params'])}): with "
+               f"its rows taken in that order the outputs agree")
+        return out + (f"; as carried, {component(f['component'])} ({f['component']}) differs first" if "component" in f else "")
+    if f.get("path") == "decode":
+        lo, hi = f["positions"]
+        where = f"position {lo}" if lo == hi else f"positions {lo}..{hi} (the prompt)"
+        out = f"first difference on the cached path only: decode step {f['step']} ({where})"
+        if "component" in f:
+            out += f", at {component(f['component'])} ({f['component']})"
+        return out + f", max |A - B| {f['max_abs']:.3g} (relative {f['rel']:.3g}); the full forward agrees"
     out = f"first difference: {component(f['component'])} ({f['component']}), max |A - B| {f['max_abs']:.3g} (relative {f['rel']:.3g})"
     if "heads_permutation" in f:
         out += f"; B's heads are A's permuted: B head j = A head {f['heads_permutation']}[j]"
@@ -53,6 +65,8 @@ MESSAGES = {
     "mapping.name_role": "A's {a} is {a_role} but B's {b} is {b_role}: the same name does a different job "
                          "(a checkpoint loaded by name would hit this)",
     "mapping.bias_zeroed": "{side}'s {param} has no counterpart on the other side: set to zero for the comparison",
+    "mapping.at_init": "{side}'s {param} has no counterpart on the other side: left at its init ({value}, where it "
+                       "computes the identity); the comparison holds for that value only",
     "compile.no_compiler": "no C++ compiler found (g++, clang++, cc): inductor cannot build CPU kernels; compared against "
                            "the {backend} backend instead",
     "compile.failed": "torch.compile failed: {error}",

@@ -43,6 +43,9 @@ class Subject:
     # rules a known family breaks on purpose (kind -> reason; "check.skip" -> reason): tblock's own knowledge of an
     # hf: family, never read from the module under test (a user block's attribute of that name means nothing here)
     by_design: dict[str, str] = field(default_factory=dict)
+    # [forwards, backwards] through this calling convention, shared with every `like` copy (checks.cost counts them
+    # here, not with a module hook: a hook on the module turns off nn.TransformerEncoderLayer's fast path)
+    passes: list | None = field(default=None, compare=False, repr=False)
     # builds the block anew from its factory: rebuild(seed, device) on "cpu" or "meta", in the run dtype, not moved;
     # None where the block was handed over as a module instance (nothing to build it from)
     rebuild: Callable[[int, str], nn.Module] | None = None
@@ -55,12 +58,20 @@ class Subject:
             raise ValueError("this block's forward takes no padding mask")
         else:
             out = self.module(x, **{self.pad_keyword: pad_mask if self.pad_means == "pad" else ~pad_mask})
-        return first_tensor(out)
+        out = first_tensor(out)
+        if self.passes is not None:
+            self.passes[0] += 1
+            if out.requires_grad:
+                out.register_hook(self._backward_seen)
+        return out
+
+    def _backward_seen(self, _grad) -> None:
+        self.passes[1] += 1
 
     def like(self, module: nn.Module) -> "Subject":
         """The same calling convention around another module (a float64 copy, a dropout-free copy)."""
         return Subject(module, self.name, self.builtin, self.pad_keyword, self.causal, self.pad_means, self.by_design,
-                       self.rebuild)
+                       self.passes, self.rebuild)
 
 
 def first_tensor(out) -> torch.Tensor:

@@ -27,7 +27,7 @@ POSITION_KEYS = ("position_embeddings", "position_bias", "alibi", "rotary_pos_em
 def build_config(model_type: str, cfg: BlockConfig, extra: dict):
     """The type's default config with tblock's sizes in every field that depends on them; --kwargs override."""
     defaults = sizes.default_config(model_type)
-    extra = {k: v for k, v in extra.items() if k not in sizes.DRIVER_KEYS}
+    extra = sizes.legacy_rope(defaults, {k: v for k, v in extra.items() if k not in sizes.DRIVER_KEYS})
     sizes.validate_kwargs(model_type, defaults, extra)
     overrides = {**sizes.size_overrides(defaults, cfg, extra), **families.family_overrides(model_type, defaults, cfg, extra),
                  **extra}

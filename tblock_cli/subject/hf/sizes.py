@@ -78,6 +78,32 @@ def config_keys(config) -> set[str]:
     return set(config.to_dict()) | set(getattr(config, "attribute_map", {}))
 
 
+# Rotary settings as transformers 4 configs spelled them, and where transformers 5 keeps them: in one
+# `rope_parameters` dict. A --kwargs (or --like-kwargs) written for either release means the same block.
+LEGACY_ROPE = {"rope_theta": "rope_theta", "rotary_emb_base": "rope_theta", "rotary_pct": "partial_rotary_factor",
+               "partial_rotary_factor": "partial_rotary_factor"}
+
+
+def legacy_rope(config, extra: dict) -> dict:
+    """--kwargs with the transformers 4 rotary keys (rope_theta, rope_scaling, rotary_pct, ...) moved into the
+    config's `rope_parameters`, where the config keeps them there and has no field of the old name."""
+    known = config_keys(config)
+    moved = [k for k in (*LEGACY_ROPE, "rope_scaling") if k in extra and k not in known]
+    if "rope_parameters" not in known or not moved:
+        return extra
+    params = dict(extra.get("rope_parameters") or getattr(config, "rope_parameters", None) or {})
+    scaling = extra.get("rope_scaling") if "rope_scaling" in moved else None
+    if isinstance(scaling, dict):
+        scaling = dict(scaling)
+        if "type" in scaling and "rope_type" not in scaling:
+            scaling["rope_type"] = scaling.pop("type")
+        params.update(scaling)
+    for k in moved:
+        if k != "rope_scaling":
+            params[LEGACY_ROPE[k]] = extra[k]
+    return {**{k: v for k, v in extra.items() if k not in moved}, "rope_parameters": params}
+
+
 def validate_kwargs(model_type: str, config, extra: dict) -> None:
     """Refuse --kwargs keys the config does not have (naming close ones) and values of the wrong kind."""
     known = config_keys(config)

@@ -6,9 +6,13 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from tblock_cli.card.entries import Card, Claim, claims_from_card, parse_expect
 from tblock_cli.errors import ConfigError, TBlockError, one_line
-from tblock_cli.spec.card import Card, Claim, claims_from_card, parse_expect
 
+# Config fields that make a family's first layers dense (its MoE layers come later in the stack), and the values that
+# make layer 0 an MoE layer: the --like reference's moe entries are read there, the rest on layer 0 as configured.
+MOE_FIRST = {"first_k_dense_replace": 0, "moe_layer_start_index": 0, "mlp_only_layers": [], "decoder_sparse_step": 1,
+             "encoder_sparse_step": 1}
 # The size flags the --like reference is built at: the block under test's own, so only what the config says differs.
 SIZES = ("d_model", "n_heads", "d_ff", "seq", "batch", "seed", "device", "threads")
 
@@ -60,14 +64,18 @@ def declare(like, like_kwargs, expect, cfg, setup, *, compare_with=None, kwargs=
     """Claims from --expect and from the --like layer's card; with compare_with (the block under test as compare's
     side A takes it, and kwargs its --kwargs), also the comparison against that layer with the block's weights carried
     to it."""
-    from tblock_cli.spec.read import read_card
+    from tblock_cli.card.read import read_card
 
     claims, reference_kwargs = validate(like, like_kwargs, expect)
     if like is None:
         return Declaration(claims)
     options = reference_options(cfg)
     s = setup(like, {**options, **({"kwargs": reference_kwargs} if reference_kwargs else {})})
-    reference = read_card(s.make(), s.cfg, s.device)
+    layer = s.make()
+    reference = read_card(layer, s.cfg, s.device)
+    if reference.value("moe.experts") == 0:  # a family whose first layers are dense: its moe entries from an MoE layer
+        reference = moe_entries_of_a_moe_layer(reference, like, reference_kwargs, options,
+                                               getattr(layer.module, "config", None), setup)
     source = f"--like {like}"
     compared = error = None
     if compare_with is not None:
@@ -83,3 +91,27 @@ def declare(like, like_kwargs, expect, cfg, setup, *, compare_with=None, kwargs=
         except Exception as e:  # noqa: BLE001 - the block under test raised while compared: said in the check
             error = one_line(e)
     return Declaration(claims_from_card(reference, source) + claims, like, reference, compared, error)
+
+
+def moe_entries_of_a_moe_layer(reference: Card, like: str, kwargs, options: dict, config, setup) -> Card:
+    """The reference card with its moe entries read on an MoE layer of the family, where its layer 0 is dense by
+    config (DeepSeek-V3's first_k_dense_replace=3): a block that ports its MoE layer is held against those."""
+    import dataclasses
+
+    from tblock_cli.card import moe
+    from tblock_cli.card.probe import float64_probe
+
+    given = config.to_dict() if config is not None and hasattr(config, "to_dict") else {}
+    moved = {k: v for k, v in MOE_FIRST.items() if k in given and given[k] != v}
+    if not moved:
+        return reference
+    try:
+        s = setup(like, {**options, "kwargs": {**(kwargs or {}), **moved}})
+        entries = moe.read(float64_probe(s.make(), s.cfg, s.device))
+    except TBlockError:
+        return reference
+    if not entries or not entries[0].read or not entries[0].value:
+        return reference
+    said = ", ".join(f"{k}={v}" for k, v in moved.items())
+    got = {e.key: dataclasses.replace(e, how=f"{e.how} (read on an MoE layer: {said})") if e.read else e for e in entries}
+    return dataclasses.replace(reference, entries=tuple(got.get(e.key, e) for e in reference.entries))

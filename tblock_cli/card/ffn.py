@@ -8,9 +8,9 @@ import math
 import torch
 import torch.nn.functional as F
 
-from tblock_cli.spec.card import Entry, skipped
-from tblock_cli.spec.probe import Probe
-from tblock_cli.spec.sublayers import changed, io_of, sublayers
+from tblock_cli.card.entries import Entry, skipped
+from tblock_cli.card.probe import Probe
+from tblock_cli.card.sublayers import changed, io_of, sublayers
 
 # The curves tried, as the card names them (Hugging Face's gelu_new / gelu_pytorch_tanh / gelu_fast are gelu_tanh).
 ACTS = {

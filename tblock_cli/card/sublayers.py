@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from tblock_cli.spec.probe import Probe
+from tblock_cli.card.probe import Probe
 
 FUNCTIONAL_NORMS = ("layer_norm", "rms_norm")  # over the last axis (group_norm normalises channels of dim 1)
 QK_ROLES = ("attn.q", "attn.k", "attn.qk", "attn.qkv", "attn.kv")

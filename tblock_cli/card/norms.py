@@ -6,9 +6,9 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from tblock_cli.spec.card import Entry, skipped
-from tblock_cli.spec.probe import Probe
-from tblock_cli.spec.sublayers import changed, same_tensor, sublayers
+from tblock_cli.card.entries import Entry, skipped
+from tblock_cli.card.probe import Probe
+from tblock_cli.card.sublayers import changed, same_tensor, sublayers
 
 # LayerNorm ignores a constant added to every channel; RMSNorm does not. In float64 the change is 1e-16 for a
 # LayerNorm, 1e-7 where HF computes the norm in float32; an RMSNorm moves by O(1) under the offset used (3 x the rms).

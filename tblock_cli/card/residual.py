@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import torch
 
-from tblock_cli.spec.card import Entry, skipped
-from tblock_cli.spec.norms import placement
-from tblock_cli.spec.probe import Probe
-from tblock_cli.spec.sublayers import changed, io_of, same_tensor, sublayers
+from tblock_cli.card.entries import Entry, skipped
+from tblock_cli.card.norms import placement
+from tblock_cli.card.probe import Probe
+from tblock_cli.card.sublayers import changed, io_of, same_tensor, sublayers
 
 # The sum at an add is stream * alpha + branch * beta per channel: on correct blocks the least-squares fit leaves
 # 1e-15 (float64); a sum that is not such a mix (a gate that depends on the input, another term) leaves O(1).

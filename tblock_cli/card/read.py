@@ -6,10 +6,10 @@ from typing import Callable
 
 import torch
 
+from tblock_cli.card import attention, ffn, moe, norms, positions, residual
+from tblock_cli.card.entries import KEYS, Card, Entry, skipped
+from tblock_cli.card.probe import Probe, float64_probe
 from tblock_cli.errors import is_out_of_memory, one_line
-from tblock_cli.spec import attention, ffn, moe, norms, positions, residual
-from tblock_cli.spec.card import KEYS, Card, Entry, skipped
-from tblock_cli.spec.probe import Probe, float64_probe
 
 # Each reader: (name, function of the probe -> entries). A reader that raises leaves its keys unread with the error
 # as the reason, and the slip is a fact on the card.

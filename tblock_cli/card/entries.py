@@ -23,16 +23,19 @@ KEYS: dict[str, str] = {
     "attn.causal": "queries ignore later keys",
     "attn.qk_norm": "a norm on queries and keys: none, head (per head) or width (over the whole projection)",
     # positions
-    "pos.kind": "how positions enter: none, absolute, rotary, alibi, relative_bias or bias",
+    "pos.kind": "how positions enter: none, absolute, rotary, alibi, relative_bias, bias or other",
     "rope.theta": "the rotary base theta (frequencies theta^(-2i/dims))",
     "rope.dims": "channels per head that rotate",
     "rope.pairing": "which channels rotate together: half (i, i + dims/2) or interleaved (2i, 2i + 1)",
     "rope.scaling": "the frequency scaling: none, linear, ntk, llama3, yarn or other",
     "rope.factor": "the scaling's factor (1 for none)",
     "rope.freqs": "radians per position of each rotating pair, slowest last",
+    "rope.low_freq_wavelen": "llama-3 scaling: the wavelength from which pairs are divided by the whole factor (original max position / low_freq_factor)",
+    "rope.high_freq_wavelen": "llama-3 scaling: the wavelength below which pairs are kept (original max position / high_freq_factor)",
     "alibi.slopes": "ALiBi slope per head",
-    "relbias.bidirectional": "a relative bias that tells a key before the query from one after it",
+    "relbias.bidirectional": "a relative bias that changes with distance among the keys after the query too (T5's bidirectional buckets)",
     "relbias.curve": "the relative bias against distance (head 0), from -16 to +16",
+    "relbias.steps": "the distances j - i at which the relative bias changes value (its bucket boundaries)",
     # FFN
     "ffn.gated": "a gated FFN (act(gate) * up)",
     "ffn.act": "the FFN activation: relu, relu2, gelu, gelu_tanh, silu, quick_gelu, ... (silu(gate*up): act of the product)",
@@ -54,6 +57,9 @@ KEYS: dict[str, str] = {
     "moe.renorm": "the chosen experts' weights renormalised to sum to 1",
     "moe.weight_sum": "the sum of one token's routing weights with every expert made identical",
     "moe.shared": "a shared expert every token goes through",
+    "moe.shared_gate": "the shared expert's per-token gate: sigmoid, none or other",
+    "moe.scale": "a constant factor on the routing weights (DeepSeek-V3's routed_scaling_factor; 1 usually)",
+    "moe.select": "which experts are chosen: top (the largest router outputs) or other (a selection bias, groups)",
 }
 
 Value = "float | int | bool | str | tuple[float, ...]"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tblock_cli.card.entries import Card, Verdict
 from tblock_cli.report import Finding, RunInfo, Status
-from tblock_cli.spec.card import Card, Verdict
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,237 @@
+"""Spec readers: the attention entries of the card (heads, key/value heads, head dim, score scale, soft-cap, sliding
+window, causal, q/k-norm), read off the q.k product of each attention call and what becomes of it before softmax."""
+
+from __future__ import annotations
+
+import torch
+
+from tblock_cli.card.entries import Entry, skipped
+from tblock_cli.card.probe import Probe
+from tblock_cli.card.scores import Scores, capture_scores
+
+KEYS = ("attn.heads", "attn.kv_heads", "attn.head_dim", "attn.scale", "attn.softcap", "attn.window", "attn.qk_norm")
+# Tokens of the random input the scores are read on: enough entries per head for the fits below.
+SCALE_SEQ = 16
+# The q operand is scaled so that the largest q.k part of the logits is this: the linear regime of any soft-cap of 5 or
+# more (tanh bends it by (0.1/c)^2/3 <= 1.3e-4), and far above the float32 rounding of a bias cast before softmax
+# (mpt's scores read at a q factor of 1e-3 came back 1e-4 off; at this size 1e-6).
+LINEAR_LOGIT = 0.1
+# X of 1/sqrt(X), relative. Measured in float64 on hf: llama, gemma2, bloom, mpt, gpt2, bert, qwen3, gpt_neox, t5 and the
+# zoo: <= 1e-5 off the config's value. The smallest real bug: gemma2-27b's query_pre_attn_scalar 144 read as head_dim
+# 128 (12.5%); 1/sqrt(d/h) against 1/sqrt(head_dim) where they differ: >= 25%.
+SCALE_TOL = 0.03
+# Logits are driven to this size (the q.k part), and to ten times it: a soft-cap holds them (c * tanh saturates at c),
+# an unbounded block grows tenfold. Caps up to ~1e3 are read exactly (tanh(10) = 1 - 4e-9); a larger one reads as none.
+CAP_LOGIT = 1e3
+# Growth of the largest logit between the two drives below which the logits are bounded (unbounded: 10x).
+CAP_GROWTH = 1.5
+# The cap c, relative: read to tanh's saturation (<= 1e-8 at CAP_LOGIT for c <= 50); a cap missing reads none.
+CAP_TOL = 0.01
+# Tokens the mask is read over for a sliding window: a window shorter than this is seen (gpt-oss's 128, gemma3's 512;
+# mistral's 4096 would need 16M scores per head, and reads none, as its reference does at this length). Wider blocks
+# are read over fewer tokens, WINDOW_WORK / d_model, at least WINDOW_MIN: the traced forward at 513 tokens took 4.7 s
+# at d_model 1024 (float64, 2 threads), and grows with the width; a reference is read at the same sizes, so the same length.
+WINDOW_SEQ = 513
+WINDOW_MIN = 129
+WINDOW_WORK = 2**19
+
+
+def window_seq(d_model: int) -> int:
+    return max(WINDOW_MIN, min(WINDOW_SEQ, WINDOW_WORK // max(d_model, 1) + 1))
+# Earlier outputs changed by a later token by less than this, relative to the output: unchanged (float64: exact 0 where
+# masked keys get zero weight; -1e4 masks give exp(-1e4) = 0 in float64 too).
+CAUSAL_TOL = 1e-10
+# q/k-norm: the derivative of <q, r> along the q projection's own parameters (scaling them), relative to <q, r>: 1 for
+# q linear in them, 0 for a normalised q (eps moves it by eps / rms(q)^2: <= 1e-3 at init scales).
+NORM_RATIO = 0.5
+# A weight slice whose gradient is below this share of the largest slice's reaches no head of interest (exact 0).
+GRAD_FLOOR = 1e-9
+
+
+def self_calls(probe: Probe, T: int) -> tuple[torch.Tensor, list[tuple[int, Scores]]]:
+    """A random input of T tokens and the attention calls of its forward whose scores are square (self-attention),
+    each with its index among all the calls read."""
+    x = probe.x(1, T)
+    probe.run(x)  # a block that caches per length (x-transformers' ALiBi) settles first: later forwards make the same calls
+    return x, [(i, c) for i, c in enumerate(capture_scores(probe, x)) if c.square and c.logits.shape[-1] == T]
+
+
+def fitted(z: torch.Tensor, p: torch.Tensor, valid: torch.Tensor) -> float:
+    """Least-squares s of z = s * p over valid entries, each row centred first (a row offset is invisible to softmax)."""
+    n = valid.sum(-1, keepdim=True).clamp_min(1)
+    zc = (z.masked_fill(~valid, 0) - z.masked_fill(~valid, 0).sum(-1, keepdim=True) / n)[valid]
+    pc = (p.masked_fill(~valid, 0) - p.masked_fill(~valid, 0).sum(-1, keepdim=True) / n)[valid]
+    return ((zc * pc).sum() / (pc * pc).sum().clamp_min(1e-300)).item()
+
+
+def perturbed(probe: Probe, x: torch.Tensor, call: Scores, factor: float) -> torch.Tensor | None:
+    """The call's logits in a forward of x with its q operand scaled by factor (None where it is not found again)."""
+    got = [c for c in capture_scores(probe, x, frozenset([call.ordinal]), factor) if c.ordinal == call.ordinal]
+    return got[0].logits if got else None
+
+
+def read_scale(probe: Probe, x: torch.Tensor, call: Scores, z0: torch.Tensor | None) -> tuple[Entry, float | None]:
+    """X of the score scale 1/sqrt(X): the slope of the logits against q.k (folded factors undone), on the linear
+    part: logits at a small q factor minus logits at q = 0 (what stays is the bias and the mask)."""
+    p = call.product()
+    if call.ordinal < 0:  # nn.MultiheadAttention: its own 1/sqrt(head dim), read from its recomputed scores
+        s = fitted(call.logits, p, call.valid)
+        return Entry("attn.scale", round(1 / s**2, 6), "nn.MultiheadAttention's scores against q.k", SCALE_TOL), s
+    valid = call.valid
+    guess = call.q.shape[-1] ** -0.5
+    f = LINEAR_LOGIT / max(guess * p[valid].abs().max().item(), 1e-300)
+    zf = perturbed(probe, x, call, f)
+    if z0 is None or zf is None:
+        return skipped("attn.scale", "the q.k product was not found again in a second forward"), None
+    s = fitted(zf - z0, f * p, valid)
+    if not s > 0:
+        return skipped("attn.scale", f"the scores fall with q.k (slope {s:.3g})"), None
+    how = (f"slope of the logits on q.k ({call.kind}), q scaled to keep logits near {LINEAR_LOGIT}, minus the "
+           f"logits at q = 0" + (f"; a factor {call.fold:.4g} folded into q, k undone" if call.fold != 1 else ""))
+    return Entry("attn.scale", round(1 / s**2, 6), how, SCALE_TOL), s
+
+
+def read_softcap(probe: Probe, x: torch.Tensor, call: Scores, s: float, z0: torch.Tensor | None) -> Entry:
+    """Drive the q.k part of the logits to CAP_LOGIT and tenfold: bounded at c (c * tanh(s/c)) or growing (none)."""
+    if call.kind in ("sdpa", "mha"):
+        return Entry("attn.softcap", "none", f"{call.kind}: the scores are q.k scaled, plus the mask (no cap inside)")
+    p = call.product()
+    valid = call.valid
+    f = CAP_LOGIT / max(s * p[valid].abs().max().item(), 1e-300)
+    spans = []
+    for factor in (f, 10 * f):
+        z = perturbed(probe, x, call, factor)
+        if z is None or z0 is None:
+            return skipped("attn.softcap", "the q.k product was not found again in a second forward")
+        ok = torch.isfinite(z) & (z > -1e300)
+        if call.kind == "weights" and not bool((ok | ~valid).all()):
+            return skipped("attn.softcap", "the attention weights are written out (exp / sum): driven large, they "
+                                           "underflow, so the logits cannot be read there")
+        d = (z - z0).masked_fill(~valid, float("nan"))
+        row = (d.nan_to_num(float("-inf")).amax(-1) - d.nan_to_num(float("inf")).amin(-1))[valid.sum(-1) > 1]
+        spans.append(row.max().item() / 2)
+    how = f"the q.k part of the logits driven to {CAP_LOGIT:g} and {10 * CAP_LOGIT:g}: half the widest row spread"
+    if spans[1] > CAP_GROWTH * spans[0]:
+        return Entry("attn.softcap", "none", how + f" grew {spans[1] / max(spans[0], 1e-300):.3g}x (unbounded)")
+    return Entry("attn.softcap", round(spans[1], 6), how + f" stayed at {spans[1]:.6g} (bounded)", CAP_TOL)
+
+
+def read_window(calls: list[Scores], T: int) -> Entry:
+    """The farthest key any query reaches, plus one: a window where that is shorter than the sequence."""
+    reach = []
+    for c in calls:
+        valid = c.valid.any(0).any(0)  # (L, S): allowed for any sample or head
+        i, j = torch.nonzero(valid, as_tuple=True)
+        if not len(i):
+            continue
+        reach.append(int((i - j).abs().max().item()) + 1)
+    if not reach:
+        return skipped("attn.window", "no query attends to any key")
+    w = min(reach)
+    how = f"the farthest key a query reaches over {T} tokens (mask of the scores), plus one"
+    return Entry("attn.window", w if w < T else "none", how if w < T else f"no window within {T} tokens")
+
+
+def read_causal(probe: Probe) -> Entry:
+    """Whether earlier outputs ignore a change of the last token."""
+    x = probe.x(1, max(probe.cfg.seq, 8))
+    x2 = x.clone()
+    x2[:, -1] = probe.randn(probe.d)
+    a, b = probe.run(x)[:, :-1], probe.run(x2)[:, :-1]
+    change = ((a - b).abs().max() / a.abs().max().clamp_min(1e-30)).item()
+    # shown, held only against an --expect: a block may take its causal mask from the caller (tblock passes none), and
+    # --causal already has its own check
+    return Entry("attn.causal", change <= CAUSAL_TOL,
+                 f"earlier outputs changed {change:.2g} (relative) when the last token changed", judged=False)
+
+
+def q_parameters(probe: Probe, call: Scores, q: torch.Tensor) -> list[torch.nn.Parameter]:
+    """The parameters of the projection whose output reaches q: the traced source projections, else the one weight
+    matrix q depends on (a norm over the whole width can hide the projection from the trace), with its module's own."""
+    modules, params = dict(probe.module.named_modules()), dict(probe.module.named_parameters())
+    out = []
+    for name in call.sources:
+        if name in modules:
+            out += [p for p in modules[name].parameters(recurse=False)]
+        elif name in params:
+            out.append(params[name])
+    if not out:
+        mats = [(n, p) for n, p in params.items() if p.ndim >= 2 and p.dtype.is_floating_point]
+        grads = torch.autograd.grad(q.sum(), [p for _, p in mats], retain_graph=True, allow_unused=True)
+        reach = [n for (n, _), g in zip(mats, grads) if g is not None and bool(g.abs().max() > 0)]
+        if len(reach) == 1:
+            owner = reach[0].rpartition(".")[0]
+            out = list(modules[owner].parameters(recurse=False)) if owner in modules else [params[reach[0]]]
+    return [p for p in out if p.dtype.is_floating_point]
+
+
+def read_qk_norm(probe: Probe, x: torch.Tensor, call: Scores, index: int) -> Entry:
+    """none / head / width: whether q is invariant to scaling its projection (the derivative along the projection's
+    own parameters is 0), and if so whether head 0's q depends on other heads' slices of the projection (width)."""
+    if call.kind == "mha":
+        return Entry("attn.qk_norm", "none", "nn.MultiheadAttention: q is the in-projection, unnormalised")
+    live = capture_scores(probe, x, grad=True)
+    if index >= len(live) or not live[index].q.requires_grad:
+        return skipped("attn.qk_norm", "q does not depend on the block's parameters here")
+    q = live[index].q
+    params = q_parameters(probe, call, q)
+    if not params:
+        return skipped("attn.qk_norm", "no one projection reaching q was found")
+    r = torch.randn(q.shape, generator=probe.gen, dtype=q.dtype).to(q.device)
+    whole = (q * r).sum()
+    g_all = torch.autograd.grad(whole, params, retain_graph=True, allow_unused=True)
+    g_0 = torch.autograd.grad((q[:, 0] * r[:, 0]).sum(), params, allow_unused=True)
+    along = sum((p.detach() * g).sum() for p, g in zip(params, g_all) if g is not None)
+    ratio = (along / whole).item() if whole.item() != 0 else float("nan")
+    how = f"d<q, r>/d(scale of q's projection) / <q, r> = {ratio:.3g}"
+    if abs(ratio - 1) < NORM_RATIO:
+        return Entry("attn.qk_norm", "none", how + ": q scales with its projection")
+    if abs(ratio) >= NORM_RATIO:
+        return skipped("attn.qk_norm", how + ": neither linear nor normalised")
+    H = q.shape[1]
+    if H < 2:
+        return skipped("attn.qk_norm", "one head: a norm per head and over the width are the same")
+    narrower = False
+    for p, ga, g0 in zip(params, g_all, g_0):
+        if ga is None or g0 is None or p.ndim < 2:
+            continue
+        for axis in range(p.ndim):
+            dims = [d for d in range(p.ndim) if d != axis]
+            na, n0 = ga.abs().amax(dims), g0.abs().amax(dims)
+            if int((n0 > GRAD_FLOOR * n0.max()).sum()) < int((na > GRAD_FLOOR * na.max()).sum()):
+                narrower = True
+    return Entry("attn.qk_norm", "head" if narrower else "width",
+                 how + ": q is normalised; head 0 reads " + ("only its own slice of the projection" if narrower
+                                                            else "every head's slice (a norm over the whole width)"))
+
+
+def read(probe: Probe) -> list[Entry]:
+    out = [read_causal(probe)]
+    x, calls = self_calls(probe, SCALE_SEQ)
+    if not calls:
+        return out + [skipped(k, "no self-attention call whose q and k could be read") for k in KEYS]
+    index, call = calls[0]
+    H, E = call.q.shape[1], call.q.shape[-1]
+    k = call.k
+    if k.shape[1] == H:  # repeated key heads are equal exactly: count the distinct ones
+        kv = len({tuple(torch.nonzero((k - k[:, h : h + 1]).abs().amax((0, 2, 3)) <= 1e-12 * k.abs().max()).flatten().tolist())
+                  for h in range(H)})
+    else:
+        kv = k.shape[1]
+    out += [Entry("attn.heads", H, f"q.k products per token ({call.kind})", judged=False),
+            Entry("attn.kv_heads", kv, "distinct key heads in the product", judged=False),
+            Entry("attn.head_dim", E, "channels of q in the product", judged=False)]
+    z0 = perturbed(probe, x, call, 0.0) if call.ordinal >= 0 else None  # the bias and the mask alone
+    scale, s = read_scale(probe, x, call, z0)
+    out.append(scale)
+    out.append(read_softcap(probe, x, call, s, z0) if s is not None else skipped("attn.softcap", "the scale was not read"))
+    T = window_seq(probe.d)
+    try:
+        _, long_calls = self_calls(probe, T)
+    except Exception as e:  # noqa: BLE001 - a block with a shorter maximum length
+        out.append(skipped("attn.window", f"the block refused {T} tokens: {type(e).__name__}"))
+    else:
+        out.append(read_window([c for _, c in long_calls], T) if long_calls else
+                   skipped("attn.window", f"no self-attention call read at {T} tokens"))
+    out.append(read_qk_norm(probe, x, call, index))
+    return out

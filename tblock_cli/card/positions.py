@@ -1,0 +1,284 @@
+"""Spec readers: how positions enter attention. On identical tokens whatever differs between positions came from
+positions: q rotating channel pair by channel pair (rotary: the angle advanced per position is each pair's frequency),
+or an additive bias on the scores (read with q zeroed: ALiBi's slopes, a relative bias's curve and bucket steps)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from tblock_cli.card.entries import Entry, skipped
+from tblock_cli.card.probe import Probe
+from tblock_cli.card.scores import Scores, capture_scores, trace_scores
+from tblock_cli.checks.positions import (
+    BIAS_MIN,
+    LINEAR_FIT,
+    SLOPE_FLOOR,
+    TOEPLITZ_LIMIT,
+    centred_rows,
+    line_fit,
+    toeplitz_error,
+)
+
+ROPE_KEYS = ("rope.theta", "rope.dims", "rope.pairing", "rope.scaling", "rope.factor", "rope.freqs", "rope.low_freq_wavelen",
+             "rope.high_freq_wavelen")
+BIAS_KEYS = ("alibi.slopes", "relbias.bidirectional", "relbias.curve", "relbias.steps")
+# Positions the rotation is read over: each pair's advance is averaged over 63 steps.
+ROPE_SEQ = 64
+# A channel of q varies with position where it moves by more than this share of q's largest entry (constant channels
+# are exactly constant: 0 in float64).
+VARY = 1e-9
+# A pairing rotates where each pair's radius and per-position advance are constant to this (relative radius, radians).
+# Measured: HF rotary (cos/sin computed in float32, cast to float64) <= 1.1e-6 (llama, cohere, gpt_neox); the other
+# pairing of the same q: >= 0.9. Angles rounded to bfloat16 (a block that casts its cos/sin so) stay ~1e-2 under it.
+ROTATION_TOL = 0.05
+# Frequencies, relative. Measured <= 1e-6 on HF's float32 tables; bugs: theta 10000 against 500000 moves every pair
+# but the first by >= 40%, llama-3 scaling discarded moves the slow pairs 8x, frequencies over the wrong width >= 50%.
+FREQ_TOL = 0.01
+# theta, relative: it is the ratio of neighbouring frequencies to the power dims/2, so their error grows 32x at 64
+# pairs: <= 1e-4 measured; bugs are factors (10000 against 500000 or 1e6).
+THETA_TOL = 0.02
+# Neighbouring frequency ratios equal to this (relative) are one geometric table: float32 tables <= 1e-6 apart; the
+# llama-3 band changes a ratio by >= 10% at factor 8.
+RATIO_TOL = 1e-3
+# The band's ramp fits a line (in the plain frequency: llama-3; in the pair index: YaRN) to this, in its share s of the
+# plain frequency kept (0..1): HF tables <= 1e-7 on their own line; the other line misses by 0.05 (llama-3, 3 band
+# pairs at 64 dims) and 0.30 (YaRN, 12).
+RAMP_TOL = 1e-3
+# The scaling's factor, relative (measured: exact to the table's float32 rounding).
+FACTOR_TOL = 0.02
+# Tokens the additive bias is read over: relative buckets at distances up to 47 each way.
+BIAS_SEQ = 48
+# The relative-bias curve is shown to this distance each way.
+CURVE_SPAN = 16
+# Neighbouring distances whose bias differs by more than this (relative to the bias's range) are in different buckets.
+STEP_TOL = 1e-6
+# An ALiBi slope, relative (float64: exact; the paper's slopes for n heads differ by >= 2^(-8/n) - 1 between heads).
+SLOPE_TOL = 0.01
+
+
+def rotary_reading(q: torch.Tensor) -> dict | None:
+    """(B, H, T, E) q on identical tokens: the rotating channels, their pairing and each pair's frequency; None where q
+    does not vary with position; {"other": why} where it varies but no pairing of the varying channels rotates."""
+    q = q[0]  # (H, T, E)
+    moved = (q - q[:, :1]).abs().amax((0, 1)) > VARY * q.abs().max()
+    S = torch.nonzero(moved).flatten().tolist()
+    if not S:
+        return None
+    n = len(S)
+    if n % 2:
+        return {"other": f"{n} channels vary with position: an odd count cannot rotate in pairs"}
+    best = None
+    for pairing, pairs in (("half", [(S[i], S[i + n // 2]) for i in range(n // 2)]),
+                           ("interleaved", [(S[2 * i], S[2 * i + 1]) for i in range(n // 2)])):
+        z = torch.complex(q[:, :, [a for a, _ in pairs]], q[:, :, [b for _, b in pairs]])  # (H, T, pairs)
+        r = z.abs()
+        radius = ((r - r.mean(1, keepdim=True)).abs().amax(1) / r.mean(1).clamp_min(1e-300)).max().item()
+        step = torch.angle(z[:, 1:] * z[:, :-1].conj())  # (H, T-1, pairs), each advance in (-pi, pi]
+        wobble = (step - step.mean(1, keepdim=True)).abs().max().item()
+        err = max(radius, wobble)
+        if best is None or err < best[0]:
+            best = (err, pairing, step.mean(1).abs())
+    err, pairing, omega = best
+    if err > ROTATION_TOL:
+        return {"other": f"{n} channels vary with position but no pairing of them rotates (off by {err:.2g})"}
+    spread = ((omega - omega.mean(0)).abs().max() / omega.mean(0).abs().clamp_min(1e-300).max()).item()
+    if spread > FREQ_TOL:
+        return {"other": f"the heads rotate at different frequencies (spread {spread:.2g})"}
+    freqs = sorted(omega.mean(0).tolist(), reverse=True)
+    ambiguous = n == 2  # one pair: half-split and interleaved are the same channels
+    return {"dims": n, "pairing": None if ambiguous else pairing, "freqs": freqs, "channels": S, "error": err}
+
+
+def scaling_reading(freqs: list[float], dims: int) -> dict:
+    """theta and the scaling a frequency table implies: none (theta^(-2i/dims)), linear (all divided by a factor), llama3
+    (the fast pairs kept, the slow divided by a factor, a band between with 1/ratio linear in the frequency), yarn (that
+    band linear in the pair index) or other."""
+    m = len(freqs)
+    if m < 2:
+        return {"why": "one rotating pair: theta sets no frequency of it (theta^0)"}
+    ratios = [b / a for a, b in zip(freqs, freqs[1:])]
+    lead = 1
+    while lead < len(ratios) and abs(ratios[lead] / ratios[0] - 1) <= RATIO_TOL:
+        lead += 1
+    i = torch.arange(lead + 1, dtype=torch.float64)
+    logs = torch.tensor(freqs[: lead + 1], dtype=torch.float64).log()
+    A = torch.stack((torch.ones_like(i), i), 1)
+    b0, b1 = torch.linalg.lstsq(A, logs[:, None]).solution[:, 0].tolist()
+    theta = math.exp(-b1 * dims / 2)
+    top = math.exp(b0)
+    if lead == len(ratios):  # one geometric table
+        if abs(top - 1) <= FREQ_TOL:
+            return {"theta": theta, "scaling": "none", "factor": 1.0}
+        return {"theta": theta, "scaling": "linear", "factor": 1 / top}
+    if abs(top - 1) > FREQ_TOL:
+        return {"theta": theta, "scaling": "other", "factor": None}
+    plain = [theta ** (-2 * k / dims) for k in range(m)]
+    rho = [p / f for p, f in zip(plain, freqs)]
+    factor = rho[-1]
+    if factor <= 1 or any(b < a * (1 - RATIO_TOL) for a, b in zip(rho, rho[1:])):
+        return {"theta": theta, "scaling": "other", "factor": None}
+    band = [k for k, r in enumerate(rho) if 1 + RATIO_TOL < r < factor * (1 - RATIO_TOL)]
+    kept = [k for k, r in enumerate(rho) if abs(r - 1) <= RATIO_TOL]
+    slow = [k for k, r in enumerate(rho) if abs(r / factor - 1) <= RATIO_TOL]
+    if len(kept) + len(slow) + len(band) != m:
+        return {"theta": theta, "scaling": "other", "factor": None}
+    kind, wavelens = "llama3", None
+    if len(band) >= 2:  # the ramp's shape: llama-3's s is linear in the frequency, YaRN's in the pair index
+        s = [(1 / rho[k] - 1 / factor) / (1 - 1 / factor) for k in band]
+        w = [plain[k] for k in band]  # llama-3 ramps over the plain frequency
+        lin = lambda xs: max(abs(v - (s[0] + (s[-1] - s[0]) * (x - xs[0]) / (xs[-1] - xs[0]))) for x, v in zip(xs, s))
+        if len(band) >= 3:  # two points lie on either line: the shape is told from three
+            by_freq, by_index = lin(w), lin([float(k) for k in band])
+            kind = "llama3" if by_freq <= RAMP_TOL else "yarn" if by_index <= RAMP_TOL else "other"
+        if kind == "llama3":  # s = 0 and s = 1 on that line: the wavelengths orig / low_freq and orig / high_freq
+            a = (s[-1] - s[0]) / (w[-1] - w[0])
+            b = s[0] - a * w[0]
+            wavelens = (2 * math.pi * a / -b, 2 * math.pi * a / (1 - b))
+    return {"theta": theta, "scaling": kind, "factor": factor, "wavelens": wavelens}
+
+
+def rope_entries(rot: dict) -> list[Entry]:
+    how = (f"q on identical tokens: {rot['dims']} channels rotate (each pair's radius and advance per position constant "
+           f"to {rot['error']:.1g})")
+    out = [Entry("pos.kind", "rotary", how),
+           Entry("rope.dims", rot["dims"], f"channels of q that vary with position: {rot['channels'][:4]}..."),
+           Entry("rope.pairing", rot["pairing"], "the pairing under which q rotates", judged=False)
+           if rot["pairing"] else skipped("rope.pairing", "one rotating pair: half-split and interleaved coincide"),
+           Entry("rope.freqs", tuple(round(f, 12) for f in rot["freqs"]),
+                 "the mean angle each pair advances per position, radians", FREQ_TOL)]
+    sc = scaling_reading(rot["freqs"], rot["dims"])
+    if "why" in sc:
+        return out + [skipped(k, sc["why"]) for k in ("rope.theta", "rope.scaling", "rope.factor")]
+    out.append(Entry("rope.theta", round(sc["theta"], 6), "theta^(-2i/dims) fitted on the fastest pairs' geometric run",
+                     THETA_TOL))
+    out.append(Entry("rope.scaling", sc["scaling"], "the measured table against theta's plain table"))
+    out.append(Entry("rope.factor", round(sc["factor"], 6), "theta's plain frequency over the slowest pair's", FACTOR_TOL)
+               if sc["factor"] is not None else skipped("rope.factor", "no single factor scales this table"))
+    band = sc.get("wavelens")
+    for key, i, side in (("rope.low_freq_wavelen", 0, "the slow"), ("rope.high_freq_wavelen", 1, "the fast")):
+        if band is not None:
+            out.append(Entry(key, round(band[i], 3), f"where llama-3's band meets {side} pairs: its ramp, linear in the "
+                                                     f"plain frequency over the band's pairs, at {i}", FACTOR_TOL))
+        else:
+            out.append(skipped(key, "no llama-3 band of two pairs or more (the band's ends are read off its ramp)"
+                               if sc.get("scaling") in ("llama3", "yarn") else "no llama-3 scaling"))
+    return out
+
+
+def bias_by_distance(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(B, H, T, T) scores with q zeroed: per head the bias against j - i = -(T-1)..T-1 (each row centred on its own
+    entry, averaged down each diagonal), where it is seen (a causal block sees j <= i only), and the centred rows."""
+    T = z.shape[-1]
+    c, live = centred_rows(z[:1])
+    c, live = c[0], live[0]  # (H, T, T)
+    f, seen = [], []
+    for o in range(-(T - 1), T):  # diagonal o: j - i = o
+        d, m = c.diagonal(o, -2, -1), live.diagonal(o, -2, -1)
+        n = m.sum(-1)
+        f.append((d * m).sum(-1) / n.clamp_min(1))
+        seen.append(bool((n > 0).all()))
+    return torch.stack(f, -1), torch.tensor(seen), c
+
+
+def bias_entries(probe: Probe, x: torch.Tensor, call: Scores) -> list[Entry]:
+    """The scores with q zeroed are the bias (and the mask): none, ALiBi (linear in distance), a relative bias (a
+    function of j - i) or another additive bias."""
+    if call.ordinal < 0:
+        z = call.logits - call.product() / math.sqrt(call.q.shape[-1])
+    else:
+        got = [c for c in capture_scores(probe, x, frozenset([call.ordinal]), 0.0) if c.ordinal == call.ordinal]
+        if not got:
+            return [skipped("pos.kind", "the q.k product was not found again in a second forward")]
+        z = got[0].logits
+    f, seen, c = bias_by_distance(z)
+    T = z.shape[-1]
+    if not bool(seen.any()):
+        return [skipped("pos.kind", "each query's own key is masked: the bias cannot be read against it")]
+    span = (f[:, seen].amax(-1) - f[:, seen].amin(-1)).max().item()
+    if span <= BIAS_MIN:
+        # not judged against a reference: an HF layer reads none where its model adds positions to the embeddings,
+        # which a block under test may add itself (absolute)
+        return [Entry("pos.kind", "none", f"q constant over positions on identical tokens; the scores with q zeroed vary "
+                                          f"{span:.2g} along a row", judged=False)]
+    if toeplitz_error(z) > TOEPLITZ_LIMIT[torch.float32]:
+        return [Entry("pos.kind", "bias", "an additive bias on the scores that is not a function of j - i")]
+    past = f[:, : T].flip(-1)  # j - i = 0, -1, ..., -(T-1): the keys before, which every block sees
+    fits = [line_fit(row) for row in past]
+    rng = (past.amax(-1) - past.amin(-1)).clamp_min(1e-30)
+    if all(res <= LINEAR_FIT * r for (_, res), r in zip(fits, rng.tolist())) and min(m for m, _ in fits) > SLOPE_FLOOR:
+        return [Entry("pos.kind", "alibi", "the scores with q zeroed fall linearly with distance in every head"),
+                Entry("alibi.slopes", tuple(round(m, 9) for m, _ in fits), "per head, the bias's fall per token of "
+                                                                           "distance to earlier keys", SLOPE_TOL)]
+    causal = not bool(seen[T:].any())
+    lo = T - 1 - CURVE_SPAN
+    curve = f[0, lo : T if causal else T + CURVE_SPAN]
+    steps = _steps(f[0], seen, span, T)
+    out = [Entry("pos.kind", "relative_bias", "the scores with q zeroed: a function of j - i, not linear"),
+           Entry("relbias.curve", tuple(round(v, 9) for v in curve.tolist()),
+                 f"head 0's bias at j - i = -{CURVE_SPAN}..{0 if causal else CURVE_SPAN} (0 at the query itself)",
+                 judged=False),
+           Entry("relbias.steps", steps, f"the distances j - i where head 0's bias changes value (bucket boundaries), "
+                                         f"within {T - 1} tokens")]
+    if causal:
+        out.append(skipped("relbias.bidirectional", "causal: the keys after each query are masked, so the bias there "
+                                                    "is never applied (relbias.steps shows the buckets of the keys before)"))
+    else:
+        after = [o for o in steps if o > 0]
+        out.append(Entry("relbias.bidirectional", bool(after),
+                         f"head 0's bias changes with distance among the keys after the query at {len(after)} "
+                         f"distances (keys before: {len(steps) - len(after)})"))
+    return out
+
+
+def _steps(f: torch.Tensor, seen: torch.Tensor, span: float, T: int) -> tuple[int, ...]:
+    """j - i values where the bias differs from the one at the next distance toward the query (a new bucket)."""
+    out = []
+    for idx in range(len(f)):
+        o = idx - (T - 1)
+        nxt = idx + 1 if o < 0 else idx - 1  # one step nearer the query
+        if o == 0 or not seen[idx] or not seen[nxt]:
+            continue
+        if abs(f[idx] - f[nxt]).item() > STEP_TOL * max(span, 1e-30):
+            out.append(o)
+    return tuple(out)
+
+
+def read(probe: Probe) -> list[Entry]:
+    for T in dict.fromkeys((ROPE_SEQ, max(probe.cfg.seq, 8))):  # a block with a shorter maximum: read at its own length
+        try:
+            x = probe.identical(T)
+            calls, tr = trace_scores(probe, x)
+            break
+        except Exception as e:  # noqa: BLE001 - the block refuses this length
+            why = f"the block refused {T} tokens: {type(e).__name__}"
+    else:
+        return [skipped("pos.kind", why)]
+    calls = [c for c in calls if c.square and c.logits.shape[-1] == T]
+    if not calls:
+        return [skipped("pos.kind", "no self-attention call whose q and k could be read")]
+    call = calls[0]
+    absent = {k: "no rotary" for k in ROPE_KEYS} | {k: "no ALiBi" for k in BIAS_KEYS[:1]} | \
+             {k: "no relative bias" for k in BIAS_KEYS[1:]}
+    # the projections reaching q (any projection where the trace lost them: on identical tokens attention outputs
+    # are equal rows too, so only positions added to the stream make a projection's rows differ)
+    read_by_q = call.sources or tuple(tr.uniform_in)
+    if not all(tr.uniform_in.get(n, True) for n in read_by_q):
+        return [Entry("pos.kind", "absolute", "the projections reaching q read rows that differ on identical tokens: "
+                                              "positions entered before them")] + [skipped(k, "absolute positions")
+                                                                                   for k in absent]
+    rot = rotary_reading(call.q)
+    if rot is not None and "other" in rot:
+        return [Entry("pos.kind", "other", rot["other"])] + [skipped(k, rot["other"]) for k in ROPE_KEYS]
+    if rot is not None:
+        out = rope_entries(rot)
+    else:
+        Tb = min(BIAS_SEQ, T)
+        xb = probe.identical(Tb)
+        probe.run(xb)  # a block that caches per length settles first: the zeroed-q forward makes the same calls
+        bias_calls = [c for c in capture_scores(probe, xb) if c.square and c.logits.shape[-1] == Tb]
+        out = bias_entries(probe, xb, bias_calls[0]) if bias_calls else [skipped("pos.kind", "no self-attention call "
+                                                                                           "at the bias's length")]
+    have = {e.key for e in out}
+    return out + [skipped(k, why) for k, why in absent.items() if k not in have]
