@@ -16,15 +16,17 @@ from tblock_cli.probes import f64, train_mode
 
 # The seed every evaluation of the block starts from (dropout draws the same masks in each).
 PROBE_SEED = 1234
-# Central differences at steps 1e-3, 1e-4 and 1e-5 along random directions, in float64. A correct float64 block measured
-# 1e-11..3e-9 relative at 1e-4 (truncation ~h^2, rounding ~1e-16 / h); wrong backwards (a norm backward missing a term,
-# a detached branch, a recompute with other dropout masks, a weight read through .data) 1e-3..1 at every step. What
-# else can exceed the limit changes with the step: a kink (ReLU, max) or a jump (top-k routing) crossed inside the
-# step (x10 or /10 per step), a part computed in float32 on purpose (a rotary angle: rounding ~1e-7 / h, x10 per step).
-# An error counts only when it is above the limit at all three steps and within a factor CONSISTENT of itself.
-FD_STEPS = (1e-3, 1e-4, 1e-5)
+# Central differences at steps 1e-2, 3e-3 and 1e-3 along random directions, in float64. A wrong backward (a norm
+# backward missing a term, a detached branch, a recompute with other dropout masks, a weight read through .data) puts
+# autograd 1e-2..2 (relative) away from finite differences that agree with each other: they all converge to the true
+# derivative. Everything else that separates them makes the differences disagree among themselves: truncation (~h^2),
+# a kink (ReLU, max) or a jump (top-k routing) crossed inside a step, a part computed in float32 on purpose (rotary
+# angles: rounding ~1e-7 / h, why the steps stay above 1e-3). So the verdict: the median difference is more than
+# FD_LIMIT from autograd and more than AGREE times farther from it than from every difference. Measured (d_model 64,
+# 4 seeds): correct blocks at most 4.8x (a ReLU FFN's kinks; top-2 routing 1.0x), the wrong backwards 760x and more.
+FD_STEPS = (1e-2, 3e-3, 1e-3)
 FD_LIMIT = 1e-6
-CONSISTENT = 2.0
+AGREE = 30.0
 # Random directions: over the input and every parameter jointly, then the input alone (where a detached path shows
 # whole), alternating. A wrong gradient shows along almost every direction; two keep the cost at 12 forwards.
 FD_DIRECTIONS = 2
@@ -154,19 +156,23 @@ def check_derivative(ctx: Context) -> Outcome:
         return (ends[0] - ends[1]) / (2 * h)
 
     def errors(dx, dps, floor: float = 0.0) -> tuple[list[float], float]:
+        """[distance of the median difference from autograd, spread of the differences], both relative; |autograd|."""
         exact = (gx * dx).sum().item() if dx is not None else 0.0
         exact += sum((g * d).sum().item() for g, d in zip(grads, dps) if d is not None)
-        errs = [abs(exact - fd) / max(abs(exact), abs(fd), floor, 1e-300) for fd in (along(dx, dps, h) for h in FD_STEPS)]
-        return errs, abs(exact)
+        fds = sorted(along(dx, dps, h) for h in FD_STEPS)
+        center = fds[len(fds) // 2]
+        scale = max(abs(exact), abs(center), floor, 1e-300)
+        return [abs(center - exact) / scale, max(abs(f - center) for f in fds) / scale], abs(exact)
 
     def consistent(errs: list[float]) -> bool:
-        return min(errs) > FD_LIMIT and max(errs) / min(errs) < CONSISTENT
+        distance, spread = errs
+        return distance > FD_LIMIT and distance > AGREE * spread
 
     ctx.step(f"{FD_DIRECTIONS} finite-difference directions")
     found = [errors(*direction(None if k % 2 == 0 else {-1})) for k in range(FD_DIRECTIONS)]
-    worst = max(min(errs) for errs, _ in found)
-    facts = {"error": worst, "errors": [errs for errs, _ in found], "steps": list(FD_STEPS), "limit": FD_LIMIT,
-             "dropout": dropout, "directions": FD_DIRECTIONS}
+    worst = max(errs[0] for errs, _ in found)
+    facts = {"error": worst, "errors": [{"distance": errs[0], "spread": errs[1]} for errs, _ in found],
+             "steps": list(FD_STEPS), "limit": FD_LIMIT, "agree": AGREE, "dropout": dropout, "directions": FD_DIRECTIONS}
     if not any(consistent(errs) for errs, _ in found):
         return passed("derivative.matches", worst, **facts)
     # Which tensor: each alone (the input, then the parameters), relative to the joint derivative's size.
@@ -176,7 +182,7 @@ def check_derivative(ctx: Context) -> Outcome:
     for i in [-1] + list(range(len(params)))[:FD_LOCALISE]:
         errs, _ = errors(*direction({i}), floor=floor)
         if consistent(errs):
-            wrong.append(["input" if i < 0 else params[i][0], min(errs)])
+            wrong.append(["input" if i < 0 else params[i][0], errs[0]])
     wrong.sort(key=lambda t: -t[1])
     return failed("derivative.wrong", worst, **facts, tensors=wrong, tensor=wrong[0][0] if wrong else None,
                   tensor_error=wrong[0][1] if wrong else 0.0)

@@ -9,8 +9,9 @@ from tblock_cli.messages.words import names
 def _derivative(f: dict) -> str:
     others = f"; also {names(n for n, _ in f['tensors'][1:6])}" if len(f["tensors"]) > 1 else ""
     where = f"worst for {f['tensor']} ({f['tensor_error']:.1e}){others}" if f.get("tensor") else "no single tensor alone shows it"
-    return (f"autograd's directional derivative differs from central finite differences by {f['error']:.1e} relative at "
-            f"both steps (limit {f['limit']:g}): the gradient is not the derivative; {where}"
+    return (f"autograd's directional derivative differs from central finite differences by {f['error']:.1e} relative "
+            f"(limit {f['limit']:g}) while the differences at three steps agree with each other: the gradient is not the "
+            f"derivative; {where}"
             + ("; dropout active with the RNG reseeded, so a recompute with other masks shows here" if f["dropout"] else "")
            )
 
@@ -53,8 +54,9 @@ def _optimizer_ok(f: dict) -> str:
 MESSAGES = {
     "training.too_large": lambda f: (f"{f['params']:,} parameters, above {f['limit']:,}: this check copies or rebuilds the "
                                      f"whole block several times (gigabytes at a 7B-size layer); run it at a smaller width"),
-    "derivative.matches": lambda f: (f"autograd's directional derivatives match central finite differences to {f['error']:.1e} "
-                                     f"relative over {f['directions']} directions (float64, limit {f['limit']:g})"),
+    "derivative.matches": lambda f: (f"autograd's directional derivatives match central finite differences over "
+                                     f"{f['directions']} directions (float64; worst {f['error']:.1e} relative, as far "
+                                     f"as the differences spread, or under {f['limit']:g})"),
     "derivative.wrong": _derivative,
     "derivative.no_float64": lambda f: f"a float64 copy does not run: {f['error']}",
     "derivative.nonfinite": "the float64 copy's output is not finite",
