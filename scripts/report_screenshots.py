@@ -22,7 +22,9 @@ PAGES = {
     "bench": ["bench", *SMALL, "--seq", "32,64,128,256", "--min-time", "0.1"],
     "depth": ["depth", "--compare", "--layers", "8", *SMALL],
     "compare": ["compare", "builtin", "builtin", "--dtype-b", "bfloat16", *SMALL],
-    "spec": ["spec", "--block", "hf:llama", *SMALL],  # a rotary layer: the card draws its frequencies against theta
+    # a rotary layer declared as another: the card, the verdicts, and its frequencies drawn against theta
+    "spec": ["spec", "--block", "examples/llama_layer.py:LlamaLayer", "--kwargs", "{\"rope_theta\": 500000}", "--like",
+             "hf:llama", "--like-kwargs", "{\"rope_theta\": 500000}", "--d-ff", "256", *SMALL],
 }
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 WINDOW = (1100, 1400)

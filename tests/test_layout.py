@@ -135,6 +135,7 @@ def test_the_wheel_takes_every_subpackage():
     """`pip install .` (not -e) installs what setuptools finds: a package list of the root alone left out checks/,
     subject/ and the rest, and the installed command failed on its first import."""
     import fnmatch
+
     import tomllib
 
     config = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())

@@ -197,10 +197,14 @@ def spec_parts(d: dict) -> tuple[list[str], list[str]]:
         if isinstance(theta, (int, float)) and isinstance(dims, (int, float)) and dims > 0:
             curve = [(i, theta ** (-2 * i / dims)) for i in range(len(freqs))]
             series.append(svg.Series(f"theta {theta:g}", tuple(curve), dashed=True, markers=False))
+        reference = {e["key"]: e.get("value") for e in (d.get("reference") or {}).get("entries", [])}
+        claimed = reference.get("rope.freqs")
+        if isinstance(claimed, list) and claimed and claimed != freqs:
+            series.append(svg.Series(f"{d.get('like')}", _numbers(enumerate(claimed))))
         figs.append(figure(svg.line_chart(series, title="rotary frequency per pair", x_label="pair i",
                                           y_label="radians per position", log_y=True),
                            "Each rotating pair's frequency, read from the block, against theta^(-2i/dims), the curve "
-                           "of the theta read (dashed)."))
+                           "of the theta read (dashed), and the --like reference's where they differ."))
     curve = value("relbias.curve")
     if isinstance(curve, list) and curve:
         half = (len(curve) - 1) // 2
