@@ -20,6 +20,8 @@ import torch
 TESTS = Path(__file__).resolve().parent.parent / "tests"
 sys.path.insert(0, str(TESTS))
 
+import zoo_training  # noqa: E402
+
 import tblock_cli  # noqa: E402
 from tblock_cli.checks import Status  # noqa: E402
 
@@ -29,12 +31,13 @@ BAD = {Status.WARN, Status.FAIL, Status.ERROR}
 BUILTIN = {"built-in pre": {"norm": "pre"}, "built-in post": {"norm": "post"}, "built-in causal": {"causal": True}}
 CORRECT = {**{k: v for k, v in zoo.CORRECT.items() if k != "NoPadKeyword"}, **{k: {"causal": True} for k in zoo.CACHED_CORRECT},
            **zoo.CORRECT_3}
+CORRECT.update({f"zoo_training.py:{k}": {} for k in zoo_training.CORRECT})  # the training-time checks' twins
 # Hugging Face layers, when transformers is installed: every family tblock drives, flags implied.
 HF = ["gpt2", "bert", "roberta", "llama", "mistral", "qwen2", "gemma", "phi3", "gpt_neox"]
 
 
 def spec(name: str) -> str:
-    return f"{TESTS / 'zoo.py'}:{name}"
+    return f"{TESTS / name}" if ":" in name else f"{TESTS / 'zoo.py'}:{name}"
 
 
 def correct_blocks() -> list[tuple[str, dict]]:
@@ -68,7 +71,8 @@ def false_alarms(dtypes, widths, seqs, only=None) -> int:
 
 def missed_bugs(sizes) -> int:
     planted = {**{k: v for k, v in zoo.PLANTED.items()}, **zoo.PLANTED_2, **{k: (v, {}) for k, v in zoo.WARNED.items()},
-               **{k: ("kv_cache", {"causal": True}) for k in zoo.CACHE_BUGS}, **zoo.PLANTED_3}
+               **{k: ("kv_cache", {"causal": True}) for k in zoo.CACHE_BUGS}, **zoo.PLANTED_3,
+               **{f"zoo_training.py:{k}": (v, {}) for k, v in zoo_training.PLANTED.items()}}
     missed = runs = 0
     for name, (check, flags) in planted.items():
         for size in sizes:

@@ -8,7 +8,22 @@ from typing import Callable
 
 import torch
 
-from tblock_cli.checks import attention, claims, forward, gradients, mixing, naming, norms, positions, safety, structure
+from tblock_cli.checks import (
+    attention,
+    checkpointing,
+    claims,
+    forward,
+    gradients,
+    lifecycle,
+    mixing,
+    naming,
+    norms,
+    positions,
+    precision,
+    safety,
+    structure,
+    training,
+)
 from tblock_cli.checks.context import Context
 from tblock_cli.checks.cost import PassCounter, Passes
 from tblock_cli.checks.result import CheckReport, CheckResult, Outcome
@@ -68,6 +83,12 @@ REGISTRY: tuple[Check, ...] = (
     Check("names", naming.check_names, (), None, "conventional names that contradict dataflow roles (gate/up/down, q/k/v/o, w2/w3, wq/wk/wv): a **warning** naming both; a gated FFN whose activation follows the product (`act(gate * up)`): a **warning**"),
     Check("spec", claims.check_spec, (), None, "with `--like hf:TYPE` or `--expect KEY=VALUE`: a spec card entry (rotary base, dims and scaling, score scale, soft-cap, window, activation, eps, norm offset, q/k-norm axis, residual form and gains, MoE routing; [spec.md](spec.md)) that differs from the declaration, each named with both values; skips when nothing is declared"),
     Check("like_reference", claims.check_like_reference, ("shape",), None, "with `--like hf:TYPE`: the block against that Hugging Face layer with its weights carried (as `tblock compare` carries them): outputs or gradients that differ, the first differing component named; skips where the weights cannot be carried"),
+    Check("derivative", training.check_derivative, ("finite", "input_kept", "train_safe", "copyable"), None, "a gradient that is finite but not the derivative: autograd's directional derivative against central finite differences (float64 copy, train mode, dropout active, RNG reseeded before every evaluation) along 2 random directions (input and parameters jointly, input alone), the median of steps 1e-2, 3e-3, 1e-3 more than 1e-6 and 30x their own spread away from autograd (differences that agree with each other, not with autograd; a kink or a float32 island makes them disagree); names the worst tensor (a custom backward, a `.detach()` or `.data` on a path, a recompute with other dropout masks)", slow=True),
+    Check("checkpointing", checkpointing.check_checkpointing, GRADS + ("train_safe",), None, "non-reentrant activation checkpointing (as `torch.utils.checkpoint(use_reentrant=False)` does it) around the block, and the block's own switch (Hugging Face's, a `use_checkpoint`/`checkpoint`/`grad_checkpointing` flag or keyword), that change outputs, input or parameter gradients with dropout active and the same seed; parameters that get no gradient when the input does not require one (reentrant checkpointing inside)", slow=True),
+    Check("meta_init", lifecycle.check_meta_init, ("finite", "deterministic"), None, "built on the meta device, `to_empty()`, then its own init (`reset_parameters`, a declared `init_weights`, the family's `_init_weights` for `hf:`): a buffer that differs from a normal build's (a rotary `inv_freq` registered `persistent=False` and computed in `__init__`), or outputs that differ with the normal build's weights loaded; skipped where its own init leaves parameters unset (no deferred init to judge) and for a module handed over as an instance", slow=True),
+    Check("state_dict", lifecycle.check_state_dict, ("finite", "deterministic"), None, "a fresh instance (another seed) loaded with the block's `state_dict` whose outputs differ, missing or unexpected keys, parameters hidden in a Python list; tensors the forward reads that are plain attributes (not moved by `.to()`, not saved) are a **warning**", slow=True),
+    Check("precision", precision.check_precision, ("finite", "deterministic"), None, "under `torch.autocast` (bfloat16) and after `.to(bfloat16)`, any component's or the output's error against float32 at 768 tokens (after `.to`: float32 with the same bfloat16-rounded weights and buffers), the 75th percentile over positions of each position's relative error, above 0.1; names the first such component (rotary positions or angles computed in bfloat16)", slow=True),
+    Check("optimizer_step", training.check_optimizer_step, GRADS + ("train_safe", "copyable"), None, "one AdamW step (lr 1e-4) on a fixed regression target that does not lower the loss or leaves a parameter with a gradient unchanged; two distinct parameters holding the same random values (a tie broken by a copy); parameters with `requires_grad=False` are a **warning** (a norm weight frozen by mistake)", slow=True),
 )
 CHECK_NAMES = tuple(c.name for c in REGISTRY)
 

@@ -5,6 +5,7 @@ Hugging Face layers (`hf/`), and the setup that builds any of them through one p
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 import torch.nn as nn
@@ -26,6 +27,9 @@ class Subject:
     # [forwards, backwards] through this calling convention, shared with every `like` copy (checks.cost counts them
     # here, not with a module hook: a hook on the module turns off nn.TransformerEncoderLayer's fast path)
     passes: list | None = field(default=None, compare=False, repr=False)
+    # builds the block anew from its factory: rebuild(seed, device) on "cpu" or "meta", in the run dtype, not moved;
+    # None where the block was handed over as a module instance (nothing to build it from)
+    rebuild: Callable[[int, str], nn.Module] | None = None
 
     def __call__(self, x: torch.Tensor, pad_mask: torch.Tensor | None = None) -> torch.Tensor:
         # pad_mask: (B, T) bool, True = padding, always; converted to the block's own convention here
@@ -48,7 +52,7 @@ class Subject:
     def like(self, module: nn.Module) -> "Subject":
         """The same calling convention around another module (a float64 copy, a dropout-free copy)."""
         return Subject(module, self.name, self.builtin, self.pad_keyword, self.causal, self.pad_means, self.by_design,
-                       self.passes)
+                       self.passes, self.rebuild)
 
 
 def first_tensor(out) -> torch.Tensor:

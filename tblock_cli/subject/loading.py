@@ -6,6 +6,7 @@ import importlib
 import importlib.util
 import inspect
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
@@ -33,7 +34,8 @@ PAD_KEYWORDS = ("pad_mask", "key_padding_mask", "src_key_padding_mask", "padding
 def builtin_subject(cfg: BlockConfig, device: torch.device, dtype: torch.dtype) -> Subject:
     module = build_block(cfg, device, dtype)
     kind = f"built-in {cfg.norm}-LN block" + (f" x{cfg.layers}" if cfg.layers > 1 else "")
-    return Subject(module, kind, True, "pad_mask", cfg.causal)
+    rebuild = lambda seed, where: build_block(replace(cfg, seed=seed), where, dtype)  # noqa: E731
+    return Subject(module, kind, True, "pad_mask", cfg.causal, rebuild=rebuild)
 
 
 def make_subject(
@@ -56,7 +58,18 @@ def make_subject(
         return builtin_subject(cfg, device, dtype)
     factory = load_factory(spec)
     extra = kwargs_json if isinstance(kwargs_json, dict) else parse_kwargs(kwargs_json)
-    return user_subject(construct(spec, factory, cfg, extra), spec, cfg, device, dtype, same_shape=same_shape)
+    subject = user_subject(construct(spec, factory, cfg, extra), spec, cfg, device, dtype, same_shape=same_shape)
+    subject.rebuild = rebuilder(spec, factory, cfg, extra, dtype)
+    return subject
+
+
+def rebuilder(spec: str, factory: Callable, cfg: BlockConfig, extra: dict, dtype: torch.dtype) -> Callable[[int, str], nn.Module]:
+    """The block built anew from its factory at another seed, on the CPU or the meta device (Subject.rebuild)."""
+    def rebuild(seed: int, where: str) -> nn.Module:
+        with torch.device(where):
+            module = construct(spec, factory, replace(cfg, seed=seed), extra)
+        return module.to(dtype=dtype)
+    return rebuild
 
 
 def user_subject(module: nn.Module, name: str, cfg: BlockConfig, device: torch.device, dtype: torch.dtype, *,
@@ -78,8 +91,6 @@ def user_subject(module: nn.Module, name: str, cfg: BlockConfig, device: torch.d
 
 def user_layers(cfg: BlockConfig, device: torch.device, dtype: torch.dtype, spec: str, extra: dict, n: int) -> list[Subject]:
     """n independent instances of the user's block (seeds seed, seed+1, ...), for a stack of copies."""
-    from dataclasses import replace
-
     factory = load_factory(spec)
     first = user_subject(construct(spec, factory, cfg, extra), spec, cfg, device, dtype)  # probed once
     return [first] + [first.like(construct(spec, factory, replace(cfg, seed=cfg.seed + i), extra).to(device=device, dtype=dtype))

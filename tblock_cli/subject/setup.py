@@ -105,7 +105,21 @@ class Setup:
         subject = user_subject(module, self.block, self.cfg, self.device, self.dtype, same_shape=self.same_shape)
         if self.hf:  # the family's known departures, as tblock's hf: builder found them
             subject.by_design = dict(module.by_design)
+        subject.rebuild = self._rebuilder(subject.module)
         return subject
+
+    def _rebuilder(self, built: nn.Module):
+        """Subject.rebuild: the block built anew from what it was built from; None for a caller's module instance."""
+        if self.module is not None:
+            return None
+        if self.hf:
+            from tblock_cli.subject import hf
+
+            return hf.rebuilder(self.source[3:], self.cfg, self.kwargs, built, self.dtype)
+        from tblock_cli.subject.loading import load_factory, rebuilder
+
+        factory = load_factory(self.source) if isinstance(self.source, str) else self.source
+        return rebuilder(self.block, factory, self.cfg, self.kwargs, self.dtype)
 
 
 def _infer(module: nn.Module, names: tuple[str, ...]) -> int | None:

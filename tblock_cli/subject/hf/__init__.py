@@ -8,7 +8,7 @@ what tblock knows about particular families lives in `families`. transformers is
 from __future__ import annotations
 
 from tblock_cli.subject.hf.drive import HFLayers, accepted
-from tblock_cli.subject.hf.model import build, build_config, is_causal
+from tblock_cli.subject.hf.model import build, build_config, is_causal, rebuilder
 from tblock_cli.subject.hf.sizes import import_transformers
 
-__all__ = ["HFLayers", "accepted", "build", "build_config", "import_transformers", "is_causal"]
+__all__ = ["HFLayers", "accepted", "build", "build_config", "import_transformers", "is_causal", "rebuilder"]

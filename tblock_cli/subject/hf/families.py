@@ -101,6 +101,12 @@ def by_design(model_type: str, layers: nn.Module) -> dict[str, str]:
     if model_type == "phimoe":
         rules["train_eval.skip"] = ("phimoe's router (sparsemixer) takes another path in training by design "
                                     "(training=self.training): train and eval are different functions")
+        rules["derivative.wrong"] = ("by design of phimoe: its router (sparsemixer) trains with a gradient estimator, "
+                                     "not the routing's derivative")
+    if model_type == "bloom":
+        rules["precision.differs"] = ("by design of bloom: its ALiBi biases (slope x distance, hundreds at 768 tokens) are "
+                                      "added to scores in the run's dtype, where bfloat16 keeps steps of 2 to 4: far "
+                                      "positions blur in bfloat16")
     if model_type == "funnel":
         rules["ffn_share.other"] = ("sit in funnel's relative-position and token-type attention parameters (r_kernel, "
                                     "r_*_bias, seg_embed), by design")

@@ -178,6 +178,27 @@ def _build(model_type: str, cfg: BlockConfig, extra: dict) -> HFLayers:
     return module
 
 
+def rebuilder(model_type: str, cfg: BlockConfig, extra: dict, like: HFLayers, dtype: torch.dtype):
+    """The layers built anew at another seed, on the CPU or the meta device, as `like` was (Subject.rebuild): the
+    model's constructor only, none of build's probe forwards (a meta build cannot run); what they found is copied."""
+    def rebuild(seed: int, where: str) -> HFLayers:
+        part, rest = _part(model_type, extra)
+        config = build_config(part, cfg, rest)
+        for name in ("_attn_implementation", "_experts_implementation"):
+            if hasattr(like.config, name):
+                setattr(config, name, getattr(like.config, name))
+        torch.manual_seed(seed)
+        with torch.device(where):
+            base = _model(config).eval()
+        which = rest.get("stack")
+        stack = _stack(part, base, config, which)
+        path, layers = families.find_layers(part, stack, _layer_count(config, which))
+        module = HFLayers(part, config, _entry(stack, path, layers), layers, (0, len(layers) - 1), like.memory)
+        module.causal, module.positional, module.by_design, module.warnings = like.causal, like.positional, like.by_design, like.warnings
+        return module.to(dtype=dtype)
+    return rebuild
+
+
 def _entry(stack: nn.Module, path: str, layers: nn.ModuleList) -> nn.Module:
     """What tblock calls: the stack when its forward takes inputs_embeds; else the module holding the layers when
     its forward takes hidden states (vision encoders: the patch embedding is left out); else the layers in a row,

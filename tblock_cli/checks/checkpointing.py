@@ -1,0 +1,177 @@
+"""The activation-checkpointing check: recomputing the block in the backward changes nothing, with its own switch too,
+and every parameter still gets a gradient when the input requires none."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import math
+import warnings
+from contextlib import contextmanager
+
+import torch
+import torch.nn as nn
+
+from tblock_cli.checks.context import Context
+from tblock_cli.checks.result import Outcome, failed, passed
+from tblock_cli.checks.training import all_modules, has_dropout, seeded, too_large, trainable
+from tblock_cli.probes import rel_diff, train_mode
+
+# Attribute or forward keyword names blocks use for their own activation-checkpointing switch.
+SWITCHES = ("gradient_checkpointing", "use_checkpoint", "checkpoint", "grad_checkpointing", "use_gradient_checkpointing",
+            "activation_checkpointing", "checkpointing", "use_checkpointing")
+
+
+def recomputed(fn, x: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """fn(x) under activation checkpointing as torch.utils.checkpoint(use_reentrant=False) does it: the forward keeps
+    none of the tensors autograd saves, the backward runs fn again under the forward's RNG state and uses what that run
+    saves, in the same order. (torch's own function imports torch._dynamo on its first call: 1 s on an idle machine,
+    several under load, for a probe of a few milliseconds.)"""
+    state = torch.get_rng_state()
+    cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+    count, again = [0], []
+
+    def pack(_t: torch.Tensor) -> int:
+        count[0] += 1
+        return count[0] - 1
+
+    def recompute() -> None:
+        with seeded(device), torch.enable_grad():
+            torch.set_rng_state(state)
+            if cuda is not None:
+                torch.cuda.set_rng_state(cuda, device)
+            with torch.autograd.graph.saved_tensors_hooks(lambda t: again.append(t) or len(again) - 1, lambda j: again[j]):
+                fn(x.detach().requires_grad_(x.requires_grad))
+        if len(again) != count[0]:
+            raise RuntimeError(f"the recompute saved {len(again)} tensors where the forward saved {count[0]}: "
+                               f"the block's forward is not the same function twice")
+
+    def unpack(i: int) -> torch.Tensor:
+        if not again:
+            recompute()
+        return again[i]
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+        return fn(x)
+
+
+def _grads(ctx: Context, call, x: torch.Tensor, w: torch.Tensor | None, x_grad: bool = True):
+    """Output, input gradient and every parameter's gradient of one seeded train forward + backward of call(x)."""
+    module = ctx.subject.module
+    saved = {n: p.grad for n, p in module.named_parameters()}
+    for p in module.parameters():
+        p.grad = None
+    try:
+        with seeded(ctx.device), train_mode(module, True), torch.enable_grad():
+            xr = x.clone().requires_grad_(x_grad)
+            out = call(xr)
+            if out.requires_grad:  # else no parameter is reached at all (reentrant checkpointing of it all)
+                (out.float() * w).sum().backward()
+        return out.detach(), xr.grad, {n: (None if p.grad is None else p.grad.detach().clone()) for n, p in trainable(module)}
+    finally:
+        for n, p in module.named_parameters():
+            p.grad = saved[n]
+
+
+def _differs(ref, got) -> tuple[float, str | None]:
+    """The largest relative difference between two (output, input grad, param grads) and where it is."""
+    out0, gx0, gp0 = ref
+    out1, gx1, gp1 = got
+    worst = (rel_diff(out1, out0), "output")
+    if gx0 is not None and gx1 is not None:
+        worst = max(worst, (rel_diff(gx1, gx0), "input gradient"))
+    for n, g in gp0.items():
+        h = gp1.get(n)
+        if g is None or h is None:
+            d = 0.0 if g is None and h is None else math.inf
+        else:
+            d = rel_diff(h, g)
+        worst = max(worst, (d, n))
+    return worst
+
+
+@contextmanager
+def _switched_on(module: nn.Module):
+    """The block's own checkpointing switch turned on (Hugging Face's, or a boolean attribute), restored after; yields
+    how it was turned on, or None where the block has no such switch."""
+    modules = all_modules(module)
+    hf = next((m for m in modules if getattr(m, "supports_gradient_checkpointing", False)
+               and callable(getattr(m, "activation_checkpointing_enable", getattr(m, "gradient_checkpointing_enable", None)))), None)
+    if hf is not None:
+        enable = getattr(hf, "activation_checkpointing_enable", None) or hf.gradient_checkpointing_enable
+        disable = getattr(hf, "activation_checkpointing_disable", None) or hf.gradient_checkpointing_disable
+        was_on = bool(getattr(hf, "is_gradient_checkpointing", False))  # then the plain run had it on: left as it is
+        if not was_on:
+            enable()
+        try:
+            yield f"{type(hf).__name__}.{enable.__name__}()"
+        finally:
+            if not was_on:
+                disable()
+        return
+    flags = [(m, k) for m in modules for k in SWITCHES if isinstance(getattr(m, k, None), bool)]
+    was = [(m, k, getattr(m, k)) for m, k in flags]
+    # A Hugging Face layer reached without its model (a vision encoder's) calls the function its model would set
+    funcs = [m for m, k in flags if k == "gradient_checkpointing" and not hasattr(m, "_gradient_checkpointing_func")]
+    for m, k in flags:
+        setattr(m, k, True)
+    if funcs:
+        from torch.utils.checkpoint import checkpoint  # the block's own switch calls it: its cost is the block's
+
+        for m in funcs:
+            m._gradient_checkpointing_func = functools.partial(checkpoint, use_reentrant=False)
+    try:
+        yield f"{flags[0][1]} = True" if flags else None
+    finally:
+        for m, k, v in was:
+            setattr(m, k, v)
+        for m in funcs:
+            del m._gradient_checkpointing_func
+
+
+def check_checkpointing(ctx: Context) -> Outcome:
+    if (large := too_large(ctx)) is not None:
+        return large
+    subject, module = ctx.subject, ctx.subject.module
+    x = ctx.x()
+    with torch.no_grad(), seeded(ctx.device), train_mode(module, True), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a checkpoint inside warns that nothing requires grad here: true, and meant
+        shape = subject(x.clone()).shape
+    w = torch.randn(shape, generator=ctx.gen).to(ctx.device)
+    ctx.step("plain and checkpointed backward")
+    plain = _grads(ctx, lambda t: subject(t), x, w)
+    probes = {}
+    probes["non-reentrant checkpoint"] = _differs(plain, _grads(ctx, lambda t: recomputed(subject, t, ctx.device), x, w))
+    with _switched_on(module) as how:
+        if how is not None:
+            ctx.step("the block's own checkpointing")
+            probes[how] = _differs(plain, _grads(ctx, lambda t: subject(t), x, w))
+    kwarg = _switch_keyword(module)
+    if kwarg is not None:
+        from tblock_cli.subject.loading import first_tensor
+
+        probes[f"forward({kwarg}=True)"] = _differs(plain, _grads(ctx, lambda t: first_tensor(module(t, **{kwarg: True})), x, w))
+    # An input that does not require grad (frozen embeddings before it, an adapter): every parameter still gets one.
+    ctx.step("backward from an input without grad")
+    with warnings.catch_warnings():  # torch's own warning about exactly this, printed mid-report otherwise
+        warnings.simplefilter("ignore")
+        frozen = _grads(ctx, lambda t: subject(t), x, w, x_grad=False)
+    dropped = [n for n, g in plain[2].items() if g is not None and frozen[2].get(n) is None]
+    facts = {"probes": {k: {"diff": d, "where": where} for k, (d, where) in probes.items()}, "limit": ctx.tol,
+             "dropout": has_dropout(module)}
+    if dropped:
+        return failed("checkpointing.input_without_grad", f"{len(dropped)} params", params=dropped, **facts)
+    name, (diff, where) = max(probes.items(), key=lambda kv: kv[1][0])
+    if diff > ctx.tol:
+        return failed("checkpointing.differs", diff, how=name, where=where, diff=diff, **facts)
+    return passed("checkpointing.same", diff, switches=[k for k in probes if k != "non-reentrant checkpoint"], **facts)
+
+
+def _switch_keyword(module: nn.Module) -> str | None:
+    try:
+        params = inspect.signature(module.forward).parameters
+    except (TypeError, ValueError):
+        return None
+    return next((k for k in SWITCHES if k in params), None)
+
+

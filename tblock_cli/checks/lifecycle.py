@@ -1,0 +1,263 @@
+"""Checks of a block's life outside one forward: built on the meta device and initialised, saved and loaded into a
+fresh instance."""
+
+from __future__ import annotations
+
+import copy
+import inspect
+
+import torch
+import torch.nn as nn
+from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_leaves
+
+from tblock_cli.checks.context import Context, eval_forward
+from tblock_cli.checks.result import Outcome, failed, passed, skipped, warned
+from tblock_cli.checks.training import all_modules, seeded, too_large
+from tblock_cli.errors import is_out_of_memory, one_line
+from tblock_cli.probes import rel_diff, train_mode
+
+# A buffer rebuilt by the block's own init equals the normal build's up to the run dtype's rounding of the same
+# computation (ctx.tol); left untouched after to_empty() it holds the NaN tblock wrote there, or garbage.
+# Non-floating buffers must be equal.
+
+
+def roots(module: nn.Module) -> list[nn.Module]:
+    """The module and the modules it keeps as plain attributes (an HF layer's model), none inside another: each
+    one's state_dict is what saving the block saves."""
+    out, covered, todo = [], set(), [module]
+    while todo:
+        m = todo.pop(0)
+        if id(m) in covered:
+            continue
+        out.append(m)
+        inside = list(m.modules())
+        covered |= {id(c) for c in inside}
+        todo += [v for c in inside for k, v in vars(c).items() if isinstance(v, nn.Module) and k != "_modules"]
+    return out
+
+
+def named_state(module: nn.Module, kind: str) -> dict[str, torch.Tensor]:
+    """Every parameter (kind 'params'), buffer ('buffers', persistent or not) or saved tensor ('saved': the
+    state_dict's) of the module and its roots, by name (a root after the first prefixed with its class)."""
+    out = {}
+    for i, root in enumerate(roots(module)):
+        prefix = "" if i == 0 else f"<{type(root).__name__}>."
+        items = {"params": root.named_parameters, "buffers": root.named_buffers, "saved": root.state_dict}[kind]()
+        for n, t in items.items() if kind == "saved" else items:
+            out.setdefault(prefix + n, t)
+    return out
+
+
+def _own(m: nn.Module) -> bool:
+    """tblock's own wrappers (the HF driver, the built-in block): not the user's state to judge."""
+    return type(m).__module__.startswith("tblock_cli")
+
+
+def own_init(module: nn.Module) -> list[str]:
+    """The block's own initialisation, as a deferred-init recipe runs it: every submodule's reset_parameters(); a
+    declared init_weights() (a Hugging Face model's runs its family's _init_weights over all of it). What ran."""
+    ran = []
+    modules = all_modules(module)
+    hf = next((m for m in modules if callable(getattr(m, "init_weights", None)) and hasattr(m, "_init_weights")
+               and hasattr(m, "config")), None)
+    with torch.no_grad():
+        if hf is not None:
+            hf.init_weights()
+            return [f"{type(hf).__name__}.init_weights()"]
+        for m in modules:
+            for name in ("reset_parameters", "_reset_parameters"):  # nn.MultiheadAttention's is private
+                if callable(getattr(m, name, None)):
+                    getattr(m, name)()
+                    ran.append(f"{name}()")
+                    break
+        init = getattr(module, "init_weights", None)
+        if callable(init) and not _required_args(init):
+            init()
+            ran.append("init_weights()")
+        elif callable(getattr(module, "_init_weights", None)):
+            module.apply(module._init_weights)
+            ran.append("_init_weights")
+    return sorted(set(ran))
+
+
+def _required_args(fn) -> bool:
+    try:
+        return any(p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+                   for p in inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return True
+
+
+def materialise(module: nn.Module, device: torch.device) -> None:
+    """Module.to_empty(device=...), but through torch.empty: empty_like of a meta tensor runs a Python reference that
+    imports sympy (1-2 s) on its first call."""
+    module._apply(lambda t: torch.empty(t.shape, dtype=t.dtype, device=device))
+
+
+def _poison(module: nn.Module) -> None:
+    """What to_empty() left, made visible: NaN in floating tensors, zeros elsewhere (uninitialised memory is often
+    finite, so garbage would pass for values)."""
+    with torch.no_grad():
+        for m in all_modules(module):
+            for t in list(m._parameters.values()) + list(m._buffers.values()):
+                if t is not None:
+                    t.fill_(float("nan") if t.is_floating_point() else 0)
+
+
+def _same(a: torch.Tensor, b: torch.Tensor, tol: float) -> bool:
+    if a.shape != b.shape:
+        return False
+    if not a.is_floating_point():
+        return torch.equal(a.cpu(), b.cpu())
+    return rel_diff(a, b) <= tol
+
+
+def check_meta_init(ctx: Context) -> Outcome:
+    if (large := too_large(ctx)) is not None:
+        return large
+    rebuild = ctx.subject.rebuild
+    if rebuild is None:
+        return skipped("meta_init.no_factory")
+    ctx.step("meta-device build")
+    try:
+        with seeded(ctx.device, ctx.cfg.seed):
+            meta = rebuild(ctx.cfg.seed, "meta")
+            materialise(meta, ctx.device)
+            _poison(meta)
+            torch.manual_seed(ctx.cfg.seed)
+            ran = own_init(meta)
+    except Exception as e:  # noqa: BLE001 - the constructor itself does not run on the meta device
+        if is_out_of_memory(e):
+            raise
+        return skipped("meta_init.unbuildable", error=one_line(e))
+    # A buffer the init leaves wrong: non-persistent ones are judged (no checkpoint load restores them; a rotary
+    # inv_freq computed in __init__); persistent ones a load does restore, so they are a note. Against a fresh normal
+    # build: the subject's own buffers may have moved in its forwards (a data-dependent init, running statistics).
+    normal = rebuild(ctx.cfg.seed, "cpu").to(ctx.device)
+    want, got = named_state(normal, "buffers"), named_state(meta, "buffers")
+    saved = named_state(normal, "saved")
+    wrong = sorted(n for n, b in want.items() if n in got and not _same(got[n], b, ctx.tol))
+    if wrong:  # a buffer drawn at random differs between two normal builds too: only its being set is asked
+        other = named_state(rebuild(ctx.cfg.seed + 1, "cpu").to(ctx.device), "buffers")
+        wrong = [n for n in wrong if n not in other or _same(other[n], want[n], ctx.tol) or
+                 (got[n].is_floating_point() and not torch.isfinite(got[n]).all())]
+    persistent = [n for n in wrong if n in saved]
+    wrong = [n for n in wrong if n not in saved]
+    params = named_state(meta, "params")
+    unset = sorted(n for n, p in params.items() if p.is_floating_point() and torch.isnan(p).any())
+    if unset:  # no deferred init to judge: its own init does not even set its parameters (a custom norm's weight)
+        return skipped("meta_init.incomplete_init", params=unset, buffers=wrong, init=ran)
+    # The outputs with the normal build's weights loaded: what a checkpoint load after a meta build gives.
+    for src, dst in zip(roots(ctx.subject.module), roots(meta)):
+        dst.load_state_dict(src.state_dict(), strict=False)
+    x, y = ctx.standard()
+    try:
+        diff = rel_diff(eval_forward(ctx, x, subject=ctx.subject.like(meta)), y)
+    except Exception as e:  # noqa: BLE001 - e.g. a tensor kept outside the buffers, left on the meta device
+        if is_out_of_memory(e):
+            raise
+        return failed("meta_init.forward_raises", None, error=one_line(e), buffers=wrong, init=ran)
+    facts = {"buffers": wrong, "checked": len(want), "diff": diff, "limit": ctx.tol, "init": ran,
+             "persistent_unset": persistent}
+    if wrong:
+        return failed("meta_init.buffers", f"{len(wrong)}/{len(want)} buffers", **facts)
+    if diff > ctx.tol:
+        return failed("meta_init.outputs", diff, **facts)
+    if not want:
+        return passed("meta_init.no_buffers", diff, **facts)
+    return passed("meta_init.same", diff, **facts)
+
+
+# ----------------------------------------------------------------------------- state_dict round trip
+
+
+class _Reads(TorchFunctionMode):
+    """Notes every tensor a torch function is handed (by identity) while it is active."""
+
+    def __init__(self):
+        super().__init__()
+        self.ids: set[int] = set()
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        self.ids.update(id(t) for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor))
+        return func(*args, **kwargs)
+
+
+def plain_tensors(module: nn.Module) -> dict[str, torch.Tensor]:
+    """Tensors kept as plain attributes (or in lists, tuples, dicts) of the user's modules: neither parameter nor
+    buffer, so not moved by .to() and not saved."""
+    found = {}
+    for m in all_modules(module):
+        if _own(m):
+            continue
+        for k, v in vars(m).items():
+            if k.startswith("__"):
+                continue
+            items = [(k, v)] if isinstance(v, torch.Tensor) else \
+                [(f"{k}[{i}]", e) for i, e in enumerate(v)] if isinstance(v, (list, tuple)) else \
+                [(f"{k}[{i!r}]", e) for i, e in v.items()] if isinstance(v, dict) and k not in ("_parameters", "_buffers", "_modules") else []
+            for name, t in items:
+                if isinstance(t, torch.Tensor) and not isinstance(t, nn.Parameter):
+                    found[f"{type(m).__name__}.{name}"] = t
+    return found
+
+
+def hidden_params(module: nn.Module) -> list[str]:
+    """nn.Parameters kept in a plain list, tuple or dict attribute: never registered, never trained, never saved."""
+    registered = {id(p) for r in roots(module) for p in r.parameters()}
+    found = []
+    for m in all_modules(module):
+        for k, v in vars(m).items():
+            values = v if isinstance(v, (list, tuple)) else v.values() if isinstance(v, dict) and not k.startswith("_") else ()
+            found += [f"{type(m).__name__}.{k}[{i}]" for i, e in enumerate(values) if isinstance(e, nn.Parameter) and id(e) not in registered]
+    return found
+
+
+def check_state_dict(ctx: Context) -> Outcome:
+    if (large := too_large(ctx)) is not None:
+        return large
+    module = ctx.subject.module
+    x, y = ctx.standard()
+    # Plain tensors the module holds before a forward and that forward reads: state. One it assigns during the call
+    # and reads back (a mask built per call) is scratch, and is left alone.
+    held = plain_tensors(module)
+    reads = _Reads()
+    with reads, train_mode(module, False), torch.no_grad():
+        ctx.subject(x.clone())
+    # a 0-dim tensor (a scale kept as torch.tensor(0.125)) mixes with tensors on any device and of any float dtype
+    read_plain = sorted(n for n, t in held.items() if id(t) in reads.ids and t.dim() > 0)
+    hidden = hidden_params(module)
+    ctx.step("state_dict into a fresh instance")
+    if ctx.subject.rebuild is not None:
+        fresh, how = ctx.subject.rebuild(ctx.cfg.seed + 1, "cpu").to(ctx.device), "rebuilt"
+    else:  # handed over as an instance: a copy whose saved tensors are all overwritten with other values
+        fresh, how = copy.deepcopy(module), "copy"
+        with torch.no_grad():
+            for root in roots(fresh):
+                for t in root.state_dict(keep_vars=True).values():
+                    if t.is_floating_point():
+                        t.add_(torch.randn(t.shape, generator=ctx.gen).to(t) * 0.1 + 0.1)
+    missing, unexpected = [], []
+    try:
+        for src, dst in zip(roots(module), roots(fresh)):
+            result = dst.load_state_dict(src.state_dict(), strict=False)
+            missing += result.missing_keys
+            unexpected += result.unexpected_keys
+    except Exception as e:  # noqa: BLE001 - a size mismatch: strict loading fails outright
+        if is_out_of_memory(e):
+            raise
+        return failed("state_dict.load_fails", None, error=one_line(e), fresh=how)
+    diff = rel_diff(eval_forward(ctx, x, subject=ctx.subject.like(fresh)), y)
+    facts = {"fresh": how, "missing": missing, "unexpected": unexpected, "diff": diff, "limit": ctx.tol,
+             "plain_tensors": read_plain, "hidden_params": hidden}
+    if hidden:
+        return failed("state_dict.hidden_params", f"{len(hidden)} hidden", **facts)
+    if missing or unexpected:
+        return failed("state_dict.keys", f"{len(missing)} missing, {len(unexpected)} unexpected", **facts)
+    if diff > ctx.tol:
+        return failed("state_dict.outputs", diff, **facts)
+    if read_plain:
+        return warned("state_dict.plain_tensors", f"{len(read_plain)} plain", **facts)
+    return passed("state_dict.round_trip", diff, **facts)

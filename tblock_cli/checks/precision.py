@@ -1,0 +1,140 @@
+"""The mixed-precision check: under autocast and after .to(bfloat16), the outputs stay near float32's; where not,
+the first component whose error jumps."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.nn as nn
+
+from tblock_cli.checks.context import Context
+from tblock_cli.checks.result import Outcome, failed, passed, skipped
+from tblock_cli.checks.training import all_modules, too_large
+from tblock_cli.errors import is_out_of_memory, one_line
+from tblock_cli.probes import train_mode
+from tblock_cli.subject.loading import first_tensor
+
+HALF = torch.bfloat16
+# Tokens in the probe, batch 1: past 256 a bfloat16 position is no longer exact (8 significant bits: steps of 2 up to
+# 512, of 4 beyond), so at 768 tokens 42 % of positions are wrong in a rotary table or angle built from bfloat16
+# positions, more than the QUANTILE leaves out; the attention's cost grows with its square.
+PRECISION_SEQ = 768
+# Each component's output (and the block's) against float32 (autocast), or against float32 computing with the same
+# bfloat16-rounded weights and buffers (after .to(bfloat16): the rounding of the weights themselves, an inv_freq
+# included, is what .to asks for; the computation's precision is what is judged); per token position, the relative
+# error, and of those the QUANTILE. Measured at 768 tokens: correct blocks (zoo, built-in, 89 hf layers, MoE ones whose
+# routers send a few tokens elsewhere) 3e-3..8e-3 at d_model 64 and 512, hf funnel 0.045 at 512 (its relative
+# positions); rotary positions in bfloat16 (.to) or rotary angles from a matmul autocast runs in bfloat16: 0.36 at
+# d_head 16, 0.30 at d_head 64. 0.1 sits 2.2x above the worst correct block and 3x below the bugs.
+PRECISION_LIMIT = 0.1
+QUANTILE = 0.75
+
+
+def _token_error(got: torch.Tensor, ref: torch.Tensor, seq: int) -> float | None:
+    """The 75th percentile over token positions of each position's relative error: a router that sends a few tokens
+    to other experts moves a few positions, lost positions or an unscaled softmax move most. None for an output
+    with no axis of the probe's length (an expert's own batch of routed tokens)."""
+    axis = next((i for i, n in enumerate(ref.shape) if n == seq), None)
+    if axis is None or got.shape != ref.shape or not ref.numel():
+        return None
+    got, ref = got.float(), ref.float()  # errors of 1e-3 and up: float32 measures them, at half float64's cost
+    dims = [i for i in range(ref.ndim) if i != axis]
+    size = ref.pow(2).sum(dims).sqrt() if dims else ref.abs()
+    err = (got - ref).pow(2).sum(dims).sqrt() if dims else (got - ref).abs()
+    rel = err / size.clamp_min(size.mean().item() * 1e-3 + 1e-30)
+    if not torch.isfinite(rel).all():  # a non-finite output anywhere shows here
+        return float("inf")
+    return torch.quantile(rel.double(), QUANTILE).item()
+
+
+def _outputs(module: nn.Module, subject, x: torch.Tensor, autocast: bool, device: torch.device):
+    """The block's output and every component's first output tensor, in the order the components finished."""
+    seen: list[tuple[str, torch.Tensor]] = []
+    names = {}
+    for m in all_modules(module):
+        for n, c in m.named_modules():
+            names.setdefault(id(c), f"{type(m).__name__}.{n}" if m is not module and n else n or type(c).__name__)
+    for n, c in module.named_modules():
+        names[id(c)] = n or type(c).__name__
+
+    def hook(m, _args, out):
+        try:
+            t = first_tensor(out)
+        except TypeError:
+            return
+        if t.is_floating_point():
+            seen.append((names.get(id(m), type(m).__name__), t.detach()))
+
+    hooks = [m.register_forward_hook(hook) for m in all_modules(module) if m is not module]
+    try:
+        with train_mode(module, False), torch.no_grad(), torch.autocast(device.type, dtype=HALF, enabled=autocast):
+            out = subject(x)
+    finally:
+        for h in hooks:
+            h.remove()
+    return out, seen
+
+
+def _component_errors(ref: list, got: list, seq: int) -> list[tuple[str, float]]:
+    """Each component's output error (_token_error), in the order the components finished; calls matched by name
+    and count (a router's switch may change which experts run)."""
+    refs: dict[str, list] = {}
+    for name, t in ref:
+        refs.setdefault(name, []).append(t)
+    seen: dict[str, int] = {}
+    out = []
+    for name, g in got:
+        i = seen.get(name, 0)
+        seen[name] = i + 1
+        r = refs.get(name, [])
+        err = _token_error(g, r[i], seq) if i < len(r) else None
+        if err is not None:
+            out.append((name, err))
+    return out
+
+
+def check_precision(ctx: Context) -> Outcome:
+    if (large := too_large(ctx)) is not None:
+        return large
+    if ctx.device.type not in ("cpu", "cuda"):
+        return skipped("precision.device", device=ctx.device.type)
+    module = ctx.subject.module
+    ref32 = copy.deepcopy(module).float()
+    seq = max(ctx.cfg.seq, PRECISION_SEQ)
+    x = torch.randn(1, seq, ctx.cfg.d_model, generator=ctx.gen).to(ctx.device)
+    try:
+        ref, ref_parts = _outputs(ref32, ctx.subject.like(ref32), x, False, ctx.device)
+    except Exception as e:  # noqa: BLE001 - a block with a maximum length: probe at the run's length
+        if is_out_of_memory(e):
+            raise
+        seq = ctx.cfg.seq
+        x = x[:, :seq]
+        ref, ref_parts = _outputs(ref32, ctx.subject.like(ref32), x, False, ctx.device)
+    results = {}  # how -> (the output's error, the reference's component outputs, the run's)
+    try:
+        ctx.step("autocast")
+        got, parts = _outputs(ref32, ctx.subject.like(ref32), x, True, ctx.device)
+        results["autocast"] = ([("output", ref)] + ref_parts, [("output", got)] + parts)
+        ctx.step(".to(bfloat16)")
+        half = copy.deepcopy(module).to(HALF)
+        rounded = copy.deepcopy(half).float()  # float32 computing with the bfloat16-rounded weights and buffers
+        xh = x.to(HALF)
+        ref_r, parts_r = _outputs(rounded, ctx.subject.like(rounded), xh.float(), False, ctx.device)
+        got, parts = _outputs(half, ctx.subject.like(half), xh, False, ctx.device)
+        results["to_bfloat16"] = ([("output", ref_r)] + parts_r, [("output", got)] + parts)
+    except Exception as e:  # noqa: BLE001 - a block that does not run in bfloat16 at all
+        if is_out_of_memory(e):
+            raise
+        return skipped("precision.unsupported", error=one_line(e))
+    errors, first = {}, {}
+    for how, (ref_parts, parts) in results.items():
+        comps = _component_errors(ref_parts, parts, seq)
+        errors[how] = max(e for _, e in comps)
+        first[how] = next(((n, e) for n, e in comps if e > PRECISION_LIMIT), (None, 0.0))
+    facts = {"errors": errors, "limit": PRECISION_LIMIT, "seq": seq}
+    how = max(errors, key=errors.get)
+    if errors[how] > PRECISION_LIMIT:
+        component, err = first[how]
+        return failed("precision.differs", errors[how], how=how, component=component, component_error=err, **facts)
+    return passed("precision.close", errors[how], **facts)

@@ -1,0 +1,262 @@
+"""Checks of what training relies on: the gradient is the derivative, one optimizer step does what it should; and
+what the training-time checks share (the seeded RNG, the size gate, the modules a block keeps)."""
+
+from __future__ import annotations
+
+import copy
+from contextlib import contextmanager
+
+import torch
+import torch.nn as nn
+
+from tblock_cli.checks.context import Context
+from tblock_cli.checks.result import Outcome, failed, passed, skipped, warned
+from tblock_cli.errors import is_out_of_memory, one_line
+from tblock_cli.probes import f64, train_mode
+
+# The seed every evaluation of the block starts from (dropout draws the same masks in each).
+PROBE_SEED = 1234
+# Central differences at steps 1e-2, 3e-3 and 1e-3 along random directions, in float64. A wrong backward (a norm
+# backward missing a term, a detached branch, a recompute with other dropout masks, a weight read through .data) puts
+# autograd 1e-2..2 (relative) away from finite differences that agree with each other: they all converge to the true
+# derivative. Everything else that separates them makes the differences disagree among themselves: truncation (~h^2),
+# a kink (ReLU, max) or a jump (top-k routing) crossed inside a step, a part computed in float32 on purpose (rotary
+# angles: rounding ~1e-7 / h, why the steps stay above 1e-3). So the verdict: the median difference is more than
+# FD_LIMIT from autograd and more than AGREE times farther from it than from every difference. Measured (d_model 64,
+# 4 seeds): correct blocks at most 4.8x (a ReLU FFN's kinks; top-2 routing 1.0x), the wrong backwards 760x and more.
+FD_STEPS = (1e-2, 3e-3, 1e-3)
+FD_LIMIT = 1e-6
+AGREE = 30.0
+# Random directions: over the input and every parameter jointly, then the input alone (where a detached path shows
+# whole), alternating. A wrong gradient shows along almost every direction; two keep the cost at 12 forwards.
+FD_DIRECTIONS = 2
+FD_LOCALISE = 48  # on a failure, tensors probed alone to name the worst (6 forwards each)
+# One AdamW step: lr 1e-4 moves every float32 parameter with a non-zero gradient (lr / |p| >> 2^-23 for |p| < 100) and
+# stays where the first-order decrease (lr * |g|_1) dominates; no weight decay, so only a gradient moves a parameter.
+STEP_LR = 1e-4
+# Two parameters are a broken tie only when their values look random: at least this many elements, mostly distinct
+# (a ones or zeros initialisation, or any constant, is shared by design and is not evidence).
+TIE_MIN_NUMEL = 16
+TIE_DISTINCT = 0.5
+# The training-time checks copy, rebuild or difference the whole block several times over: at a 7B-size layer (202M
+# parameters) that is gigabytes and tens of seconds, past the battery's budget there (docs/performance.md). Above this
+# many parameters they skip and say so; the bugs they look for show at any width.
+LARGE_PARAMS = 50_000_000
+
+
+def too_large(ctx: Context) -> Outcome | None:
+    """A skip for a block above LARGE_PARAMS, else None."""
+    n = sum(p.numel() for p in ctx.subject.module.parameters())
+    return skipped("training.too_large", params=n, limit=LARGE_PARAMS) if n > LARGE_PARAMS else None
+
+
+@contextmanager
+def seeded(device: torch.device, seed: int = PROBE_SEED):
+    """The global RNG (CPU, and the device's) at a fixed seed for a while; the caller's state restored after."""
+    devices = [device.index if device.index is not None else torch.cuda.current_device()] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        yield
+
+
+def all_modules(module: nn.Module) -> list[nn.Module]:
+    """The module's submodules and the modules they keep as plain attributes (an HF layer's model), each once."""
+    out, seen, todo = [], set(), [module]
+    while todo:
+        m = todo.pop(0)
+        if id(m) in seen:
+            continue
+        seen.add(id(m))
+        out.append(m)
+        todo += list(m.children()) + [v for k, v in vars(m).items() if isinstance(v, nn.Module) and k != "_modules"]
+    return out
+
+
+def has_dropout(module: nn.Module) -> bool:
+    """A dropout that is active in train mode: a Dropout module with p > 0, or a dropout rate an attention reads."""
+    for m in all_modules(module):
+        if isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0:
+            return True
+        if any("dropout" in k and isinstance(v, float) and v > 0 for k, v in vars(m).items()):
+            return True
+    return False
+
+
+def trainable(module: nn.Module) -> list[tuple[str, nn.Parameter]]:
+    return [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+
+
+# ----------------------------------------------------------------------------- the gradient is the derivative
+
+
+def check_derivative(ctx: Context) -> Outcome:
+    if (large := too_large(ctx)) is not None:
+        return large
+    device = ctx.device if ctx.device.type != "mps" else torch.device("cpu")
+    try:
+        m64 = copy.deepcopy(ctx.subject.module).to(device=device, dtype=torch.float64)
+    except Exception as e:  # noqa: BLE001 - a block that has no float64 cannot be differenced precisely
+        if is_out_of_memory(e):
+            raise
+        return skipped("derivative.no_float64", error=one_line(e))
+    subject = ctx.subject.like(m64)
+    x = f64(ctx.x()).to(device)
+    params = trainable(m64)
+
+    def value(xin: torch.Tensor) -> torch.Tensor:
+        with seeded(device), train_mode(m64, True):
+            return (subject(xin) * w).sum()
+
+    ctx.step("float64 backward")
+    with seeded(device), train_mode(m64, True), torch.enable_grad():
+        xr = x.clone().requires_grad_(True)
+        try:
+            out = subject(xr)
+        except Exception as e:  # noqa: BLE001
+            if is_out_of_memory(e):
+                raise
+            return skipped("derivative.no_float64", error=one_line(e))
+        w = torch.randn(out.shape, generator=ctx.gen, dtype=torch.float64).to(device)
+        for _, p in params:
+            p.grad = None
+        (out * w).sum().backward()  # .backward, not autograd.grad: a reentrant checkpoint inside refuses the latter
+    if not torch.isfinite(out).all():
+        return skipped("derivative.nonfinite")
+    gx = xr.grad if xr.grad is not None else torch.zeros_like(x)
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for _, p in params]
+    originals = [p.detach().clone() for _, p in params]
+    dropout = has_dropout(m64)
+
+    def direction(which: set[int] | None) -> tuple[torch.Tensor, list]:
+        """A random direction over the input (index -1) and the parameters; which=None: all of them jointly."""
+        on = (lambda i: True) if which is None else (lambda i: i in which)
+        dx = torch.randn(x.shape, generator=ctx.gen).to(device, torch.float64) if on(-1) else None
+        dps = []
+        for i, (_, p) in enumerate(params):
+            if not on(i):
+                dps.append(None)
+                continue
+            scale = originals[i].pow(2).mean().sqrt().item() if p.numel() else 0.0
+            # drawn in float32 (half the cost of float64 draws): any direction will do, its values are exact
+            d = torch.randn(p.shape, generator=ctx.gen).to(device, torch.float64)
+            dps.append(d.mul_(scale if scale > 0 else 1.0))
+        return dx, dps
+
+    def along(dx, dps, h: float) -> float:
+        with torch.no_grad():
+            ends = []
+            for sign in (1.0, -1.0):
+                for (_, p), orig, d in zip(params, originals, dps):
+                    if d is not None:  # in place: no temporaries the size of the weights
+                        p.copy_(orig).add_(d, alpha=sign * h)
+                ends.append(value(x + sign * h * dx if dx is not None else x).item())
+            for (_, p), orig, d in zip(params, originals, dps):
+                if d is not None:
+                    p.copy_(orig)
+        return (ends[0] - ends[1]) / (2 * h)
+
+    def errors(dx, dps, floor: float = 0.0) -> tuple[list[float], float]:
+        """[distance of the median difference from autograd, spread of the differences], both relative; |autograd|."""
+        exact = (gx * dx).sum().item() if dx is not None else 0.0
+        exact += sum((g * d).sum().item() for g, d in zip(grads, dps) if d is not None)
+        fds = sorted(along(dx, dps, h) for h in FD_STEPS)
+        center = fds[len(fds) // 2]
+        scale = max(abs(exact), abs(center), floor, 1e-300)
+        return [abs(center - exact) / scale, max(abs(f - center) for f in fds) / scale], abs(exact)
+
+    def consistent(errs: list[float]) -> bool:
+        distance, spread = errs
+        return distance > FD_LIMIT and distance > AGREE * spread
+
+    ctx.step(f"{FD_DIRECTIONS} finite-difference directions")
+    found = [errors(*direction(None if k % 2 == 0 else {-1})) for k in range(FD_DIRECTIONS)]
+    worst = max(errs[0] for errs, _ in found)
+    facts = {"error": worst, "errors": [{"distance": errs[0], "spread": errs[1]} for errs, _ in found],
+             "steps": list(FD_STEPS), "limit": FD_LIMIT, "agree": AGREE, "dropout": dropout, "directions": FD_DIRECTIONS}
+    if not any(consistent(errs) for errs, _ in found):
+        return passed("derivative.matches", worst, **facts)
+    # Which tensor: each alone (the input, then the parameters), relative to the joint derivative's size.
+    ctx.step("finite differences per tensor")
+    floor = max(size for _, size in found) * 1e-6
+    wrong = []
+    for i in [-1] + list(range(len(params)))[:FD_LOCALISE]:
+        errs, _ = errors(*direction({i}), floor=floor)
+        if consistent(errs):
+            wrong.append(["input" if i < 0 else params[i][0], errs[0]])
+    wrong.sort(key=lambda t: -t[1])
+    return failed("derivative.wrong", worst, **facts, tensors=wrong, tensor=wrong[0][0] if wrong else None,
+                  tensor_error=wrong[0][1] if wrong else 0.0)
+
+
+# ----------------------------------------------------------------------------- one optimizer step
+
+
+def _random_looking(t: torch.Tensor) -> bool:
+    return t.numel() >= TIE_MIN_NUMEL and t.detach().flatten().unique().numel() >= TIE_DISTINCT * t.numel()
+
+
+def broken_ties(module: nn.Module) -> list[list[str]]:
+    """Pairs of distinct parameters (no shared storage) holding the same random-looking values."""
+    params = [(n, p) for n, p in module.named_parameters()]
+    pairs = []
+    for i, (n, p) in enumerate(params):
+        for m, q in params[i + 1:]:
+            if (p.shape == q.shape and p.dtype == q.dtype and p.data_ptr() != q.data_ptr()
+                    and torch.equal(p.detach(), q.detach()) and _random_looking(p)):
+                pairs.append([n, m])
+    return pairs
+
+
+def adamw_first_step(params: list[nn.Parameter], lr: float, eps: float = 1e-8) -> None:
+    """torch.optim.AdamW's first step (no weight decay), written out: from a fresh state its moments are (1 - b1) g
+    and (1 - b2) g^2, bias-corrected to g and g^2, so each parameter moves by lr * g / (|g| + eps). torch.optim's
+    first step imports torch._dynamo (1 s idle, several under load); a test holds the two equal."""
+    with torch.no_grad():
+        for p in params:
+            if p.grad is not None:
+                p.sub_(lr * p.grad / (p.grad.abs() + eps))
+
+
+def check_optimizer_step(ctx: Context) -> Outcome:
+    if (large := too_large(ctx)) is not None:
+        return large
+    ties = broken_ties(ctx.subject.module)  # at build: the module has not been trained by any check
+    module = copy.deepcopy(ctx.subject.module)
+    if ctx.dtype in (torch.float16, torch.bfloat16):
+        module = module.float()  # the step's size must show in every parameter: 1e-4 is below a half's resolution
+    subject = ctx.subject.like(module)
+    frozen = [n for n, p in module.named_parameters() if not p.requires_grad]
+    params = trainable(module)
+    if not params:
+        return skipped("optimizer_step.no_params", frozen=frozen)
+    x = ctx.x().to(next(iter(module.parameters())).dtype)
+    target = torch.randn(x.shape, generator=ctx.gen).to(x)
+    before = {n: p.detach().clone() for n, p in params}
+
+    def loss() -> torch.Tensor:  # the input requires grad, as a layer's inside a model does
+        with seeded(ctx.device), train_mode(module, True):
+            return (subject(x.clone().requires_grad_(True)).float() - target.float()).pow(2).mean()
+
+    for p in module.parameters():
+        p.grad = None
+    with torch.enable_grad():
+        first = loss()
+        first.backward()
+    zero = [n for n, p in params if p.grad is not None and not p.grad.any()]
+    no_grad = [n for n, p in params if p.grad is None]
+    adamw_first_step([p for _, p in params], STEP_LR)
+    with torch.no_grad():
+        second = loss()
+    unchanged = [n for n, p in params if torch.equal(p.detach(), before[n]) and n not in zero and n not in no_grad]
+    facts = {"loss_before": first.item(), "loss_after": second.item(), "lr": STEP_LR, "frozen": frozen, "ties": ties,
+             "unchanged": unchanged, "no_grad": no_grad, "zero_grad": zero}
+    value = f"{first.item():.4g} -> {second.item():.4g}"
+    if not second.item() < first.item():
+        return failed("optimizer_step.loss_not_lowered", value, **facts)
+    if ties:
+        return failed("optimizer_step.tie_broken", value, **facts)
+    if unchanged:
+        return failed("optimizer_step.unchanged", value, **facts)
+    if frozen:
+        return warned("optimizer_step.frozen", value, **facts)
+    return passed("optimizer_step.ok", value, **facts)

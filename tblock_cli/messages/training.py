@@ -1,0 +1,102 @@
+"""The sentences of the training-time checks (derivative, checkpointing, meta_init, state_dict, precision,
+optimizer_step), by kind, from their facts."""
+
+from __future__ import annotations
+
+from tblock_cli.messages.words import names
+
+
+def _derivative(f: dict) -> str:
+    others = f"; also {names(n for n, _ in f['tensors'][1:6])}" if len(f["tensors"]) > 1 else ""
+    where = f"worst for {f['tensor']} ({f['tensor_error']:.1e}){others}" if f.get("tensor") else "no single tensor alone shows it"
+    return (f"autograd's directional derivative differs from central finite differences by {f['error']:.1e} relative "
+            f"(limit {f['limit']:g}) while the differences at three steps agree with each other: the gradient is not the "
+            f"derivative; {where}"
+            + ("; dropout active with the RNG reseeded, so a recompute with other masks shows here" if f["dropout"] else "")
+           )
+
+
+def _checkpointing_differs(f: dict) -> str:
+    return (f"under {f['how']} the {f['where']} differs from the plain block's by {f['diff']:.1e} (limit {f['limit']:g})"
+            + (" with dropout active and the same seed: a recompute that does not reproduce the forward" if f["dropout"] else "")
+           )
+
+
+def _checkpointing_same(f: dict) -> str:
+    own = f"; the block's own switch too ({names(f['switches'])})" if f["switches"] else ""
+    return (f"non-reentrant checkpointing leaves outputs and gradients as they were (max {max(p['diff'] for p in f['probes'].values()):.1e})"
+            f"{own}; every parameter gets its gradient from an input without grad")
+
+
+def _meta(f: dict) -> str:
+    kept = (f"; saved buffers its init leaves unset (a checkpoint load restores them): {names(f['persistent_unset'])}"
+            if f.get("persistent_unset") else "")
+    return f"init: {names(f['init']) or 'none of its own'}{kept}"
+
+
+def _state_plain(f: dict) -> str:
+    return f"the forward reads tensors kept as plain attributes (not moved by .to(), not saved): {names(f['plain_tensors'])}"
+
+
+def _precision(f: dict) -> str:
+    where = f"; the first component whose error jumps: {f['component']} ({f['component_error']:.1e})" if f["component"] else ""
+    how = "under torch.autocast(bfloat16)" if f["how"] == "autocast" else "after .to(bfloat16)"
+    return (f"{how}, at {f['seq']} tokens, a component's relative error per position (75th percentile) against float32 "
+            f"reaches {f['errors'][f['how']]:.1e}, above {f['limit']:g}{where}")
+
+
+def _optimizer_ok(f: dict) -> str:
+    zero = f"; zero gradient, not moved (can be legitimate): {names(f['zero_grad'])}" if f["zero_grad"] else ""
+    return (f"one AdamW step lowers the loss ({f['loss_before']:.4g} -> {f['loss_after']:.4g}) and moves every parameter "
+            f"with a gradient{zero}")
+
+
+MESSAGES = {
+    "training.too_large": lambda f: (f"{f['params']:,} parameters, above {f['limit']:,}: this check copies or rebuilds the "
+                                     f"whole block several times (gigabytes at a 7B-size layer); run it at a smaller width"),
+    "derivative.matches": lambda f: (f"autograd's directional derivatives match central finite differences over "
+                                     f"{f['directions']} directions (float64; worst {f['error']:.1e} relative, as far "
+                                     f"as the differences spread, or under {f['limit']:g})"),
+    "derivative.wrong": _derivative,
+    "derivative.no_float64": lambda f: f"a float64 copy does not run: {f['error']}",
+    "derivative.nonfinite": "the float64 copy's output is not finite",
+    "checkpointing.same": _checkpointing_same,
+    "checkpointing.differs": _checkpointing_differs,
+    "checkpointing.input_without_grad": lambda f: (f"with an input that does not require grad these parameters get no gradient "
+                                                   f"(reentrant checkpointing inside the block drops them): {names(f['params'])}"),
+    "meta_init.no_factory": "the block was handed over as a module instance: there is no factory to build it on the meta device",
+    "meta_init.unbuildable": lambda f: f"the block's constructor does not run on the meta device: {f['error']}",
+    "meta_init.incomplete_init": lambda f: (f"its own init ({names(f['init']) or 'none'}) leaves parameters unset after a meta-device "
+                                            f"build ({names(f['params'])}): the block has no deferred initialisation to judge"
+                                            + (f"; buffers it leaves wrong too: {names(f['buffers'])}" if f["buffers"] else "")),
+    "meta_init.forward_raises": lambda f: f"built on the meta device and initialised, its forward raises: {f['error']}",
+    "meta_init.buffers": lambda f: (f"built on the meta device, materialised and initialised by its own init, these buffers differ "
+                                    f"from a normal build's (nothing recomputes them): {names(f['buffers'])}; " + _meta(f)),
+    "meta_init.outputs": lambda f: (f"built on the meta device with the normal build's weights loaded, its outputs differ by "
+                                    f"{f['diff']:.1e} (limit {f['limit']:g}); " + _meta(f)),
+    "meta_init.same": lambda f: f"built on the meta device and initialised, its {f['checked']} buffer(s) and outputs are a normal build's; " + _meta(f),
+    "meta_init.no_buffers": lambda f: "no buffers to compare; with the normal build's weights loaded, its outputs are the same; " + _meta(f),
+    "state_dict.load_fails": lambda f: f"loading the block's state_dict into a fresh instance fails: {f['error']}",
+    "state_dict.hidden_params": lambda f: f"parameters kept in a Python list or dict (never trained, never saved): {names(f['hidden_params'])}",
+    "state_dict.keys": lambda f: (f"load_state_dict(strict=True) into a fresh instance fails: missing {names(f['missing']) or 'none'}; "
+                                  f"unexpected {names(f['unexpected']) or 'none'}"),
+    "state_dict.outputs": lambda f: (f"a fresh instance loaded with the block's state_dict gives outputs {f['diff']:.1e} away "
+                                     f"(limit {f['limit']:g}): state that is not saved" + (f"; plain tensor attributes the forward "
+                                     f"reads: {names(f['plain_tensors'])}" if f["plain_tensors"] else "")),
+    "state_dict.plain_tensors": _state_plain,
+    "state_dict.round_trip": lambda f: f"a fresh instance loaded with its state_dict (strict) gives the same outputs (max {f['diff']:.1e})",
+    "precision.device": lambda f: f"autocast to bfloat16 is not probed on {f['device']}",
+    "precision.unsupported": lambda f: f"the block does not run in bfloat16: {f['error']}",
+    "precision.differs": _precision,
+    "precision.close": lambda f: (f"within {f['limit']:g} of float32 at {f['seq']} tokens: autocast {f['errors']['autocast']:.1e}, "
+                                  f".to(bfloat16) {f['errors']['to_bfloat16']:.1e} (worst component's relative error per position, 75th percentile)"),
+    "optimizer_step.no_params": "the block has no trainable parameters",
+    "optimizer_step.loss_not_lowered": lambda f: (f"one AdamW step (lr {f['lr']:g}) does not lower the loss on a fixed target: "
+                                                  f"{f['loss_before']:.6g} -> {f['loss_after']:.6g}"),
+    "optimizer_step.tie_broken": lambda f: ("distinct parameters hold the same random values (a tie broken by a copy: they "
+                                            "train apart): " + "; ".join(" = ".join(p) for p in f["ties"])),
+    "optimizer_step.unchanged": lambda f: f"one AdamW step leaves parameters with a gradient unchanged: {names(f['unchanged'])}",
+    "optimizer_step.frozen": lambda f: (f"parameters with requires_grad=False (never trained; a norm weight frozen by mistake is a "
+                                        f"bug): {names(f['frozen'])}"),
+    "optimizer_step.ok": _optimizer_ok,
+}
