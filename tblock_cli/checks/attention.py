@@ -32,7 +32,12 @@ def call_facts(c) -> dict:
 
 
 def check_attention(ctx: Context) -> Outcome:
-    """Per attention call: logit std, entropy relative to uniform, mean max probability; unscaled scores warned."""
+    """Per attention call: logit std, entropy relative to uniform, mean max probability; unscaled scores warned.
+
+    Catches: per attention call: logit std, entropy relative to uniform, mean max probability; fails on a softmax
+    over the query axis; **warns** when the scores look unscaled or scaled more than 1/sqrt(d_head), when no token
+    attends to itself (a masked diagonal), and when a q.k product weights the values with no softmax (a softmax
+    written out by hand, rows non-negative and summing to 1, counts as one)"""
     flow = ctx.dataflow()
     slipped = {"tracing_slips": flow.slips, "slip_errors": list(flow.slip_errors)} if flow.slips else {}
     if not flow.attention:
@@ -71,7 +76,10 @@ def decoded_off(got: torch.Tensor, full: torch.Tensor, label: str) -> tuple[Outc
 def check_kv_cache(ctx: Context) -> Outcome:
     """Decoding with the block's cache equals the full causal forward at every position, for two chunkings, decoded
     in turns: one sequence a prompt then one token at a time, the other the same prompt length then chunks of 3,
-    each with its own cache."""
+    each with its own cache.
+
+    Catches: with `--causal` and a `decode` method: cached decoding that differs from the full forward; a graph
+    growing across steps; caches that share state ([decoding.md](decoding.md))"""
     from tblock_cli.subject import kvcache
 
     if not ctx.cfg.causal:

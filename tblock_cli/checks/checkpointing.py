@@ -130,6 +130,11 @@ def _switched_on(module: nn.Module):
 
 
 def check_checkpointing(ctx: Context) -> Outcome:
+    """Catches: non-reentrant activation checkpointing (as `torch.utils.checkpoint(use_reentrant=False)` does it)
+    around the block, and the block's own switch (Hugging Face's, a
+    `use_checkpoint`/`checkpoint`/`grad_checkpointing` flag or keyword), that change outputs, input or parameter
+    gradients with dropout active and the same seed; parameters that get no gradient when the input does not require
+    one (reentrant checkpointing inside)"""
     if (large := too_large(ctx)) is not None:
         return large
     subject, module = ctx.subject, ctx.subject.module

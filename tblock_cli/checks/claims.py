@@ -8,7 +8,12 @@ from tblock_cli.checks.result import Outcome, failed, passed, skipped
 
 
 def check_spec(ctx: Context) -> Outcome:
-    """Every declared card entry holds within its tolerance; an entry that cannot be read is said, never guessed."""
+    """Every declared card entry holds within its tolerance; an entry that cannot be read is said, never guessed.
+
+    Catches: with `--like hf:TYPE` or `--expect KEY=VALUE`: a spec card entry (rotary base, dims and scaling, score
+    scale, soft-cap, window, activation, eps, norm offset, q/k-norm axis, residual form and gains, MoE routing;
+    [spec.md](spec.md)) that differs from the declaration, each named with both values; skips when nothing is
+    declared"""
     from tblock_cli.card.entries import judge
     from tblock_cli.card.read import read_card
 
@@ -31,7 +36,11 @@ def check_spec(ctx: Context) -> Outcome:
 
 
 def check_like_reference(ctx: Context) -> Outcome:
-    """The block computes what the --like layer computes with the same weights (outputs, gradients, decoding)."""
+    """The block computes what the --like layer computes with the same weights (outputs, gradients, decoding).
+
+    Catches: with `--like hf:TYPE`: the block against that Hugging Face layer with its weights carried (as `tblock
+    compare` carries them): outputs or gradients that differ, the first differing component named; skips where the
+    weights cannot be carried"""
     decl = ctx.declaration
     if decl is None or decl.like is None:
         return skipped("like_reference.undeclared")

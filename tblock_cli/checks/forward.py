@@ -26,6 +26,8 @@ LARGE_SCALE = {torch.float64: 1e4, torch.float32: 1e4, torch.float16: 1e2, torch
 
 
 def check_shape(ctx: Context) -> Outcome:
+    """Catches: an output not of the input's (B, T, d) shape (batch and seq kept different so a (T, B) mix-up shows);
+    an output dtype other than the input's is a **warning** (something upcasts or downcasts)"""
     B, T = ctx.cfg.batch, ctx.cfg.seq
     if B == T:  # a (T, B) mix-up cannot show when B == T
         x = ctx.x(B, T + 1)
@@ -41,6 +43,8 @@ def check_shape(ctx: Context) -> Outcome:
 
 
 def check_finite(ctx: Context) -> Outcome:
+    """Catches: NaN/inf on random, constant-token (zero variance), zero and large inputs; each norm with `eps=0` alone
+    on a zero-variance input"""
     B, T, d = ctx.cfg.batch, ctx.cfg.seq, ctx.cfg.d_model
     scale = LARGE_SCALE[ctx.dtype]
     inputs = {
@@ -87,6 +91,9 @@ def all_finite_together(ctx: Context, xs: list[torch.Tensor]) -> bool:
 
 
 def check_determinism(ctx: Context) -> Outcome:
+    """Catches: two eval forwards that differ beyond rounding (dropout in eval, noise, state that changes the output),
+    also in a copy with its zero dropout probabilities raised to 0.1 (dropout applied in eval, hidden by a default
+    of 0)"""
     x, a = ctx.standard()
     b = eval_forward(ctx, x)
     if torch.equal(a, b):
@@ -113,7 +120,9 @@ def dropout_raised(ctx: Context, x: torch.Tensor) -> Outcome:
 
 
 def check_input_unchanged(ctx: Context) -> Outcome:
-    """The standard eval forward and the training step (both shared with other checks) leave their input alone."""
+    """The standard eval forward and the training step (both shared with other checks) leave their input alone.
+
+    Catches: the caller's tensor changed in place, in eval or train"""
     from tblock_cli.checks.gradients import train_backward
 
     changed_eval = ctx.standard_forward().changed_input
@@ -137,6 +146,8 @@ def check_input_unchanged(ctx: Context) -> Outcome:
 
 
 def check_need_weights(ctx: Context) -> Outcome:
+    """Catches: `nn.MultiheadAttention` called with `need_weights=True` (its weights computed and dropped): a
+    **warning** with the bytes"""
     mhas = attention_modules(ctx.subject.module)
     if not mhas:
         return skipped("need_weights.no_mha")
@@ -179,6 +190,7 @@ def float64_reference(ctx: Context, x: torch.Tensor, device: torch.device) -> to
 
 
 def check_dtype(ctx: Context) -> Outcome:
+    """Catches: the run's dtype differs from a float64 copy beyond its tolerance (relative RMS 2e-6, 5e-3, 4e-2)"""
     ref_device = ctx.device if ctx.device.type != "mps" else torch.device("cpu")  # MPS has no float64
     x, out = ctx.standard()
     ctx.step("float64 forward")

@@ -88,6 +88,7 @@ def training_backward(ctx: Context) -> TrainingBackward:
 
 
 def check_grad_input(ctx: Context) -> Outcome:
+    """Catches: no gradient, a non-finite or an all-zero gradient at the input (detach, no_grad)"""
     g, _ = train_backward(ctx)
     if g is None:
         return failed("grad_input.none")
@@ -100,6 +101,8 @@ def check_grad_input(ctx: Context) -> Outcome:
 
 
 def check_grad_params(ctx: Context) -> Outcome:
+    """Catches: a parameter with no gradient (unused, under `no_grad`, detached); zero gradients are a note (a key bias
+    can legitimately get one)"""
     _, states = train_backward(ctx)
     if not states:
         return Outcome(Status.SKIP, "grad_params.no_params", 0)
@@ -127,6 +130,9 @@ def layer_inputs(layers: list[nn.Module], run: Callable[[], object]) -> list[tor
 
 
 def check_residual(ctx: Context) -> Outcome:
+    """Catches: no identity path: tr(J)/n < 0.5 (Pre-LN ~1.0, Post-LN ~0.9, none ~0), per layer for built-in stacks;
+    the identity counted twice (> 1.5); a residual taken after the norm (doubling the input leaves the output
+    unchanged)"""
     module, x = ctx.subject.module, ctx.standard()[0]
     with train_mode(module, False):
         layers = list(getattr(module, "layers", [])) if ctx.subject.builtin else []

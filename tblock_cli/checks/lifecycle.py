@@ -114,6 +114,11 @@ def _same(a: torch.Tensor, b: torch.Tensor, tol: float) -> bool:
 
 
 def check_meta_init(ctx: Context) -> Outcome:
+    """Catches: built on the meta device, `to_empty()`, then its own init (`reset_parameters`, a declared
+    `init_weights`, the family's `_init_weights` for `hf:`): a buffer that differs from a normal build's (a rotary
+    `inv_freq` registered `persistent=False` and computed in `__init__`), or outputs that differ with the normal
+    build's weights loaded; skipped where its own init leaves parameters unset (no deferred init to judge) and for a
+    module handed over as an instance"""
     if (large := too_large(ctx)) is not None:
         return large
     rebuild = ctx.subject.rebuild
@@ -216,6 +221,9 @@ def hidden_params(module: nn.Module) -> list[str]:
 
 
 def check_state_dict(ctx: Context) -> Outcome:
+    """Catches: a fresh instance (another seed) loaded with the block's `state_dict` whose outputs differ, missing or
+    unexpected keys, parameters hidden in a Python list; tensors the forward reads that are plain attributes (not
+    moved by `.to()`, not saved) are a **warning**"""
     if (large := too_large(ctx)) is not None:
         return large
     module = ctx.subject.module

@@ -26,6 +26,8 @@ POSITIONAL_NAMES = re.compile(r"rotary|rope|alibi|rel_?pos|relative|pos_?emb|pos
 
 
 def check_batch(ctx: Context) -> Outcome:
+    """Catches: a sample alone differs from itself in the batch (eval), or sample 0's output has a gradient w.r.t.
+    other samples (train: BatchNorm, a batch mean)"""
     B = max(2, ctx.cfg.batch)
     x, out = ctx.standard() if ctx.cfg.batch >= 2 else (ctx.x(B), None)
     out = eval_forward(ctx, x) if out is None else out
@@ -121,6 +123,9 @@ def fully_padded(ctx: Context, x: torch.Tensor, T: int) -> dict:
 
 
 def check_padding(ctx: Context) -> Outcome:
+    """Catches: padded inputs that reach real outputs (values in eval, gradients in train); and the real positions of a
+    padded batch that differ from the same tokens run alone, with right padding, and with left padding for causal
+    blocks (declared or causal by themselves) without positions inside"""
     if ctx.subject.pad_keyword is None:
         return skipped("padding.no_keyword")
     B, T = max(2, ctx.cfg.batch), max(ctx.cfg.seq, 3)
@@ -205,6 +210,7 @@ def causal_by_itself(ctx: Context, x: torch.Tensor) -> bool:
 
 
 def check_causal(ctx: Context) -> Outcome:
+    """Catches: with `--causal`: outputs up to t that move when inputs after t change, or have a gradient w.r.t. them"""
     T = max(ctx.cfg.seq, 3)
     x = ctx.standard()[0] if T == ctx.cfg.seq else ctx.x(seq=T)
     if not ctx.cfg.causal:  # not asked for; say what the block does, as information
@@ -231,7 +237,10 @@ def check_causal(ctx: Context) -> Outcome:
 
 
 def check_order(ctx: Context) -> Outcome:
-    """Self-attention without positions is permutation-equivariant: permuted tokens in, the same outputs permuted out."""
+    """Self-attention without positions is permutation-equivariant: permuted tokens in, the same outputs permuted out.
+
+    Catches: without `--causal`: permuted tokens in must give the same outputs permuted out; a failure is a
+    **warning** (heads merged without transposing back, a roll or shift)"""
     if ctx.cfg.causal:
         return skipped("order.causal")
     why = positional_reason(ctx)

@@ -21,6 +21,8 @@ JUDGED = ("attn.", "ffn.")  # roles the dataflow is sure of; "other" and "norm" 
 
 
 def check_names(ctx: Context) -> Outcome:
+    """Catches: conventional names that contradict dataflow roles (gate/up/down, q/k/v/o, w2/w3, wq/wk/wv): a
+    **warning** naming both; a gated FFN whose activation follows the product (`act(gate * up)`): a **warning**"""
     flow = ctx.dataflow()
     if flow.act_after_product:
         pairs = [list(p) for p in flow.act_after_product]

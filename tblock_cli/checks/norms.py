@@ -28,6 +28,9 @@ def rms(t: torch.Tensor) -> float:
 
 
 def check_norms(ctx: Context) -> Outcome:
+    """Catches: each norm alone: relative RMS error against its float64 copy at input RMS 1e3 (an fp16 RMSNorm squaring
+    before it upcasts returns 0: error 1.0; limit 0.1 half, 1e-4 float32); a `(1 + w)` norm whose output RMS at init
+    exceeds 1.5 (w initialised to 1 doubles it)"""
     norms = ctx.dataflow().norms
     if not norms:
         return skipped("norms.none")

@@ -119,7 +119,12 @@ def relative_calls(ctx: Context, T: int) -> list[dict]:
 
 
 def check_relative(ctx: Context) -> Outcome:
-    """With every token identical, scores of a relative (or no) position scheme depend on i - j only."""
+    """With every token identical, scores of a relative (or no) position scheme depend on i - j only.
+
+    Catches: with every token identical, attention scores (each row taken relative to its own diagonal) that are not
+    a function of i - j: a rotary cos/sin layout that does not match its rotation, rotary angles computed in half
+    precision (probed at 320 tokens in fp16/bf16); blocks whose positions enter before the q/k projections
+    (absolute) are skipped"""
     if not ctx.dataflow().attention:
         return skipped("relative.no_attention")
     lengths = [identical_length(ctx)] + ([LONG_SEQ] if ctx.dtype in (torch.float16, torch.bfloat16) else [])
@@ -242,7 +247,11 @@ def unbiased(got: Captured | None) -> bool:
 
 
 def check_position_bias(ctx: Context) -> Outcome:
-    """An additive bias linear in distance (ALiBi) must fall with distance, at geometric slopes (the paper's set)."""
+    """An additive bias linear in distance (ALiBi) must fall with distance, at geometric slopes (the paper's set).
+
+    Catches: an additive bias linear in distance (ALiBi) that rises with distance or whose slopes are not geometric;
+    slopes geometric but not the paper's set are a **warning**; a learned (non-linear) bias is not judged; where
+    `relative`'s identical-token scores are a multiple of their q.k product (no bias), no probe of its own"""
     flow = ctx.dataflow()
     if not flow.attention:
         return skipped("position_bias.no_attention")

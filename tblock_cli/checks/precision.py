@@ -95,6 +95,10 @@ def _component_errors(ref: list, got: list, seq: int) -> list[tuple[str, float]]
 
 
 def check_precision(ctx: Context) -> Outcome:
+    """Catches: under `torch.autocast` (bfloat16) and after `.to(bfloat16)`, any component's or the output's error
+    against float32 at 768 tokens (after `.to`: float32 with the same bfloat16-rounded weights and buffers), the
+    75th percentile over positions of each position's relative error, above 0.1; names the first such component
+    (rotary positions or angles computed in bfloat16)"""
     if (large := too_large(ctx)) is not None:
         return large
     if ctx.device.type not in ("cpu", "cuda"):

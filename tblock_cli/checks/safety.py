@@ -47,7 +47,10 @@ def held_with_history(module: nn.Module, inputs: set[int]) -> list[str]:
 
 def check_train_state(ctx: Context) -> Outcome:
     """Two train forwards + backwards in a row (a training loop's first two steps); then no module state with a graph.
-    The first step is the training backward the gradient checks ran, when nothing has run the block since."""
+    The first step is the training backward the gradient checks ran, when nothing has run the block since.
+
+    Catches: a second train forward + backward that fails (module state written in a training forward keeps the
+    first graph); tensors the module keeps that carry autograd history are a **warning**"""
     module = ctx.subject.module
     saved = {n: p.grad for n, p in module.named_parameters()}
     done = ctx.noted(TRAINING_BACKWARD)  # the gradient checks' training backward, if one ran
@@ -103,7 +106,10 @@ def storage_sharing_memo(module: nn.Module) -> dict[int, torch.Tensor]:
 
 
 def check_copy(ctx: Context) -> Outcome:
-    """A deepcopy is a faithful copy: its forward touches none of the original's modules, parameters or buffers."""
+    """A deepcopy is a faithful copy: its forward touches none of the original's modules, parameters or buffers.
+
+    Catches: a `deepcopy` that is not faithful: the copy's forward calls the original's modules or reads its
+    parameters (a closure or a lambda capturing a submodule), or the copy raises"""
     module = ctx.subject.module
     try:
         twin = copy.deepcopy(module, storage_sharing_memo(module))

@@ -8,6 +8,9 @@ from tblock_cli.checks.result import failed, passed, skipped
 
 
 def check_tensor_parallel(ctx):
+    """Catches: with `--tp N`: outputs, input gradients or full parameter gradients of the block sharded by PyTorch's
+    `parallelize_module` (plan from the dataflow roles, or `--tp-plan`) that differ from the unsharded block with
+    the same weights; names the first module whose output differs ([distributed.md](distributed.md))"""
     sharding = ctx.sharding
     if sharding is None or not sharding.tp:
         return skipped("tensor_parallel.off")
@@ -32,6 +35,9 @@ def check_tensor_parallel(ctx):
 
 
 def check_fsdp(ctx):
+    """Catches: with `--fsdp N`: under `fully_shard`, each rank its own micro-batch, gradients that differ from one
+    process's on the whole batch (averaged as FSDP reduces them), or parameters that differ after the same optimizer
+    step"""
     sharding = ctx.sharding
     if sharding is None or not sharding.fsdp:
         return skipped("fsdp.off")

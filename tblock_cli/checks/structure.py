@@ -71,7 +71,11 @@ def eval_unused(ctx: Context, x: torch.Tensor) -> tuple[list[str], torch.Tensor 
 
 
 def check_train_eval(ctx: Context) -> Outcome:
-    """With every dropout zeroed, a train-mode forward computes what the eval forward does."""
+    """With every dropout zeroed, a train-mode forward computes what the eval forward does.
+
+    Catches: parameters a train backward reaches that an eval backward never touches; with every dropout zeroed (the
+    block rebuilt through its constructor with `dropout=0` where it takes one), a train-mode forward that differs
+    from the eval forward (an eval-only path), unless a second train forward shows training itself random"""
     x = ctx.x()
     try:
         unused, ev = eval_unused(ctx, x)
@@ -106,7 +110,12 @@ def check_train_eval(ctx: Context) -> Outcome:
 
 def check_norm_placement(ctx: Context) -> Outcome:
     """A block with norms of its residual stream uses them one way: every sublayer reads a normalised stream
-    (Pre-LN), or the stream is normalised after each residual add (Post-LN)."""
+    (Pre-LN), or the stream is normalised after each residual add (Post-LN).
+
+    Catches: in a block with norms of its residual stream: an FFN that reads the stream with no norm before it,
+    attention that does while no norm follows the add (a missing norm, or Pre- and Post-LN mixed in one block),
+    keys/values that skip the norm the queries get: **warnings**; every sublayer reading the raw stream with its
+    output normalised before the add (OLMo-2's placement) passes"""
     flow = ctx.dataflow()
     if not flow.stream_norms:
         return skipped("norm_placement.no_norms")
@@ -127,6 +136,8 @@ def check_norm_placement(ctx: Context) -> Outcome:
 
 
 def check_ffn_share(ctx: Context) -> Outcome:
+    """Catches: the FFN's share from dataflow roles against what its matrices predict; **warns** on a linear FFN (two
+    projections with no nonlinearity) and on parameters outside attention, FFN and norms (> 1 %)"""
     from tblock_cli.anatomy import predicted_ffn_share
 
     flow = ctx.dataflow()
@@ -147,6 +158,7 @@ def check_ffn_share(ctx: Context) -> Outcome:
 
 
 def check_reference(ctx: Context) -> Outcome:
+    """Catches: the built-in block against `nn.TransformerEncoderLayer` with copied weights (1e-5, float32)"""
     if not ctx.subject.builtin:
         return skipped("reference.user_block")
     from tblock_cli.subject.reference import reference_output

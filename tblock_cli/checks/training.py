@@ -90,6 +90,12 @@ def trainable(module: nn.Module) -> list[tuple[str, nn.Parameter]]:
 
 
 def check_derivative(ctx: Context) -> Outcome:
+    """Catches: a gradient that is finite but not the derivative: autograd's directional derivative against central
+    finite differences (float64 copy, train mode, dropout active, RNG reseeded before every evaluation) along 2
+    random directions (input and parameters jointly, input alone), the median of steps 1e-2, 3e-3, 1e-3 more than
+    1e-6 and 30x their own spread away from autograd (differences that agree with each other, not with autograd; a
+    kink or a float32 island makes them disagree); names the worst tensor (a custom backward, a `.detach()` or
+    `.data` on a path, a recompute with other dropout masks)"""
     if (large := too_large(ctx)) is not None:
         return large
     device = ctx.device if ctx.device.type != "mps" else torch.device("cpu")
@@ -218,6 +224,9 @@ def adamw_first_step(params: list[nn.Parameter], lr: float, eps: float = 1e-8) -
 
 
 def check_optimizer_step(ctx: Context) -> Outcome:
+    """Catches: one AdamW step (lr 1e-4) on a fixed regression target that does not lower the loss or leaves a
+    parameter with a gradient unchanged; two distinct parameters holding the same random values (a tie broken by a
+    copy); parameters with `requires_grad=False` are a **warning** (a norm weight frozen by mistake)"""
     if (large := too_large(ctx)) is not None:
         return large
     ties = broken_ties(ctx.subject.module)  # at build: the module has not been trained by any check
