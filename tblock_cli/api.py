@@ -75,7 +75,7 @@ def check(block=None, *, strict: bool = False, progress: Callable[[str, str | No
                                   compare_with=(block if block is not None else "builtin") if compared else None,
                                   progress=(lambda d: progress("spec", d)) if progress else None)
         return run_checks(subject, s.cfg, s.device, s.dtype, strict=strict, progress=progress,
-                          run=s.run(subject, strict=strict, **distributed, **declared), sharding=sharding, only=chosen,
+                          run=s.run_info(subject, strict=strict, **distributed, **declared), sharding=sharding, only=chosen,
                           declaration=declaration)
 
 
@@ -102,7 +102,7 @@ def spec(block=None, *, like: str | None = None, like_kwargs=None, expect=None,
             progress(f"reading {like}")
         declaration = declare(like, like_kwargs, expect, s.cfg, setup)
         declared = {k: v for k, v in (("like", like), ("like_kwargs", like_kwargs), ("expect", expect)) if v is not None}
-        return SpecReport(card, judge(card, declaration.claims), declaration.reference, like, s.run(subject, **declared))
+        return SpecReport(card, judge(card, declaration.claims), declaration.reference, like, s.run_info(subject, **declared))
 
 
 @keeps_rng
@@ -122,7 +122,7 @@ def params(block=None, *, tree_depth: int | None = None, **options):
             subject = builtin_subject(s.cfg, torch.device("meta"), s.dtype)  # allocates nothing
         else:  # the module tree is read from one traced forward, which needs values
             subject = s.build(lambda cfg, n: runtime.estimate_bytes(cfg, params=n), "params")
-        return param_report(subject, s.cfg, s.dtype, tree_depth, run=s.run(subject, tree_depth=tree_depth))
+        return param_report(subject, s.cfg, s.dtype, tree_depth, run=s.run_info(subject, tree_depth=tree_depth))
 
 
 @keeps_rng
@@ -157,7 +157,7 @@ def bench(block=None, *, seq=None, need_weights: bool = False, mode: str | None 
 
     with s.session():
         subject = s.build(estimate, f"bench at seq {longest}")
-        run = s.run(subject, seq=seqs, mode=mode, need_weights=need_weights, baseline=baseline, min_time=min_time,
+        run = s.run_info(subject, seq=seqs, mode=mode, need_weights=need_weights, baseline=baseline, min_time=min_time,
                     decode=decode, breakdown=breakdown)
         if compare_with is not None:
             diffs = config_mismatch(compare_with, run.config, run.environment)
@@ -180,7 +180,7 @@ def _bench_tp(block, seq: int, tp: int | None, tp_plan: str | None, options: dic
         subject = s.build(lambda cfg, n: runtime.estimate_bytes(cfg, params=n), "bench")
         sharding = prepare(subject, s.cfg, s.device, s.dtype, tp=tp, fsdp=None, tp_plan=tp_plan)
         return run_tp_bench(subject, s.cfg, s.device, s.dtype, sharding.plan, tp,
-                            s.run(subject, seq=seq, tp=tp, **({"tp_plan": tp_plan} if tp_plan else {})))
+                            s.run_info(subject, seq=seq, tp=tp, **({"tp_plan": tp_plan} if tp_plan else {})))
 
 
 def load_saved(path: str) -> dict:
@@ -224,7 +224,7 @@ def depth(block=None, *, compare: bool = False, strict: bool = False, **options)
             s.gate(lambda cfg, _n: runtime.estimate_bytes(cfg), "depth")  # the stack is built layer by layer
             s.resolve()
             reports.append(run_depth(s.cfg, s.device, s.dtype, layer_maker(s, block), strict=strict,
-                                     run=s.run(strict=strict, compare=compare)))
+                                     run=s.run_info(strict=strict, compare=compare)))
     return DepthComparison(tuple(reports)) if compare else reports[0]
 
 

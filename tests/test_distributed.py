@@ -144,7 +144,7 @@ def test_bench_tp_counts_collectives_once_and_reports_per_rank():
               E(key="aten::mm", self_cpu_time_total=50_000)]
     assert collective_seconds(events) == pytest.approx(0.051)
     report = TPBench((RankTiming(0, (0.03, 0.02, 0.04), 0.051, 0.102), RankTiming(1, (0.02,), 0.0, 0.1)), (0.01, 0.01), 128,
-                     setup(None, {"d_model": 64}).run(None, tp=2))
+                     setup(None, {"d_model": 64}).run_info(None, tp=2))
     data = report.to_dict()
     assert [(r["median_s"], r["collective_share"]) for r in data["ranks"]] == [(0.03, 0.5), (0.02, 0.0)]
     jsonschema = pytest.importorskip("jsonschema")

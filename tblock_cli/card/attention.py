@@ -52,7 +52,7 @@ def self_calls(probe: Probe, T: int) -> tuple[torch.Tensor, list[tuple[int, Scor
     """A random input of T tokens and the attention calls of its forward whose scores are square (self-attention),
     each with its index among all the calls read."""
     x = probe.x(1, T)
-    probe.run(x)  # a block that caches per length (x-transformers' ALiBi) settles first: later forwards make the same calls
+    probe.forward(x)  # a block that caches per length (x-transformers' ALiBi) settles first: later forwards make the same calls
     return x, [(i, c) for i, c in enumerate(capture_scores(probe, x)) if c.square and c.logits.shape[-1] == T]
 
 
@@ -137,7 +137,7 @@ def read_causal(probe: Probe) -> Entry:
     x = probe.x(1, max(probe.cfg.seq, 8))
     x2 = x.clone()
     x2[:, -1] = probe.randn(probe.d)
-    a, b = probe.run(x)[:, :-1], probe.run(x2)[:, :-1]
+    a, b = probe.forward(x)[:, :-1], probe.forward(x2)[:, :-1]
     change = ((a - b).abs().max() / a.abs().max().clamp_min(1e-30)).item()
     # shown, held only against an --expect: a block may take its causal mask from the caller (tblock passes none), and
     # --causal already has its own check

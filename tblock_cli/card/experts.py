@@ -152,7 +152,7 @@ class Mixture:
                 seen.setdefault("args", (args, kwargs))
             h = self.module.register_forward_pre_hook(keep, with_kwargs=True)
             try:
-                probe.run(x)
+                probe.forward(x)
             finally:
                 h.remove()
             if "args" not in seen:
@@ -161,7 +161,7 @@ class Mixture:
 
     def __call__(self) -> torch.Tensor:
         if not self.alone:
-            out = self.probe.run(self.x)
+            out = self.probe.forward(self.x)
         else:
             with train_mode(self.probe.module, False), torch.no_grad():
                 out = first_tensor(self.module(*self.args, **self.kwargs))

@@ -276,7 +276,7 @@ def read(probe: Probe) -> list[Entry]:
     else:
         Tb = min(BIAS_SEQ, T)
         xb = probe.identical(Tb)
-        probe.run(xb)  # a block that caches per length settles first: the zeroed-q forward makes the same calls
+        probe.forward(xb)  # a block that caches per length settles first: the zeroed-q forward makes the same calls
         bias_calls = [c for c in capture_scores(probe, xb) if c.square and c.logits.shape[-1] == Tb]
         out = bias_entries(probe, xb, bias_calls[0]) if bias_calls else [skipped("pos.kind", "no self-attention call "
                                                                                            "at the bias's length")]

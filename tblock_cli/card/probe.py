@@ -134,7 +134,7 @@ class Probe:
         """(1, seq, d): one random token repeated, so whatever differs between positions came from positions."""
         return self.randn(1, 1, self.d, scale=scale).expand(1, seq, self.d).contiguous()
 
-    def run(self, x: torch.Tensor, pad_mask=None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, pad_mask=None) -> torch.Tensor:
         with train_mode(self.module, False), torch.no_grad():
             return self.subject(x.clone(), pad_mask)
 

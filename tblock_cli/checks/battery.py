@@ -48,14 +48,14 @@ class Check:
     words) is the 'Catches:' paragraph of its function's docstring, beside the code that catches it."""
 
     name: str
-    run: Callable[[Context], Outcome]
+    function: Callable[[Context], Outcome]
     needs: tuple[str, ...] = ()
     establishes: str | None = None  # left unmet when the check fails or errors (or says so in its outcome)
     slow: bool = False  # left out by --fast: its cost is many forwards of the block (see docs/performance.md)
 
     @property
     def catches(self) -> str:
-        doc = inspect.getdoc(self.run) or ""
+        doc = inspect.getdoc(self.function) or ""
         _, marker, text = doc.partition("Catches: ")
         return " ".join(text.split()) if marker else ""
 
@@ -183,7 +183,7 @@ def _battery(ctx: Context, strict: bool, run: RunInfo | None, only: tuple[str, .
             continue
         started, before = time.perf_counter(), counter.now()
         try:
-            outcome = check.run(ctx)
+            outcome = check.function(ctx)
         except USER_ERRORS as e:  # the block under test raised (sys.exit included); report it, go on
             if is_out_of_memory(e):
                 raise

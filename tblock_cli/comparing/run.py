@@ -80,7 +80,7 @@ def run_compare(a, b, setup, *, options: dict, kwargs_a=None, kwargs_b=None, dty
             reraise_as_measure_error(e, "compare: running a side failed")
         names = (a if isinstance(a, str) else BUILTIN if a is None else type(a).__name__,
                  b if isinstance(b, str) else BUILTIN if b is None else type(b).__name__)
-        run = sa.run(None, a=names[0], b=names[1], kwargs_a=sa.kwargs, kwargs_b=sb.kwargs, dtype_b=dtype_name(sb.dtype),
+        run = sa.run_info(None, a=names[0], b=names[1], kwargs_a=sa.kwargs, kwargs_b=sb.kwargs, dtype_b=dtype_name(sb.dtype),
                      atol=atol, rtol=rtol, map=map_file, followed=followed)
     diffs = component_diffs(cap_a, cap_b)
     findings = mapping_findings(mapping, followed, is_builtin(a), is_builtin(b))
@@ -221,7 +221,7 @@ def compile_report(a, setup, options: dict, kwargs_a, backend: str | None = None
         v = torch.randn(x.shape, generator=gen).to(s.device, s.dtype)
         result = run_compile(subject, s.cfg, x, v, backend)
         name = a if isinstance(a, str) else BUILTIN if a is None else type(a).__name__
-        run = dataclasses.replace(s.run(subject, compile=True, a=name), subject=f"{name} vs torch.compile({name})")
+        run = dataclasses.replace(s.run_info(subject, compile=True, a=name), subject=f"{name} vs torch.compile({name})")
     tol = result["tolerance"]
     comps = tuple(Comparison(f"compiled {k}", result[k], None, tol, result[k] <= tol)
                   for k in ("outputs", "input_grad", "param_grads") if k in result)

@@ -43,7 +43,7 @@ class Setup:
     given: tuple[str, ...] = ()  # the flags the caller gave: an hf: model's implied value never overrides one
     built: nn.Module | None = None  # an hf: model's layers, built once however often they are asked for
 
-    def run(self, subject: Subject | None = None, **config) -> RunInfo:
+    def run_info(self, subject: Subject | None = None, **config) -> RunInfo:
         cfg = {**self.cfg.as_dict(), "block": self.block, "kwargs": self.kwargs, **config}
         name = subject.name if subject is not None else self.block
         return RunInfo(name, cfg, runtime.environment(self.device, self.dtype), self.warnings)
