@@ -68,3 +68,12 @@ def test_a_transformers_4_rotary_key_means_the_same_reference():
     report = tblock_cli.spec("hf:llama", kwargs={"rope_scaling": {"type": "linear", "factor": 4.0}}, d_model=32,
                              n_heads=4, threads=1)
     assert report.card.value("rope.scaling") == "linear" and report.card.value("rope.factor") == pytest.approx(4.0, rel=0.02)
+
+
+def test_a_reference_that_cannot_be_built_is_named_by_its_own_flags():
+    from tblock_cli.errors import TBlockError
+
+    with pytest.raises(TBlockError, match="^--like-kwargs: llama's config has no field 'bogus'"):
+        tblock_cli.spec(d_model=32, n_heads=4, threads=1, like="hf:llama", like_kwargs={"bogus": 1})
+    with pytest.raises(TBlockError, match="^--like hf:no_such_type: not a transformers model type"):
+        tblock_cli.spec(d_model=32, n_heads=4, threads=1, like="hf:no_such_type")

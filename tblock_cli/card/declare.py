@@ -70,8 +70,11 @@ def declare(like, like_kwargs, expect, cfg, setup, *, compare_with=None, kwargs=
     if like is None:
         return Declaration(claims)
     options = reference_options(cfg)
-    s = setup(like, {**options, **({"kwargs": reference_kwargs} if reference_kwargs else {})})
-    layer = s.make()
+    try:
+        s = setup(like, {**options, **({"kwargs": reference_kwargs} if reference_kwargs else {})})
+        layer = s.make()
+    except TBlockError as e:  # the reference's own flags are --like and --like-kwargs: name them so
+        raise type(e)(str(e).replace("--block ", "--like ", 1).replace("--kwargs:", "--like-kwargs:", 1)) from None
     reference = read_card(layer, s.cfg, s.device)
     if reference.value("moe.experts") == 0:  # a family whose first layers are dense: its moe entries from an MoE layer
         reference = moe_entries_of_a_moe_layer(reference, like, reference_kwargs, options,
