@@ -140,3 +140,16 @@ def test_module_names_never_read_as_provenance_markers():
         named = {m.name: m.role for m in trace(block, block, x, D).modules}
         assert named == {f"@block.{n}": r for n, r in plain.items()}
         assert "attn.q" in plain.values() and "ffn.out" in plain.values()
+
+
+def test_the_scale_note_is_data_and_its_sentence_is_the_one_the_check_always_wrote():
+    from tblock_cli.anatomy.attention import ScaleNote
+
+    assert ScaleNote("qk", 0.25, sdpa=True, passed=None).text == (
+        "the q and k that reach the product (a factor 0.25 folded into them); scale 1/sqrt(E) by default")
+    assert ScaleNote("qk", sdpa=True, passed=0.125).text == "the q and k that reach the product; scale 0.125 passed"
+    assert ScaleNote("mha").text == "scale 1/sqrt(d_head), built into nn.MultiheadAttention"
+    x = torch.randn(B, T, D)
+    block = zoo.LlamaBlock(D, H)
+    (call,) = trace(block, block, x, D).attention
+    assert call.scale_note.kind == "qk" and isinstance(call.scale_note.folded, float)

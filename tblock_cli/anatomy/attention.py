@@ -13,6 +13,22 @@ from tblock_cli.anatomy.ops import causal_mask
 WEIGHT_SUM_TOL = 1e-2
 
 
+@dataclass(frozen=True)
+class ScaleNote:
+    """Where an attention call's scale came from, as data; `messages` writes its sentence (`text`)."""
+
+    kind: str  # qk (q and k as they reach the product) | zero (q or k is zero) | no_softmax | mha
+    folded: float = 1.0  # a scalar factor applied to q or k on their way to the product
+    sdpa: bool = False  # F.scaled_dot_product_attention scaled it
+    passed: float | None = None  # the scale sdpa was passed (None: its default 1/sqrt(E))
+
+    @property
+    def text(self) -> str:
+        from tblock_cli.messages.words import scale_note
+
+        return scale_note(self)
+
+
 @dataclass(frozen=True, kw_only=True)
 class AttentionCall:
     """One attention computation seen on the probe input (built by keyword: nineteen fields read best named)."""
@@ -31,7 +47,7 @@ class AttentionCall:
     entropy: float  # mean row entropy / log(keys allowed): 1 = uniform
     max_prob: float  # mean over rows of the largest attention weight
     scale_ratio: float | None  # logit std / (rms(q) rms(k)) from the projections: 1 at 1/sqrt(d_head), sqrt(d_head) unscaled
-    scale_note: str  # where the scale came from
+    scale_note: ScaleNote  # where the scale came from
     flops: int  # scores + weighted sum, multiply-add = 2
     kv_width: int = 0  # key + value elements per token: what a decoding cache keeps for this call
     key_axis: bool = True  # the softmax normalises over the keys (the last axis), as attention must

@@ -15,6 +15,7 @@ from tblock_cli.anatomy.attention import (
     WEIGHT_SUM_TOL,
     AttentionCall,
     Captured,
+    ScaleNote,
     apply_masks,
     qk_std,
     rms,
@@ -57,19 +58,18 @@ class AttentionRecorder:
         if self.capture:
             self.captured[len(self.calls)] = Captured(logits.detach().double().cpu(), product)
 
-    def qk_ratio(self, logits: torch.Tensor, product: torch.Tensor, q, k) -> tuple[float | None, str, float]:
+    def qk_ratio(self, logits: torch.Tensor, product: torch.Tensor, q, k) -> tuple[float | None, ScaleNote, float]:
         """The scale judged on q.k alone (an additive position bias does not count): (ratio, note, std of the q.k part)."""
         return (*self.scale_ratio(std := qk_std(logits, product), q, k), std)
 
-    def scale_ratio(self, logit_std: float, q: torch.Tensor, k: torch.Tensor) -> tuple[float | None, str]:
+    def scale_ratio(self, logit_std: float, q: torch.Tensor, k: torch.Tensor) -> tuple[float | None, ScaleNote]:
         """logit std / (rms(q) rms(k)) for q and k as they reach the product, with any scalar factor applied to
         them on the way undone: 1 for a 1/sqrt(d_head) scale (after the product or folded into q), sqrt(d_head) without."""
         rq, rk = rms(q), rms(k)
         if rq == 0 or rk == 0:
-            return None, "q or k is zero"
+            return None, ScaleNote("zero")
         folded = self.prov.folded(q, k)
-        note = "the q and k that reach the product" + (f" (a factor {folded:.4g} folded into them)" if folded != 1.0 else "")
-        return logit_std * folded / (rq * rk), note
+        return logit_std * folded / (rq * rk), ScaleNote("qk", folded)
 
     def cached_width(self, t: torch.Tensor, seen: int) -> int:
         """Elements per token a cache keeps for keys (or values) t: the width of the one projection they come from
@@ -96,7 +96,7 @@ class AttentionRecorder:
         std, ent, mp = score_stats(logits)
         ratio, note, _ = self.qk_ratio(logits, product, q, k)
         self.keep_scores(logits, product)
-        note += "; scale " + (f"{a['scale']:.4g} passed" if a["scale"] is not None else "1/sqrt(E) by default")
+        note = replace(note, sdpa=True, passed=a["scale"])
         L, S = q.shape[-2], k.shape[-2]
         heads = q.shape[1] if q.ndim == 4 else 1
         batch = q.shape[0] if q.ndim >= 3 else 1
@@ -151,7 +151,7 @@ class AttentionRecorder:
         self.calls.append(AttentionCall(
             kind="nn.MultiheadAttention", where=mha_name, q=qn, k=kn, v=vn, heads=H, head_dim=dh, batch=B, q_len=L,
             k_len=S, logit_std=std, entropy=ent, max_prob=mp, scale_ratio=ratio,
-            scale_note="scale 1/sqrt(d_head), built into nn.MultiheadAttention", flops=flops, kv_width=2 * E,
+            scale_note=ScaleNote("mha"), flops=flops, kv_width=2 * E,
             key_axis=True, self_masked=self_masked(logits)))
         in_flops = 2 * (L * B) * (wq.numel()) + 2 * (S * B) * (wk.numel() + wv.numel())
         shape = (B, L, E) if batched else (L, E)
@@ -211,7 +211,7 @@ class AttentionRecorder:
             self.keep_scores(centred.masked_fill(~valid, float("-inf")), product)
         else:
             std, ent, mp = score_stats(W)
-            ratio, note = None, "no softmax: the raw scores weight the values"
+            ratio, note = None, ScaleNote("no_softmax")
             self.keep_scores(W, None)
         batch = W.shape[0] if W.ndim >= 3 else 1
         heads = W.shape[1] if W.ndim == 4 else 1

@@ -60,7 +60,7 @@ def check_attention(ctx: Context) -> Outcome:
         return warned("attention.overscaled", round(low.scale_ratio, 3), where=low.where or "root", ratio=low.scale_ratio,
                       limit=OVERSCALED_RATIO, calls=calls)
     if worst is not None and worst.scale_ratio >= UNSCALED_RATIO and worst.head_dim >= MIN_HEAD_DIM:
-        return warned("attention.unscaled", value, where=worst.where or "root", ratio=worst.scale_ratio, note=worst.scale_note,
+        return warned("attention.unscaled", value, where=worst.where or "root", ratio=worst.scale_ratio, note=worst.scale_note.text,
                       head_dim=worst.head_dim, limit=UNSCALED_RATIO, calls=calls)
     return passed("attention.stats", value, calls=calls)
 

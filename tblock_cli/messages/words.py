@@ -17,3 +17,18 @@ def span(values, fmt: str) -> str:
 
 def layer_prefix(layer) -> str:
     return "" if layer is None else f"layer {layer}: "
+
+
+def scale_note(note) -> str:
+    """An attention call's ScaleNote as the attention check's facts carry it."""
+    if note.kind == "zero":
+        return "q or k is zero"
+    if note.kind == "no_softmax":
+        return "no softmax: the raw scores weight the values"
+    if note.kind == "mha":
+        return "scale 1/sqrt(d_head), built into nn.MultiheadAttention"
+    text = "the q and k that reach the product" + (f" (a factor {note.folded:.4g} folded into them)"
+                                                   if note.folded != 1.0 else "")
+    if note.sdpa:
+        text += "; scale " + (f"{note.passed:.4g} passed" if note.passed is not None else "1/sqrt(E) by default")
+    return text
