@@ -13,7 +13,7 @@ from typing import Callable
 import torch
 import torch.nn as nn
 
-from tblock_cli.config import TO_CONSTRUCTOR, BlockConfig, parse_kwargs
+from tblock_cli.config import TO_CONSTRUCTOR, BlockConfig, Flag, parse_kwargs
 from tblock_cli.errors import USER_ERRORS, LoadError, is_out_of_memory, one_line
 from tblock_cli.probes import train_mode
 from tblock_cli.subject import Subject, first_tensor  # noqa: F401 - Subject: where callers long found it
@@ -183,7 +183,14 @@ def flag_values(cfg: BlockConfig) -> dict:
     return values
 
 
-def construct(spec: str, factory: Callable, cfg: BlockConfig, extra: dict) -> nn.Module:
+def construct(spec: str, factory: Callable, cfg: BlockConfig, extra: dict, notes: list | None = None) -> nn.Module:
+    """The user's block built from the flags and --kwargs; `notes` gathers (flag, sentence) for each size
+    flag the block's config could not take."""
+    from tblock_cli.subject import configs
+
+    param = configs.config_param(factory)
+    if param is not None and param.name not in extra:
+        return construct_with_config(spec, factory, param, cfg, extra, notes)
     named, var_kw = constructor_kwargs(factory, cfg)
     attempts = [{**named, **extra}]
     if var_kw:  # try the canonical names through **kwargs first, then without them
@@ -208,6 +215,44 @@ def construct(spec: str, factory: Callable, cfg: BlockConfig, extra: dict) -> nn
         raise LoadError(f"--block {spec}: calling it failed " + "; then ".join(tried)) from None
     if not isinstance(module, nn.Module):
         raise LoadError(f"--block {spec}: calling it with ({shown}) returned {type(module).__name__}, not a torch.nn.Module")
+    return module
+
+
+def construct_with_config(spec: str, factory: Callable, param, cfg: BlockConfig, extra: dict, notes: list | None) -> nn.Module:
+    """A block whose constructor takes a config object (nanoGPT's GPTConfig, gpt-fast's ModelArgs, minGPT's CfgNode):
+    the object built from the flags under its own field names and --kwargs (keys the constructor itself names stay
+    with the constructor), then the block from it."""
+    from tblock_cli.subject import configs
+
+    try:
+        own = set(inspect.signature(factory).parameters)
+    except (TypeError, ValueError):
+        own = set()
+    flags = flag_values(cfg)
+    values, unreached = configs.config_values(param, flags, ALIASES, {k: v for k, v in extra.items() if k not in own})
+    what = getattr(param.cls, "__name__", "config")
+    try:
+        obj = configs.build_config_object(param, values)
+    except USER_ERRORS as e:
+        if is_out_of_memory(e):
+            raise
+        shown = ", ".join(f"{k}={v!r}" for k, v in values.items())
+        raise LoadError(f"--block {spec}: building its {what} ({shown}) failed: {one_line(e)}") from None
+    if notes is not None:
+        for canonical in unreached:
+            if canonical in ("d_model", "n_heads", "d_ff"):
+                notes.append((canonical, f"{Flag.option(canonical)} does not reach {spec}: its {what} has no field for it"))
+        for canonical, asked, got in configs.read_back(obj, ALIASES, flags):
+            notes.append((canonical, f"{Flag.option(canonical)} {asked} does not reach {spec}: its {what} holds {got}"))
+    torch.manual_seed(cfg.seed)
+    try:
+        module = factory(**{param.name: obj}, **{k: v for k, v in extra.items() if k in own})
+    except USER_ERRORS as e:
+        if is_out_of_memory(e):
+            raise
+        raise LoadError(f"--block {spec}: calling it with a {what} failed: {one_line(e)}") from None
+    if not isinstance(module, nn.Module):
+        raise LoadError(f"--block {spec}: calling it with a {what} returned {type(module).__name__}, not a torch.nn.Module")
     return module
 
 

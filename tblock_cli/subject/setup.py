@@ -95,8 +95,14 @@ class Setup:
         if isinstance(self.source, str):
             from tblock_cli.subject.loading import load_factory
 
-            return construct(self.source, load_factory(self.source), self.cfg, self.kwargs)
-        return construct(self.block, self.source, self.cfg, self.kwargs)
+            factory = load_factory(self.source)
+        else:
+            factory = self.source
+        notes: list[tuple[str, str]] = []
+        module = construct(self.block, factory, self.cfg, self.kwargs, notes)
+        dropped = [text for flag, text in notes if flag in self.given and text not in self.warnings]
+        self.warnings = self.warnings + tuple(dropped)  # flags the user gave that its config could not take
+        return module
 
     def _wrap(self, module: nn.Module) -> Subject:
         if self.module is not None:
