@@ -18,6 +18,7 @@ from tblock_cli.errors import USER_ERRORS, LoadError, is_out_of_memory, one_line
 from tblock_cli.probes import train_mode
 from tblock_cli.subject import Subject, first_tensor  # noqa: F401 - Subject: where callers long found it
 from tblock_cli.subject.builtin import build_block
+from tblock_cli.subject.portable import missing_dependency, on_this_machine
 
 # Constructor keywords tblock fills from its flags (config.TO_CONSTRUCTOR), under the names blocks commonly use.
 ALIASES: dict[str, tuple[str, ...]] = {
@@ -126,7 +127,7 @@ def load_factory(spec: str) -> Callable:
             sys.modules[mod_name] = module
             ispec.loader.exec_module(module)
         except USER_ERRORS as e:  # a file that calls sys.exit() is a load error too
-            raise LoadError(f"--block {spec}: importing {target} failed: {one_line(e)}") from None
+            raise LoadError(f"--block {spec}: " + (missing_dependency(e) or f"importing {target} failed: {one_line(e)}")) from None
     else:
         if not all(part.isidentifier() for part in target.split(".")):
             raise LoadError(f"--block {spec}: {target!r} is not a .py file and not an importable module name; "
@@ -137,11 +138,13 @@ def load_factory(spec: str) -> Callable:
             module = importlib.import_module(target)
         except ModuleNotFoundError as e:
             if e.name is None or not target.startswith(e.name):  # the module imports something missing
-                raise LoadError(f"--block {spec}: cannot import module {target!r}: {one_line(e)}") from None
+                raise LoadError(f"--block {spec}: " + (missing_dependency(e) or
+                                                       f"cannot import module {target!r}: {one_line(e)}")) from None
             raise LoadError(f"--block {spec}: cannot import module {target!r} ({one_line(e)}): {target} is not a .py "
                             f"file and not an importable module; give path/to/file.py:NAME or package.module:NAME") from None
         except USER_ERRORS as e:
-            raise LoadError(f"--block {spec}: cannot import module {target!r}: {one_line(e)}") from None
+            raise LoadError(f"--block {spec}: " + (missing_dependency(e) or
+                                                   f"cannot import module {target!r}: {one_line(e)}")) from None
     if not hasattr(module, name):
         raise LoadError(f"--block {spec}: {target} has no attribute {name!r}")
     obj = getattr(module, name)
@@ -185,7 +188,19 @@ def flag_values(cfg: BlockConfig) -> dict:
 
 def construct(spec: str, factory: Callable, cfg: BlockConfig, extra: dict, notes: list | None = None) -> nn.Module:
     """The user's block built from the flags and --kwargs; `notes` gathers (flag, sentence) for each size
-    flag the block's config could not take."""
+    flag the block's config could not take. Built where CUDA placements work (portable.on_this_machine); an optional
+    dependency its constructor imports and this machine lacks is one line naming its install command."""
+    try:
+        with on_this_machine():
+            return construct_here(spec, factory, cfg, extra, notes)
+    except ImportError as e:
+        missing = missing_dependency(e)
+        if missing is None:
+            raise LoadError(f"--block {spec}: calling it failed: {one_line(e)}") from None
+        raise LoadError(f"--block {spec}: {missing}") from None
+
+
+def construct_here(spec: str, factory: Callable, cfg: BlockConfig, extra: dict, notes: list | None) -> nn.Module:
     from tblock_cli.subject import configs
 
     param = configs.config_param(factory)
@@ -208,7 +223,7 @@ def construct(spec: str, factory: Callable, cfg: BlockConfig, extra: dict, notes
             module = factory(**kwargs)
             break
         except USER_ERRORS as e:  # any rejection: try the next way, then report all
-            if is_out_of_memory(e):
+            if is_out_of_memory(e) or isinstance(e, ImportError):
                 raise
             tried.append(f"({shown}): {one_line(e)}")
     else:
@@ -248,7 +263,7 @@ def construct_with_config(spec: str, factory: Callable, param, cfg: BlockConfig,
     try:
         module = factory(**{param.name: obj}, **{k: v for k, v in extra.items() if k in own})
     except USER_ERRORS as e:
-        if is_out_of_memory(e):
+        if is_out_of_memory(e) or isinstance(e, ImportError):
             raise
         raise LoadError(f"--block {spec}: calling it with a {what} failed: {one_line(e)}") from None
     if not isinstance(module, nn.Module):
