@@ -1,9 +1,10 @@
 """Blocks whose constructor takes a config object, in the styles of nanoGPT (a GPTConfig dataclass), gpt-fast (a
-ModelArgs dataclass with from_name and a __post_init__) and minGPT (a CfgNode attribute bag): written for these
-tests, each a correct Pre-LN block."""
+ModelArgs dataclass with from_name and a __post_init__), minGPT (a CfgNode attribute bag) and Meta's llama (a layer
+index beside the config, a KV cache placed with .cuda()): written for these tests, each a correct Pre-LN block."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -118,6 +119,8 @@ class TransformerBlock(nn.Module):
         self.w2 = nn.Linear(config.intermediate_size, config.dim, bias=False)
         self.attention_norm = RMSNorm(config.dim, config.norm_eps)
         self.ffn_norm = RMSNorm(config.dim, config.norm_eps)
+        cache = (1, config.n_local_heads, config.block_size, config.head_dim)  # gpt-fast's KVCache layout
+        self.k_cache, self.v_cache = torch.zeros(cache), torch.zeros(cache)
 
     def forward(self, x):
         B, T, C = x.shape
@@ -159,3 +162,62 @@ class BagBlock(nn.Module):
         x = x + self.drop(self.attn(h, h, h, attn_mask=~self.bias[:T, :T], need_weights=False)[0])
         return x + self.drop(self.c_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh")))
 
+
+
+@dataclass
+class LlamaArgs:
+    dim: int = 4096
+    n_layers: int = 32
+    n_heads: int = 32
+    n_kv_heads: int | None = None
+    vocab_size: int = -1
+    multiple_of: int = 256
+    norm_eps: float = 1e-5
+    max_batch_size: int = 32
+    max_seq_len: int = 2048
+
+
+def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
+    """(B, T, n_kv, hd) -> (B, T, n_kv * n_rep, hd), each kv head repeated n_rep times (expand, then reshape)."""
+    B, T, n_kv, hd = x.shape
+    return x if n_rep == 1 else x[:, :, :, None, :].expand(B, T, n_kv, n_rep, hd).reshape(B, T, n_kv * n_rep, hd)
+
+
+class LlamaLayer(nn.Module):
+    """Meta's llama style: `LlamaLayer(layer_id, args: LlamaArgs)`, the KV cache allocated with `.cuda()` in the
+    constructor (a plain attribute of (max_batch, max_seq, n_kv_heads, head_dim)), attention written out."""
+
+    def __init__(self, layer_id: int, args: LlamaArgs):
+        super().__init__()
+        self.layer_id = layer_id
+        self.n_heads = args.n_heads
+        self.n_kv_heads = args.n_heads if args.n_kv_heads is None else args.n_kv_heads
+        self.head_dim = args.dim // args.n_heads
+        self.wq = nn.Linear(args.dim, args.n_heads * self.head_dim, bias=False)
+        self.wk = nn.Linear(args.dim, self.n_kv_heads * self.head_dim, bias=False)
+        self.wv = nn.Linear(args.dim, self.n_kv_heads * self.head_dim, bias=False)
+        self.wo = nn.Linear(args.n_heads * self.head_dim, args.dim, bias=False)
+        hidden = args.multiple_of * ((int(2 * 4 * args.dim / 3) + args.multiple_of - 1) // args.multiple_of)
+        self.w1 = nn.Linear(args.dim, hidden, bias=False)
+        self.w2 = nn.Linear(hidden, args.dim, bias=False)
+        self.w3 = nn.Linear(args.dim, hidden, bias=False)
+        self.attention_norm = RMSNorm(args.dim, args.norm_eps)
+        self.ffn_norm = RMSNorm(args.dim, args.norm_eps)
+        shape = (args.max_batch_size, args.max_seq_len, self.n_kv_heads, self.head_dim)
+        self.cache_k = torch.zeros(shape).cuda()
+        self.cache_v = torch.zeros(shape).cuda()
+
+    def forward(self, x):
+        B, T, _ = x.shape
+        h = self.attention_norm(x)
+        xq = self.wq(h).view(B, T, self.n_heads, self.head_dim)
+        xk = self.wk(h).view(B, T, self.n_kv_heads, self.head_dim)
+        xv = self.wv(h).view(B, T, self.n_kv_heads, self.head_dim)
+        keys = repeat_kv(xk, self.n_heads // self.n_kv_heads).transpose(1, 2)  # (B, nh, T, hd)
+        values = repeat_kv(xv, self.n_heads // self.n_kv_heads).transpose(1, 2)
+        scores = xq.transpose(1, 2) @ keys.transpose(2, 3) / math.sqrt(self.head_dim)
+        scores = scores + torch.full((T, T), float("-inf"), device=x.device).triu(1)
+        y = (F.softmax(scores.float(), dim=-1).type_as(xq) @ values).transpose(1, 2).reshape(B, T, -1)
+        h = x + self.wo(y)
+        n = self.ffn_norm(h)
+        return h + self.w2(F.silu(self.w1(n)) * self.w3(n))

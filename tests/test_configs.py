@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 import torch
 from typer.testing import CliRunner
 
@@ -63,3 +64,29 @@ def test_params_from_the_cli_with_no_adapter():
     assert result.exit_code == 0, result.output
     d = 64  # nanoGPT's block with biases: two LayerNorms, c_attn (d -> 3d), c_proj, c_fc (d -> 4d), c_proj (4d -> d)
     assert json.loads(result.output)["total"] == 2 * 2 * d + (3 * d * d + 3 * d) + (d * d + d) + (4 * d * d + 4 * d) + (4 * d * d + d)
+
+
+def kv_bytes_per_token(spec, kwargs):
+    args = ["params", "--block", spec, "--d-model", "64", "--n-heads", "4", "--threads", "1", "--json"]
+    result = CliRunner().invoke(app, args + (["--kwargs", kwargs] if kwargs else []))
+    assert result.exit_code == 0, result.output
+    return json.loads(result.output)["kv_cache"]["bytes_per_token"]
+
+
+@pytest.mark.parametrize("name, kwargs, per_token", [
+    ("TransformerBlock", '{"n_local_heads": 2}', lambda b: (b.k_cache.numel() + b.v_cache.numel()) // b.k_cache.shape[2]),
+    ("TransformerBlock", None, lambda b: (b.k_cache.numel() + b.v_cache.numel()) // b.k_cache.shape[2]),
+    ("LlamaLayer", '{"n_kv_heads": 1}', lambda b: (b.cache_k.numel() + b.cache_v.numel()) // b.cache_k.shape[:2].numel()),
+    ("LlamaLayer", '{"n_kv_heads": 2}', lambda b: (b.cache_k.numel() + b.cache_v.numel()) // b.cache_k.shape[:2].numel()),
+])
+def test_kv_bytes_of_grouped_query_heads_are_what_the_cache_holds(name, kwargs, per_token):
+    # the block's own cache, per (batch row, position), in float32: grouped heads repeated for the product count once
+    block = load(name, kwargs)
+    assert kv_bytes_per_token(f"{SPEC}:{name}", kwargs) == per_token(block) * 4
+
+
+def test_meta_style_layer_index_and_cuda_cache():
+    block = load("LlamaLayer", '{"n_kv_heads": 2}')
+    assert block.layer_id == 0  # the required layer index: the first layer's
+    assert block.cache_k.device == CPU or torch.cuda.is_available()  # placed with .cuda(), built on the CPU
+    assert block.wk.weight.shape == (2 * 16, 64) and block.wq.weight.shape == (64, 64)

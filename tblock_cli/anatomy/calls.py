@@ -75,6 +75,7 @@ class AttentionRecorder:
         """Elements per token a cache keeps for keys (or values) t: the width of the one projection they come from
         when that is smaller than what reaches the product (grouped-query heads repeated by repeat_kv; a fused qkv
         projection is wider and keeps `seen`)."""
+        seen = seen * distinct_heads(t) // t.shape[1] if t.ndim == 4 and t.shape[1] > 1 else seen
         src = self.prov.sources(t)
         shape = self.counts.out_shape.get(src[0]) if len(src) == 1 else None
         return min(seen, shape[-1]) if shape else seen
@@ -217,7 +218,7 @@ class AttentionRecorder:
         heads = W.shape[1] if W.ndim == 4 else 1
         e = q.shape[-1] if q.ndim >= 2 else 1
         flops = 2 * (W.numel() // max(1, S)) * S * e + 2 * values.numel() * L
-        kv = (k.numel() + values.numel()) // max(1, batch * S)
+        kv = self.cached_width(k, k.numel() // max(1, batch * S)) + self.cached_width(values, values.numel() // max(1, batch * S))
         sources = self.prov.sources
         self.origin[len(self.calls)] = ("weights", marker)
         self.add(AttentionCall(
@@ -258,3 +259,13 @@ class AttentionRecorder:
         marker = Probs(len(self.calls) - 1)
         self.probs[marker] = len(self.calls) - 1
         prov.put(out, {marker: 0})
+
+
+def distinct_heads(t: torch.Tensor) -> int:
+    """How many of t's heads (axis 1 of (B, H, ...)) differ: grouped-query keys and values repeated to every query head
+    (repeat_interleave, repeat_kv's expand and reshape, a tiling) are exact copies, and a cache keeps one of each.
+    Counts H where H does not divide evenly into the groups found (heads that merely coincide)."""
+    H = t.shape[1]
+    rows = t.detach().transpose(0, 1).reshape(H, -1)
+    groups = torch.unique(rows, dim=0).shape[0]
+    return groups if H % groups == 0 else H

@@ -13,6 +13,9 @@ from typing import Callable
 
 # The parameter names a constructor gives the config object it takes, when it does not annotate its type.
 CONFIG_PARAMS = ("config", "cfg", "args", "model_args", "params", "conf", "hparams", "model_config")
+# A layer's index in its stack, a required argument beside the config in Meta's llama (`layer_id`) and transformers
+# (`layer_idx`): the first layer's.
+LAYER_INDEX = ("layer_id", "layer_idx", "layer_index", "layer_number")
 # Required fields with no default that size only what a block never sees (the embedding, the stack, the longest
 # sequence): small placeholders, large enough for tblock's probe sequences (--seq defaults to 16).
 PLACEHOLDERS = {
@@ -45,8 +48,8 @@ def config_param(factory: Callable) -> ConfigParam | None:
         params = inspect.signature(factory).parameters
     except (TypeError, ValueError):
         return None
-    required = [p for p in params.values() if p.default is inspect.Parameter.empty
-                and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    required = [p for p in params.values() if p.default is inspect.Parameter.empty and p.name not in LAYER_INDEX
+                and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
     if len(required) != 1:
         return None
     param = required[0]

@@ -240,9 +240,9 @@ def construct_with_config(spec: str, factory: Callable, param, cfg: BlockConfig,
     from tblock_cli.subject import configs
 
     try:
-        own = set(inspect.signature(factory).parameters)
+        own = dict(inspect.signature(factory).parameters)
     except (TypeError, ValueError):
-        own = set()
+        own = {}
     flags = flag_values(cfg)
     values, unreached = configs.config_values(param, flags, ALIASES, {k: v for k, v in extra.items() if k not in own})
     what = getattr(param.cls, "__name__", "config")
@@ -252,7 +252,8 @@ def construct_with_config(spec: str, factory: Callable, param, cfg: BlockConfig,
         if is_out_of_memory(e):
             raise
         shown = ", ".join(f"{k}={v!r}" for k, v in values.items())
-        raise LoadError(f"--block {spec}: building its {what} ({shown}) failed: {one_line(e)}") from None
+        raise LoadError(f"--block {spec}: building its {what} ({shown}) failed: {one_line(e)}; pass its fields with "
+                        f"--kwargs") from None
     if notes is not None:
         for canonical in unreached:
             if canonical in ("d_model", "n_heads", "d_ff"):
@@ -261,7 +262,9 @@ def construct_with_config(spec: str, factory: Callable, param, cfg: BlockConfig,
             notes.append((canonical, f"{Flag.option(canonical)} {asked} does not reach {spec}: its {what} holds {got}"))
     torch.manual_seed(cfg.seed)
     try:
-        module = factory(**{param.name: obj}, **{k: v for k, v in extra.items() if k in own})
+        index = {k: 0 for k in configs.LAYER_INDEX  # a required layer index: the first layer of a stack
+                 if k in own and own[k].default is inspect.Parameter.empty and k not in extra}
+        module = factory(**{param.name: obj}, **index, **{k: v for k, v in extra.items() if k in own})
     except USER_ERRORS as e:
         if is_out_of_memory(e) or isinstance(e, ImportError):
             raise
