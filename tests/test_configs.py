@@ -37,9 +37,14 @@ def test_gpt_fast_style_dataclass_with_grouped_heads():
 
 
 def test_from_name_preset_then_the_flags():
-    # the preset sets n_local_heads=2 and intermediate_size=128; the flags set the widths they name
+    # the preset: 4 query heads sharing 2 kv heads (pairs), intermediate_size 128; the flags set the widths they name
     block = load("TransformerBlock", '{"name": "tiny"}', d_model=32, n_heads=2, d_ff=48)
-    assert block.n_local_heads == 2 and block.head_dim == 16 and block.w1.weight.shape == (48, 32)
+    assert block.head_dim == 16 and block.w1.weight.shape == (48, 32)
+    assert block.n_local_heads == 1  # the preset's grouping (2 query heads per kv head) kept at 2 heads
+    block = load("TransformerBlock", '{"name": "tiny"}', d_model=128, n_heads=8)
+    assert block.n_local_heads == 4 and block.wqkv.weight.shape == ((8 + 2 * 4) * 16, 128)
+    block = load("TransformerBlock", '{"name": "tiny", "n_local_heads": 8}', d_model=128, n_heads=8)
+    assert block.n_local_heads == 8  # --kwargs stands as written
 
 
 def test_attribute_bag_gets_the_fields_its_code_reads():

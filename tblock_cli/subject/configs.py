@@ -13,6 +13,9 @@ from typing import Callable
 
 # The parameter names a constructor gives the config object it takes, when it does not annotate its type.
 CONFIG_PARAMS = ("config", "cfg", "args", "model_args", "params", "conf", "hparams", "model_config")
+# A config's query-head and key/value-head counts (gpt-fast, Meta's llama, litgpt, transformers).
+HEADS = ("n_head", "n_heads", "num_attention_heads", "num_heads")
+KV_HEADS = ("n_local_heads", "n_kv_heads", "n_query_groups", "num_key_value_heads", "num_kv_heads", "n_head_kv")
 # A layer's index in its stack, a required argument beside the config in Meta's llama (`layer_id`) and transformers
 # (`layer_idx`): the first layer's.
 LAYER_INDEX = ("layer_id", "layer_idx", "layer_index", "layer_number")
@@ -166,22 +169,40 @@ def config_values(param: ConfigParam, flags: dict, aliases: dict[str, tuple[str,
     return {**values, **extra}, unreached
 
 
-def build_config_object(param: ConfigParam, values: dict):
+def build_config_object(param: ConfigParam, values: dict, given: set | frozenset = frozenset()):
     """The config object: `from_name(name, **fields)` when --kwargs names a preset, the class's own constructor for a
-    dataclass or keyword class, `from_dict` otherwise, an attribute bag where no class is known."""
+    dataclass or keyword class, `from_dict` otherwise, an attribute bag where no class is known. `given`: the --kwargs
+    keys, which stand as the user wrote them."""
     cls = param.cls
     if cls is None:
         return types.SimpleNamespace(**values)
     if "name" in values and "name" not in param.fields and callable(getattr(cls, "from_name", None)):
-        fields = {k: v for k, v in values.items() if k != "name"}
+        preset = cls.from_name(values["name"])
+        fields = {**kv_heads_scaled(preset, values, given), **{k: v for k, v in values.items() if k != "name"}}
         try:
             return cls.from_name(values["name"], **fields)
         except TypeError:  # a from_name(name) that takes no overrides (gpt-fast): the preset, then the fields
-            made = cls.from_name(values["name"])
-            return dataclasses.replace(made, **fields) if dataclasses.is_dataclass(made) else _set(made, fields)
+            return dataclasses.replace(preset, **fields) if dataclasses.is_dataclass(preset) else _set(preset, fields)
     if dataclasses.is_dataclass(cls) or own_fields(cls)[0] or accepts_any(cls):
         return cls(**values)
     return cls.from_dict(values)
+
+
+def kv_heads_scaled(preset, values: dict, given) -> dict:
+    """A preset's key/value head count scaled with the query heads the flags set, the preset's grouping kept (a 7B
+    preset's 32 kv heads of 32 become 4 of 4; Llama-3.2-1B's 8 of 32 become 1 of 4), unless --kwargs sets it."""
+    heads_field = next((n for n in HEADS if n in values and isinstance(getattr(preset, n, None), int)), None)
+    if heads_field is None:
+        return {}
+    old, new = getattr(preset, heads_field), values[heads_field]
+    scaled = {}
+    for n in KV_HEADS:
+        kv = getattr(preset, n, None)
+        if n in given or not isinstance(kv, int) or isinstance(kv, bool) or kv <= 0 or old % kv:
+            continue
+        groups = max(1, new // (old // kv))  # query heads per kv head as the preset has them
+        scaled[n] = groups if new % groups == 0 else new
+    return scaled
 
 
 def _set(obj, fields: dict):

@@ -247,7 +247,7 @@ def construct_with_config(spec: str, factory: Callable, param, cfg: BlockConfig,
     values, unreached = configs.config_values(param, flags, ALIASES, {k: v for k, v in extra.items() if k not in own})
     what = getattr(param.cls, "__name__", "config")
     try:
-        obj = configs.build_config_object(param, values)
+        obj = configs.build_config_object(param, values, set(extra))
     except USER_ERRORS as e:
         if is_out_of_memory(e):
             raise
