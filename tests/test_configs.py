@@ -6,10 +6,10 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from tblock_cli.subject.setup import setup
 from tblock_cli.cli import app
 from tblock_cli.config import build_config
 from tblock_cli.subject.loading import make_subject
+from tblock_cli.subject.setup import setup
 
 from conftest import TESTS
 
