@@ -120,8 +120,8 @@ def fully_padded(ctx: Context, x: torch.Tensor, T: int) -> dict:
 
 
 def check_padding(ctx: Context) -> Outcome:
-    if ctx.subject.pad_keyword is None:
-        return skipped("padding.no_keyword")
+    if ctx.subject.pad_keyword is None:  # an hf: layer whose model takes no mask (vision, audio): --pad-keyword is no help
+        return skipped("padding.hf_no_mask" if ctx.subject.name.startswith("hf:") else "padding.no_keyword")
     B, T = max(2, ctx.cfg.batch), max(ctx.cfg.seq, 3)
     x = ctx.x(B, T)
     mask = padding_mask(ctx, B, T)
