@@ -3,9 +3,9 @@ run was noisy, and the saved run is only called noisy when it was."""
 
 from dataclasses import replace
 
-from tblock_cli.benchmark.saved import CLEAR_FACTOR, compare
-
 from test_saved import NOISY, QUIET, report_with, saved_run
+
+from tblock_cli.benchmark.saved import CLEAR_FACTOR, compare
 
 
 def test_a_slowdown_of_orders_is_a_regression_even_when_this_run_was_noisy():

@@ -6,6 +6,7 @@ import os
 
 import pytest
 import torch
+from test_distributed import leftovers
 from typer.testing import CliRunner
 
 from tblock_cli import api
@@ -15,7 +16,6 @@ from tblock_cli.distributed.spawn import RankFailure, run_ranks
 from tblock_cli.errors import ConfigError
 
 from conftest import zoo_spec
-from test_distributed import leftovers
 
 runner = CliRunner()
 SIZE = {"d_model": 64, "n_heads": 4, "causal": True, "threads": 1}
