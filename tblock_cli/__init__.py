@@ -16,36 +16,40 @@ def check(block=None, **options):
     built-in block) with the CLI's option names (d_model, n_heads, seq, batch, causal, dtype, strict, ...).
     Returns a CheckReport: `.ok`, `.checks`, `.to_dict()` (what `tblock check --json` prints)."""
     from tblock_cli import api
+    from tblock_cli.errors import exits_guarded
     from tblock_cli.runtime import kept_rng
 
-    with kept_rng():
+    with kept_rng(), exits_guarded():
         return api.check(block, **options)
 
 
 def params(block=None, **options):
     """Parameters, bytes and FLOPs per component by dataflow role (tree_depth=N for the module tree); a ParamReport."""
     from tblock_cli import api
+    from tblock_cli.errors import exits_guarded
     from tblock_cli.runtime import kept_rng
 
-    with kept_rng():
+    with kept_rng(), exits_guarded():
         return api.params(block, **options)
 
 
 def bench(block=None, **options):
     """Latency, peak memory and attention kernel (seq, mode, need_weights, decode, breakdown, ...); a BenchReport."""
     from tblock_cli import api
+    from tblock_cli.errors import exits_guarded
     from tblock_cli.runtime import kept_rng
 
-    with kept_rng():
+    with kept_rng(), exits_guarded():
         return api.bench(block, **options)
 
 
 def depth(block=None, **options):
     """A stack of `layers` copies at init: per-layer scale, gradients, residual gain, norm placement; a DepthReport."""
     from tblock_cli import api
+    from tblock_cli.errors import exits_guarded
     from tblock_cli.runtime import kept_rng
 
-    with kept_rng():
+    with kept_rng(), exits_guarded():
         return api.depth(block, **options)
 
 
@@ -55,9 +59,10 @@ def compare(a=None, b=None, **options):
     Options: the shared size flags, kwargs_a, kwargs_b, dtype_b, atol, rtol, map_file; compile=True holds A
     against torch.compile(A), on backend= inductor, aot_eager or eager. Returns a CompareReport: `.ok`, `.findings`, `.to_dict()`."""
     from tblock_cli import api
+    from tblock_cli.errors import exits_guarded
     from tblock_cli.runtime import kept_rng
 
-    with kept_rng():
+    with kept_rng(), exits_guarded():
         return api.compare(a, b, **options)
 
 

@@ -34,3 +34,23 @@ def test_the_callers_random_stream_is_left_as_it_was(call):
     torch.manual_seed(1234)
     run()
     assert torch.equal(torch.rand(3), expected)
+
+
+def test_a_block_that_calls_os_exit_cannot_end_the_callers_process():
+    """A test suite calling tblock_cli.check on such a block ended with the block's exit code (0: a green run)."""
+    import os
+
+    from tblock_cli.errors import TBlockError
+
+    class Exits(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = nn.Linear(32, 32)
+
+        def forward(self, x):
+            os._exit(0)
+
+    real = os._exit
+    with pytest.raises(TBlockError, match=r"os\._exit\(0\)"):
+        tblock_cli.check(Exits(), **S)
+    assert os._exit is real  # put back
