@@ -19,21 +19,24 @@ TORCH_START_SEED = 67280421310721
 
 
 def keeps_rng(api_function: Callable) -> Callable:
-    """torch's global random state as the caller had it, after: tblock seeds its weights and inputs for repeatable
-    runs, never the caller's stream. A caller that has not imported torch yet gets it at its starting state (the
+    """torch's global random state as the caller had it, after, and a block's os._exit turned into an error: tblock
+    seeds its weights and inputs for repeatable runs, never the caller's stream. A caller that has not imported torch yet gets it at its starting state (the
     option rules run before torch is imported, so a bad option still answers in a blink). functools.wraps keeps the
     real signature for help() and IDEs."""
     @functools.wraps(api_function)
     def kept(*args, **kwargs):
         import sys
 
+        from tblock_cli.errors import exits_guarded
+
         if "torch" in sys.modules:
             from tblock_cli.runtime import kept_rng
 
-            with kept_rng():
+            with kept_rng(), exits_guarded():
                 return api_function(*args, **kwargs)
         try:
-            return api_function(*args, **kwargs)
+            with exits_guarded():  # a block's os._exit must not end the caller's process
+                return api_function(*args, **kwargs)
         finally:
             torch = sys.modules.get("torch")
             if torch is not None:

@@ -14,6 +14,7 @@ from tblock_cli.report import Finding, RunInfo, Status, Verdict
 from tblock_cli.runtime import dtype_name
 from tblock_cli.subject import Subject
 from tblock_cli.subject.builtin import Block, Stack
+from tblock_cli.subject.kvcache import has_decode
 
 # A backward pass costs two matmuls per forward matmul (one for the input's gradient, one for the
 # weight's), so a training step is 3x the forward in matmul FLOPs; FlopCounterMode counts the same.
@@ -168,8 +169,15 @@ def ffn_share_of(flow) -> tuple[float | None, Finding]:
     return ffn_share_finding(flow.group_params(), flow.group_params(matrices_only=True), flow.total, None)
 
 
+def decodes(subject: Subject) -> bool:
+    """Causal (--causal, or an hf: decoder), or a decode method on a block that does not say it is bidirectional (an
+    hf: encoder's wrapper has the method and causal False)."""
+    return subject.causal or (has_decode(subject.module) and getattr(subject.module, "causal", None) is not False)
+
+
 def kv_cache_bytes(cfg: BlockConfig, dtype: torch.dtype, flow) -> dict | None:
-    """What a decoding cache holds: the keys and values every attention call keeps, per token and at --seq."""
+    """What a decoding cache holds: the keys and values every attention call keeps, per token and at --seq. Only for
+    a block that decodes (causal, or with a decode method): an encoder (bert, vit) keeps no cache."""
     if not flow.attention:
         return None
     item = dtype.itemsize
@@ -225,7 +233,7 @@ def user_report(subject: Subject, cfg: BlockConfig, dtype: torch.dtype, tree_dep
         subject.name, tuple(rows), 1, total, total * item, groups, share,
         {"forward": forward, "train_step": TRAIN_STEP_FACTOR * forward, "forward_seq_quadratic": quadratic},
         "dataflow trace", cfg.batch, cfg.seq, dtype_name(dtype), run,
-        chains, kv_cache_bytes(cfg, dtype, flow), findings,
+        chains, kv_cache_bytes(cfg, dtype, flow) if decodes(subject) else None, findings,
     )
 
 

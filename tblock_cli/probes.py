@@ -107,9 +107,13 @@ def _dropouts(module: nn.Module, for_module, for_attribute, configs: bool = Fals
             else:
                 found = [(k, v, for_attribute(v)) for k, v in list(vars(m).items()) if "drop" in k.lower()]
             for key, old, new in found:
-                if new is not None:
-                    changes.append((m, key, old))
+                if new is None:
+                    continue
+                try:
                     setattr(m, key, new)
+                except (AttributeError, TypeError):  # a frozen config (a frozen dataclass): left as it is
+                    continue
+                changes.append((m, key, old))
         yield len(changes)
     finally:
         for m, key, old in reversed(changes):

@@ -30,3 +30,21 @@ class OsExitAfterLoading(OsExitInForward):
         if type(self).calls > 1:
             os._exit(0)
         return x + self.proj(x)
+
+
+def _rank():
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else None
+
+
+from zoo import LlamaTP  # noqa: E402 - the zoo is on the path wherever this file is loaded from
+
+
+class DiesOnRank1(LlamaTP):
+    """Correct on one process; under --tp 2 rank 1 ends with exit code 3, and rank 0 sees gloo's `[/path...]` error."""
+
+    def forward(self, x, *args, **kwargs):
+        if _rank() == 1:
+            os._exit(3)
+        return super().forward(x, *args, **kwargs)

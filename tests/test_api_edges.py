@@ -34,3 +34,45 @@ def test_the_callers_random_stream_is_left_as_it_was(call):
     torch.manual_seed(1234)
     run()
     assert torch.equal(torch.rand(3), expected)
+
+
+def test_a_block_that_calls_os_exit_cannot_end_the_callers_process():
+    """A test suite calling tblock_cli.check on such a block ended with the block's exit code (0: a green run)."""
+    import os
+
+    from tblock_cli.errors import TBlockError
+
+    class Exits(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = nn.Linear(32, 32)
+
+        def forward(self, x):
+            os._exit(0)
+
+    real = os._exit
+    with pytest.raises(TBlockError, match=r"os\._exit\(0\)"):
+        tblock_cli.check(Exits(), **S)
+    assert os._exit is real  # put back
+
+
+def test_a_frozen_config_with_a_dropout_field_is_left_alone():
+    """Dropout fields of a module's `config` are zeroed for a while (Hugging Face layers read them at call time); a
+    frozen dataclass cannot be, and must not make train_eval or compare raise."""
+    import dataclasses
+
+    @dataclasses.dataclass(frozen=True)
+    class Config:
+        dropout: float = 0.1
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.config, self.proj, self.drop = Config(), nn.Linear(32, 32), nn.Dropout(0.1)
+
+        def forward(self, x):
+            return x + self.drop(self.proj(x))
+
+    by = {c.name: c for c in tblock_cli.check(Block(), only="shape,finite,determinism,train_state,copy,train_eval", **S).checks}
+    assert by["train_eval"].status.value == "pass", by["train_eval"].detail
+    assert tblock_cli.compare(Block(), Block(), **S).ok

@@ -298,11 +298,6 @@ def test_save_then_compare(tmp_path):
     assert res.exit_code == 2 and "not a tblock bench run" in res.stderr
 
 
-# The parts' sum over the whole forward's median, measured: 0.86-1.04 over 8 runs on a quiet 2-core machine
-# (d_model 64, seq 64, --min-time 0.05); under a load average of 8 on the same 2 cores single runs spread from
-# 0.22 to 5.2, because the whole and the parts are timed seconds apart. A factor of 2 either way keeps the
-# quiet spread with room, and still fails a unit slip (ms for s), a component timed twice, or the FFN (about
-# half the forward at this size) left out; the best of 3 attempts rides out a burst of load.
 def test_breakdown_parts_sum_to_the_whole():
     """The parts' times add up to parts_sum and each share is its time over the whole's median. How close the sum
     comes to the whole is a timing ratio that load moves (0.045 and 1.39 on one loaded machine): a benchmark's

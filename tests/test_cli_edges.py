@@ -121,3 +121,11 @@ def test_foreign_text_with_markup_is_printed_literally():
     console.print(render.check_view(report))
     text = "".join(console.file.getvalue().split())
     assert "[/__w/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537]" in text and "[/x]block" in text
+
+
+def test_a_rank_that_dies_under_tp_keeps_the_report():
+    """Before, rank 0's gloo error (starting `[/__w/pytorch/...]`) crashed the table with a Rich MarkupError."""
+    res = runner.invoke(app, ["check", *S, "--causal", "--block", f"{TESTS / 'edge_exits.py'}:DiesOnRank1", "--tp", "2",
+                              "--only", "shape,tensor_parallel"], env={"COLUMNS": "200"})
+    assert res.exit_code == 1, (res.output, res.exception)
+    assert "tensor_parallel" in res.stdout and "died with exit code 3" in res.stdout, res.stdout

@@ -72,7 +72,7 @@ def test_params_from_the_cli_with_no_adapter():
 
 
 def kv_bytes_per_token(spec, kwargs):
-    args = ["params", "--block", spec, "--d-model", "64", "--n-heads", "4", "--threads", "1", "--json"]
+    args = ["params", "--block", spec, "--d-model", "64", "--n-heads", "4", "--threads", "1", "--causal", "--json"]
     result = CliRunner().invoke(app, args + (["--kwargs", kwargs] if kwargs else []))
     assert result.exit_code == 0, result.output
     return json.loads(result.output)["kv_cache"]["bytes_per_token"]

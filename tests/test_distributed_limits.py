@@ -69,3 +69,14 @@ def test_a_plan_that_shards_nothing_is_refused(tmp_path):
         path.write_text(json.dumps(plan))
         with pytest.raises(ConfigError, match="shards no module"):
             prepare(subject, s.cfg, s.device, s.dtype, tp=2, fsdp=None, tp_plan=str(path))
+
+
+def test_a_cuda_world_needs_a_gpu_per_rank(monkeypatch):
+    """No GPU is needed to judge the rule: the count torch reports decides, before any process."""
+    from tblock_cli.distributed.spawn import check_world
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(ConfigError, match="2 ranks on CUDA need 2 GPUs and 1 are visible"):
+        check_world(2, torch.device("cuda"), "--tp")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
+    check_world(8, torch.device("cuda"), "--tp")  # one rank per GPU: fine, whatever the CPU count

@@ -126,8 +126,8 @@ def check_padding(ctx: Context) -> Outcome:
     """Catches: padded inputs that reach real outputs (values in eval, gradients in train); and the real positions of a
     padded batch that differ from the same tokens run alone, with right padding, and with left padding for causal
     blocks (declared or causal by themselves) without positions inside"""
-    if ctx.subject.pad_keyword is None:
-        return skipped("padding.no_keyword")
+    if ctx.subject.pad_keyword is None:  # an hf: layer whose model takes no mask (vision, audio): --pad-keyword is no help
+        return skipped("padding.hf_no_mask" if ctx.subject.name.startswith("hf:") else "padding.no_keyword")
     B, T = max(2, ctx.cfg.batch), max(ctx.cfg.seq, 3)
     x = ctx.x(B, T)
     mask = padding_mask(ctx, B, T)

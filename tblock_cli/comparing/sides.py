@@ -77,7 +77,8 @@ def build_sides(a, b, setup, options: dict, kwargs_a, kwargs_b, dtype_b: str | N
     def opts(spec, kwargs, **extra):
         o = dict(given) if spec is None else {k: v for k, v in given.items() if k not in BUILTIN_ONLY}
         if spec is None and kwargs is not None:
-            raise ConfigError("--kwargs-a/--kwargs-b apply to a SPEC side, not to builtin (use the size flags)")
+            which = "--kwargs-a" if kwargs is kwargs_a else "--kwargs-b"
+            raise ConfigError(f"{which} applies to a SPEC side, not to builtin (use the size flags)")
         return {**o, **extra, **({"kwargs": kwargs} if kwargs is not None else {})}
 
     dtype = {"a": {}, "b": {"dtype": dtype_b} if dtype_b else {}}

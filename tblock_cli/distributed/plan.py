@@ -138,7 +138,16 @@ def validate(module: nn.Module, plan: Plan, n: int, n_heads: int, d_model: int) 
         if plan.roles.get(name) in ("attn.k", "attn.v") and style == "colwise" and width // head_dim % n:
             raise ConfigError(f"--tp {n}: `{name}` has {width // head_dim} head(s) of {head_dim}, which do not split over "
                               f"{n} ranks without cutting a head (grouped-query attention: the key/value heads must be "
-                              f"divisible by the rank count)")
+                              f"divisible by the rank count){kv_heads_hint(module, n)}")
+
+
+def kv_heads_hint(module: nn.Module, n: int) -> str:
+    """Where the key/value head count is a config field (an hf: layer, which tblock sizes in the family's proportion
+    of query to key/value heads), the field that gives more."""
+    config = getattr(module, "config", None)
+    field = next((f for f in ("num_key_value_heads", "num_kv_heads", "n_head_kv", "multi_query_group_num")
+                  if isinstance(getattr(config, f, None), int)), None)
+    return f"; give more with --kwargs '{{\"{field}\": {n}}}' (or a multiple of {n})" if field else ""
 
 
 def _split_width(m: nn.Module, style: str) -> tuple[int, str]:

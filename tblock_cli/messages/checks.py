@@ -124,6 +124,7 @@ MESSAGES = {
     # padding
     "padding.no_keyword": ("the forward takes none of pad_mask, key_padding_mask, src_key_padding_mask, padding_mask "
                            "(name yours with --pad-keyword)"),
+    "padding.hf_no_mask": "its model's forward takes no attention mask (every position is real): nothing to pad",
     "padding.ignored": lambda f: (f"changing padded inputs moved real outputs by {f['diff']:.2e}: the mask is ignored or "
                                   f"inverted; {_fully_padded(f)}"),
     "padding.gradient": lambda f: f"in train mode real outputs have a gradient w.r.t. padded inputs; {_fully_padded(f)}",

@@ -45,6 +45,8 @@ def first_difference(f: dict) -> str:
 
 def compile_graph_breaks(f: dict) -> str:
     head = f"{f['count']} graph break(s), {f['graphs']} graph(s)"
+    if f["graphs"] > f["count"] + 1:  # breaks without a reason: frame boundaries of the code around the block
+        head += f" ({f['graphs'] - f['count'] - 1} split where the code around the block calls it, not counted)"
     return head + "".join(f"\n  {r['reason']}" + (f" at {r['where']}" if r.get("where") else "") for r in f["reasons"])
 
 

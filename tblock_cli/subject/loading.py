@@ -225,7 +225,7 @@ def construct_here(spec: str, factory: Callable, cfg: BlockConfig, extra: dict, 
         except USER_ERRORS as e:  # any rejection: try the next way, then report all
             if is_out_of_memory(e) or isinstance(e, ImportError):
                 raise
-            tried.append(f"({shown}): {one_line(e)}")
+            tried.append(f"({shown or 'no arguments'}): {one_line(e)}")
     else:
         raise LoadError(f"--block {spec}: calling it failed " + "; then ".join(tried)) from None
     if not isinstance(module, nn.Module):
