@@ -119,3 +119,13 @@ def test_the_api_function_spec_is_not_shadowed_by_the_package_that_reads_the_car
     import tblock_cli.card.entries  # noqa: F401 - importing a subpackage sets its name on tblock_cli
 
     assert callable(tblock_cli.spec) and tblock_cli.spec.__name__ == "spec"
+
+
+def test_spec_exits_1_naming_an_entry_that_differs_and_0_when_it_holds():
+    wrong = CliRunner().invoke(app, ["spec", *SMALL, "--expect", "attn.heads=5", "--expect", "ffn.act=gelu", "--json"])
+    assert wrong.exit_code == 1, wrong.output
+    data = json.loads(wrong.stdout)
+    assert {v["key"]: v["status"] for v in data["verdicts"]} == {"attn.heads": "differs", "ffn.act": "match"}
+    right = CliRunner().invoke(app, ["spec", *SMALL, "--expect", "attn.heads=4", "--expect", "norm.kind=layernorm"])
+    assert right.exit_code == 0, right.output
+    assert "OK: 2 as declared, 0 differ, 0 unread" in right.output
