@@ -243,8 +243,9 @@ def validate(cfg: BlockConfig, *, allow_mixed: bool = False, builtin: bool = Tru
     return dataclasses.replace(cfg, warnings=tuple(warnings))
 
 
-def parse_kwargs(text: str | None) -> dict:
-    """--kwargs: a JSON object of more constructor keywords for a user block."""
+def parse_kwargs(text: str | None, flag: str = "--kwargs") -> dict:
+    """--kwargs (or another flag that takes keywords: --kwargs-a, --like-kwargs): a JSON object, refused under the
+    flag's own name."""
     import json
 
     if text is None:
@@ -252,7 +253,7 @@ def parse_kwargs(text: str | None) -> dict:
     try:
         value = json.loads(text)
     except json.JSONDecodeError as e:
-        raise ConfigError(f"--kwargs is not valid JSON: {e.msg} (at character {e.pos})") from None
+        raise ConfigError(f"{flag} is not valid JSON: {e.msg} (at character {e.pos})") from None
     if not isinstance(value, dict):
-        raise ConfigError("--kwargs must be a JSON object, e.g. '{\"norm_first\": true}'")
+        raise ConfigError(f"{flag} must be a JSON object, e.g. '{{\"norm_first\": true}}'")
     return value

@@ -219,8 +219,6 @@ def compare(a, b, options: dict, *, kwargs_a, kwargs_b, dtype_b, compile, backen
 
 def side_options(kwargs_a, kwargs_b, dtype_b) -> None:
     """--kwargs-a, --kwargs-b and --dtype-b judged under their own names (setup would name --kwargs and --dtype)."""
-    import json
-
     from tblock_cli.config import DTYPES
 
     for flag, text in (("--kwargs-a", kwargs_a), ("--kwargs-b", kwargs_b)):
@@ -228,11 +226,6 @@ def side_options(kwargs_a, kwargs_b, dtype_b) -> None:
             continue
         if not isinstance(text, str):
             raise ConfigError(f"{flag} must be a JSON object string (or a dict), got {type(text).__name__}")
-        try:
-            value = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"{flag} is not valid JSON: {e.msg} (at character {e.pos})") from None
-        if not isinstance(value, dict):
-            raise ConfigError(f"{flag} must be a JSON object, e.g. '{{\"norm_first\": true}}'")
+        parse_kwargs(text, flag)
     if dtype_b is not None and dtype_b not in DTYPES:
         raise ConfigError(f"--dtype-b must be one of {', '.join(DTYPES)}, got {dtype_b!r}")

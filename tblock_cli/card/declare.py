@@ -3,10 +3,10 @@ same sizes and read the same way (no table of config fields to keep in sync), an
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 from tblock_cli.card.entries import Card, Claim, claims_from_card, parse_expect
+from tblock_cli.config import parse_kwargs
 from tblock_cli.errors import ConfigError, TBlockError, one_line
 
 # Config fields that make a family's first layers dense (its MoE layers come later in the stack), and the values that
@@ -27,10 +27,6 @@ class Declaration:
     compared: object = None  # a comparing CompareReport of the block against the --like layer, weights carried
     compare_error: str | None = None  # why that comparison could not run
 
-    @property
-    def empty(self) -> bool:
-        return not self.claims and self.like is None
-
 
 def validate(like, like_kwargs, expect) -> tuple[tuple[Claim, ...], dict | None]:
     """The declaration flags judged without torch: --like names an hf: layer, --like-kwargs is a JSON object,
@@ -44,13 +40,10 @@ def validate(like, like_kwargs, expect) -> tuple[tuple[Claim, ...], dict | None]
             raise ConfigError("--like-kwargs applies with --like hf:TYPE")
         if isinstance(like_kwargs, dict):
             kwargs = like_kwargs
+        elif isinstance(like_kwargs, str):
+            kwargs = parse_kwargs(like_kwargs, "--like-kwargs")
         else:
-            try:
-                kwargs = json.loads(like_kwargs)
-            except (TypeError, ValueError):
-                raise ConfigError(f"--like-kwargs must be a JSON object, got {like_kwargs!r}") from None
-            if not isinstance(kwargs, dict):
-                raise ConfigError(f"--like-kwargs must be a JSON object, got {like_kwargs!r}")
+            raise ConfigError(f"--like-kwargs must be a JSON object string (or a dict), got {type(like_kwargs).__name__}")
     return parse_expect(expect), kwargs
 
 

@@ -62,8 +62,6 @@ KEYS: dict[str, str] = {
     "moe.select": "which experts are chosen: top (the largest router outputs) or other (a selection bias, groups)",
 }
 
-Value = "float | int | bool | str | tuple[float, ...]"
-
 
 @dataclass(frozen=True)
 class Entry:

@@ -27,7 +27,6 @@ def _check_differs(f: dict) -> str:
 MESSAGES = {
     "spec.differs": _differs,
     "spec.unread": lambda f: f"{f['key']}: could not be read ({f.get('why') or 'no reading'}); {f['source']} says {shown(f['claimed'])}",
-    "spec.match": lambda f: f"{f['key']}: {shown(f['measured'])} as declared",
     "spec.slip": "a spec reader raised: {slip}",
     # the battery's spec check
     "spec.undeclared": "nothing declared (give --like hf:TYPE or --expect KEY=VALUE)",

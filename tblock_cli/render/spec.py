@@ -37,8 +37,6 @@ def spec_view(report) -> Group:
     if unread:
         parts.append(Text(f"not read for this block: {', '.join(unread)} (--json says why, entry by entry)", style="dim"))
     for f in report.findings:
-        if f.kind == "spec.match":
-            continue
         parts.append(Text(("! " if f.status.value == "fail" else "  ") + text(f.kind, f.facts),
                           style="bold red" if f.status.value == "fail" else ""))
     if report.verdicts:
