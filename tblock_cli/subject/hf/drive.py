@@ -14,17 +14,7 @@ from contextlib import contextmanager
 import torch
 import torch.nn as nn
 
-
-class _Done(BaseException):
-    """Carries the last layer's output out of the model's forward (a BaseException: no model code catches it)."""
-
-    def __init__(self, out):
-        super().__init__()
-        self.out = out
-
-
-def _first(out):
-    return out[0] if isinstance(out, (tuple, list)) else getattr(out, "last_hidden_state", out)
+from tblock_cli.subject.through import drive
 
 
 def accepted(fn, kwargs: dict) -> dict:
@@ -93,19 +83,11 @@ class HFLayers(nn.Module):
 
     def run(self, x: torch.Tensor, attention_mask: torch.Tensor | None = None, cache=None, use_cache: bool = False):
         """Layers first..last on x through the model's forward; (output, the cache the layers were given)."""
-        first, last = self._all[self.span[0]], self._all[self.span[1]]
         seen = {}
 
-        def swap_in(_m, args, kwargs):
+        def entered(args, kwargs):
             seen["cache"] = next((v for v in list(kwargs.values()) + list(args[1:]) if _is_cache(v)), None)
-            h = args[0] if args else kwargs.get("hidden_states", next(iter(kwargs.values()), None))
-            # every argument that is the hidden states (funnel passes them as query, key and value)
-            return tuple(x if a is h else a for a in args), {k: x if v is h else v for k, v in kwargs.items()}
 
-        def stop(_m, _args, out):
-            raise _Done(_first(out))
-
-        hooks = [first.register_forward_pre_hook(swap_in, with_kwargs=True), last.register_forward_hook(stop)]
         B, T, _ = x.shape
         placeholder = torch.zeros(B, T, x.shape[-1], device=x.device, dtype=x.dtype)
         kwargs = {self.entry: placeholder, "output_attentions": self.output_attentions}
@@ -116,14 +98,9 @@ class HFLayers(nn.Module):
             kwargs["use_cache"] = use_cache
         if self.memory is not None:
             kwargs["encoder_hidden_states"] = self.memory.to(device=x.device, dtype=x.dtype).expand(B, -1, -1)
-        try:
-            self._stack(**accepted(self._stack.forward, kwargs))
-        except _Done as done:
-            return done.out, seen.get("cache")
-        finally:
-            for h in hooks:
-                h.remove()
-        raise RuntimeError(f"{type(self._stack).__name__}'s forward never reached layer {self.span[1]}")
+        call = lambda: self._stack(**accepted(self._stack.forward, kwargs))  # noqa: E731
+        out = drive(call, self._all[self.span[0]], self._all[self.span[1]], x, entered)
+        return out, seen.get("cache")
 
     def forward(self, x: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         return self.run(x, attention_mask)[0]
