@@ -3,10 +3,21 @@ stopped after the last. Shared by Hugging Face models (`hf/drive.py`) and any mo
 
 from __future__ import annotations
 
+import inspect
 from typing import Callable
 
 import torch
 import torch.nn as nn
+
+# Positions of the causal probe: enough for a later position to exist after an earlier one.
+PROBE_T = 4
+# Relative change of earlier outputs that still counts as "unchanged" when a later token changes: float32
+# rounding of a masked-out position is exactly 0 in every decoder measured; 1e-6 leaves rounding room.
+CAUSAL_TOL = 1e-6
+# Keyword names of position information a model hands its layers (rotary cos/sin, ALiBi, relative biases; funnel
+# packs them into attention_inputs; litgpt hands its blocks cos and sin).
+POSITION_KEYS = ("position_embeddings", "position_bias", "alibi", "rotary_pos_emb", "rel_embeddings",
+                 "relative_pos", "sinusoidal_pos", "freqs_cis", "attention_inputs", "cos", "sin", "rope_cache")
 
 
 class Done(BaseException):
@@ -46,3 +57,43 @@ def drive(call: Callable[[], object], first: nn.Module, last: nn.Module, x: torc
         for h in hooks:
             h.remove()
     raise RuntimeError(f"the model's forward never reached {type(last).__name__}")
+
+
+def is_causal(module: nn.Module, d_model: int) -> bool:
+    """What the model does: whether earlier outputs ignore a change at a later position (eval, float32)."""
+    g = torch.Generator().manual_seed(0)
+    p = next(module.layers.parameters())
+    x = torch.randn(1, PROBE_T, d_model, generator=g).to(device=p.device, dtype=p.dtype)
+    x2 = x.clone()
+    x2[:, -1] = torch.randn(d_model, generator=g).to(x2)
+    was = module.training
+    module.eval()
+    try:
+        with torch.no_grad():
+            a, b = module(x)[:, :-1], module(x2)[:, :-1]
+    finally:
+        module.train(was)
+    return bool(((a - b).abs().max() <= CAUSAL_TOL * a.abs().max().clamp_min(1)).item())
+
+
+def positional(module: nn.Module, base: nn.Module, d_model: int) -> bool:
+    """Positions inside the layers: a rotary module, or position information the model hands them."""
+    if any("rotary" in type(m).__name__.lower() for m in base.modules()):
+        return True
+    seen = {}
+    layer = module.layers[0]
+
+    def bound(_m, args, kwargs):  # positional arguments by name too (mpnet passes position_bias positionally)
+        try:
+            seen.update(inspect.signature(layer.forward).bind_partial(*args, **kwargs).arguments)
+        except TypeError:
+            seen.update(kwargs)
+
+    hook = layer.register_forward_pre_hook(bound, with_kwargs=True)
+    try:
+        with torch.no_grad():
+            module(torch.zeros(1, 2, d_model, dtype=next(module.layers.parameters()).dtype))
+    finally:
+        hook.remove()
+    return any(seen.get(k) is not None for k in POSITION_KEYS) or any(
+        "relative" in type(m).__name__.lower() or "rel_attn" in n for n, m in module.layers.named_modules())

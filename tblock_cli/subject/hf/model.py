@@ -12,18 +12,9 @@ from tblock_cli.config import BlockConfig
 from tblock_cli.errors import ConfigError, LoadError, TBlockError, is_out_of_memory
 from tblock_cli.subject.hf import families, sizes
 from tblock_cli.subject.hf.drive import HFLayers
+from tblock_cli.subject.through import is_causal, positional
 
 STACKS = ("encoder", "decoder")
-# Positions of the causal probe at build: enough for a later position to exist after an earlier one.
-PROBE_T = 4
-# Relative change of earlier outputs that still counts as "unchanged" when a later token changes: float32
-# rounding of a masked-out position is exactly 0 in every decoder measured; 1e-6 leaves rounding room.
-CAUSAL_TOL = 1e-6
-# Keyword names of position information a model hands its layers (rotary cos/sin, ALiBi, relative biases).
-POSITION_KEYS = ("position_embeddings", "position_bias", "alibi", "rotary_pos_emb", "rel_embeddings",
-                 "relative_pos", "sinusoidal_pos", "freqs_cis", "attention_inputs")  # funnel packs them into the last
-
-
 def build_config(model_type: str, cfg: BlockConfig, extra: dict):
     """The type's default config with tblock's sizes in every field that depends on them; --kwargs override."""
     defaults = sizes.default_config(model_type)
@@ -52,23 +43,6 @@ def _init_fields(config) -> dict:
               "out_features", "out_indices", "stage_names"):
         d.pop(k, None)
     return {k: v for k, v in d.items() if sizes.settable(config, k)}
-
-
-def is_causal(module: HFLayers, d_model: int) -> bool:
-    """What the model does: whether earlier outputs ignore a change at a later position (eval, float32)."""
-    g = torch.Generator().manual_seed(0)
-    p = next(module.layers.parameters())
-    x = torch.randn(1, PROBE_T, d_model, generator=g).to(device=p.device, dtype=p.dtype)
-    x2 = x.clone()
-    x2[:, -1] = torch.randn(d_model, generator=g).to(x2)
-    was = module.training
-    module.eval()
-    try:
-        with torch.no_grad():
-            a, b = module(x)[:, :-1], module(x2)[:, :-1]
-    finally:
-        module.train(was)
-    return bool(((a - b).abs().max() <= CAUSAL_TOL * a.abs().max().clamp_min(1)).item())
 
 
 def _parameter_count(config) -> int:
@@ -172,7 +146,7 @@ def _build(model_type: str, cfg: BlockConfig, extra: dict) -> HFLayers:
         # experts loop computes the same function
         config._experts_implementation = "eager"
         module.causal = is_causal(module, cfg.d_model)
-    module.positional = _positional(module, base, cfg.d_model)
+    module.positional = positional(module, base, cfg.d_model)
     module.by_design = families.by_design(model_type, module.layers)
     module.warnings = _unreached(model_type, module, cfg)
     return module
@@ -236,29 +210,6 @@ def _layer_count(config, which: str | None) -> int:
         if isinstance(v, int) and v > 0:
             return v
     raise LoadError(f"--block hf:{config.model_type}: its config names no layer count")
-
-
-def _positional(module: HFLayers, base: nn.Module, d_model: int) -> bool:
-    """Positions inside the layers: a rotary module, or position information the model hands them."""
-    if any("rotary" in type(m).__name__.lower() for m in base.modules()):
-        return True
-    seen = {}
-    layer = module.layers[0]
-
-    def bound(_m, args, kwargs):  # positional arguments by name too (mpnet passes position_bias positionally)
-        try:
-            seen.update(inspect.signature(layer.forward).bind_partial(*args, **kwargs).arguments)
-        except TypeError:
-            seen.update(kwargs)
-
-    hook = layer.register_forward_pre_hook(bound, with_kwargs=True)
-    try:
-        with torch.no_grad():
-            module(torch.zeros(1, 2, d_model, dtype=next(module.layers.parameters()).dtype))
-    finally:
-        hook.remove()
-    return any(seen.get(k) is not None for k in POSITION_KEYS) or any(
-        "relative" in type(m).__name__.lower() or "rel_attn" in n for n, m in module.layers.named_modules())
 
 
 def _unreached(model_type: str, module: HFLayers, cfg: BlockConfig) -> tuple[str, ...]:
