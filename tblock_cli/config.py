@@ -103,6 +103,10 @@ class BlockConfig:
     # pad (PyTorch's key_padding_mask) or keep (HF's)
     pad_means: str = flag("pad", "What True means in your block's mask: pad (PyTorch) or keep (HF, x-transformers).",
                           type=str, commands=PADDING, compared=False)
+    # a model's layer, driven by the model's own forward: --block names the model (a class or builder over token ids)
+    layer: int | None = flag(None, "Drive layer N of the model --block builds (a model over token ids), through the "
+                             "model's own forward: its masks, positions and caches.", compared=False,
+                             default_text="none: --block builds one block")
     warnings: tuple[str, ...] = field(default=(), compare=False)  # filled by validate()
 
     @property
@@ -206,6 +210,8 @@ def _check_one(name: str, value, allow_mixed: bool) -> None:
             raise ConfigError(f"{flag_name} must be at most {top:,}, got {value:,}")
     elif name == "seed" and not 0 <= value <= MAX_SEED:
         raise ConfigError(f"--seed must be in [0, 2**63 - 1], got {value}")
+    elif name == "layer" and not 0 <= value < MAX_COUNT["layers"]:
+        raise ConfigError(f"--layer must be in [0, {MAX_COUNT['layers'] - 1}], got {value}")
     elif name == "threads" and not 1 <= value <= MAX_THREADS:
         raise ConfigError(f"--threads must be in [1, {MAX_THREADS}], got {value}")
     elif name in ("dropout", "eps"):

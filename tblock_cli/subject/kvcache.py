@@ -13,7 +13,9 @@ from tblock_cli.subject import first_tensor
 
 
 def has_decode(module: nn.Module) -> bool:
-    return callable(getattr(module, "decode", None))
+    """A decode method, which a layer driven through its model has only where the model keeps a cache tblock can
+    follow (`decodes` False otherwise)."""
+    return callable(getattr(module, "decode", None)) and getattr(module, "decodes", True) is not False
 
 
 def decode_step(module: nn.Module, x: torch.Tensor, cache):
@@ -68,7 +70,10 @@ def cache_tensors(cache, _seen=None) -> list[torch.Tensor]:
 
 
 def cache_bytes(cache) -> int:
-    """Bytes of the distinct storages a cache holds (a view and its base count once)."""
+    """Bytes of the distinct storages a cache holds (a view and its base count once); a model's own preallocated
+    cache counts the positions filled (its handle's `held_bytes`)."""
+    if isinstance(getattr(cache, "held_bytes", None), int):
+        return cache.held_bytes
     storages = {}
     for t in cache_tensors(cache):
         s = t.untyped_storage()

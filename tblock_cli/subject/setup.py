@@ -56,6 +56,11 @@ class Setup:
     def hf(self) -> bool:
         return isinstance(self.source, str) and self.source.startswith("hf:")
 
+    @property
+    def driven(self) -> bool:
+        """A layer of a model over token ids, driven by the model's forward (--layer N)."""
+        return self.cfg.layer is not None and not self.hf
+
     def gate(self, estimate: Estimate, what: str, params: int | None = None, allocated: int = 0) -> None:
         """Refuse, before allocating, work estimated larger than the free memory (less what is allocated already)."""
         runtime.ensure_fits(estimate(self.cfg, params) - allocated, self.device, what)
@@ -77,7 +82,7 @@ class Setup:
     def resolve(self) -> None:
         """Build an hf: model now, unwrapped, so the config it implies (causal, positions, mask) is known before a command
         reads `cfg` (depth builds its layers later); nothing for other blocks."""
-        if self.hf:
+        if self.hf or self.driven:
             self._module()
 
     def make(self) -> Subject:
@@ -86,9 +91,9 @@ class Setup:
 
     def _module(self) -> nn.Module:
         """The user's module as constructed, before it is moved, copied or probed."""
-        if self.hf:
+        if self.hf or self.driven:
             if self.built is None:
-                self.built = hf_block(self)
+                self.built = hf_block(self) if self.hf else driven_block(self)
             return self.built
         if self.module is not None:
             return self.module
@@ -109,7 +114,7 @@ class Setup:
             moves = not runtime.placed(module, self.device, self.dtype)
             module = private_copy(module, self.block) if self.trains or moves else module
         subject = user_subject(module, self.block, self.cfg, self.device, self.dtype, same_shape=self.same_shape)
-        if self.hf:  # the family's known departures, as tblock's hf: builder found them
+        if self.hf or self.driven:  # the family's known departures, as tblock's hf: builder found them
             subject.by_design = dict(module.by_design)
         subject.rebuild = self._rebuilder(subject.module)
         return subject
@@ -125,6 +130,10 @@ class Setup:
         from tblock_cli.subject.loading import load_factory, rebuilder
 
         factory = load_factory(self.source) if isinstance(self.source, str) else self.source
+        if self.driven:
+            from tblock_cli.subject import driven
+
+            return driven.rebuilder(self.block, factory, self.cfg, self.kwargs, self.cfg.layer, built, self.dtype)
         return rebuilder(self.block, factory, self.cfg, self.kwargs, self.dtype)
 
 
@@ -193,8 +202,13 @@ def setup(block=None, options: dict | None = None, *, same_shape: bool = True, a
     warnings = []
     builtin = block is None
     hf_spec = isinstance(block, str) and block.startswith("hf:")
+    if options.get("layer") is not None and (builtin or hf_spec or isinstance(block, nn.Module)):
+        raise ConfigError("--layer N drives a layer of the model --block builds (path/to/file.py:NAME or "
+                          "package.module:NAME, a class or builder over token ids)" + (
+                              "; an hf: model's layers are driven from the first already" if hf_spec else ""))
+    driven_spec = options.get("layer") is not None
     ignored = [k for k in USER_ONLY if k in options] if builtin else \
-        [k for k in BUILTIN_ONLY if k in options and not (k == "layers" and (layers_apply or hf_spec))]
+        [k for k in BUILTIN_ONLY if k in options and not (k == "layers" and (layers_apply or hf_spec or driven_spec))]
     if ignored:
         names = ", ".join(Flag.option(k) for k in ignored)
         warnings.append(f"{names} describe(s) a user block's forward; the built-in block takes pad_mask (True = pad)"
@@ -240,10 +254,36 @@ def hf_block(s: Setup) -> nn.Module:
     return module
 
 
+def driven_block(s: Setup) -> nn.Module:
+    """Layer --layer of the model --block builds, and what the model does written into the setup (causal, positions);
+    a flag the user gave explicitly stands. Flags its config could not take are warned, as for any config."""
+    from tblock_cli.subject import driven
+    from tblock_cli.subject.loading import load_factory
+
+    factory = load_factory(s.source) if isinstance(s.source, str) else s.source
+    notes: list[tuple[str, str]] = []
+    module = driven.build(s.block, factory, s.cfg, s.kwargs, s.cfg.layer, notes)
+    notes = [(flag, text) for flag, text in notes if not driven.reaches(module, flag, s.cfg)]
+    implied = {"causal": module.causal, "positional": module.positional}
+    dropped = tuple(text for flag, text in notes if flag in s.given and text not in s.warnings)
+    s.cfg = dataclasses.replace(s.cfg, **{k: v for k, v in implied.items() if k not in s.given},
+                                warnings=s.cfg.warnings + dropped)
+    s.warnings = s.warnings + dropped
+    return module
+
+
 def layer_maker(s: Setup, block) -> Callable[[int], list[Subject]] | None:
     """n independent layers of a user block: built anew per layer (seed + i), or copies re-initialised."""
     if block is None:
         return None
+    if s.driven:
+        def model_layers(n: int) -> list[Subject]:
+            first = s.make()
+            layers = first.module.single_layers()
+            if len(layers) != n:
+                layers = driven_block(dataclasses.replace(s, cfg=dataclasses.replace(s.cfg, layers=n), built=None)).single_layers()
+            return [first.like(layer) for layer in layers]
+        return model_layers
     if isinstance(block, str) and block.startswith("hf:"):
         from tblock_cli.subject import hf
 
