@@ -76,6 +76,8 @@ def build_sides(a, b, setup, options: dict, kwargs_a, kwargs_b, dtype_b: str | N
 
     def opts(spec, kwargs, **extra):
         o = dict(given) if spec is None else {k: v for k, v in given.items() if k not in BUILTIN_ONLY}
+        if spec is None or (isinstance(spec, str) and spec.startswith("hf:")):  # --layer: a model SPEC side's
+            o.pop("layer", None)
         if spec is None and kwargs is not None:
             which = "--kwargs-a" if kwargs is kwargs_a else "--kwargs-b"
             raise ConfigError(f"{which} applies to a SPEC side, not to builtin (use the size flags)")
@@ -88,10 +90,10 @@ def build_sides(a, b, setup, options: dict, kwargs_a, kwargs_b, dtype_b: str | N
         return on_side(k.upper(), build, k == "b" and dtype_b is not None)
 
     sides = {k: side(k, lambda k=k: setup(specs[k], opts(specs[k], kwargs[k], **dtype[k]))) for k in "ab"}
-    subjects = {k: side(k, lambda k=k: sides[k].build(estimate, "compare")) for k in "ab" if sides[k].hf}
+    subjects = {k: side(k, lambda k=k: sides[k].build(estimate, "compare")) for k in "ab" if sides[k].hf or sides[k].driven}
     if "causal" not in given and sides["a"].cfg.causal != sides["b"].cfg.causal:  # causal when either is
         k = "a" if not sides["a"].cfg.causal else "b"
-        if sides[k].hf:  # what the model does stands; the flag only says how to probe it (built once, kept)
+        if sides[k].hf or sides[k].driven:  # what the model does stands; the flag only says how to probe it (built once, kept)
             sides[k].cfg = dataclasses.replace(sides[k].cfg, causal=True)
             subjects[k] = dataclasses.replace(subjects[k], causal=True)
         else:

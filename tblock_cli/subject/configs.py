@@ -176,8 +176,8 @@ def build_config_object(param: ConfigParam, values: dict, given: set | frozenset
     cls = param.cls
     if cls is None:
         return types.SimpleNamespace(**values)
-    if "name" in values and "name" not in param.fields and callable(getattr(cls, "from_name", None)):
-        preset = cls.from_name(values["name"])
+    preset = _preset(cls, values, param.fields, given)
+    if preset is not None:
         fields = {**kv_heads_scaled(preset, values, given), **{k: v for k, v in values.items() if k != "name"}}
         try:
             return cls.from_name(values["name"], **fields)
@@ -186,6 +186,21 @@ def build_config_object(param: ConfigParam, values: dict, given: set | frozenset
     if dataclasses.is_dataclass(cls) or own_fields(cls)[0] or accepts_any(cls):
         return cls(**values)
     return cls.from_dict(values)
+
+
+def _preset(cls, values: dict, fields, given):
+    """The preset `from_name(name)` returns when a name is given and the class has presets (litgpt's Config, whose
+    `name` is also a field: a name it has no preset for is then just a field); else None."""
+    if "name" not in values or not callable(getattr(cls, "from_name", None)):
+        return None
+    if "name" not in fields:
+        return cls.from_name(values["name"])
+    if "name" not in given:
+        return None
+    try:
+        return cls.from_name(values["name"])
+    except (ValueError, KeyError, StopIteration):
+        return None
 
 
 def kv_heads_scaled(preset, values: dict, given) -> dict:
