@@ -197,6 +197,7 @@ LITGPT = SetKvCache("set_kv_cache + input_pos (litgpt style)", always=False, pos
 TORCHTUNE = SetupCachesMask("setup_caches + mask + input_pos (torchtune style)", always=False, position_axis=2)
 META = StartPos("start_pos with per-layer caches (Meta llama style)", always=True, position_axis=1)
 CONVENTIONS = (LITGPT, TORCHTUNE, GPT_FAST, META)
+RECOGNISED = "; ".join(c.name for c in CONVENTIONS)  # for messages that say what a model without them lacks
 
 
 def recognise(model: nn.Module) -> Convention | None:
@@ -241,14 +242,16 @@ def restore(model: nn.Module, conv: Convention, saved: list[torch.Tensor]) -> No
 def held_bytes(model: nn.Module, conv: Convention, positions: int, batch: int | None = None) -> int:
     """Bytes the caches hold for `positions` positions of `batch` sequences (the prepared batch by default): each
     cache tensor's bytes per sequence and position, so grouped-query caches count only the kv heads they store, and a
-    cache allocated for more sequences (Meta's max_batch_size) counts the rows in use."""
+    cache allocated for more sequences (Meta's max_batch_size) counts the rows in use, and a sliding window's ring
+    (litgpt's, sized min(length, window)) no more positions than it has."""
     if batch is None:
         batch = _prepared.get(model, (None,))[0] or (_shape(model, conv) or (0,))[0]
     total = 0
     for m, k in conv.tensors(model):
         t = getattr(m, k)
-        per = t.numel() * t.element_size() // (t.shape[0] * t.shape[conv.position_axis])
-        total += per * batch * positions
+        length = t.shape[conv.position_axis]
+        per = t.numel() * t.element_size() // (t.shape[0] * length)
+        total += per * batch * min(positions, length)  # a sliding window's ring holds no more than its length
     return total
 
 
@@ -270,12 +273,23 @@ def _origin(value) -> str:
     return str((value.__name__ if inspect.ismodule(value) else getattr(value, "__module__", "")) or "")
 
 
-def one_rank_world(owner) -> bool:
+def _namespace(owner) -> dict:
+    """The globals the model's code runs with: its module's, or (a module loaded without a sys.modules entry) those
+    of the function or constructor itself."""
+    if inspect.ismodule(owner):
+        return vars(owner)
+    module = sys.modules.get(getattr(owner, "__module__", None) or "")
+    if module is not None:
+        return vars(module)
+    code = owner if inspect.isfunction(owner) else getattr(owner, "__init__", None)
+    return getattr(code, "__globals__", {})
+
+
+def model_parallel_world(owner) -> bool:
     """A one-process model-parallel world (gloo, world size 1, fairscale's groups of one) where the model's module
     uses fairscale and none exists yet: fairscale's parallel layers ask for their group when built. A no-op for
     other models. `owner`: the model's class, builder function or module. True when the model uses fairscale."""
-    module = owner if inspect.ismodule(owner) else sys.modules.get(getattr(owner, "__module__", ""), None)
-    if module is None or not any(_origin(v).startswith("fairscale") for v in vars(module).values()):
+    if not any(_origin(v).startswith("fairscale") for v in _namespace(owner).values()):
         return False
     import torch.distributed as dist
     from fairscale.nn.model_parallel import initialize as fs_init
