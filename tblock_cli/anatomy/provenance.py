@@ -66,16 +66,20 @@ class Provenance:
     def __init__(self, module: nn.Module):
         self.owner: dict[int, str] = {}  # id(weight matrix) -> module name
         self.params: set[int] = set()
+        # every traced tensor stays alive, so ids are not reused; the module's own too: a buffer the forward replaces
+        # (self.cache = self.cache.to(q)) would otherwise free its id for an activation, which would then read as a constant
+        self.keep: list = []
         for name, m in module.named_modules():
             per_matrix = owns_several_matrices(m)
             for pn, p in m.named_parameters(recurse=False):
                 self.params.add(id(p))
+                self.keep.append(p)
                 if p.ndim >= 2 and id(p) not in self.owner:
                     self.owner[id(p)] = qualified(name, pn) if per_matrix else name
             for b in m.buffers(recurse=False):
                 self.params.add(id(b))
+                self.keep.append(b)
         self.of: dict[int, Prov] = {}  # id(tensor) -> its provenance
-        self.keep: list = []  # every traced tensor stays alive, so ids are not reused
         self.scalar: dict[int, float] = {}  # id(tensor) -> product of scalar factors applied to it by scaling ops
         self.linear_in: dict[str, Prov] = {}  # projection -> provenance of its input
         self.proj_outs: set[int] = set()  # ids of projection outputs
