@@ -12,9 +12,16 @@ ACTIVATIONS = {"gelu", "gelu_", "relu", "relu_", "silu", "silu_", "sigmoid", "ta
 LINEAR = {"add", "add_", "__add__", "__radd__", "__iadd__", "sub", "sub_", "__sub__", "__rsub__", "rsub", "__isub__", "neg",
           "__neg__", "view", "reshape", "transpose", "permute", "contiguous", "flatten", "unflatten", "split", "chunk",
           "unbind", "__getitem__", "squeeze", "unsqueeze", "expand", "expand_as", "clone", "to", "type", "float", "half",
-          "bfloat16", "double", "dropout", "dropout_", "cat", "stack", "concat", "concatenate", "masked_fill", "masked_fill_",
+          "bfloat16", "double", "type_as", "dropout", "dropout_", "cat", "stack", "concat", "concatenate", "masked_fill", "masked_fill_",
           "narrow", "select", "repeat", "repeat_interleave", "view_as", "reshape_as", "movedim", "swapaxes", "roll", "flip",
           "split_with_sizes", "tensor_split", "t", "mT", "detach", "sum", "mean", "pad", "index_select", "gather", "tile"}
+# Casts and views whose tensor arguments past the first only lend a dtype, device or shape (x.to(q), x.type_as(q),
+# x.expand_as(q)): data flows from the first alone, so a cache cast to q's dtype does not become q.
+TEMPLATED = {"to", "type_as", "expand_as", "view_as", "reshape_as"}
+# Writes that put one tensor's data into another (a KV cache filled in place: cache[:, pos] = k, cache.copy_(k),
+# cache.index_copy_(1, pos, k)): the destination then holds what it held and what was written. Integer index tensors
+# only say where.
+WRITES = {"__setitem__", "copy_", "index_copy_", "index_copy", "index_put_", "index_put"}
 # Multiplications and divisions: linear in one argument when the other is a constant.
 SCALING = {"mul", "mul_", "__mul__", "__rmul__", "__imul__", "div", "div_", "__truediv__", "true_divide", "__itruediv__"}
 # Products of two tensors (q.k scores, weights x values) and projections by a weight matrix.

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from tblock_cli.anatomy.ops import ACTIVATIONS, LINEAR, SCALING
+from tblock_cli.anatomy.ops import ACTIVATIONS, LINEAR, SCALING, TEMPLATED
 from tblock_cli.probes import tensors
 
 # Provenance flags: an activation function acted (gelu, silu, ...), or another nonlinearity did (a
@@ -66,16 +66,20 @@ class Provenance:
     def __init__(self, module: nn.Module):
         self.owner: dict[int, str] = {}  # id(weight matrix) -> module name
         self.params: set[int] = set()
+        # every traced tensor stays alive, so ids are not reused; the module's own too: a buffer the forward replaces
+        # (self.cache = self.cache.to(q)) would otherwise free its id for an activation, which would then read as a constant
+        self.keep: list = []
         for name, m in module.named_modules():
             per_matrix = owns_several_matrices(m)
             for pn, p in m.named_parameters(recurse=False):
                 self.params.add(id(p))
+                self.keep.append(p)
                 if p.ndim >= 2 and id(p) not in self.owner:
                     self.owner[id(p)] = qualified(name, pn) if per_matrix else name
             for b in m.buffers(recurse=False):
                 self.params.add(id(b))
+                self.keep.append(b)
         self.of: dict[int, Prov] = {}  # id(tensor) -> its provenance
-        self.keep: list = []  # every traced tensor stays alive, so ids are not reused
         self.scalar: dict[int, float] = {}  # id(tensor) -> product of scalar factors applied to it by scaling ops
         self.linear_in: dict[str, Prov] = {}  # projection -> provenance of its input
         self.proj_outs: set[int] = set()  # ids of projection outputs
@@ -155,6 +159,8 @@ class Provenance:
 
     def op(self, name: str, args, acts, out) -> None:
         """Any other torch call: an activation, a scaling, a linear op (a view, an add), or a nonlinearity."""
+        if name in TEMPLATED:  # x.to(q): x's data in q's dtype, nothing of q's values
+            acts = [t for t in acts if args and t is args[0]]
         if name in ACTIVATIONS:
             pair = self.products.get(id(acts[0])) if acts else None
             if pair is not None:
@@ -172,6 +178,18 @@ class Provenance:
                 self.scalar[id(out)] = self.scalar.get(id(acts[0]), 1.0)
         else:
             self.flow(acts, out, NONLINEAR)
+
+    def write(self, dst, sources, out) -> None:
+        """Data written into dst (in place, or into the copy `out` an out-of-place index_put returns): it holds what it
+        held and what was written, linearly. A buffer written with activations (a KV cache) holds activations from then
+        on, and a view written in place writes its base too (cache[:B][:, pos] = k fills cache)."""
+        prov = self.union([self.get(dst)] + [self.get(t) for t in sources])
+        targets = [dst, dst._base] if dst._base is not None else [dst]
+        if isinstance(out, torch.Tensor) and out is not dst:
+            targets = [out]
+        for t in targets:
+            self.params.discard(id(t))  # no longer a constant of the module's: it holds what flowed in
+            self.put(t, self.union([self.get(t), prov]))
 
     def note_product(self, acts, out) -> None:
         """a * b of two different projections' outputs, neither through an activation yet (a gated FFN's product)."""

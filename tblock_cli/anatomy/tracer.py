@@ -10,7 +10,7 @@ from torch.overrides import TorchFunctionMode
 
 from tblock_cli.anatomy.calls import AttentionRecorder
 from tblock_cli.anatomy.counts import Counts
-from tblock_cli.anatomy.ops import LINEAR, MATMULS, NORMS, SOFTMAX
+from tblock_cli.anatomy.ops import LINEAR, MATMULS, NORMS, SOFTMAX, WRITES
 from tblock_cli.anatomy.provenance import Provenance, tensors
 
 # Products that project by a weight matrix when one operand is a module's weight (or a view of it).
@@ -49,17 +49,29 @@ class Tracer(TorchFunctionMode):
         if name == "__get__" and isinstance(out, torch.Tensor):
             self.prov.follow_weight(args, out)  # W.T, W.mT: still the module's weight
             return out
+        if name in WRITES and args and isinstance(args[0], torch.Tensor):
+            self.guarded(self.write, name, args, kwargs, out)  # cache[:, pos] = k returns None: caught before that test
+            return out
         if name in ("__get__", "__set__") or not any(True for _ in tensors(out)):
             return out
         if name in LINEAR and self.prov.follow_weight(args, out, sliced=name in ("__getitem__", "index_select")):
             return out
+        self.guarded(lambda *a: self.record(func, *a), name, args, kwargs, out)
+        return out
+
+    def guarded(self, recorder, name, args, kwargs, out) -> None:
         try:
-            self.record(func, name, args, kwargs, out)
+            recorder(name, args, kwargs, out)
         except Exception as e:  # noqa: BLE001 - a tracing slip must never break the user's forward: it is counted
             self.slips += 1
             if len(self.slip_errors) < MAX_SLIP_ERRORS:
                 self.slip_errors.append(f"{name}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:200])
-        return out
+
+    def write(self, name, args, kwargs, out) -> None:
+        """A write of data into a tensor (cache[:, pos] = k, copy_, index_copy_, index_put_): the data written flows
+        into it; integer and bool index tensors only say where."""
+        data = [t for t in tensors((args[1:], kwargs)) if t.is_floating_point() or t.is_complex()]
+        self.prov.write(args[0], data, out)
 
     def record(self, func, name, args, kwargs, out):
         """One torch call, handed to the recorder it concerns."""

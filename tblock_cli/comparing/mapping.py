@@ -30,6 +30,7 @@ class Slot:
     rows: tuple[int, int] | None = None  # a row range of the (out, in)-oriented tensor; None: all of it
     transposed: bool = False  # stored (in, out), as GPT-2's Conv1D
     order: int = 0  # when its module first ran: pairs the k-th norm of A with the k-th norm of B
+    why: str = ""  # why a fused parameter stayed whole (its rows could not be given roles): said if it stays unmatched
 
     @property
     def label(self) -> str:
@@ -90,15 +91,16 @@ def execution_order(module: nn.Module, call, x: torch.Tensor) -> dict[str, int]:
     return order
 
 
-def fused_widths(rows: int, role: str, flow) -> list[tuple[str, int]]:
-    """A fused projection's row split: q is heads x head_dim of its attention call, k and v share the rest."""
+def fused_widths(rows: int, role: str, flow) -> list[tuple[str, int]] | None:
+    """A fused projection's row split: q is heads x head_dim of its attention call, k and v share the rest. None where
+    no split tiles the rows exactly (a width the roles cannot account for): a row is never dropped."""
     parts = role.split(".")[1]
     call = next(iter(flow.attention), None)
     q = call.heads * call.head_dim if call is not None and "q" in parts else None
     if parts == "qkv":
-        q = q if q is not None and (rows - q) % 2 == 0 and rows > q else rows // 3
-        return [("attn.q", q), ("attn.k", (rows - q) // 2), ("attn.v", (rows - q) // 2)]
-    return [(f"attn.{parts[0]}", rows // 2), (f"attn.{parts[1]}", rows // 2)]
+        q = q if q is not None and (rows - q) % 2 == 0 and rows > q else rows // 3 if rows % 3 == 0 else None
+        return None if q is None else [("attn.q", q), ("attn.k", (rows - q) // 2), ("attn.v", (rows - q) // 2)]
+    return None if rows % 2 else [(f"attn.{parts[0]}", rows // 2), (f"attn.{parts[1]}", rows // 2)]
 
 
 def slots_of(module: nn.Module, flow, order: dict[str, int]) -> list[Slot]:
@@ -128,14 +130,17 @@ def slots_of(module: nn.Module, flow, order: dict[str, int]) -> list[Slot]:
             role = roles.get(full if several else (mname or "(root)"), "other")
             part = ("bias" if "bias" in pn else "weight") if role == "norm" else ("weight" if p.ndim >= 2 else "bias")
             transposed = conv1d and p.ndim == 2
-            if role in ("attn.qkv", "attn.qk", "attn.kv"):
-                rows = p.shape[1] if transposed else p.shape[0]
+            widths = fused_widths(p.shape[1] if transposed else p.shape[0], role, flow) \
+                if role in ("attn.qkv", "attn.qk", "attn.kv") else None
+            if widths is not None:
                 start = 0
-                for r, width in fused_widths(rows, role, flow):
+                for r, width in widths:
                     slots.append(Slot(full, r, part, (start, start + width), transposed, when))
                     start += width
             else:
-                slots.append(Slot(full, role, part, None, transposed, when))
+                why = f"its {p.shape[1] if transposed else p.shape[0]} rows do not split evenly into " \
+                      f"{', '.join(role.split('.')[1])}" if role in ("attn.qkv", "attn.qk", "attn.kv") else ""
+                slots.append(Slot(full, role, part, None, transposed, when, why))
     return slots
 
 
@@ -207,8 +212,8 @@ def build_mapping(a: nn.Module, b: nn.Module, slots_a: list[Slot], slots_b: list
                 left.remove(s)
     at_init, left_a, left_b = identity_extras(left_a, left_b, pa, pb, pairs)
     if left_a or left_b:
-        said = [f"A's {s.label} ({s.role}{why_not_identity(pa[s.param])})" for s in left_a] + \
-               [f"B's {s.label} ({s.role}{why_not_identity(pb[s.param])})" for s in left_b]
+        said = [f"A's {s.label} ({s.role}{why_unmatched(s, pa[s.param])})" for s in left_a] + \
+               [f"B's {s.label} ({s.role}{why_unmatched(s, pb[s.param])})" for s in left_b]
         raise ConfigError(f"cannot carry the weights across: nothing matches {', '.join(said)}; "
                           f"pass --map FILE (JSON: A parameter name -> B parameter name)")
     return Mapping(tuple(pairs), tuple(dict.fromkeys(zeroed)), tuple(disagreements), at_init)
@@ -222,6 +227,10 @@ def identity_value(p: torch.Tensor) -> str | None:
     if bool((p == 1).all()):
         return "ones"
     return "zeros" if bool((p == 0).all()) else None
+
+
+def why_unmatched(s: Slot, p: torch.Tensor) -> str:
+    return f"; {s.why}" if s.why else why_not_identity(p)
 
 
 def why_not_identity(p: torch.Tensor) -> str:

@@ -6,6 +6,7 @@ import dataclasses
 
 import torch
 
+from tblock_cli.comparing.glu import split_glu
 from tblock_cli.comparing.localise import capture, component_diffs, explain, head_dim_of
 from tblock_cli.comparing.mapping import Slot, build_mapping, execution_order, read_map, slots_of
 from tblock_cli.comparing.report import CompareReport, Comparison, Finding
@@ -66,8 +67,10 @@ def run_compare(a, b, setup, *, options: dict, kwargs_a=None, kwargs_b=None, dty
         xa, xb = x.to(sa.device, sa.dtype), x.to(sb.device, sb.dtype)
         try:
             flows = trace(subject_a.module, subject_a, xa, cfg.d_model), trace(subject_b.module, subject_b, xb, cfg.d_model)
-            slots_a = slots_of(subject_a.module, flows[0], execution_order(subject_a.module, subject_a, xa))
-            slots_b = slots_of(subject_b.module, flows[1], execution_order(subject_b.module, subject_b, xb))
+            slots_a = split_glu(subject_a.module, subject_a, xa,
+                                slots_of(subject_a.module, flows[0], execution_order(subject_a.module, subject_a, xa)))
+            slots_b = split_glu(subject_b.module, subject_b, xb,
+                                slots_of(subject_b.module, flows[1], execution_order(subject_b.module, subject_b, xb)))
         except Exception as e:  # noqa: BLE001
             reraise_as_measure_error(e, "compare: tracing a side failed")
         mapping = build_mapping(subject_a.module, subject_b.module, slots_a, slots_b, overrides)
