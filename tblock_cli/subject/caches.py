@@ -255,6 +255,11 @@ def held_bytes(model: nn.Module, conv: Convention, positions: int, batch: int | 
     return total
 
 
+def prepared(model: nn.Module) -> tuple[int, int] | None:
+    """(batch, length) the model's caches were last prepared for, if ever."""
+    return _prepared.get(model)
+
+
 def detach_state(model: nn.Module) -> None:
     """Every buffer and plain tensor attribute that carries an autograd graph replaced by its detached value: a
     training forward writes keys and values into the caches in place, and the next forward would chain its graph to

@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 
 import torch
 import torch.nn as nn
+from torch.overrides import TorchFunctionMode
 
 from tblock_cli.config import BlockConfig
 from tblock_cli.errors import LoadError
@@ -29,6 +30,11 @@ VOCAB = 256
 # Its longest sequence, where the config names it: what decoding through the model's own cache can hold.
 MAX_LENGTHS = ("max_seq_len", "max_seq_length", "block_size", "context_length", "max_position_embeddings")
 DEFAULT_MAX_LENGTH = 2048
+# The most positions tblock decodes through a model's own cache: the cache and its mask are allocated at this length
+# (Llama-3.2's 131072-position block would want a 17 GB mask), and tblock's probes decode a few dozen.
+DECODE_LENGTH = 4096
+# The spread of the values tblock gives parameters a model's constructor allocates and never writes: GPT-2's init.
+INIT_STD = 0.02
 
 
 @dataclass
@@ -42,23 +48,75 @@ class Cache:
     held_bytes: int = 0
 
 
-def sized(factory, extra: dict, layers: int) -> dict:
-    """Fields that make the model small, under the names its config or builder uses; --kwargs keep theirs."""
+def sized(factory, extra: dict, layers: int, heads: int) -> dict:
+    """Fields that make the model small, under the names its config or builder uses; --kwargs keep theirs. Required
+    ones with no default get placeholders (a builder's `max_seq_len`), key/value heads as many as the query heads."""
     from tblock_cli.subject import configs
 
     param = configs.config_param(factory)
     try:
-        names = set(param.fields) if param is not None else set(inspect.signature(factory).parameters)
+        if param is not None:
+            names, required = set(param.fields), set(param.required)
+        else:
+            params = inspect.signature(factory).parameters
+            names = set(params)
+            required = {n for n, p in params.items() if p.default is inspect.Parameter.empty}
     except (TypeError, ValueError):
-        names = set()
+        names, required = set(), set()
     out = {}
     for group, value in ((LAYER_COUNTS, layers), (VOCABS, VOCAB)):
         name = next((n for n in group if n in names), None)
         if name is not None and not any(n in extra for n in group):
             out[name] = value
-    if param is not None and param.cls is None:  # an attribute bag: every field its code reads and tblock has no
-        out.update({f: None for f in param.fields if f == "model_type" and f not in extra})  # minGPT: no preset
+    for name in required - set(extra) - set(out):
+        if name in configs.PLACEHOLDERS:
+            out[name] = configs.PLACEHOLDERS[name]
+        elif name in configs.KV_HEADS:
+            out[name] = heads
+    if param is not None and param.cls is None and "model_type" in names and "model_type" not in extra:
+        out["model_type"] = None  # an attribute bag's preset selector (minGPT's): the fields, not a preset
     return out
+
+
+class Writes(TorchFunctionMode):
+    """The storages torch operations write while a model is built: factory results with defined values, in-place
+    targets and `out=` tensors; `torch.empty` (and the legacy `torch.Tensor(n, m)`, no operation at all) write nothing.
+
+    A model meant to be loaded from a checkpoint may leave weights as allocated (Meta's llama hands fairscale's
+    parallel layers an identity `init_method`): memory nothing wrote holds whatever was there before, and a layer
+    of it would make every check a coin toss. Such parameters get seeded values (`initialise_unwritten`).
+    """
+
+    EMPTY = {torch.empty, torch.empty_like, torch.empty_strided, torch.Tensor.new_empty}
+
+    def __init__(self):
+        super().__init__()
+        self.written: set[int] = set()
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        name = getattr(func, "__name__", "")
+        targets = [kwargs.get("out")]
+        if name.endswith("_") and not name.startswith("_") and name != "requires_grad_" and args:
+            targets.append(args[0])
+        if func not in self.EMPTY:
+            targets.extend(out if isinstance(out, (tuple, list)) else [out])
+        for t in targets:
+            if isinstance(t, torch.Tensor) and t.device.type != "meta":
+                self.written.add(t.untyped_storage().data_ptr())
+        return out
+
+    def initialise_unwritten(self, model: nn.Module) -> list[str]:
+        """Parameters no operation wrote, given normal(0, INIT_STD) values; their names."""
+        names = []
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if p.device.type != "meta" and p.is_floating_point() and p.numel() and \
+                        p.untyped_storage().data_ptr() not in self.written:
+                    p.normal_(0.0, INIT_STD)
+                    names.append(name)
+        return names
 
 
 class ModelLayers(nn.Module):
@@ -100,7 +158,8 @@ class ModelLayers(nn.Module):
         if not decoding and self._active is not None:  # a full forward overwrites in-place caches: keep the sequence's
             self._active.saved = caches.snapshot(model, conv)
             self.__dict__["_active"] = None
-            conv.release(model)
+        if not decoding and conv is not None and not conv.always and conv.tensors(model):
+            conv.release(model)  # a full forward runs as the model runs without a cache
         kwargs = {}
         if conv is not None and (conv.always or decoding):
             if not decoding:
@@ -109,7 +168,11 @@ class ModelLayers(nn.Module):
         caches.detach_state(model)  # a training forward's in-place cache writes must not chain graphs across calls
         ids = torch.zeros(B, T, dtype=torch.long, device=x.device)
         call = lambda: self.call_forward(model, ids, **kwargs)  # noqa: E731
-        return drive(call, self._all[self.span[0]], self._all[self.span[1]], x)
+        try:
+            return drive(call, self._all[self.span[0]], self._all[self.span[1]], x)
+        finally:
+            if kwargs:  # caches the model's forward insists on are tblock's way in, not state the layer trains with
+                caches.detach_state(model)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.run(x)
@@ -182,12 +245,13 @@ def find_layers(model: nn.Module, expected: int | None) -> tuple[str, list[nn.Mo
 
 
 def max_length(model: nn.Module) -> int:
-    """The longest sequence the model's config names (its rotary table, its cache), else a default."""
+    """The positions decoding can use: the longest sequence the model's config names (its rotary table, its cache),
+    else a default; at most DECODE_LENGTH."""
     for holder in (getattr(model, "config", None), getattr(model, "params", None), getattr(model, "args", None), model):
         for n in MAX_LENGTHS:
             v = getattr(holder, n, None)
             if isinstance(v, int) and not isinstance(v, bool) and v > 0:
-                return v
+                return min(v, DECODE_LENGTH)
     return DEFAULT_MAX_LENGTH
 
 
@@ -199,8 +263,11 @@ def build(spec: str, factory, cfg: BlockConfig, extra: dict, layer: int, notes: 
 
     count = layer + cfg.layers
     caches.model_parallel_world(factory)
-    with contextlib.redirect_stdout(sys.stderr), (torch.device(where) if where else contextlib.nullcontext()):
-        model = construct(spec, factory, cfg, {**sized(factory, extra, count), **extra}, notes)
+    torch.manual_seed(cfg.seed)
+    writes = Writes()
+    with contextlib.redirect_stdout(sys.stderr), (torch.device(where) if where else contextlib.nullcontext()), writes:
+        model = construct(spec, factory, cfg, {**sized(factory, extra, count, cfg.n_heads), **extra}, notes)
+    writes.initialise_unwritten(model)
     if not isinstance(model, nn.Module):
         raise LoadError(f"--block {spec}: it builds a {type(model).__name__}, not a torch.nn.Module")
     declared = _declared_count(model)
@@ -221,10 +288,10 @@ def build(spec: str, factory, cfg: BlockConfig, extra: dict, layer: int, notes: 
 
 def reaches(module: ModelLayers, flag: str, cfg: BlockConfig) -> bool:
     """Whether a size flag the model's config names no field for reached its layers anyway (nanoGPT's FFN is
-    4 x n_embd by its code, so --d-ff 256 at --d-model 64 does): a projection of that width, a GLU's too."""
+    4 x n_embd by its code, so --d-ff 256 at --d-model 64 does): a weight matrix of that width, a fused GLU's too."""
     if flag != "d_ff":
         return False
-    widths = {w for m in module.layers.modules() if isinstance(m, nn.Linear) for w in (m.in_features, m.out_features)}
+    widths = {w for p in module.layers.parameters() if p.dim() == 2 for w in p.shape}  # Linear or a parallel one
     return bool({cfg.ffn_dim, 2 * cfg.ffn_dim} & widths)
 
 
@@ -242,5 +309,9 @@ def rebuilder(spec: str, factory, cfg: BlockConfig, extra: dict, layer: int, lik
     def rebuild(seed: int, where: str) -> ModelLayers:
         module = build(spec, factory, replace(cfg, seed=seed), extra, layer, where=where)
         module.causal, module.positional, module.by_design = like.causal, like.positional, like.by_design
+        conv = like.convention
+        shape = caches.prepared(like._model) if conv is not None and conv.tensors(like._model) else None
+        if shape is not None:  # caches that are buffers belong to the state_dict: a fresh copy holds the same ones
+            module.convention.prepare(module._model, *shape)
         return module.to(dtype=dtype)
     return rebuild
