@@ -237,7 +237,7 @@ def decode_results(subject: Subject, cfg: BlockConfig, device: torch.device, dty
 
     module = subject.module
     if not kvcache.has_decode(module):
-        raise ConfigError(f"--decode: {subject.name} has no decode(x_t, cache) -> (y_t, cache) method (see docs/decoding.md)")
+        raise ConfigError(f"--decode: {subject.name} {kvcache.no_decode(module)}")
     sync = synchronizer(device)
     gen = torch.Generator().manual_seed(cfg.seed + 1)
     x = torch.randn(cfg.batch, prompt + n, cfg.d_model, generator=gen).to(device=device, dtype=dtype)

@@ -228,15 +228,33 @@ def snapshot(model: nn.Module, conv: Convention) -> list[torch.Tensor]:
 
 
 def restore(model: nn.Module, conv: Convention, saved: list[torch.Tensor]) -> None:
-    """The caches as `snapshot` saw them (written in place: the model's references to them stay valid)."""
+    """The caches as `snapshot` saw them (written in place: the model's references to them stay valid). Caches set up
+    longer since (decoding outgrew them) take the saved positions first."""
     where = conv.tensors(model)
-    if len(where) != len(saved) or any(getattr(m, k).shape != s.shape for (m, k), s in zip(where, saved)):
+    fits = len(where) == len(saved) and all(
+        t.dim() == s.dim() and all(a == b or (i == conv.position_axis and a >= b) for i, (a, b) in enumerate(zip(t.shape, s.shape)))
+        for t, s in ((getattr(m, k), s) for (m, k), s in zip(where, saved)))
+    if not fits:
         raise ValueError("the caches were set up anew since this snapshot: restore needs the same shapes")
     for (m, k), s in zip(where, saved):
-        t = getattr(m, k)
+        t = getattr(m, k).narrow(conv.position_axis, 0, s.shape[conv.position_axis])
         # a cache replaced inside Meta's @torch.inference_mode forward is an inference tensor: written only there
         with torch.inference_mode() if t.is_inference() else torch.no_grad():
             t.copy_(s)
+
+
+def writable(model: nn.Module, conv: Convention) -> None:
+    """Caches made under `torch.inference_mode` (a decoding benchmark's) are inference tensors, which a forward
+    outside that mode cannot write in place: outside it, such caches become ordinary copies of themselves."""
+    if torch.is_inference_mode_enabled():
+        return
+    for m, k in conv.tensors(model):
+        t = getattr(m, k)
+        if isinstance(t, torch.Tensor) and t.is_inference():
+            if k in m._buffers:
+                m._buffers[k] = t.clone()
+            else:
+                m.__dict__[k] = t.clone()
 
 
 def held_bytes(model: nn.Module, conv: Convention, positions: int, batch: int | None = None) -> int:

@@ -33,6 +33,8 @@ DEFAULT_MAX_LENGTH = 2048
 # The most positions tblock decodes through a model's own cache: the cache and its mask are allocated at this length
 # (Llama-3.2's 131072-position block would want a 17 GB mask), and tblock's probes decode a few dozen.
 DECODE_LENGTH = 4096
+# The positions a decoding cache is first set up for; it doubles when decoding needs more.
+DECODE_START = 64
 # The spread of the values tblock gives parameters a model's constructor allocates and never writes: GPT-2's init.
 INIT_STD = 0.02
 
@@ -44,6 +46,7 @@ class Cache:
 
     batch: int
     position: int = 0
+    length: int = 0  # positions the caches were set up for
     saved: list | None = None
     held_bytes: int = 0
 
@@ -165,6 +168,7 @@ class ModelLayers(nn.Module):
             if not decoding:
                 conv.prepare(model, B, T)
             kwargs = conv.forward_kwargs(model, start, T, B, x.device)
+            caches.writable(model, conv)
         caches.detach_state(model)  # a training forward's in-place cache writes must not chain graphs across calls
         ids = torch.zeros(B, T, dtype=torch.long, device=x.device)
         call = lambda: self.call_forward(model, ids, **kwargs)  # noqa: E731
@@ -194,18 +198,27 @@ class ModelLayers(nn.Module):
             if self._active is not None:
                 self._active.saved = caches.snapshot(model, conv)
             cache = cache if cache is not None else Cache(B)
-            conv.prepare(model, cache.batch, self.max_length)
-            if cache.saved is not None:
-                caches.restore(model, conv, cache.saved)
-                cache.saved = None
             self.__dict__["_active"] = cache
-        if cache.position + n > self.max_length:
-            raise ValueError(f"{self.model_name}'s cache holds {self.max_length} positions; decoding asks for "
-                             f"{cache.position + n}")
+            self._room(cache, cache.position + n, cache.saved)
+            cache.saved = None
+        elif cache.position + n > cache.length:
+            self._room(cache, cache.position + n, caches.snapshot(model, conv))
         y = self.run(x, cache.position, decoding=True)
         cache.position += n
         cache.held_bytes = caches.held_bytes(model, conv, cache.position)
         return y, cache
+
+    def _room(self, cache: Cache, need: int, saved: list | None) -> None:
+        """Caches set up for the sequence at hand, long enough for `need` positions: a cache of the model's full
+        length would make every step attend over thousands of masked positions, so it starts at DECODE_START and
+        doubles as decoding goes (its positions so far carried over)."""
+        if need > self.max_length:
+            raise ValueError(f"{self.model_name}'s cache holds {self.max_length} positions; decoding asks for {need}")
+        if need > cache.length:
+            cache.length = min(self.max_length, max(need, 2 * cache.length, DECODE_START))
+        self.convention.prepare(self._model, cache.batch, cache.length)
+        if saved is not None:
+            caches.restore(self._model, self.convention, saved)
 
     def single_layers(self) -> list["ModelLayers"]:
         """One wrapper per layer, each driven by the same model forward (for depth's per-layer view)."""

@@ -18,6 +18,15 @@ def has_decode(module: nn.Module) -> bool:
     return callable(getattr(module, "decode", None)) and getattr(module, "decodes", True) is not False
 
 
+def no_decode(module: nn.Module) -> str:
+    """Why a block cannot be decoded, in words after its name."""
+    if callable(getattr(module, "decode", None)):  # a driven model's layer whose model keeps no cache tblock follows
+        from tblock_cli.subject.caches import RECOGNISED
+
+        return f"its model keeps no KV cache by a convention tblock follows ({RECOGNISED})"
+    return "has no decode(x_t, cache) -> (y_t, cache) method (see docs/decoding.md)"
+
+
 def decode_step(module: nn.Module, x: torch.Tensor, cache):
     """One call of the protocol; the output may be a tensor or a tuple starting with one."""
     out = module.decode(x, cache)
