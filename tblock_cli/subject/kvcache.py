@@ -23,7 +23,7 @@ def no_decode(module: nn.Module) -> str:
     if callable(getattr(module, "decode", None)):  # a driven model's layer whose model keeps no cache tblock follows
         from tblock_cli.subject.caches import RECOGNISED
 
-        return f"its model keeps no KV cache by a convention tblock follows ({RECOGNISED})"
+        return f"is a layer of a model that keeps no KV cache by a convention tblock follows ({RECOGNISED})"
     return "has no decode(x_t, cache) -> (y_t, cache) method (see docs/decoding.md)"
 
 
