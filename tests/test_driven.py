@@ -195,6 +195,18 @@ def test_a_layer_past_the_models_own_count_is_refused():
     assert subject.module.span == (1, 1)
 
 
+class Early(Fixed):
+    """A forward that returns before its second layer."""
+
+    def forward(self, idx):
+        return self.blocks[0](self.emb(idx))
+
+
+def test_a_forward_that_never_reaches_the_layer_is_one_line():
+    with pytest.raises(LoadError, match="driving the model's forward on token ids failed: .*never reached"):
+        built_any(Early, layer=1)
+
+
 def test_a_size_flag_the_model_takes_under_no_field_is_warned_only_when_it_misses():
     """nanoGPT-style: no FFN width field, 4 x n_embd by its code: --d-ff 128 at d 32 reaches it, --d-ff 80 does not."""
     assert not [w for w in setup_warnings(GPT, d_ff=128) if "--d-ff" in w]

@@ -18,7 +18,7 @@ import torch.nn as nn
 from torch.overrides import TorchFunctionMode
 
 from tblock_cli.config import BlockConfig
-from tblock_cli.errors import LoadError
+from tblock_cli.errors import USER_ERRORS, LoadError, is_out_of_memory, one_line
 from tblock_cli.subject import caches
 from tblock_cli.subject.through import drive, is_causal, positional
 
@@ -294,8 +294,14 @@ def build(spec: str, factory, cfg: BlockConfig, extra: dict, layer: int, notes: 
     module = ModelLayers(spec, model.eval(), layers, (layer, layer + cfg.layers - 1), caches.recognise(model),
                          max_length(model))
     if where != "meta":
-        module.causal = is_causal(module, cfg.d_model)
-        module.positional = positional(module, model, cfg.d_model)
+        try:
+            module.causal = is_causal(module, cfg.d_model)
+            module.positional = positional(module, model, cfg.d_model)
+        except USER_ERRORS as e:
+            if is_out_of_memory(e):
+                raise
+            raise LoadError(f"--block {spec} --layer {layer}: driving the model's forward on token ids failed: "
+                            f"{one_line(e)}") from None
     return module
 
 
