@@ -286,3 +286,14 @@ def test_the_repositories_own_files_check_clean_with_no_adapter(path, kwargs):
     assert_clean(report)
     if not path.startswith("nanoGPT"):
         assert next(c for c in report.checks if c.name == "kv_cache").status.value == "pass"
+
+
+def test_bench_decodes_through_the_models_own_cache_and_counts_its_kv_heads():
+    """gpt-fast style, 2 kv heads of 4: the bytes the model's cache holds after prompt + tokens are the traced k/v
+    widths' (half the multi-head figure), by formula."""
+    report = api.bench(Transformer, mode="infer", min_time=0.01, decode=4, **SIZES,
+                       kwargs={"n_local_heads": 2}, layer=0)
+    cached = next(r for r in report.results if r.mode == "decode" and r.kv_cache)
+    per_position = 2 * 2 * (SIZES["d_model"] // SIZES["n_heads"]) * 4  # k and v, 2 kv heads, float32
+    assert cached.cache_bytes == 2 * (8 + 4) * per_position  # batch 2
+    assert report.decode_analytic_bytes == cached.cache_bytes and report.decode_expected_from == "trace"
