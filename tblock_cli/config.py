@@ -104,9 +104,9 @@ class BlockConfig:
     pad_means: str = flag("pad", "What True means in your block's mask: pad (PyTorch) or keep (HF, x-transformers).",
                           type=str, commands=PADDING, compared=False)
     # a model's layer, driven by the model's own forward: --block names the model (a class or builder over token ids)
-    layer: int | None = flag(None, "Drive layer N of the model --block builds (a model over token ids), through the "
-                             "model's own forward: its masks, positions and caches.", compared=False,
-                             default_text="none: --block builds one block")
+    layer: int | None = flag(None, "Drive layer N of the model the SPEC builds (a class or builder over token ids) "
+                             "through the model's own forward: its masks, positions and caches.", compared=False,
+                             default_text="none: the SPEC builds one block")
     warnings: tuple[str, ...] = field(default=(), compare=False)  # filled by validate()
 
     @property
