@@ -86,6 +86,11 @@ REAL = {"real-litgpt": (real_litgpt, caches.LITGPT), "real-torchtune": (real_tor
 EVERY = {**BUILDERS, **REAL}
 
 
+def cases(names) -> list:
+    """The real libraries' cases run with the slow tests (importing litgpt alone takes seconds), in CI too."""
+    return [pytest.param(n, marks=pytest.mark.slow) if n.startswith("real-") else n for n in names]
+
+
 @pytest.fixture(autouse=True)
 def world():
     """A one-rank world made here is taken down after: the rest of the suite runs in a process without one."""
@@ -139,7 +144,7 @@ def close(a, b, tol=TOL):
     return (a - b).abs().max().item() <= tol * (1 + b.abs().max().item())
 
 
-@pytest.mark.parametrize("name", EVERY)
+@pytest.mark.parametrize("name", cases(EVERY))
 def test_recognise_reads_what_the_model_has(name):
     assert caches.recognise(build(name)) is EVERY[name][1]
 
@@ -148,7 +153,7 @@ def test_recognise_finds_no_cache_in_a_nanogpt_style_model():
     assert caches.recognise(GPT(GPTConfig())) is None  # nanoGPT style: no cache of its own
 
 
-@pytest.mark.parametrize("name", EVERY)
+@pytest.mark.parametrize("name", cases(EVERY))
 def test_token_by_token_equals_the_full_forward(name):
     model, conv = build(name), EVERY[name][1]
     ids = torch.randint(0, 64, (2, 12))
@@ -159,7 +164,7 @@ def test_token_by_token_equals_the_full_forward(name):
     assert close(decode(model, conv, ids, [3, 4, 5]), want, tol(name))  # chunks of several tokens after the prompt
 
 
-@pytest.mark.parametrize("name", EVERY)
+@pytest.mark.parametrize("name", cases(EVERY))
 def test_snapshots_let_two_sequences_decode_in_turns(name):
     model, conv = build(name), EVERY[name][1]
     a, b = torch.randint(0, 64, (2, 10)), torch.randint(0, 64, (2, 10))
@@ -176,7 +181,7 @@ def test_snapshots_let_two_sequences_decode_in_turns(name):
     assert close(torch.cat(outs["a"], 1), want_a, tol(name)) and close(torch.cat(outs["b"], 1), want_b, tol(name))
 
 
-@pytest.mark.parametrize("name", ["gpt-fast", "litgpt", "meta", "real-gpt-fast", "real-litgpt"])
+@pytest.mark.parametrize("name", cases(["gpt-fast", "litgpt", "meta", "real-gpt-fast", "real-litgpt"]))
 def test_without_a_restore_the_other_sequence_shows(name):
     """The planted fault the snapshots prevent: caches written at positions keep the last sequence's keys."""
     model, conv = build(name), EVERY[name][1]
@@ -235,7 +240,7 @@ def test_meta_style_caches_refuse_more_than_they_hold():
         conv.prepare(model, 1, 33)
 
 
-@pytest.mark.parametrize("name", ["litgpt", "torchtune", "real-litgpt", "real-torchtune"])
+@pytest.mark.parametrize("name", cases(["litgpt", "torchtune", "real-litgpt", "real-torchtune"]))
 def test_release_gives_back_the_plain_forward(name):
     model, conv = build(name), EVERY[name][1]
     ids = torch.randint(0, 64, (2, 8))
@@ -249,7 +254,7 @@ def test_release_gives_back_the_plain_forward(name):
 
 # Not torchtune's style: its caches advance their write pointer in place after indexing with it, so even one backward
 # through cached attention fails there (the same in torchtune itself); it trains with its caches released.
-@pytest.mark.parametrize("name", ["gpt-fast", "litgpt", "meta", "real-gpt-fast", "real-litgpt", "real-meta"])
+@pytest.mark.parametrize("name", cases(["gpt-fast", "litgpt", "meta", "real-gpt-fast", "real-litgpt", "real-meta"]))
 def test_detach_state_unchains_training_forwards(name):
     """A training forward writes keys into the caches in place: the next one chains onto a freed graph."""
     def step(model):
@@ -285,7 +290,7 @@ def test_model_parallel_world_is_a_no_op_without_fairscale():
 
 
 
-@pytest.mark.parametrize("name", REAL)
+@pytest.mark.parametrize("name", cases(REAL))
 def test_held_bytes_of_the_real_libraries(name):
     model, conv = build(name), EVERY[name][1]
     decode(model, conv, torch.randint(0, 64, (3, 12)), [12])
