@@ -84,6 +84,7 @@ def test_plan_from_roles_and_what_it_refuses(tmp_path):
         tblock_cli.check(zoo_spec("LlamaTP"), tp_plan=str(good), **SIZE)
 
 
+@pytest.mark.xdist_group("hf")  # DTensor and FSDP import dynamo (~1 s): on the worker that imports it anyway
 def test_tp_ready_block_passes_tp_and_fsdp_and_leaves_nothing_behind():
     before = leftovers()
     by = sharded("LlamaTP", ("tensor_parallel", "fsdp"), tp=2, fsdp=2)
