@@ -208,7 +208,8 @@ def test_help_escapes_rich_markup():
 
 
 @pytest.mark.parametrize("args, words", [(["params", "--tree-depth", "0"], "--tree-depth must be >= 1"),
-                                         (["check", "--block", "hf:"], "needs a transformers model type")])
+                                         pytest.param(["check", "--block", "hf:"], "needs a transformers model type",
+                                                      marks=pytest.mark.xdist_group("hf"))])  # imports transformers
 def test_params_and_hf_flag_errors_are_one_line(args, words):
     if args[-1] == "hf:":
         pytest.importorskip("transformers")

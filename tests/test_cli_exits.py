@@ -66,10 +66,21 @@ def _wait_for_torch(pid: int, timeout: float = 120.0) -> None:
     raise AssertionError("torch never loaded")
 
 
+def _wait_for_forwards(path: Path, count: int, timeout: float = 120.0) -> None:
+    """Until the block has run `count` forwards: past bench's one profiled warm-up, inside the timed samples."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and path.stat().st_size >= count:
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"fewer than {count} forwards ran")
+
+
 @pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="needs /proc to see when torch loads")
-@pytest.mark.parametrize("after", [0.0, 3.0])  # while torch is being imported; while measuring
-def test_sigint_exits_130_with_one_line(after):
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+@pytest.mark.parametrize("during", ["import", "measuring"])  # while torch is being imported; while timing samples
+def test_sigint_exits_130_with_one_line(during, tmp_path):
+    forwards = tmp_path / "forwards"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "SLOW_FORWARDS": str(forwards)}
     # SIGINT back to its default in the child: a pytest started in the background by a non-interactive shell
     # ignores SIGINT, Python then leaves it ignored, and the command ran its full minute.
     p = subprocess.Popen([sys.executable, "-m", "tblock_cli", "bench", *SMALL, "--block", edge("Slow"), "--seq", "8",
@@ -77,13 +88,15 @@ def test_sigint_exits_130_with_one_line(after):
                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         _wait_for_torch(p.pid)
-        time.sleep(after)
+        if during == "measuring":
+            _wait_for_forwards(forwards, 4)
         p.send_signal(signal.SIGINT)
         out, err = p.communicate(timeout=60)
     finally:
         p.kill()
     assert p.returncode == 130, (out, err)
     assert err.strip().splitlines() == ["interrupted"], err
+    assert during == "measuring" or not forwards.exists()  # the first really landed before the block ran
 
 
 # --- a block writing to file descriptor 1 leaves --json intact

@@ -26,6 +26,7 @@ def test_a_block_with_its_own_dropout_equals_itself():
     assert [mod.p for mod in m.modules() if isinstance(mod, nn.Dropout)] == [0.1, 0.1, 0.1]  # the caller's, untouched
 
 
+@pytest.mark.xdist_group("hf")  # dynamo (~1 s to import) on the worker that imports it for tests/test_compare.py
 def test_a_block_with_its_own_dropout_equals_its_compiled_self():
     report = tblock_cli.compare(encoder(0.1), compile=True, backend="eager", **S)
     assert report.ok, [(c.name, c.rel) for c in report.comparisons]

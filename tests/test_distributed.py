@@ -84,6 +84,7 @@ def test_plan_from_roles_and_what_it_refuses(tmp_path):
         tblock_cli.check(zoo_spec("LlamaTP"), tp_plan=str(good), **SIZE)
 
 
+@pytest.mark.xdist_group("hf")  # DTensor and FSDP import dynamo (~1 s): on the worker that imports it anyway
 def test_tp_ready_block_passes_tp_and_fsdp_and_leaves_nothing_behind():
     before = leftovers()
     by = sharded("LlamaTP", ("tensor_parallel", "fsdp"), tp=2, fsdp=2)
@@ -166,6 +167,7 @@ import torch
 from tblock_cli.distributed.spawn import run_ranks
 
 def hang(rank, n, device):
+    open(os.path.join(os.environ["RANKS_IN"], str(rank)), "w").close()  # this rank runs its function now
     time.sleep(120)
 
 try:
@@ -185,7 +187,9 @@ def test_ctrl_c_leaves_no_rank(tmp_path):
 
     script = tmp_path / "hangs.py"
     script.write_text(HANGS)
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)}
+    ranks_in = tmp_path / "ranks_in"
+    ranks_in.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent), "RANKS_IN": str(ranks_in)}
     p = subprocess.Popen([sys.executable, str(script)], env=env, start_new_session=True,
                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     kids, deadline = [], time.monotonic() + 120
@@ -193,7 +197,9 @@ def test_ctrl_c_leaves_no_rank(tmp_path):
         time.sleep(0.2)
         kids = [k for t in os.listdir(f"/proc/{p.pid}/task") for k in open(f"/proc/{p.pid}/task/{t}/children").read().split()]
     assert len(kids) == 2, "the ranks never started"
-    time.sleep(1.0)
+    while len(os.listdir(ranks_in)) < 2 and time.monotonic() < deadline and p.poll() is None:
+        time.sleep(0.05)
+    assert sorted(os.listdir(ranks_in)) == ["0", "1"], "the ranks never reached their function"
     os.kill(p.pid, signal.SIGINT)
     assert p.wait(timeout=30) == 130
     alive = [k for k in kids if os.path.exists(f"/proc/{k}") and open(f"/proc/{k}/stat").read().split()[2] != "Z"]

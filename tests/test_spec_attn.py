@@ -13,6 +13,9 @@ from tblock_cli.checks.positions import paper_slopes
 BLOCK = f"{Path(__file__).parent / 'spec_blocks_attn.py'}:Block"
 SIZES = {"d_model": 64, "n_heads": 4, "threads": 1}
 HF_SIZES = {**SIZES, "d_ff": 128}
+# With the other tests that build Hugging Face layers (tests/test_hf.py): transformers and the dynamo it pulls in
+# (~3 s) are imported on one worker only.
+HF = pytest.mark.xdist_group("hf")
 
 
 def card(block, kwargs=None, **sizes):
@@ -51,6 +54,7 @@ LLAMA3 = {"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_facto
           "max_position_embeddings": 131072}
 
 
+@HF
 @pytest.mark.parametrize("kwargs", [None, LLAMA3], ids=["plain", "llama3"])
 def test_llama_rotary_and_scale_equal_config(kwargs):
     pytest.importorskip("transformers")
@@ -77,6 +81,7 @@ def test_llama_rotary_and_scale_equal_config(kwargs):
         assert c.value("rope.scaling") == "llama3" and close(c.value("rope.factor"), rp["factor"], 1e-4)
 
 
+@HF
 def test_mistral_window_equals_config():
     pytest.importorskip("transformers")
     kw = {"sliding_window": 12}
@@ -84,6 +89,7 @@ def test_mistral_window_equals_config():
     assert c.value("attn.window") == config_of(c, "hf:mistral", kw).sliding_window
 
 
+@HF
 def test_gemma2_softcap_and_query_scalar_equal_config():
     pytest.importorskip("transformers")
     kw = {"query_pre_attn_scalar": 24, "attn_logit_softcapping": 30.0}
@@ -93,6 +99,7 @@ def test_gemma2_softcap_and_query_scalar_equal_config():
     assert close(c.value("attn.softcap"), cfg.attn_logit_softcapping, 1e-6)
 
 
+@HF
 @pytest.mark.parametrize("family", ["gpt_neox", "phi"])
 def test_partial_rotary_equals_config(family):
     pytest.importorskip("transformers")
@@ -105,6 +112,7 @@ def test_partial_rotary_equals_config(family):
     assert all(close(a, b, 1e-5) for a, b in zip(c.value("rope.freqs"), plain_freqs(rp["rope_theta"], rot)))
 
 
+@HF
 @pytest.mark.parametrize("family,axis", [("qwen3", "head"), ("olmo2", "width")])
 def test_qk_norm_axis_equals_the_family(family, axis):
     pytest.importorskip("transformers")
@@ -112,6 +120,7 @@ def test_qk_norm_axis_equals_the_family(family, axis):
     assert c.value("attn.qk_norm") == axis
 
 
+@HF
 @pytest.mark.parametrize("stack", ["encoder", "decoder"])
 def test_t5_buckets_equal_config(stack):
     pytest.importorskip("transformers")
@@ -126,6 +135,7 @@ def test_t5_buckets_equal_config(stack):
     assert close(c.value("attn.scale"), 1.0, 1e-6)  # T5 folds 1/sqrt(d_head) into its init
 
 
+@HF
 @pytest.mark.parametrize("family", ["bloom", "mpt"])
 def test_alibi_slopes_equal_the_papers(family):
     pytest.importorskip("transformers")
@@ -134,6 +144,7 @@ def test_alibi_slopes_equal_the_papers(family):
     assert all(close(a, b, 1e-6) for a, b in zip(c.value("alibi.slopes"), paper_slopes(4)))
 
 
+@HF
 @pytest.mark.parametrize("family", ["gpt2", "bert"])
 def test_layers_without_positions_read_none(family):
     pytest.importorskip("transformers")
@@ -208,6 +219,7 @@ def test_implementations_read_the_same(style):
         assert a.value(key) == pytest.approx(b.value(key), rel=1e-6), key
 
 
+@HF
 def test_llama3_band_equals_config():
     """At 64 rotating dims three pairs fall in llama-3's band: its ends are orig / low_freq and orig / high_freq."""
     pytest.importorskip("transformers")
@@ -219,6 +231,7 @@ def test_llama3_band_equals_config():
     assert c.value("rope.scaling") == "llama3"
 
 
+@HF
 def test_gpt_oss_sinks_do_not_hide_its_window():
     """gpt-oss appends a learned sink logit to each row of scores: the keys' columns are read without it."""
     pytest.importorskip("transformers")

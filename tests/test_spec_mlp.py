@@ -20,6 +20,9 @@ from tblock_cli.card.ffn import ACTS, fit
 from tblock_cli.checks.result import Status
 
 SIZES = {"d_model": 64, "n_heads": 4, "threads": 1}
+# With the other tests that build Hugging Face layers (tests/test_hf.py): transformers and the dynamo it pulls in
+# (~3 s) are imported on one worker only.
+HF = pytest.mark.xdist_group("hf")
 
 # Hugging Face's activation names, as the card names the curve
 HF_ACT = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh",
@@ -58,6 +61,7 @@ FAMILIES = {
 }
 
 
+@HF
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_card_equals_the_config(family):
     kwargs, act, eps, kind, placement, offset, gated, parallel = FAMILIES[family]
@@ -75,6 +79,7 @@ def test_card_equals_the_config(family):
         assert card.value(key) == pytest.approx(1.0, abs=1e-9), key
 
 
+@HF
 def test_granite_residual_multiplier_is_each_branch_gain():
     card, config = _hf_card("granite", residual_multiplier=0.22)
     assert card.value("residual.attn_gain") == pytest.approx(config.residual_multiplier, rel=1e-9)
@@ -170,12 +175,14 @@ def _like(block, like, **kwargs):
     return {d["key"]: d for d in spec.facts.get("differs", []) if d["key"].startswith(("ffn.", "norm.", "residual."))}
 
 
+@HF
 def test_exact_gelu_where_gpt2_trained_tanh_is_caught_against_hf_gpt2():
     assert _like(GPT2ExactGelu(), "hf:gpt2") == {"ffn.act": {"key": "ffn.act", "status": "differs", "claimed": "gelu_tanh",
                                                              "measured": "gelu", "source": "--like hf:gpt2"}}
     assert _like(GPT2Layer(), "hf:gpt2") == {}
 
 
+@HF
 def test_parallel_residual_forced_is_caught_against_a_sequential_gpt_neox():
     sequential = {"use_parallel_residual": False}
     assert set(_like(NeoXLayer(), "hf:gpt_neox", like_kwargs=sequential)) == {"residual.form"}
