@@ -132,13 +132,26 @@ def raise_dropout(module: nn.Module, p: float = 0.1):
     return _dropouts(module, lambda q: p if q == 0 else None, lambda v: p if type(v) is float and v == 0.0 else None)
 
 
+def reseed(seed: int) -> None:
+    """torch.manual_seed, without the lazy seeding of accelerators this machine lacks: on a CPU-only machine each
+    of CUDA, XPU and MTIA queues a call that formats its caller's traceback (~1 ms a seed, and a battery reseeds
+    ~27 times), for an error only a device that initialises later could raise."""
+    absent = [getattr(torch, name, None) for name in ("cuda", "xpu", "mtia")]
+    if any(d is not None and d.is_available() for d in absent):
+        torch.manual_seed(seed)
+        return
+    torch.random.default_generator.manual_seed(seed)
+    if torch.backends.mps.is_available():
+        torch.mps.manual_seed(seed)
+
+
 @contextmanager
 def same_draws(device: torch.device, seed: int = 0):
     """torch's random stream (CPU, and the device's) seeded for a while and put back after: two forwards run under it
     draw the same dropout masks, and the caller's own stream is left where it was."""
     devices = [device] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):
-        torch.manual_seed(seed)
+        reseed(seed)
         yield
 
 

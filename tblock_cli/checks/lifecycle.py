@@ -15,7 +15,7 @@ from tblock_cli.checks.context import Context, eval_forward
 from tblock_cli.checks.result import Outcome, failed, passed, skipped, warned
 from tblock_cli.checks.training import all_modules, seeded, too_large
 from tblock_cli.errors import is_out_of_memory, one_line
-from tblock_cli.probes import rel_diff, train_mode
+from tblock_cli.probes import rel_diff, reseed, train_mode
 
 # A buffer rebuilt by the block's own init equals the normal build's up to the run dtype's rounding of the same
 # computation (ctx.tol); left untouched after to_empty() it holds the NaN tblock wrote there, or garbage.
@@ -130,7 +130,7 @@ def check_meta_init(ctx: Context) -> Outcome:
             meta = rebuild(ctx.cfg.seed, "meta")
             materialise(meta, ctx.device)
             _poison(meta)
-            torch.manual_seed(ctx.cfg.seed)
+            reseed(ctx.cfg.seed)
             ran = own_init(meta)
     except Exception as e:  # noqa: BLE001 - the constructor itself does not run on the meta device
         if is_out_of_memory(e):

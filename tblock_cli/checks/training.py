@@ -12,7 +12,7 @@ import torch.nn as nn
 from tblock_cli.checks.context import Context
 from tblock_cli.checks.result import Outcome, failed, passed, skipped, warned
 from tblock_cli.errors import is_out_of_memory, one_line
-from tblock_cli.probes import f64, train_mode
+from tblock_cli.probes import f64, reseed, train_mode
 
 # The seed every evaluation of the block starts from (dropout draws the same masks in each).
 PROBE_SEED = 1234
@@ -55,7 +55,7 @@ def seeded(device: torch.device, seed: int = PROBE_SEED):
     """The global RNG (CPU, and the device's) at a fixed seed for a while; the caller's state restored after."""
     devices = [device.index if device.index is not None else torch.cuda.current_device()] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):
-        torch.manual_seed(seed)
+        reseed(seed)
         yield
 
 
