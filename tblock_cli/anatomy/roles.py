@@ -54,8 +54,14 @@ def assign_roles(tr: Tracer) -> tuple[dict[str, str], list[tuple[str, str]]]:
                 role[src] = "attn.gate"
     for n in [n for n, r in role.items() if r not in ("attn.out", "attn.gate")]:
         src = list(tr.prov.linear_in.get(n, {}))
-        if len(src) == 1 and src[0] in tr.prov.linear_in and src[0] not in role:  # fed by one projection alone (low rank, MLA)
-            role[src[0]] = role[n]
+        if len(src) == 1 and src[0] in tr.prov.linear_in:  # fed by one projection alone (low rank, MLA)
+            if src[0] not in role:
+                role[src[0]] = role[n]
+            elif role[src[0]] not in ("attn.out", "attn.gate") and role[n].startswith("attn."):
+                # MLA's kv_a_proj feeds kv_b_proj (k and v) and, copied into the keys, the rotary part of k: both
+                letters = set(role[src[0]][5:]) | set(role[n][5:])
+                key = "".join(x for x in "qkv" if x in letters)
+                role[src[0]] = "attn." + key if key in ("q", "k", "v", "qk", "kv", "qkv") else role[src[0]]
     # FFN: a projection that consumes another (non-attention) projection's output.
     chains = []
     consumed: dict[str, list[tuple[str, int]]] = {}
