@@ -117,6 +117,9 @@ class Setup:
         if self.hf or self.driven:  # the family's known departures, as tblock's hf: builder found them
             subject.by_design = dict(module.by_design)
         subject.rebuild = self._rebuilder(subject.module)
+        if self.driven:  # which layer of the model, in every report's title
+            first, last = subject.module.span
+            subject.name = f"{self.block} layer {first}" if first == last else f"{self.block} layers {first}-{last}"
         return subject
 
     def _rebuilder(self, built: nn.Module):
