@@ -7,6 +7,7 @@ import copy
 import logging
 import shutil
 from contextlib import ExitStack, contextmanager
+from pathlib import Path
 
 import torch
 
@@ -24,6 +25,9 @@ def compiler() -> str | None:
     return next((c for c in CXX if shutil.which(c)), None)
 
 
+PACKAGE = Path(__file__).resolve().parent.parent  # tblock_cli/
+
+
 def graph_breaks(subject, x: torch.Tensor) -> dict:
     """torch._dynamo.explain on one eval forward: graphs, breaks and each break's reason and place."""
     import torch._dynamo
@@ -33,13 +37,21 @@ def graph_breaks(subject, x: torch.Tensor) -> dict:
         ex = torch._dynamo.explain(lambda t: subject(t))(x.clone())
     reasons = []
     for r in ex.break_reasons:
-        frame = r.user_stack[-1] if getattr(r, "user_stack", None) else None
+        stack = getattr(r, "user_stack", None) or []
+        if any(_ours(f.filename) for f in stack):
+            continue  # tblock's own driving (hooks registered to swap its input into a model's layers): not the block's
+        frame = stack[-1] if stack else None
         reasons.append({"reason": str(r.reason).strip().splitlines()[0] if str(r.reason).strip() else "",
                         "where": f"{frame.filename}:{frame.lineno}" if frame is not None else None})
     # A break with no reason is a frame boundary of the code around the block (an hf: layer's wrapper computing the
     # model's masks and rotary tables apart: 2 for hf:llama, where transformers' own one-layer model has none), not
-    # the block's: only breaks dynamo gives a reason for are counted.
+    # the block's: only breaks dynamo gives a reason for are counted, and none that tblock's own code makes.
     return {"graphs": ex.graph_count, "graph_breaks": len(reasons), "reasons": reasons}
+
+
+def _ours(filename: str) -> bool:
+    """A frame in tblock's own package (its wrappers), not in the block under test."""
+    return Path(filename).resolve().is_relative_to(PACKAGE)
 
 
 def unique_graphs() -> int:
