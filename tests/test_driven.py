@@ -166,8 +166,7 @@ def built_any(factory, **options):
 
 
 @pytest.mark.parametrize("args, needle", [
-    (["--layer", "0"], "--layer N drives a layer of the model --block builds"),
-    (["--block", "hf:llama", "--layer", "0"], "an hf: model's layers are driven from the first already"),
+    (["--layer", "0"], "--layer N drives a layer of the model --block builds (hf:TYPE, "),
     (["--block", "tests/blocks_models.py:GPT", "--layer", "-1"], "--layer must be in [0,"),
 ])
 def test_layer_mistakes_are_one_line_and_exit_2(args, needle):
@@ -297,3 +296,25 @@ def test_bench_decodes_through_the_models_own_cache_and_counts_its_kv_heads():
     per_position = 2 * 2 * (SIZES["d_model"] // SIZES["n_heads"]) * 4  # k and v, 2 kv heads, float32
     assert cached.cache_bytes == 2 * (8 + 4) * per_position  # batch 2
     assert report.decode_analytic_bytes == cached.cache_bytes and report.decode_expected_from == "trace"
+
+
+@pytest.mark.parametrize("block", ["hf:llama", GPT])
+def test_a_later_layer_costs_what_the_first_does(block):
+    """The layers before N run on the placeholders as the model's plumbing: tblock's tracer sees only layer N's work,
+    so its FLOPs and parameters are layer 0's (the same widths), not those of every layer up to it."""
+    if block == "hf:llama":
+        pytest.importorskip("transformers")
+    first, later = (api.params(block, **SIZES, layer=n) for n in (0, 2))
+    assert later.total == first.total and later.flops == first.flops
+    assert later.run.subject.endswith("layer 2")
+
+
+def test_an_hf_models_later_layer_is_its_own_kind():
+    """qwen3_next puts full attention at every 4th layer, gated delta nets elsewhere: layer 3 is the full-attention one,
+    and its attention check reads that one call (the earlier layers' linear attention is not its)."""
+    pytest.importorskip("transformers")
+    s = setup("hf:qwen3_next", {**SIZES, "d_model": 64, "d_ff": 256, "layer": 3})
+    layer = s.make().module.layers[0]
+    assert type(layer.self_attn).__name__.endswith("Attention") and not hasattr(layer, "linear_attn")
+    (result,) = api.check("hf:qwen3_next", only="attention", **{**SIZES, "d_model": 64, "d_ff": 256}, layer=3).checks
+    assert result.status.value == "pass" and all(c["where"] != "root" for c in result.facts["calls"]), result.facts

@@ -76,7 +76,7 @@ def build_sides(a, b, setup, options: dict, kwargs_a, kwargs_b, dtype_b: str | N
 
     def opts(spec, kwargs, **extra):
         o = dict(given) if spec is None else {k: v for k, v in given.items() if k not in BUILTIN_ONLY}
-        if spec is None or (isinstance(spec, str) and spec.startswith("hf:")):  # --layer: a model SPEC side's
+        if spec is None:  # --layer: a model's, on each side that names one
             o.pop("layer", None)
         if spec is None and kwargs is not None:
             which = "--kwargs-a" if kwargs is kwargs_a else "--kwargs-b"

@@ -117,7 +117,7 @@ class Setup:
         if self.hf or self.driven:  # the family's known departures, as tblock's hf: builder found them
             subject.by_design = dict(module.by_design)
         subject.rebuild = self._rebuilder(subject.module)
-        if self.driven:  # which layer of the model, in every report's title
+        if self.cfg.layer is not None:  # which layer of the model, in every report's title
             first, last = subject.module.span
             subject.name = f"{self.block} layer {first}" if first == last else f"{self.block} layers {first}-{last}"
         return subject
@@ -205,10 +205,9 @@ def setup(block=None, options: dict | None = None, *, same_shape: bool = True, a
     warnings = []
     builtin = block is None
     hf_spec = isinstance(block, str) and block.startswith("hf:")
-    if options.get("layer") is not None and (builtin or hf_spec or isinstance(block, nn.Module)):
-        raise ConfigError("--layer N drives a layer of the model --block builds (path/to/file.py:NAME or "
-                          "package.module:NAME, a class or builder over token ids)" + (
-                              "; an hf: model's layers are driven from the first already" if hf_spec else ""))
+    if options.get("layer") is not None and (builtin or isinstance(block, nn.Module)):
+        raise ConfigError("--layer N drives a layer of the model --block builds (hf:TYPE, path/to/file.py:NAME or "
+                          "package.module:NAME, a class or builder over token ids)")
     driven_spec = options.get("layer") is not None
     ignored = [k for k in USER_ONLY if k in options] if builtin else \
         [k for k in BUILTIN_ONLY if k in options and not (k == "layers" and (layers_apply or hf_spec or driven_spec))]

@@ -34,11 +34,26 @@ def first_output(out):
 
 
 def drive(call: Callable[[], object], first: nn.Module, last: nn.Module, x: torch.Tensor,
-          entered: Callable[[tuple, dict], None] | None = None):
+          entered: Callable[[tuple, dict], None] | None = None, before: nn.Module | None = None):
     """`call()` (the model's forward on placeholders) with x in place of the hidden states `first` is given, stopped
-    with `last`'s output, which is returned. `entered(args, kwargs)` sees what the model hands the first layer."""
+    with `last`'s output, which is returned. `entered(args, kwargs)` sees what the model hands the first layer.
+
+    `before`: the model's first layer when the span starts later (--layer N). The layers before the span run on the
+    placeholders, as the model's plumbing; from `before` until `first` is entered, torch functions are hidden from
+    torch-function modes, so tblock's tracers (FLOPs, roles, attention calls) see only the span's own work."""
+    hidden = []
+
+    def hide(_m, _args):
+        if not hidden:
+            hidden.append(torch._C.DisableTorchFunction())
+            hidden[0].__enter__()
+
+    def show() -> None:
+        if hidden:
+            hidden.pop().__exit__(None, None, None)
 
     def swap_in(_m, args, kwargs):
+        show()
         if entered is not None:
             entered(args, kwargs)
         h = args[0] if args else kwargs.get("hidden_states", next(iter(kwargs.values()), None))
@@ -49,11 +64,14 @@ def drive(call: Callable[[], object], first: nn.Module, last: nn.Module, x: torc
         raise Done(first_output(out))
 
     hooks = [first.register_forward_pre_hook(swap_in, with_kwargs=True), last.register_forward_hook(stop)]
+    if before is not None and before is not first:
+        hooks.append(before.register_forward_pre_hook(hide))
     try:
         call()
     except Done as done:
         return done.out
     finally:
+        show()
         for h in hooks:
             h.remove()
     raise RuntimeError(f"the model's forward never reached {type(last).__name__}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+from dataclasses import replace
 
 import torch
 import torch.nn as nn
@@ -116,10 +117,17 @@ def _part(model_type: str, extra: dict) -> tuple[str, dict]:
     return parts[which].model_type, {k: v for k, v in extra.items() if k != "stack"}
 
 
+def _span(cfg: BlockConfig) -> tuple[int, int]:
+    """The layers driven: --layer N (0 by default) and the --layers after it."""
+    first = cfg.layer or 0
+    return first, first + cfg.layers - 1
+
+
 def _build(model_type: str, cfg: BlockConfig, extra: dict) -> HFLayers:
     sizes.import_transformers()
     model_type, extra = _part(model_type, extra)
-    config = build_config(model_type, cfg, extra)
+    span = _span(cfg)
+    config = build_config(model_type, replace(cfg, layers=span[1] + 1), extra)  # a model of N + --layers layers
     if "attn_implementation" in extra:
         config._attn_implementation = extra["attn_implementation"]
     # The gate before any weight exists: weights, their gradients and check's float64 copy (8 bytes each).
@@ -136,7 +144,7 @@ def _build(model_type: str, cfg: BlockConfig, extra: dict) -> HFLayers:
     memory = None
     if which == "decoder":  # cross-attention reads a fixed encoder output, the same for every sample
         memory = torch.randn(1, cfg.seq, cfg.d_model, generator=torch.Generator().manual_seed(cfg.seed))
-    module = HFLayers(model_type, config, stack, layers, (0, len(layers) - 1), memory)
+    module = HFLayers(model_type, config, stack, layers, _within(span, layers, model_type), memory)
     try:
         module.causal = is_causal(module, cfg.d_model)
     except RuntimeError as e:
@@ -157,7 +165,7 @@ def rebuilder(model_type: str, cfg: BlockConfig, extra: dict, like: HFLayers, dt
     model's constructor only, none of build's probe forwards (a meta build cannot run); what they found is copied."""
     def rebuild(seed: int, where: str) -> HFLayers:
         part, rest = _part(model_type, extra)
-        config = build_config(part, cfg, rest)
+        config = build_config(part, replace(cfg, layers=_span(cfg)[1] + 1), rest)
         for name in ("_attn_implementation", "_experts_implementation"):
             if hasattr(like.config, name):
                 setattr(config, name, getattr(like.config, name))
@@ -167,10 +175,16 @@ def rebuilder(model_type: str, cfg: BlockConfig, extra: dict, like: HFLayers, dt
         which = rest.get("stack")
         stack = _stack(part, base, config, which)
         path, layers = families.find_layers(part, stack, _layer_count(config, which))
-        module = HFLayers(part, config, _entry(stack, path, layers), layers, (0, len(layers) - 1), like.memory)
+        module = HFLayers(part, config, _entry(stack, path, layers), layers, like.span, like.memory)
         module.causal, module.positional, module.by_design, module.warnings = like.causal, like.positional, like.by_design, like.warnings
         return module.to(dtype=dtype)
     return rebuild
+
+
+def _within(span: tuple[int, int], layers, model_type: str) -> tuple[int, int]:
+    if span[1] >= len(layers):
+        raise LoadError(f"--block hf:{model_type} --layer {span[0]}: the model has {len(layers)} layer(s)")
+    return span
 
 
 def _entry(stack: nn.Module, path: str, layers: nn.ModuleList) -> nn.Module:
