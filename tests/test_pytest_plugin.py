@@ -184,6 +184,9 @@ def test_tblock_option_collects_a_spec_without_a_test_file(pytester):
                    "builtin[shape]": "passed", "builtin[residual]": "passed"}
     result.stdout.fnmatch_lines(["collected 4 items"])
     assert run(pytester, "--tblock", "builtin", "--tblock-only", "shape", "-m", "tblock").ret == 0  # marked as tblock's
+    skipped = run(pytester, "--tblock", "builtin", "--tblock-only", "shape,order", "--tblock-causal", "-rs")
+    skipped.assert_outcomes(passed=1, skipped=1)  # a skip with no test file behind it: reported, no internal error
+    assert "INTERNALERROR" not in skipped.stdout.str() + skipped.stderr.str()
     truth = tblock_cli.check(f"{ZOO}:NoResidual", d_model=32, n_heads=4, only="shape,residual")
     residual = next(c for c in truth.checks if c.name == "residual")
     assert f"tblock residual: fail: {residual.detail}" in result.stdout.str()
