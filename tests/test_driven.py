@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torch.nn as nn
@@ -144,9 +145,10 @@ class Layer(nn.Module):
         super().__init__()
         self.raw = nn.Parameter(torch.Tensor(d, d))  # allocated, never written
         self.fc = nn.Linear(d, d)  # initialised by its own reset_parameters
+        self.table = nn.Parameter(torch.from_numpy(np.linspace(0, 1, d, dtype=np.float32)), requires_grad=False)
 
     def forward(self, x):
-        return x + torch.tanh(x @ self.raw.T) + self.fc(x)
+        return x + torch.tanh(x @ self.raw.T) + self.fc(x) + self.table
 
 
 def test_parameters_nothing_wrote_get_seeded_values_and_written_ones_stay():
@@ -158,6 +160,7 @@ def test_parameters_nothing_wrote_get_seeded_values_and_written_ones_stay():
     torch.manual_seed(3)
     own = Unwritten(vocab_size=256)  # tblock's placeholder vocabulary; the Linear initialised as without tblock
     assert torch.equal(a.module.layers[0].fc.weight, own.layers[0].fc.weight)
+    assert torch.equal(a.module.layers[0].table, torch.from_numpy(np.linspace(0, 1, 32, dtype=np.float32)))  # kept
 
 
 def built_any(factory, **options):

@@ -115,7 +115,9 @@ class Writes(TorchFunctionMode):
         names = []
         with torch.no_grad():
             for name, p in model.named_parameters():
-                if p.device.type != "meta" and p.is_floating_point() and p.numel() and \
+                # trainable ones only: a frozen table made from numpy (torch.from_numpy is no torch function, so
+                # unseen here) is data, not memory left as allocated
+                if p.device.type != "meta" and p.is_floating_point() and p.numel() and p.requires_grad and \
                         p.untyped_storage().data_ptr() not in self.written:
                     p.normal_(0.0, INIT_STD)
                     names.append(name)
