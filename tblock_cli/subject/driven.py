@@ -110,18 +110,15 @@ class Writes(TorchFunctionMode):
                 self.written.add(t.untyped_storage().data_ptr())
         return out
 
-    def initialise_unwritten(self, model: nn.Module) -> list[str]:
-        """Parameters no operation wrote, given normal(0, INIT_STD) values; their names."""
-        names = []
+    def initialise_unwritten(self, model: nn.Module) -> None:
+        """Parameters no operation wrote, given normal(0, INIT_STD) values."""
         with torch.no_grad():
-            for name, p in model.named_parameters():
+            for p in model.parameters():
                 # trainable ones only: a frozen table made from numpy (torch.from_numpy is no torch function, so
                 # unseen here) is data, not memory left as allocated
                 if p.device.type != "meta" and p.is_floating_point() and p.numel() and p.requires_grad and \
                         p.untyped_storage().data_ptr() not in self.written:
                     p.normal_(0.0, INIT_STD)
-                    names.append(name)
-        return names
 
 
 class ModelLayers(nn.Module):
@@ -139,13 +136,9 @@ class ModelLayers(nn.Module):
         self.__dict__["_model"], self.__dict__["_all"], self.__dict__["_active"] = model, list(all_layers), None
         self.span, self.convention, self.max_length = span, convention, max_length
         self.call_forward = _undecorated(type(model).forward)
-        params = list(inspect.signature(self.call_forward).parameters)
-        self.entry = params[1] if len(params) > 1 else None  # after self: the token ids
         self.causal = False
         self.positional = False
         self.by_design: dict[str, str] = {}
-        self.warnings: tuple[str, ...] = ()
-        self.pad_keyword = None  # a model over token ids takes its mask from its own code
 
     def _apply(self, fn, recurse=True):
         self._model._apply(fn, recurse)  # rotary tables, masks and caches move with the layers
@@ -165,8 +158,9 @@ class ModelLayers(nn.Module):
             self.__dict__["_active"] = None
         if not decoding and conv is not None and not conv.always and conv.tensors(model):
             conv.release(model)  # a full forward runs as the model runs without a cache
+        cached = conv is not None and (conv.always or decoding)
         kwargs = {}
-        if conv is not None and (conv.always or decoding):
+        if cached:
             if not decoding:
                 conv.prepare(model, B, T)
             kwargs = conv.forward_kwargs(model, start, T, B, x.device)
@@ -177,7 +171,7 @@ class ModelLayers(nn.Module):
         try:
             return drive(call, self._all[self.span[0]], self._all[self.span[1]], x, before=self._all[0])
         finally:
-            if kwargs:  # caches the model's forward insists on are tblock's way in, not state the layer trains with
+            if cached:  # caches the model's forward insists on are tblock's way in, not state the layer trains with
                 caches.detach_state(model)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -262,12 +256,19 @@ def find_layers(model: nn.Module, expected: int | None) -> tuple[str, list[nn.Mo
 def max_length(model: nn.Module) -> int:
     """The positions decoding can use: the longest sequence the model's config names (its rotary table, its cache),
     else a default; at most DECODE_LENGTH."""
+    found = _config_int(model, MAX_LENGTHS)
+    return min(found, DECODE_LENGTH) if found is not None else DEFAULT_MAX_LENGTH
+
+
+def _config_int(model: nn.Module, names: tuple[str, ...]) -> int | None:
+    """A positive count the model's config (under the names models give it: config, params, args) or the model itself
+    holds under one of `names`."""
     for holder in (getattr(model, "config", None), getattr(model, "params", None), getattr(model, "args", None), model):
-        for n in MAX_LENGTHS:
+        for n in names:
             v = getattr(holder, n, None)
             if isinstance(v, int) and not isinstance(v, bool) and v > 0:
-                return min(v, DECODE_LENGTH)
-    return DEFAULT_MAX_LENGTH
+                return v
+    return None
 
 
 def build(spec: str, factory, cfg: BlockConfig, extra: dict, layer: int, notes: list | None = None, *,
@@ -282,12 +283,9 @@ def build(spec: str, factory, cfg: BlockConfig, extra: dict, layer: int, notes: 
     writes = Writes()
     with contextlib.redirect_stdout(sys.stderr), (torch.device(where) if where else contextlib.nullcontext()), writes:
         model = construct(spec, factory, cfg, {**sized(factory, extra, count, cfg.n_heads), **extra}, notes)
-    writes.initialise_unwritten(model)
-    if not isinstance(model, nn.Module):
-        raise LoadError(f"--block {spec}: it builds a {type(model).__name__}, not a torch.nn.Module")
-    declared = _declared_count(model)
+    writes.initialise_unwritten(model)  # construct refused anything but a module
     try:
-        path, layers = find_layers(model, declared if declared is not None else None)
+        path, layers = find_layers(model, _config_int(model, LAYER_COUNTS))
     except LoadError as e:
         raise LoadError(f"--block {spec} --layer {layer}: {e}") from None
     if layer + cfg.layers > len(layers):
@@ -314,15 +312,6 @@ def reaches(module: ModelLayers, flag: str, cfg: BlockConfig) -> bool:
         return False
     widths = {w for p in module.layers.parameters() if p.dim() == 2 for w in p.shape}  # Linear or a parallel one
     return bool({cfg.ffn_dim, 2 * cfg.ffn_dim} & widths)
-
-
-def _declared_count(model: nn.Module) -> int | None:
-    for holder in (getattr(model, "config", None), getattr(model, "params", None), getattr(model, "args", None), model):
-        for n in LAYER_COUNTS:
-            v = getattr(holder, n, None)
-            if isinstance(v, int) and not isinstance(v, bool) and v > 0:
-                return v
-    return None
 
 
 def rebuilder(spec: str, factory, cfg: BlockConfig, extra: dict, layer: int, like: ModelLayers, dtype: torch.dtype):

@@ -56,6 +56,20 @@ class Setup:
     def hf(self) -> bool:
         return isinstance(self.source, str) and self.source.startswith("hf:")
 
+    def factory(self):
+        """The class or function the block (or, with --layer, its model) is built from."""
+        if isinstance(self.source, str):
+            from tblock_cli.subject.loading import load_factory
+
+            return load_factory(self.source)
+        return self.source
+
+    def note_dropped(self, notes: list[tuple[str, str]]) -> tuple[str, ...]:
+        """Warnings, not said yet, for the flags the user gave that the block's config could not take; now said."""
+        dropped = tuple(text for flag, text in notes if flag in self.given and text not in self.warnings)
+        self.warnings = self.warnings + dropped
+        return dropped
+
     @property
     def driven(self) -> bool:
         """A layer of a model over token ids, driven by the model's forward (--layer N)."""
@@ -97,16 +111,9 @@ class Setup:
             return self.built
         if self.module is not None:
             return self.module
-        if isinstance(self.source, str):
-            from tblock_cli.subject.loading import load_factory
-
-            factory = load_factory(self.source)
-        else:
-            factory = self.source
         notes: list[tuple[str, str]] = []
-        module = construct(self.block, factory, self.cfg, self.kwargs, notes)
-        dropped = [text for flag, text in notes if flag in self.given and text not in self.warnings]
-        self.warnings = self.warnings + tuple(dropped)  # flags the user gave that its config could not take
+        module = construct(self.block, self.factory(), self.cfg, self.kwargs, notes)
+        self.note_dropped(notes)
         return module
 
     def _wrap(self, module: nn.Module) -> Subject:
@@ -130,14 +137,13 @@ class Setup:
             from tblock_cli.subject import hf
 
             return hf.rebuilder(self.source[3:], self.cfg, self.kwargs, built, self.dtype)
-        from tblock_cli.subject.loading import load_factory, rebuilder
-
-        factory = load_factory(self.source) if isinstance(self.source, str) else self.source
         if self.driven:
             from tblock_cli.subject import driven
 
-            return driven.rebuilder(self.block, factory, self.cfg, self.kwargs, self.cfg.layer, built, self.dtype)
-        return rebuilder(self.block, factory, self.cfg, self.kwargs, self.dtype)
+            return driven.rebuilder(self.block, self.factory(), self.cfg, self.kwargs, self.cfg.layer, built, self.dtype)
+        from tblock_cli.subject.loading import rebuilder
+
+        return rebuilder(self.block, self.factory(), self.cfg, self.kwargs, self.dtype)
 
 
 def _infer(module: nn.Module, names: tuple[str, ...]) -> int | None:
@@ -260,17 +266,13 @@ def driven_block(s: Setup) -> nn.Module:
     """Layer --layer of the model --block builds, and what the model does written into the setup (causal, positions);
     a flag the user gave explicitly stands. Flags its config could not take are warned, as for any config."""
     from tblock_cli.subject import driven
-    from tblock_cli.subject.loading import load_factory
 
-    factory = load_factory(s.source) if isinstance(s.source, str) else s.source
     notes: list[tuple[str, str]] = []
-    module = driven.build(s.block, factory, s.cfg, s.kwargs, s.cfg.layer, notes)
-    notes = [(flag, text) for flag, text in notes if not driven.reaches(module, flag, s.cfg)]
+    module = driven.build(s.block, s.factory(), s.cfg, s.kwargs, s.cfg.layer, notes)
+    dropped = s.note_dropped([(flag, text) for flag, text in notes if not driven.reaches(module, flag, s.cfg)])
     implied = {"causal": module.causal, "positional": module.positional}
-    dropped = tuple(text for flag, text in notes if flag in s.given and text not in s.warnings)
     s.cfg = dataclasses.replace(s.cfg, **{k: v for k, v in implied.items() if k not in s.given},
                                 warnings=s.cfg.warnings + dropped)
-    s.warnings = s.warnings + dropped
     return module
 
 
@@ -278,24 +280,14 @@ def layer_maker(s: Setup, block) -> Callable[[int], list[Subject]] | None:
     """n independent layers of a user block: built anew per layer (seed + i), or copies re-initialised."""
     if block is None:
         return None
-    if s.driven:
+    if s.hf or s.driven:  # a model's layers, each driven through the model built once
         def model_layers(n: int) -> list[Subject]:
-            first = s.make()
-            layers = first.module.single_layers()
-            if len(layers) != n:
-                layers = driven_block(dataclasses.replace(s, cfg=dataclasses.replace(s.cfg, layers=n), built=None)).single_layers()
-            return [first.like(layer) for layer in layers]
-        return model_layers
-    if isinstance(block, str) and block.startswith("hf:"):
-        from tblock_cli.subject import hf
-
-        def hf_layers(n: int) -> list[Subject]:
             first = s.make()  # the calling convention (mask keyword, causal) around the model built once
             layers = first.module.single_layers()
-            if len(layers) != n:  # only when asked for another depth than --layers: a model of n layers
-                layers = hf.build(block[3:], dataclasses.replace(s.cfg, layers=n), s.kwargs).single_layers()
+            if len(layers) != n:  # only when asked for another depth than --layers: a model of n more layers
+                layers = dataclasses.replace(s, cfg=dataclasses.replace(s.cfg, layers=n), built=None)._module().single_layers()
             return [first.like(layer) for layer in layers]
-        return hf_layers
+        return model_layers
     if isinstance(block, str):
         from tblock_cli.subject.loading import user_layers
 
