@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import inspect
 import io
-import socket
 import sys
 import weakref
 from dataclasses import dataclass
@@ -148,10 +147,10 @@ class SetupCachesMask(Convention):
             model.setup_caches(batch, dtype, **kwargs)
 
     def forward_kwargs(self, model, start, n, batch, device):
-        found = self.tensors(model)
-        if not found:
+        held = _shape(model, self)
+        if held is None:
             raise ValueError("the model's caches are not set up: prepare first")
-        length = getattr(*found[0]).shape[self.position_axis]
+        length = held[1]
         for m in model.modules():
             kv = getattr(m, "kv_cache", None)
             pointer = getattr(kv, "cache_pos", None)
@@ -263,7 +262,7 @@ def held_bytes(model: nn.Module, conv: Convention, positions: int, batch: int | 
     cache allocated for more sequences (Meta's max_batch_size) counts the rows in use, and a sliding window's ring
     (litgpt's, sized min(length, window)) no more positions than it has."""
     if batch is None:
-        batch = _prepared.get(model, (None,))[0] or (_shape(model, conv) or (0,))[0]
+        batch = (prepared(model) or _shape(model, conv) or (0,))[0]
     total = 0
     for m, k in conv.tensors(model):
         t = getattr(m, k)
@@ -317,11 +316,8 @@ def model_parallel_world(owner) -> bool:
     import torch.distributed as dist
     from fairscale.nn.model_parallel import initialize as fs_init
 
-    if not dist.is_initialized():
-        with socket.socket() as s:  # a free port on the loopback: nothing outside this process is reached
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    if not dist.is_initialized():  # one rank: an in-process store, no rendezvous port to pick or leave listening
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     if not fs_init.model_parallel_is_initialized():
         with contextlib.redirect_stdout(io.StringIO()):  # fairscale prints its group sizes; tblock's stdout is its own
             fs_init.initialize_model_parallel(1)
