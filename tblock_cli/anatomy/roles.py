@@ -36,6 +36,13 @@ def group_of(role: str) -> str:
 
 
 
+def attn_role(letters: set[str], otherwise: str) -> str:
+    """attn.q, attn.kv, ... for what a projection feeds (q, k and v letters, in that order); `otherwise` for q and v
+    without k, which no known layout has."""
+    key = "".join(x for x in "qkv" if x in letters)
+    return "attn." + key if key in ("q", "k", "v", "qk", "kv", "qkv") else otherwise
+
+
 def assign_roles(tr: Tracer) -> tuple[dict[str, str], list[tuple[str, str]]]:
     """projection name -> role, and the FFN chains that compose linearly."""
     role: dict[str, str] = {}
@@ -43,8 +50,7 @@ def assign_roles(tr: Tracer) -> tuple[dict[str, str], list[tuple[str, str]]]:
     ks = {n for c in tr.attn.calls for n in c.k}
     vs = {n for c in tr.attn.calls for n in c.v}
     for n in qs | ks | vs:
-        key = "".join(x for x, s in (("q", qs), ("k", ks), ("v", vs)) if n in s)
-        role[n] = "attn." + key if key in ("q", "k", "v", "qk", "kv", "qkv") else "attn.qkv"
+        role[n] = attn_role({x for x, s in (("q", qs), ("k", ks), ("v", vs)) if n in s}, "attn.qkv")
     for n, p in tr.prov.linear_in.items():
         if n not in role and any(isinstance(k, Attn) for k in p):
             role[n] = "attn.out"
@@ -59,9 +65,7 @@ def assign_roles(tr: Tracer) -> tuple[dict[str, str], list[tuple[str, str]]]:
                 role[src[0]] = role[n]
             elif role[src[0]] not in ("attn.out", "attn.gate") and role[n].startswith("attn."):
                 # MLA's kv_a_proj feeds kv_b_proj (k and v) and, copied into the keys, the rotary part of k: both
-                letters = set(role[src[0]][5:]) | set(role[n][5:])
-                key = "".join(x for x in "qkv" if x in letters)
-                role[src[0]] = "attn." + key if key in ("q", "k", "v", "qk", "kv", "qkv") else role[src[0]]
+                role[src[0]] = attn_role(set(role[src[0]][5:]) | set(role[n][5:]), role[src[0]])
     # FFN: a projection that consumes another (non-attention) projection's output.
     chains = []
     consumed: dict[str, list[tuple[str, int]]] = {}

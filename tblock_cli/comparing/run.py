@@ -67,10 +67,8 @@ def run_compare(a, b, setup, *, options: dict, kwargs_a=None, kwargs_b=None, dty
         xa, xb = x.to(sa.device, sa.dtype), x.to(sb.device, sb.dtype)
         try:
             flows = trace(subject_a.module, subject_a, xa, cfg.d_model), trace(subject_b.module, subject_b, xb, cfg.d_model)
-            slots_a = split_glu(subject_a.module, subject_a, xa,
-                                slots_of(subject_a.module, flows[0], execution_order(subject_a.module, subject_a, xa)))
-            slots_b = split_glu(subject_b.module, subject_b, xb,
-                                slots_of(subject_b.module, flows[1], execution_order(subject_b.module, subject_b, xb)))
+            slots_a, slots_b = (split_glu(s.module, s, x, slots_of(s.module, flow, execution_order(s.module, s, x)))
+                                for s, x, flow in ((subject_a, xa, flows[0]), (subject_b, xb, flows[1])))
         except Exception as e:  # noqa: BLE001
             reraise_as_measure_error(e, "compare: tracing a side failed")
         mapping = build_mapping(subject_a.module, subject_b.module, slots_a, slots_b, overrides)
