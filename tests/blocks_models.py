@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from blocks_configs import Block, GPTConfig
 
 
 class RMSNorm(nn.Module):
@@ -48,44 +49,7 @@ class SwiGLU(nn.Module):
         return self.w2(F.silu(self.w1(x)) * self.w3(x))
 
 
-# ---- nanoGPT style: no cache of its own ----
-
-@dataclass
-class GPTConfig:
-    block_size: int = 32
-    vocab_size: int = 64
-    n_layer: int = 2
-    n_head: int = 4
-    n_embd: int = 32
-    bias: bool = True
-
-
-class CausalSelfAttention(nn.Module):
-    def __init__(self, config: GPTConfig):
-        super().__init__()
-        self.n_head = config.n_head
-        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
-        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
-
-    def forward(self, x):
-        B, T, C = x.shape
-        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in self.c_attn(x).split(C, 2))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, nh, T, hs)
-        return self.c_proj(y.transpose(1, 2).reshape(B, T, C))
-
-
-class Block(nn.Module):
-    def __init__(self, config: GPTConfig):
-        super().__init__()
-        self.ln_1, self.attn = nn.LayerNorm(config.n_embd), CausalSelfAttention(config)
-        self.ln_2 = nn.LayerNorm(config.n_embd)
-        self.mlp = nn.Sequential(nn.Linear(config.n_embd, 4 * config.n_embd), nn.GELU(),
-                                 nn.Linear(4 * config.n_embd, config.n_embd))
-
-    def forward(self, x):
-        x = x + self.attn(self.ln_1(x))
-        return x + self.mlp(self.ln_2(x))
-
+# ---- nanoGPT style: no cache of its own; its config and block are blocks_configs' ----
 
 class GPT(nn.Module):
     def __init__(self, config: GPTConfig):

@@ -71,3 +71,18 @@ def _seeded_one_thread():
 
 def zoo_spec(name: str) -> str:
     return f"{TESTS / 'zoo.py'}:{name}"
+
+
+@pytest.fixture
+def torn_down_world():
+    """A one-rank world a test made (a fairscale model's, through subject/caches.py) is taken down after: the rest of
+    the suite runs in a process without one."""
+    import torch.distributed as dist
+
+    had = dist.is_initialized()
+    yield
+    if not had and dist.is_initialized():
+        from fairscale.nn.model_parallel import initialize as fs_init
+
+        fs_init.destroy_model_parallel()
+        dist.destroy_process_group()

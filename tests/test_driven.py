@@ -274,6 +274,7 @@ def test_litgpts_llama_layer_equals_hf_llama_with_no_adapter():
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("torn_down_world")
 @pytest.mark.parametrize("path, kwargs", [("nanoGPT/model.py:GPT", {}), ("gpt-fast/model.py:Transformer", {}),
                                           ("gpt-fast/model.py:Transformer", {"n_local_heads": 2}),
                                           ("llama/llama/model.py:Transformer", {})])
