@@ -12,16 +12,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from blocks_configs import Block, GPTConfig
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float = 1e-5):
-        super().__init__()
-        self.eps, self.weight = eps, nn.Parameter(torch.ones(dim))
-
-    def forward(self, x):
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+from blocks_configs import Block, GPTConfig, RMSNorm
 
 
 def angles(positions: torch.Tensor, head_dim: int, base: float = 10000.0) -> torch.Tensor:
