@@ -42,3 +42,15 @@ def test_every_check_stays_within_its_budget_and_the_battery_adds_up():
 def test_docs_budget_table_is_the_budget():
     docs = (Path(__file__).parent.parent / "docs" / "performance.md").read_text()
     assert budget_table() in docs, "docs/performance.md's budget table differs: paste checks.cost.budget_table()"
+
+
+def test_cached_decoding_steps_count_as_forwards():
+    from tblock_cli.checks.attention import AFTER_PROMPT
+
+    report = tblock_cli.check(d_model=32, n_heads=4, threads=1, causal=True, only=["kv_cache"])
+    (c,) = report.checks
+    assert c.status == "pass", c
+    # two sequences: the prompt, then AFTER_PROMPT tokens one at a time, or in chunks of 3
+    steps = (1 + AFTER_PROMPT) + (1 + -(-AFTER_PROMPT // 3))
+    full = c.passes.forward - steps  # the full causal forwards they are compared with: one batched, or one each
+    assert full in (1, 2), (c.passes, steps)

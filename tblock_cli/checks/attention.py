@@ -102,11 +102,13 @@ def check_kv_cache(ctx: Context) -> Outcome:
         # again alone, to tell shared state from a wrong cache.
         ctx.step("two sequences in turns")
         decoded = kvcache.decode_in_turns(module, [(seq.clone(), sizes) for _, sizes, seq, _ in runs])
+        ctx.subject.ran(sum(len(sizes) for _, sizes, _, _ in runs))
         for (label, sizes, seq, full), (got, cache) in zip(runs, decoded):
             wrong, per_pos = decoded_off(got, full, label)
             if wrong is None and max(per_pos) > ctx.tol:
                 ctx.step(f"decoding {label} alone")
                 wrong_alone, alone = decoded_off(kvcache.decode_chunks(module, seq.clone(), sizes)[0], full, label)
+                ctx.subject.ran(len(sizes))
                 if wrong_alone is None and max(alone) <= ctx.tol:
                     return failed("kv_cache.shared", max(per_pos), diff=max(per_pos))
                 wrong, per_pos = wrong_alone, alone

@@ -24,7 +24,8 @@ class Passes:
 
 class PassCounter:
     """Counts the forwards through a subject's calling convention (and every `like` copy of it: a float64 or
-    dropout-free copy a check makes) and the backwards through their outputs. A module called some other way (a copy
+    dropout-free copy a check makes) and the backwards through their outputs, and the cached decoding steps a check
+    reports with Subject.ran (each reads all the weights, as a forward does). A module called some other way (a copy
     rebuilt through the block's constructor and called directly) is not counted."""
 
     def __init__(self, subject):

@@ -166,7 +166,7 @@ def check_reference(ctx: Context) -> Outcome:
     x = ctx.x().float()
     module = copy.deepcopy(ctx.subject.module).float()
     with train_mode(module, False), torch.no_grad():
-        ours = module(x)
+        ours = ctx.subject.like(module)(x)
         theirs = reference_output(module, ctx.cfg, x)
     diff = (ours - theirs).abs().max().item()
     if not diff <= REFERENCE_TOL:

@@ -49,6 +49,12 @@ class Subject:
     def _backward_seen(self, _grad) -> None:
         self.passes[1] += 1
 
+    def ran(self, forwards: int) -> None:
+        """Forwards over the block that did not go through this calling convention (cached decoding steps, each
+        reading all the weights), counted with the rest."""
+        if self.passes is not None:
+            self.passes[0] += forwards
+
     def like(self, module: nn.Module) -> "Subject":
         """The same calling convention around another module (a float64 copy, a dropout-free copy)."""
         return Subject(module, self.name, self.builtin, self.pad_keyword, self.causal, self.pad_means, self.by_design,
