@@ -59,7 +59,7 @@ def check(block=None, *, strict: bool = False, progress: Callable[[str, str | No
                 like=like, like_kwargs=like_kwargs, expect=expect)
     from tblock_cli import runtime
     from tblock_cli.card.declare import declare
-    from tblock_cli.checks import run_checks
+    from tblock_cli.checks import globalstate, run_checks
     from tblock_cli.checks.battery import select
     from tblock_cli.distributed import prepare
     from tblock_cli.subject.setup import setup
@@ -67,7 +67,12 @@ def check(block=None, *, strict: bool = False, progress: Callable[[str, str | No
     chosen = select(only, skip, fast)  # a misspelt name is refused before the block is built
     s = setup(block, options, same_shape=False)
     with s.session():
-        subject = s.build(lambda cfg, n: runtime.check_estimate(cfg, params=n, hf=s.hf), "check")
+        switches = globalstate.snapshot()  # what the block's constructor and build-time probes leave changed
+        try:
+            subject = s.build(lambda cfg, n: runtime.check_estimate(cfg, params=n, hf=s.hf), "check")
+        finally:
+            built = globalstate.changes(switches, globalstate.snapshot())
+            globalstate.restore(switches)
         sharding = prepare(subject, s.cfg, s.device, s.dtype, tp=tp, fsdp=fsdp, tp_plan=tp_plan)
         distributed = {k: v for k, v in (("tp", tp), ("fsdp", fsdp), ("tp_plan", tp_plan)) if v is not None}
         declared = {k: v for k, v in (("like", like), ("like_kwargs", like_kwargs), ("expect", expect)) if v is not None}
@@ -79,7 +84,7 @@ def check(block=None, *, strict: bool = False, progress: Callable[[str, str | No
                                   progress=(lambda d: progress("spec", d)) if progress else None)
         return run_checks(subject, s.cfg, s.device, s.dtype, strict=strict, progress=progress,
                           run=s.run_info(subject, strict=strict, **distributed, **declared), sharding=sharding, only=chosen,
-                          declaration=declaration)
+                          declaration=declaration, noted=[("build", built)] if built else [])
 
 
 @keeps_rng

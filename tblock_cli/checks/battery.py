@@ -14,6 +14,7 @@ from tblock_cli.checks import (
     checkpointing,
     claims,
     forward,
+    globalstate,
     gradients,
     lifecycle,
     mixing,
@@ -96,6 +97,7 @@ REGISTRY: tuple[Check, ...] = (
     Check("state_dict", lifecycle.check_state_dict, ("finite", "deterministic"), None, slow=True),
     Check("precision", precision.check_precision, ("finite", "deterministic"), None, slow=True),
     Check("optimizer_step", training.check_optimizer_step, GRADS + ("train_safe", "copyable"), None, slow=True),
+    Check("global_state", globalstate.check_global_state, (), None),
 )
 CHECK_NAMES = tuple(c.name for c in REGISTRY)
 
@@ -144,12 +146,14 @@ def select(only=None, skip=None, fast: bool = False) -> tuple[str, ...] | None:
 
 def run_checks(subject: Subject, cfg: BlockConfig, device: torch.device, dtype: torch.dtype, *,
                strict: bool = False, progress: Callable[[str, str | None], None] | None = None, run: RunInfo | None = None,
-               only: tuple[str, ...] | None = None, sharding=None, declaration=None) -> CheckReport:
+               only: tuple[str, ...] | None = None, sharding=None, declaration=None, noted=()) -> CheckReport:
     """Run the battery; a check that raises becomes `error` and the rest still run; unmet needs skip.
-    progress(check, detail) hears each check as it starts (detail None) and the long ones' probes."""
+    progress(check, detail) hears each check as it starts (detail None) and the long ones' probes. noted: (when,
+    {switch: [before, after]}) of torch's process-wide switches the block changed before the battery (its build)."""
+    ctx = Context(subject, cfg, device, dtype, sharding=sharding, progress=progress, declaration=declaration)
+    ctx.state_changes.extend(noted)
     with plain_bool_checks():
-        return _run(Context(subject, cfg, device, dtype, sharding=sharding, progress=progress, declaration=declaration),
-                    strict, run, only)
+        return _run(ctx, strict, run, only)
 
 
 def _run(ctx: Context, strict: bool, run: RunInfo | None, only: tuple[str, ...] | None) -> CheckReport:
@@ -164,6 +168,7 @@ def _battery(ctx: Context, strict: bool, run: RunInfo | None, only: tuple[str, .
              counter: PassCounter) -> CheckReport:
     results = []
     battery_started = time.perf_counter()
+    switches = globalstate.snapshot()
     for check in REGISTRY:
         if only is not None and check.name not in only:
             continue
@@ -197,6 +202,10 @@ def _battery(ctx: Context, strict: bool, run: RunInfo | None, only: tuple[str, .
                 ctx.unmet[check.establishes] = check.name
             else:
                 ctx.met.add(check.establishes)
+        now = globalstate.snapshot()
+        if now != switches:  # the block changed torch's process-wide state: noted for global_state, put back
+            ctx.state_changes.append((check.name, globalstate.changes(switches, now)))
+            globalstate.restore(switches)
         results.append(CheckResult(check.name, outcome.status, outcome.value, outcome.kind, outcome.facts,
                                    round(time.perf_counter() - started, 4), counter.now() - before))
     return CheckReport(tuple(results), strict, run, round(time.perf_counter() - battery_started, 4), counter.now())

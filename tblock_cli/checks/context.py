@@ -75,6 +75,9 @@ class Context:
     current: str = ""  # the check running now, for progress
     met: set = field(default_factory=set)  # needs established by a check that passed, filled as the battery runs
     memo: dict = field(default_factory=dict)  # probe name -> (the key it was computed at, its value): see probe()
+    # (check, {switch: [before, after]}) for each check whose run changed torch's process-wide switches (the battery
+    # notes them and puts them back: checks.globalstate)
+    state_changes: list = field(default_factory=list)
 
     def step(self, detail: str) -> None:
         """Say which probe of the running check starts (a progress line on big layers)."""

@@ -1,5 +1,5 @@
 """The sentences of the training-time checks (derivative, checkpointing, meta_init, state_dict, precision,
-optimizer_step), by kind, from their facts."""
+optimizer_step, global_state), by kind, from their facts."""
 
 from __future__ import annotations
 
@@ -32,6 +32,11 @@ def _meta(f: dict) -> str:
     kept = (f"; saved buffers its init leaves unset (a checkpoint load restores them): {names(f['persistent_unset'])}"
             if f.get("persistent_unset") else "")
     return f"init: {names(f['init']) or 'none of its own'}{kept}"
+
+
+def _switched(f: dict, which: list) -> str:
+    return "; ".join(f"{n} {f['changed'][n]['before']} -> {f['changed'][n]['after']} (during {f['changed'][n]['check']})"
+                     for n in which)
 
 
 def _state_plain(f: dict) -> str:
@@ -99,4 +104,13 @@ MESSAGES = {
     "optimizer_step.frozen": lambda f: (f"parameters with requires_grad=False (never trained; a norm weight frozen by mistake is a "
                                         f"bug): {names(f['frozen'])}"),
     "optimizer_step.ok": _optimizer_ok,
+    "global_state.changed": lambda f: "a forward leaves torch's process-wide state changed: " + _switched(f, f["switches"]),
+    "global_state.switched": lambda f: ("a forward changes torch's numerics or speed switches for the whole process: "
+                                        + _switched(f, f["switches"])),
+    "global_state.reseeds": lambda f: ("a forward reseeds the random stream: from two different states it leaves "
+                                       + "; ".join(f"{names(s)} in the same one ({m})" for m, s in f["reseeds"].items())
+                                       + " (the same dropout masks at every step, the caller's own draws replayed)"),
+    "global_state.kept": lambda f: ("torch's process-wide switches are as they were after every check"
+                                    + ("; no forward reseeds a random stream" if f["rng_probed"] else
+                                       " (random streams not probed above the training checks' size)")),
 }

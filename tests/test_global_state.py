@@ -1,0 +1,81 @@
+"""The global_state check: torch's process-wide switches and random streams a block's forward (or constructor) leaves
+changed, judged on tests/zoo_global.py's planted bugs and correct twins; the battery puts every switch back."""
+
+import random
+
+import pytest
+import torch
+import zoo_global
+
+import tblock_cli
+from tblock_cli.checks import globalstate
+
+from conftest import TESTS
+
+BAD = {"fail", "warn", "error"}
+
+
+def battery(name, only=("global_state",), **flags):
+    report = tblock_cli.check(f"{TESTS / 'zoo_global.py'}:{name}", d_model=32, n_heads=4, threads=1, only=only, **flags)
+    return {c.name: c for c in report.checks}
+
+
+@pytest.mark.parametrize("name", sorted(zoo_global.PLANTED))
+def test_planted_leak_is_caught_and_the_process_left_as_it_was(name):
+    before = globalstate.snapshot()
+    c = battery(name)["global_state"]
+    assert c.kind == zoo_global.PLANTED[name], (c.kind, c.facts)
+    assert c.status.value == ("warn" if c.kind == "global_state.switched" else "fail")
+    assert globalstate.snapshot() == before  # the run put every switch back: the caller's process is untouched
+
+
+def test_the_leak_is_named_with_both_values_and_when():
+    c = battery("Float64Default")["global_state"]
+    assert c.facts["changed"]["default dtype"] == {"check": "build", "before": "torch.float32", "after": "torch.float64"}
+    c = battery("GradOffInEval")["global_state"]
+    assert c.facts["changed"]["grad mode"]["before"] == "True" and c.facts["changed"]["grad mode"]["after"] == "False"
+    assert "grad mode True -> False" in c.detail
+
+
+def test_reseeding_is_told_by_stream_and_mode():
+    assert battery("ReseedsInTraining")["global_state"].facts["reseeds"] == {"train": ["torch"]}
+    assert battery("SetSeedInEval")["global_state"].facts["reseeds"] == {"eval": ["torch", "python", "numpy"]}
+
+
+@pytest.mark.parametrize("name", zoo_global.CORRECT)
+def test_correct_twin_raises_no_alarm_in_the_whole_battery(name):
+    by = battery(name, only=None, causal=True)
+    assert by["global_state"].kind == "global_state.kept", by["global_state"].facts
+    assert not [c for c in by.values() if c.status.value in BAD], [(c.name, c.detail) for c in by.values() if c.status.value in BAD]
+
+
+def test_the_callers_random_streams_are_where_they_were():
+    torch.manual_seed(3)
+    random.seed(3)
+    expected = (torch.rand(1).item(), random.random())
+    torch.manual_seed(3)
+    random.seed(3)
+    battery("ReseedsInTraining")
+    assert (torch.rand(1).item(), random.random()) == expected
+
+
+def test_a_switch_changed_inside_one_check_is_put_back_before_the_next():
+    # the eval-only leak of GradOffInEval turns grad mode off inside the first check that runs an eval forward with
+    # grad on; every later check still starts from grad mode on, so the training checks run and name their own result
+    by = battery("GradOffInEval", only=None, causal=True)
+    assert by["global_state"].kind == "global_state.changed"
+    assert by["grad_params"].status.value == "pass", by["grad_params"].detail
+
+
+def test_switches_restore_to_their_values():
+    before = globalstate.snapshot()
+    try:
+        torch.set_float32_matmul_precision("medium")
+        torch.set_grad_enabled(False)
+        # the matmul precision moves TF32 for CUDA matmuls with it: both are read
+        assert set(globalstate.changes(before, globalstate.snapshot())) == {"float32 matmul precision",
+                                                                           "cuda matmul allow_tf32", "grad mode"}
+        assert globalstate.severe(["float32 matmul precision", "grad mode"]) == ["grad mode"]
+    finally:
+        globalstate.restore(before)
+    assert globalstate.snapshot() == before and torch.is_grad_enabled()

@@ -1,0 +1,94 @@
+"""Blocks that change process-wide state from their forward (or constructor), and correct twins that touch the same
+state and put it back. Each is `TrainBlock` with one thing changed; `--block tests/zoo_global.py:NAME` builds it."""
+
+import random
+
+import numpy as np
+import torch
+from zoo_training import TrainBlock
+
+# ----------------------------------------------------------------------------- bugs
+
+
+class ReseedsInTraining(TrainBlock):
+    """'Reproducible' dropout: each training forward reseeds torch, so every step draws the same masks."""
+
+    def forward(self, x):
+        if self.training:
+            torch.manual_seed(1234)
+        return super().forward(x)
+
+
+class SetSeedInEval(TrainBlock):
+    """A set_seed helper called for 'deterministic evaluation': Python's and NumPy's streams reset too."""
+
+    def forward(self, x):
+        if not self.training:
+            random.seed(0)
+            np.random.seed(0)
+            torch.manual_seed(0)
+        return super().forward(x)
+
+
+class GradOffInEval(TrainBlock):
+    """Turns grad mode off for its inference path and never turns it back on."""
+
+    def forward(self, x):
+        if not self.training:
+            torch.set_grad_enabled(False)
+        return super().forward(x)
+
+
+class Float64Default(TrainBlock):
+    """Sets the default dtype to float64 in its constructor (for a precise table) and leaves it so."""
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
+        super().__init__(d_model, n_heads, dropout, causal)
+        torch.set_default_dtype(torch.float64)
+
+
+class LowerMatmulPrecision(TrainBlock):
+    """Asks for TF32-class float32 matmuls for the whole process from its forward."""
+
+    def forward(self, x):
+        torch.set_float32_matmul_precision("medium")
+        return super().forward(x)
+
+
+# ----------------------------------------------------------------------------- correct twins
+
+
+class ForkedNoise(TrainBlock):
+    """Noise drawn inside torch.random.fork_rng (the caller's stream put back) and its own generator."""
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
+        super().__init__(d_model, n_heads, dropout, causal)
+        self.gen = torch.Generator().manual_seed(7)
+
+    def forward(self, x):
+        with torch.random.fork_rng():
+            torch.manual_seed(0)
+            x = x + 0.0 * torch.randn_like(x)
+        return super().forward(x + 0.0 * torch.randn(x.shape, generator=self.gen))
+
+
+class ScopedSwitches(TrainBlock):
+    """Grad mode, autocast and the default dtype changed only inside scopes that put them back."""
+
+    def forward(self, x):
+        with torch.no_grad():
+            _ = x.sum()
+        with torch.autocast("cpu", enabled=False):
+            y = super().forward(x)
+        saved = torch.get_default_dtype()
+        try:
+            torch.set_default_dtype(torch.float64)
+        finally:
+            torch.set_default_dtype(saved)
+        return y
+
+
+PLANTED = {"ReseedsInTraining": "global_state.reseeds", "SetSeedInEval": "global_state.reseeds",
+           "GradOffInEval": "global_state.changed", "Float64Default": "global_state.changed",
+           "LowerMatmulPrecision": "global_state.switched"}
+CORRECT = ("TrainBlock", "ForkedNoise", "ScopedSwitches")
