@@ -1,5 +1,5 @@
 """Hugging Face layers at their edges: rembert's factorised embedding width, a config dropout read at call time,
-bloom's ALiBi slopes judged, encoders and mask-free layers described as what they are, the key/value head field
+layerdrop off, bloom's ALiBi slopes judged, encoders and mask-free layers described as what they are, the key/value head field
 named for --tp, and compile's graph breaks counted for the layer alone."""
 
 import importlib.util
@@ -36,6 +36,20 @@ def test_a_config_dropout_read_at_call_time_is_zeroed(family):
     by = by_name(tblock_cli.check(f"hf:{family}", only="shape,finite,determinism,train_state,input_unchanged,copy,train_eval",
                                   dropout=0.1, **S))
     assert by["train_eval"].status == Status.PASS, by["train_eval"].detail
+
+
+@needs_hf
+def test_layerdrop_never_skips_the_layer_under_test():
+    """m2m_100 skips each encoder layer with probability 0.05 in training: a train forward that drew below it never
+    reached the layer. Set to 0 (a regulariser of the stack), every seeded train forward runs it."""
+    from tblock_cli.subject.setup import setup
+
+    s = setup("hf:m2m_100", {**S, "d_ff": 256})
+    with s.session():
+        layers = s.build(lambda cfg, n: 0, "check").module
+    assert layers.config.encoder_layerdrop == 0.0 and layers.config.decoder_layerdrop == 0.0
+    by = by_name(tblock_cli.check("hf:m2m_100", only="global_state", d_ff=256, **S))  # its train forwards at seeds 1, 2
+    assert by["global_state"].status == Status.PASS, by["global_state"].detail
 
 
 @needs_hf

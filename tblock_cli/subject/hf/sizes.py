@@ -180,6 +180,10 @@ def size_overrides(config, cfg: BlockConfig, extra: dict) -> dict:
         if isinstance(v, int) and v > 0 and d0:
             put(n, max(1, round(v * d / d0)))
     for n, v in config.to_dict().items():
-        if isinstance(v, float) and any(w in n for w in DROPOUT_WORDS) and "layerdrop" not in n and "classifier" not in n:
+        if isinstance(v, float) and "layerdrop" in n:
+            # the model skipping whole layers at random in training (m2m_100's 0.05): the layer under test would
+            # sometimes not run at all; a regulariser of the stack, not of the layer
+            put(n, 0.0)
+        elif isinstance(v, float) and any(w in n for w in DROPOUT_WORDS) and "classifier" not in n:
             put(n, cfg.dropout)
     return out
