@@ -97,6 +97,7 @@ REGISTRY: tuple[Check, ...] = (
     Check("state_dict", lifecycle.check_state_dict, ("finite", "deterministic"), None, slow=True),
     Check("precision", precision.check_precision, ("finite", "deterministic"), None, slow=True),
     Check("optimizer_step", training.check_optimizer_step, GRADS + ("train_safe", "copyable"), None, slow=True),
+    Check("grad_accumulation", training.check_grad_accumulation, ("shape",) + GRADS + ("train_safe",), None, slow=True),
     Check("global_state", globalstate.check_global_state, (), None),
 )
 CHECK_NAMES = tuple(c.name for c in REGISTRY)

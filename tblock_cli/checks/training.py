@@ -269,3 +269,64 @@ def check_optimizer_step(ctx: Context) -> Outcome:
     if frozen:
         return warned("optimizer_step.frozen", value, **facts)
     return passed("optimizer_step.ok", value, **facts)
+
+
+# ----------------------------------------------------------------------------- gradients accumulate
+
+
+def _backward_into(ctx: Context, x: torch.Tensor, weight: torch.Tensor) -> None:
+    """One seeded train forward of x and the backward of a fixed projection, into whatever .grad holds."""
+    module = ctx.subject.module
+    with seeded(ctx.device), train_mode(module, True), torch.enable_grad():
+        out = ctx.subject(x.clone().requires_grad_(True))
+        (out.float() * weight).sum().backward()
+
+
+def _grads(params) -> dict[str, torch.Tensor | None]:
+    return {n: None if p.grad is None else p.grad.detach().clone() for n, p in params}
+
+
+def _off(got: torch.Tensor | None, want: torch.Tensor) -> float:
+    """How far a gradient is from what it should be, relative to the latter's largest entry (1.0 when it is gone)."""
+    if got is None:
+        return 1.0
+    return ((got.double() - want.double()).abs().max() / want.double().abs().max().clamp_min(1e-30)).item()
+
+
+def check_grad_accumulation(ctx: Context) -> Outcome:
+    """Catches: gradients that do not add up over two backwards without zeroing (micro-batches of gradient
+    accumulation): the same seeded step twice must leave twice the gradient of one; a forward that frees or zeroes
+    `.grad`, a backward that writes `.grad` instead of adding to it"""
+    if (large := too_large(ctx)) is not None:
+        return large
+    params = trainable(ctx.subject.module)
+    if not params:
+        return skipped("grad_accumulation.no_params")
+    saved = {n: p.grad for n, p in params}
+    x = ctx.x()
+    weight = ctx.randn(*x.shape).float()  # the projection of an output of the input's shape (the shape check's)
+    limit = 10 * ctx.tol
+    try:
+        for _, p in params:
+            p.grad = None
+        _backward_into(ctx, x, weight)
+        one = _grads(params)
+        _backward_into(ctx, x, weight)  # a second micro-batch, the same one: .grad must now hold twice the first
+        two = _grads(params)
+        off = {n: _off(two[n], 2 * g) for n, g in one.items() if g is not None and g.any()}
+        wrong = {n: e for n, e in off.items() if e > limit}
+        if wrong:  # a step that is not repeatable (its own generator, state it advances) is no evidence: a fresh one
+            for _, p in params:
+                p.grad = None
+            _backward_into(ctx, x, weight)
+            again = _grads(params)
+            if any(_off(again[n], one[n]) > limit for n in wrong):
+                return skipped("grad_accumulation.not_repeatable", params=sorted(wrong))
+    finally:
+        for n, p in params:
+            p.grad = saved[n]
+    worst = max(off.values(), default=0.0)
+    facts = {"limit": limit, "checked": len(off), "wrong": sorted(wrong, key=wrong.get, reverse=True)}
+    if wrong:
+        return failed("grad_accumulation.lost", round(worst, 4), worst=worst, **facts)
+    return passed("grad_accumulation.adds", worst, worst=worst, **facts)

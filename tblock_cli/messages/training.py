@@ -104,6 +104,14 @@ MESSAGES = {
     "optimizer_step.frozen": lambda f: (f"parameters with requires_grad=False (never trained; a norm weight frozen by mistake is a "
                                         f"bug): {names(f['frozen'])}"),
     "optimizer_step.ok": _optimizer_ok,
+    "grad_accumulation.no_params": "the block has no trainable parameters",
+    "grad_accumulation.not_repeatable": lambda f: (f"the same seeded training step gives other gradients each time "
+                                                    f"({names(f['params'])}): accumulation cannot be compared"),
+    "grad_accumulation.lost": lambda f: (f"two backwards without zeroing do not leave twice one backward's gradient "
+                                         f"(worst {f['worst']:.2g} off, limit {f['limit']:g}): {names(f['wrong'])}; "
+                                         f"gradient accumulation over micro-batches loses all but the last"),
+    "grad_accumulation.adds": lambda f: (f"gradients add up over two backwards without zeroing ({f['checked']} "
+                                         f"parameters, worst {f['worst']:.1e} off)"),
     "global_state.changed": lambda f: "a forward leaves torch's process-wide state changed: " + _switched(f, f["switches"]),
     "global_state.switched": lambda f: ("a forward changes torch's numerics or speed switches for the whole process: "
                                         + _switched(f, f["switches"])),
