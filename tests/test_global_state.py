@@ -1,5 +1,6 @@
 """The global_state check: torch's process-wide switches and random streams a block's forward (or constructor) leaves
-changed, judged on tests/zoo_global.py's planted bugs and correct twins; the battery puts every switch back."""
+changed, judged on tests/zoo_global.py's planted bugs and correct twins; the battery puts every switch back. And
+determinism's warning on module state an eval forward writes at every call."""
 
 import random
 
@@ -79,3 +80,14 @@ def test_switches_restore_to_their_values():
     finally:
         globalstate.restore(before)
     assert globalstate.snapshot() == before and torch.is_grad_enabled()
+
+
+@pytest.mark.parametrize("name", zoo_global.WRITES_IN_EVAL)
+def test_state_written_at_every_eval_call_is_a_warning_that_names_it(name):
+    c = battery(name, only=("determinism",))["determinism"]
+    assert c.kind == "determinism.writes_state", (c.kind, c.facts)
+    assert c.status.value == "warn"
+    if name == "EvalRunningMean":
+        assert (c.facts["written"], c.facts["grown"]) == (["running_mean"], [])
+    else:  # one more input kept per call: the path of the one the last call added
+        assert c.facts["written"] == [] and len(c.facts["grown"]) == 1 and c.facts["grown"][0].startswith("seen[")

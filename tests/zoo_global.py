@@ -1,5 +1,5 @@
-"""Blocks that change process-wide state from their forward (or constructor), and correct twins that touch the same
-state and put it back. Each is `TrainBlock` with one thing changed; `--block tests/zoo_global.py:NAME` builds it."""
+"""Blocks that leave state behind: process-wide state changed from their forward (or constructor), module state
+written at every eval call; and correct twins that touch the same state and put it back, or write the same values. Each is `TrainBlock` with one thing changed; `--block tests/zoo_global.py:NAME` builds it."""
 
 import random
 
@@ -55,6 +55,31 @@ class LowerMatmulPrecision(TrainBlock):
         return super().forward(x)
 
 
+class EvalRunningMean(TrainBlock):
+    """A running mean of its input for a calibration feature, updated in eval too (no self.training guard)."""
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
+        super().__init__(d_model, n_heads, dropout, causal)
+        self.register_buffer("running_mean", torch.zeros(d_model))
+
+    def forward(self, x):
+        with torch.no_grad():
+            self.running_mean.mul_(0.9).add_(0.1 * x.mean((0, 1)))
+        return super().forward(x)
+
+
+class KeepsInputs(TrainBlock):
+    """Appends every input to a list (a debugging aid left in): memory grows with every call."""
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
+        super().__init__(d_model, n_heads, dropout, causal)
+        self.seen = []
+
+    def forward(self, x):
+        self.seen.append(x.detach())
+        return super().forward(x)
+
+
 # ----------------------------------------------------------------------------- correct twins
 
 
@@ -88,7 +113,29 @@ class ScopedSwitches(TrainBlock):
         return y
 
 
+class LazyTables(TrainBlock):
+    """A cos/sin table rebuilt whenever the length changes and a key cache written at positions 0..T-1 on every call
+    (Meta's llama writes its cache so): state written, the same values each time for the same input."""
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
+        super().__init__(d_model, n_heads, dropout, causal)
+        self.register_buffer("table", torch.zeros(0), persistent=False)
+        self.last = None
+
+    def forward(self, x):
+        B, T, _ = x.shape
+        if "cache" not in self._buffers:  # allocated at the first call, as a generation loop's cache is
+            self.register_buffer("cache", torch.full((4, 512, x.shape[-1]), float("nan")), persistent=False)
+        if self.table.shape[0] != T:
+            self.table = torch.arange(T, dtype=torch.float32).cos()
+        with torch.no_grad():
+            self.cache[:B, :T] = x.detach()
+        self.last = x.detach().sum(-1)  # replaced each call, the same values for the same input
+        return super().forward(x)
+
+
 PLANTED = {"ReseedsInTraining": "global_state.reseeds", "SetSeedInEval": "global_state.reseeds",
            "GradOffInEval": "global_state.changed", "Float64Default": "global_state.changed",
            "LowerMatmulPrecision": "global_state.switched"}
-CORRECT = ("TrainBlock", "ForkedNoise", "ScopedSwitches")
+WRITES_IN_EVAL = ("EvalRunningMean", "KeepsInputs")  # determinism.writes_state
+CORRECT = ("TrainBlock", "ForkedNoise", "ScopedSwitches", "LazyTables")

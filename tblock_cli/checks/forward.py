@@ -6,13 +6,14 @@ from __future__ import annotations
 import copy
 
 import torch
+import torch.nn as nn
 
 from tblock_cli.anatomy.mha import attention_modules, attention_weights_bytes, mha_call_arguments
 from tblock_cli.anatomy.norms import find_norms, with_eps
 from tblock_cli.checks.context import TRAINING_INPUT, Context, eval_forward, forward_together, nonfinite_kind
 from tblock_cli.checks.result import Outcome, failed, passed, skipped, warned
 from tblock_cli.errors import is_out_of_memory
-from tblock_cli.probes import changed, f64, float64_streamed, rel_diff, train_mode
+from tblock_cli.probes import changed, f64, float64_streamed, rel_diff, state_key, tensors, train_mode
 from tblock_cli.report import Status
 from tblock_cli.runtime import dtype_name
 
@@ -93,15 +94,68 @@ def all_finite_together(ctx: Context, xs: list[torch.Tensor]) -> bool:
 def check_determinism(ctx: Context) -> Outcome:
     """Catches: two eval forwards that differ beyond rounding (dropout in eval, noise, state that changes the output),
     also in a copy with its zero dropout probabilities raised to 0.1 (dropout applied in eval, hidden by a default
-    of 0)"""
+    of 0); an eval forward that writes other values into the module's buffers or tensor attributes at every call, or
+    adds tensors to them, while its output does not show it (running statistics updated in eval, a list that grows):
+    a **warning**"""
     x, a = ctx.standard()
+    module = ctx.subject.module
+    key = state_key(module)
     b = eval_forward(ctx, x)
     if torch.equal(a, b):
+        if state_key(module) != key:  # written: a cache filled once (a rotary table for this length) or every call?
+            grown, written = eval_writes(ctx, x)
+            if grown or written:
+                return warned("determinism.writes_state", len(grown) + len(written), grown=grown, written=written)
         return dropout_raised(ctx, x)
     diff = rel_diff(a, b)
     if diff <= ctx.tol:
         return warned("determinism.rounding", diff, diff=diff)
     return failed("determinism.random", diff, diff=diff)
+
+
+def held_tensors(module: nn.Module) -> dict[str, torch.Tensor]:
+    """The module's buffers and plain tensor attributes (in lists, tuples and dicts too), and those of modules it
+    keeps as attributes (an HF layer's model), by path; parameters are not state a forward should write."""
+    held, seen, todo = {}, set(), [("", module)]
+    while todo:
+        prefix, m = todo.pop()
+        if id(m) in seen:
+            continue
+        seen.add(id(m))
+        for name, t in m._buffers.items():
+            if t is not None:
+                held[prefix + name] = t
+        todo += [(f"{prefix}{n}.", c) for n, c in m._modules.items() if c is not None]
+        for name, value in vars(m).items():
+            if name.startswith("_"):
+                continue
+            if isinstance(value, nn.Module):
+                todo.append((f"{prefix}{name}.", value))
+            elif isinstance(value, (torch.Tensor, list, tuple, dict)):
+                for i, t in enumerate(tensors(value)):
+                    held[f"{prefix}{name}[{i}]" if not isinstance(value, torch.Tensor) else prefix + name] = t
+    return held
+
+
+def eval_writes(ctx: Context, x: torch.Tensor) -> tuple[list[str], list[str]]:
+    """One more eval forward of x, after one that wrote module state: the paths it adds (or drops), and those whose
+    values it changes. A cache filled for this input (a rotary table, a KV cache written at the same positions)
+    holds the same values again: neither."""
+    before = {p: t.detach().clone() for p, t in held_tensors(ctx.subject.module).items() if not t.is_meta}
+    eval_forward(ctx, x)
+    after = {p: t for p, t in held_tensors(ctx.subject.module).items() if not t.is_meta}
+    grown = sorted(set(after) ^ set(before))
+    written = [p for p, t in after.items() if p in before and not _same(t.detach(), before[p])]
+    return grown, written
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal shape, dtype and values, NaN equal to NaN (a cache initialised with NaN holds it again)."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if torch.equal(a, b):
+        return True
+    return a.is_floating_point() and bool(((a == b) | (a.isnan() & b.isnan())).all())
 
 
 def dropout_raised(ctx: Context, x: torch.Tensor) -> Outcome:

@@ -301,6 +301,11 @@ MESSAGES.update({
                                   f"copies would all compute with the original's weights"),
     "copy.raises": "deepcopy of the block raises: {error}",
     # determinism, third generation
+    "determinism.writes_state": lambda f: ("an eval forward repeated on the same input writes module state again, its "
+                                            "output unchanged: " + "; ".join(x for x in (
+                                                f"adds or drops {names(f['grown'])}" if f["grown"] else "",
+                                                f"new values in {names(f['written'])}" if f["written"] else "") if x)
+                                            + " (running statistics updated in eval, a list that grows with every call?)"),
     "determinism.raised_dropout": ("with its zero dropout probabilities raised to 0.1, two eval forwards differ by {diff:.2e}: "
                                    "dropout is applied in eval (F.dropout(training=True)? a dropout_p passed to SDPA "
                                    "whatever self.training?), hidden while the block is built with dropout 0"),
