@@ -5,6 +5,7 @@ a forward reseeds a random stream (the same dropout masks at every step, the cal
 
 from __future__ import annotations
 
+import functools
 import random
 import sys
 from dataclasses import dataclass
@@ -14,7 +15,7 @@ import torch
 
 from tblock_cli.checks.context import Context
 from tblock_cli.checks.result import Outcome, failed, passed, warned
-from tblock_cli.probes import train_mode
+from tblock_cli.probes import kept_modes
 
 SEEDS = (1, 2)  # the two starting points of each random stream: a stream a forward reseeds ends in one place from both
 
@@ -48,8 +49,9 @@ def _sdp(kind: str) -> Switch | None:
     return None if get is None or enable is None else Switch(f"{kind} SDPA enabled", get, enable, False)
 
 
-def switches() -> list[Switch]:
-    """Every switch read, where this torch has it."""
+@functools.cache
+def switches() -> tuple[Switch, ...]:
+    """Every switch read, where this torch has it (found once: the battery reads them after every check)."""
     found = [
         Switch("grad mode", torch.is_grad_enabled, torch.set_grad_enabled, True),
         Switch("default dtype", torch.get_default_dtype, torch.set_default_dtype, True),
@@ -68,7 +70,7 @@ def switches() -> list[Switch]:
     ]
     if hasattr(torch, "get_default_device"):
         found.append(Switch("default device", torch.get_default_device, torch.set_default_device, True))
-    return [s for s in found if s is not None]
+    return tuple(s for s in found if s is not None)
 
 
 def snapshot() -> dict[str, object]:
@@ -138,7 +140,7 @@ def bare_forwards(ctx: Context) -> tuple[dict[str, list[str]], dict[str, list[st
     module, reseeds, changed = ctx.subject.module, {}, {}
     x = ctx.x()
     base = snapshot()
-    with _Streams(ctx.device) as streams, train_mode(module, False):
+    with _Streams(ctx.device) as streams, kept_modes(module):
         for mode in ("eval", "train"):
             module.train(mode == "train")
             ends = []
@@ -166,6 +168,7 @@ def check_global_state(ctx: Context) -> Outcome:
     large = too_large(ctx) is not None  # above the training checks' size: the switches noted, no forwards of its own
     reseeds, own = ({}, {}) if large else bare_forwards(ctx)
     seen = list(ctx.state_changes) + ([("a bare forward", own)] if own else [])
+    # per switch, the first check it changed during (later notes of the same switch overwritten by earlier ones)
     changed = {name: (check, values) for check, diff in reversed(seen) for name, values in diff.items()}
     facts = {"changed": {k: {"check": c, "before": v[0], "after": v[1]} for k, (c, v) in changed.items()},
              "reseeds": reseeds, "rng_probed": not large}

@@ -1,5 +1,5 @@
 """The sentences of the training-time checks (derivative, checkpointing, meta_init, state_dict, precision,
-optimizer_step, global_state), by kind, from their facts."""
+optimizer_step, grad_accumulation) and of global_state, by kind, from their facts."""
 
 from __future__ import annotations
 
