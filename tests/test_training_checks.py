@@ -10,7 +10,7 @@ import torch.nn as nn
 import zoo_training
 
 import tblock_cli
-from tblock_cli.checks import Status, run_checks
+from tblock_cli.checks import Status, precision, run_checks
 from tblock_cli.checks.checkpointing import recomputed
 from tblock_cli.checks.lifecycle import hidden_params, own_init, plain_tensors, roots
 from tblock_cli.checks.precision import _token_error
@@ -257,3 +257,56 @@ def test_state_dict_leaves_a_zero_dim_scale_and_a_per_call_mask_alone():
 
     r = tblock_cli.check(Scaled, d_model=32, n_heads=4, only=("state_dict",))
     assert r.checks[0].kind == "state_dict.round_trip" and not r.checks[0].facts["plain_tensors"], r.checks[0]
+
+
+def _ulps(a: torch.Tensor, b: torch.Tensor) -> int:
+    """The largest distance between two bfloat16 tensors in units in the last place (same-sign values)."""
+    ia, ib = a.view(torch.int16).int(), b.view(torch.int16).int()
+    return int((ia - ib).abs().max())
+
+
+def test_float_accumulated_products_are_bfloat16_products_rounded_once():
+    # each op: exactly the float32 product of the same bfloat16 values rounded once (bias added before the rounding),
+    # and within one unit in the last place of PyTorch's own bfloat16 kernel (summation order only)
+    g = torch.Generator().manual_seed(0)
+    h = lambda *s: (torch.randn(*s, generator=g) + 3).bfloat16()  # noqa: E731 - positive: ulps compare as ints
+    a, b, bias = h(24, 40), h(40, 16), h(16)
+    a3, b3, c3 = h(3, 24, 40), h(3, 40, 16), h(3, 24, 16)
+    cases = [(torch.mm, (a, b)), (torch.bmm, (a3, b3)), (torch.addmm, (bias, a, b)), (torch.baddbmm, (c3, a3, b3)),
+             (nn.functional.linear, (a, b.t(), bias))]
+    for op, args in cases:
+        with precision._emulated(True):
+            got = op(*args)
+        wide = op(*[t.float() for t in args]).bfloat16()
+        assert got.dtype == torch.bfloat16 and torch.equal(got, wide), op
+        assert _ulps(got, op(*args)) <= 1, op
+
+
+def test_emulation_turns_the_mha_fast_path_off_and_back_even_on_error():
+    before = torch.backends.mha.get_fastpath_enabled()
+    with pytest.raises(ValueError), precision._emulated(True):
+        assert not torch.backends.mha.get_fastpath_enabled()
+        raise ValueError
+    assert torch.backends.mha.get_fastpath_enabled() == before
+
+
+def test_precision_measures_the_same_with_emulated_and_native_products(monkeypatch):
+    # the emulation changes how fast, not what: both errors of the correct block and the planted bugs' agree
+    for name in ("TrainBlock", "Bf16Positions", "AutocastAngles"):
+        by = {}
+        for emulate in (True, False):
+            monkeypatch.setattr(precision, "emulates_half_products", lambda _d, e=emulate: e)
+            by[emulate] = run(name, only=("precision",))["precision"]
+        assert by[True].facts["products"] == "float32-accumulated" and by[False].facts["products"] == "native"
+        assert by[True].status == by[False].status, name
+        for how, err in by[False].facts["errors"].items():
+            assert by[True].facts["errors"][how] == pytest.approx(err, rel=0.5), (name, how)
+
+
+def test_precision_runs_natively_when_the_emulation_cannot(monkeypatch):
+    def refuse(self, func, types, args=(), kwargs=None):
+        raise RuntimeError("not under a dispatch mode")
+    monkeypatch.setattr(precision, "emulates_half_products", lambda _d: True)
+    monkeypatch.setattr(precision.FloatAccumulatedProducts, "__torch_dispatch__", refuse)
+    c = run("TrainBlock", only=("precision",))["precision"]
+    assert c.status is Status.PASS and c.facts["products"] == "native", c

@@ -47,7 +47,14 @@ def _precision(f: dict) -> str:
     where = f"; the first component whose error jumps: {f['component']} ({f['component_error']:.1e})" if f["component"] else ""
     how = "under torch.autocast(bfloat16)" if f["how"] == "autocast" else "after .to(bfloat16)"
     return (f"{how}, at {f['seq']} tokens, a component's relative error per position (75th percentile) against float32 "
-            f"reaches {f['errors'][f['how']]:.1e}, above {f['limit']:g}{where}")
+            f"reaches {f['errors'][f['how']]:.1e}, above {f['limit']:g}{where}{_products(f)}")
+
+
+def _products(f: dict) -> str:
+    """Where this CPU has no bfloat16 matrix instructions, the products ran as float32 products rounded once."""
+    if f.get("products") != "float32-accumulated":
+        return ""
+    return "; bfloat16 matrix products as float32-accumulated, rounded once (this CPU has no bfloat16 GEMM)"
 
 
 def _optimizer_ok(f: dict) -> str:
@@ -94,7 +101,8 @@ MESSAGES = {
     "precision.unsupported": lambda f: f"the block does not run in bfloat16: {f['error']}",
     "precision.differs": _precision,
     "precision.close": lambda f: (f"within {f['limit']:g} of float32 at {f['seq']} tokens: autocast {f['errors']['autocast']:.1e}, "
-                                  f".to(bfloat16) {f['errors']['to_bfloat16']:.1e} (worst component's relative error per position, 75th percentile)"),
+                                  f".to(bfloat16) {f['errors']['to_bfloat16']:.1e} (worst component's relative error per position, 75th percentile)"
+                                  f"{_products(f)}"),
     "optimizer_step.no_params": "the block has no trainable parameters",
     "optimizer_step.loss_not_lowered": lambda f: (f"one AdamW step (lr {f['lr']:g}) does not lower the loss on a fixed target: "
                                                   f"{f['loss_before']:.6g} -> {f['loss_after']:.6g}"),
