@@ -310,3 +310,16 @@ def test_precision_runs_natively_when_the_emulation_cannot(monkeypatch):
     monkeypatch.setattr(precision.FloatAccumulatedProducts, "__torch_dispatch__", refuse)
     c = run("TrainBlock", only=("precision",))["precision"]
     assert c.status is Status.PASS and c.facts["products"] == "native", c
+
+
+@pytest.mark.xdist_group("hf")  # dynamo's import, on the worker that has it
+def test_a_compiled_block_is_measured_the_same_under_the_emulation(monkeypatch):
+    # torch.compile imports dynamo first: the mode is then the one dynamo leaves alone, and the values stand
+    block = torch.compile(zoo_training.TrainBlock(32, 4), backend="eager")
+    by = {}
+    for emulate in (True, False):
+        monkeypatch.setattr(precision, "emulates_half_products", lambda _d, e=emulate: e)
+        by[emulate] = tblock_cli.check(block, d_model=32, n_heads=4, only="precision").checks[0]
+    assert by[True].facts["products"] == "float32-accumulated" and by[True].status is Status.PASS, by[True]
+    for how, err in by[False].facts["errors"].items():
+        assert by[True].facts["errors"][how] == pytest.approx(err, rel=0.5), how

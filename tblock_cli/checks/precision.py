@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import sys
 
 import torch
 import torch.nn as nn
@@ -43,20 +44,30 @@ class FloatAccumulatedProducts(TorchDispatchMode):
 
     OPS = frozenset()
 
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return _float_accumulated(self.OPS, func, args, kwargs or {})
+
+
+class _DynamoUnloaded(FloatAccumulatedProducts):
+    """The same mode for a process that has not imported torch._dynamo: torch wraps a mode's __torch_dispatch__ in
+    dynamo's disable, which imports it (1.7 s) at the first op. Compiled code in such a process is none, or starts
+    under this mode (dynamo then traces the mode too: the same values, with recompilation warnings)."""
+
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
-        """Not wrapped in torch._dynamo.disable (nothing compiles this mode): that wrapper imports torch._dynamo,
-        1.7 s, at the first op."""
         return False
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func in self.OPS:
-            tensors = [a for a in args if isinstance(a, torch.Tensor)]
-            if tensors and all(_plain_cpu_half(t) for t in tensors):
-                wide = [a.float() if isinstance(a, torch.Tensor) else a for a in args]
-                return func(*wide, **kwargs).to(HALF)
-        return func(*args, **kwargs)
+        return _float_accumulated(self.OPS, func, args, kwargs or {})
+
+
+def _float_accumulated(ops: frozenset, func, args: tuple, kwargs: dict):
+    if func in ops:
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        if tensors and all(_plain_cpu_half(t) for t in tensors):
+            wide = [a.float() if isinstance(a, torch.Tensor) else a for a in args]
+            return func(*wide, **kwargs).to(HALF)
+    return func(*args, **kwargs)
 
 
 def _plain_cpu_half(t: torch.Tensor) -> bool:
@@ -90,7 +101,7 @@ def _emulated(on: bool):
     try:
         if fast is not None:
             mha.set_fastpath_enabled(False)
-        with FloatAccumulatedProducts():
+        with (FloatAccumulatedProducts if "torch._dynamo" in sys.modules else _DynamoUnloaded)():
             yield
     finally:
         if fast is not None:
