@@ -54,7 +54,7 @@ def _products(f: dict) -> str:
     """Where this CPU has no bfloat16 matrix instructions, the products ran as float32 products rounded once."""
     if f.get("products") != "float32-accumulated":
         return ""
-    return "; bfloat16 matrix products as float32-accumulated, rounded once (this CPU has no bfloat16 GEMM)"
+    return "; bfloat16 matmuls accumulated in float32, rounded once (this CPU has no bfloat16 GEMM)"
 
 
 def _optimizer_ok(f: dict) -> str:
