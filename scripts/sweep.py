@@ -20,6 +20,7 @@ import torch
 TESTS = Path(__file__).resolve().parent.parent / "tests"
 sys.path.insert(0, str(TESTS))
 
+import zoo_dropout  # noqa: E402
 import zoo_training  # noqa: E402
 
 import tblock_cli  # noqa: E402
@@ -32,6 +33,7 @@ BUILTIN = {"built-in pre": {"norm": "pre"}, "built-in post": {"norm": "post"}, "
 CORRECT = {**{k: v for k, v in zoo.CORRECT.items() if k != "NoPadKeyword"}, **{k: {"causal": True} for k in zoo.CACHED_CORRECT},
            **zoo.CORRECT_3}
 CORRECT.update({f"zoo_training.py:{k}": {} for k in zoo_training.CORRECT})  # the training-time checks' twins
+CORRECT.update({f"zoo_dropout.py:{k}": {} for k in zoo_dropout.CORRECT})  # the dropout check's
 # Hugging Face layers, when transformers is installed: every family tblock drives, flags implied.
 HF = ["gpt2", "bert", "roberta", "llama", "mistral", "qwen2", "gemma", "phi3", "gpt_neox"]
 
@@ -72,7 +74,8 @@ def false_alarms(dtypes, widths, seqs, only=None) -> int:
 def missed_bugs(sizes) -> int:
     planted = {**{k: v for k, v in zoo.PLANTED.items()}, **zoo.PLANTED_2, **{k: (v, {}) for k, v in zoo.WARNED.items()},
                **{k: ("kv_cache", {"causal": True}) for k in zoo.CACHE_BUGS}, **zoo.PLANTED_3,
-               **{f"zoo_training.py:{k}": (v, {}) for k, v in zoo_training.PLANTED.items()}}
+               **{f"zoo_training.py:{k}": (v, {}) for k, v in zoo_training.PLANTED.items()},
+               **{f"zoo_dropout.py:{k}": ("dropout", {}) for k in zoo_dropout.PLANTED}}
     missed = runs = 0
     for name, (check, flags) in planted.items():
         for size in sizes:

@@ -60,7 +60,11 @@ def _products(f: dict) -> str:
 def _optimizer_ok(f: dict) -> str:
     zero = f"; zero gradient, not moved (can be legitimate): {names(f['zero_grad'])}" if f["zero_grad"] else ""
     return (f"one AdamW step lowers the loss ({f['loss_before']:.4g} -> {f['loss_after']:.4g}) and moves every parameter "
-            f"with a gradient{zero}")
+            f"with a gradient{zero}{_eval_step(f)}")
+
+
+def _eval_step(f: dict) -> str:
+    return "" if f.get("train", True) else " (in eval mode: the training forward's masks do not follow the seed)"
 
 
 MESSAGES = {
@@ -103,9 +107,24 @@ MESSAGES = {
     "precision.close": lambda f: (f"within {f['limit']:g} of float32 at {f['seq']} tokens: autocast {f['errors']['autocast']:.1e}, "
                                   f".to(bfloat16) {f['errors']['to_bfloat16']:.1e} (worst component's relative error per position, 75th percentile)"
                                   f"{_products(f)}"),
+    "dropout.torch_only": lambda f: (f"with torch's own dropouts off, training forwards compute the eval output (within "
+                                     f"{f['diff']:.1e}): the block draws no masks of its own"),
+    "dropout.train_path": lambda f: (f"with torch's dropouts off, training differs from eval ({f['diff']:.1e}) at dropout 0 "
+                                     f"too: a training-only path, not a dropout (see train_eval)"),
+    "dropout.rescaled": lambda f: (f"with torch's own dropouts off (the mean of their masks), a training forward differs from "
+                                   f"the eval forward by {f['diff']:.1e}, and not at dropout 0: a rescale of the block's own "
+                                   f"on top of F.dropout's (dividing by 1 - p twice?)"),
+    "dropout.other_noise": "training forwards stay random at dropout 0 (gating noise, jitter): not a dropout to judge",
+    "dropout.unjudged": "no module with random training forwards could be called alone on its eval inputs",
+    "dropout.biased": lambda f: (f"{f['module']}: the mean of {f['masks']} training forwards sits {f['bias']:.2f} of their spread "
+                                 f"from the eval output (limit {f['limit']:.2f}), "
+                                 + ("smaller: a dropout mask not rescaled by 1/(1-p)?" if f["shrinks"]
+                                    else "larger: a dropout rescaled twice?")),
+    "dropout.unbiased": lambda f: (f"in expectation over {f['masks']} masks, training forwards compute the eval output "
+                                   f"({names(f['judged'])}: bias {f['bias']:.2f} of the spread, limit {f['limit']:.2f})"),
     "optimizer_step.no_params": "the block has no trainable parameters",
     "optimizer_step.loss_not_lowered": lambda f: (f"one AdamW step (lr {f['lr']:g}) does not lower the loss on a fixed target: "
-                                                  f"{f['loss_before']:.6g} -> {f['loss_after']:.6g}"),
+                                                  f"{f['loss_before']:.6g} -> {f['loss_after']:.6g}{_eval_step(f)}"),
     "optimizer_step.tie_broken": lambda f: ("distinct parameters hold the same random values (a tie broken by a copy: they "
                                             "train apart): " + "; ".join(" = ".join(p) for p in f["ties"])),
     "optimizer_step.unchanged": lambda f: f"one AdamW step leaves parameters with a gradient unchanged: {names(f['unchanged'])}",

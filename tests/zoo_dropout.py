@@ -1,0 +1,141 @@
+"""Dropout written by the block itself, for the `dropout` check: masks that are not rescaled by 1 / (1 - p), or
+rescaled twice; and the correct twins: a rescaled hand-made mask, classic dropout (unscaled in training, scaled by
+1 - p in eval), a post-norm block with functional dropout before each norm, gating noise the dropout rate does not
+govern. Each is `TrainBlock` of tests/zoo_training.py with one method changed."""
+
+import math
+
+import torch
+import torch.nn.functional as F
+from zoo_training import TrainBlock, heads, merge
+
+# ----------------------------------------------------------------------------- correct twins
+
+class ManualDropoutBlock(TrainBlock):
+    """Dropout written by hand, rescaled: a mask from rand and the kept elements divided by 1 - p."""
+
+    def ffn(self, h):
+        y = self.w2(F.silu(self.w1(h)) * self.w3(h))
+        if not self.training or self.p == 0:
+            return y
+        return y * (torch.rand_like(y) >= self.p) / (1 - self.p)
+
+
+class ClassicDropout(TrainBlock):
+    """Dropout as first published: kept elements unscaled in training, the eval output scaled by 1 - p instead."""
+
+    def ffn(self, h):
+        y = self.w2(F.silu(self.w1(h)) * self.w3(h))
+        if not self.training:
+            return y * (1 - self.p)
+        return y * (torch.rand_like(y) >= self.p)
+
+
+class PostNormOwnDropout(TrainBlock):
+    """Post-norm with functional dropout in the block's own forward, before each norm (a norm after the add bends the
+    mean over masks: torch's dropouts are not judged by their mean)."""
+
+    def forward(self, x):
+        drop = lambda t: F.dropout(t, self.p, self.training)  # noqa: E731
+        x = self.attn_norm(x + drop(self.attention(x)))
+        return self.ffn_norm(x + drop(self.w2(F.silu(self.w1(x)) * self.w3(x))))
+
+
+
+class DropPath(torch.nn.Module):
+    """Stochastic depth as timm writes it: one keep/drop draw per sample, the kept divided by the keep rate."""
+
+    def __init__(self, p):
+        super().__init__()
+        self.p = p
+
+    def forward(self, x):
+        if not self.training or self.p == 0:
+            return x
+        keep = x.new_empty((x.shape[0],) + (1,) * (x.ndim - 1)).bernoulli_(1 - self.p)
+        return x * keep / (1 - self.p)
+
+
+class StochasticDepth(TrainBlock):
+    """Both branches behind a DropPath: few independent draws (one per sample), each scaled right."""
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
+        super().__init__(d_model, n_heads, dropout, causal)
+        self.drop_path = DropPath(dropout)
+
+    def forward(self, x):
+        x = x + self.drop_path(self.attention(self.attn_norm(x)))
+        return x + self.drop_path(self.ffn(self.ffn_norm(x)))
+
+
+class NoisyGating(TrainBlock):
+    """A gate on the FFN with noise on its logits in training (noisy top-k gating's idea): random at any dropout rate,
+    and not expectation-preserving by design."""
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
+        super().__init__(d_model, n_heads, dropout, causal)
+        self.gate = torch.nn.Linear(d_model, 1)
+
+    def ffn(self, h):
+        logit = self.gate(h)
+        if self.training:
+            logit = logit + torch.randn_like(logit)
+        return torch.sigmoid(logit) * self.w2(F.silu(self.w1(h)) * self.w3(h))
+
+
+# ----------------------------------------------------------------------------- planted bugs
+
+class UnscaledDropout(TrainBlock):
+    """Hand-written FFN dropout that forgets to rescale: in expectation the FFN's output shrinks by 1 - p in training."""
+
+    def ffn(self, h):
+        y = self.w2(F.silu(self.w1(h)) * self.w3(h))
+        if not self.training or self.p == 0:
+            return y
+        return y * (torch.rand_like(y) >= self.p)  # bug: no / (1 - p)
+
+
+class DoubleScaledDropout(TrainBlock):
+    """F.dropout already rescales; dividing by 1 - p again grows the FFN's output in training."""
+
+    def ffn(self, h):
+        y = F.dropout(self.w2(F.silu(self.w1(h)) * self.w3(h)), self.p, self.training)
+        return y / (1 - self.p) if self.training else y  # bug: a second rescale
+
+
+class UnscaledAttentionDropout(TrainBlock):
+    """Attention written out, its probabilities masked in training without the rescale (rows then sum to ~1 - p)."""
+
+    def attention(self, h):
+        q, k, v = (heads(p(h), self.n_heads) for p in (self.q_proj, self.k_proj, self.v_proj))
+        q, k = self.rotary(q), self.rotary(k)
+        s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+        if self.causal:
+            n = s.shape[-1]
+            s = s.masked_fill(torch.ones(n, n, dtype=torch.bool, device=s.device).triu(1), float("-inf"))
+        a = s.softmax(-1)
+        if self.training and self.p > 0:
+            a = a * (torch.rand_like(a) >= self.p)  # bug: no / (1 - p)
+        return self.o_proj(merge(a @ v))
+
+
+
+class UnscaledDropPath(StochasticDepth):
+    """Stochastic depth whose kept samples are not divided by the keep rate: in training each branch shrinks by 1 - p
+    in expectation (one draw per sample: the check averages over more masks)."""
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
+        super().__init__(d_model, n_heads, dropout, causal)
+        self.drop_path = UnscaledPath(dropout)
+
+
+class UnscaledPath(DropPath):
+    def forward(self, x):
+        if not self.training or self.p == 0:
+            return x
+        return x * x.new_empty((x.shape[0],) + (1,) * (x.ndim - 1)).bernoulli_(1 - self.p)  # bug: no / (1 - p)
+
+
+CORRECT = ["ManualDropoutBlock", "ClassicDropout", "PostNormOwnDropout", "StochasticDepth", "NoisyGating"]
+PLANTED = {"UnscaledDropout": "dropout.biased", "DoubleScaledDropout": "dropout.rescaled",
+           "UnscaledAttentionDropout": "dropout.biased", "UnscaledDropPath": "dropout.biased"}
