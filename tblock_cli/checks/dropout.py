@@ -22,7 +22,7 @@ from torch.overrides import TorchFunctionMode
 from tblock_cli.checks.context import Context
 from tblock_cli.checks.result import Outcome, failed, passed, skipped
 from tblock_cli.checks.training import all_modules, too_large
-from tblock_cli.errors import is_out_of_memory
+from tblock_cli.errors import is_out_of_memory, one_line
 from tblock_cli.probes import rel_diff, reseed, train_mode, zero_dropout
 from tblock_cli.subject import first_tensor
 
@@ -127,7 +127,12 @@ def check_dropout(ctx: Context) -> Outcome:
             raise
         x = ctx.x()
         want = run(module, False, 0)
-    one, two = run(module, True, 1), run(module, True, 2)
+    try:
+        one, two = run(module, True, 1), run(module, True, 2)
+    except Exception as e:  # noqa: BLE001 - a block that does not run under a function mode (compiled code, say)
+        if is_out_of_memory(e):
+            raise
+        return skipped("dropout.unsupported", error=one_line(e))
     if torch.equal(one, two):  # nothing random of the block's own: training must now be eval, or differ at any rate
         diff = rel_diff(one, want)
         if diff <= ctx.tol:
@@ -157,12 +162,17 @@ def check_dropout(ctx: Context) -> Outcome:
     for m in judged:
         name = names.get(id(m)) or type(m).__name__
         ctx.step(name)
-        ref = run(m, False, 0)
-        outs = torch.stack([run(m, True, 100 + i) for i in range(MASKS)])
-        if outs.shape[1:] != ref.shape or not torch.isfinite(outs).all():
+        try:
+            ref = run(m, False, 0)
+            outs = torch.stack([run(m, True, 100 + i) for i in range(MASKS)])
+            if outs.shape[1:] != ref.shape or not torch.isfinite(outs).all():
+                continue
+            if _draws(outs) < FEW:
+                outs = torch.cat([outs, torch.stack([run(m, True, 100 + i) for i in range(MASKS, MORE_MASKS)])])
+        except Exception as e:  # noqa: BLE001 - a module whose calls alone stop working (state it advances): not judged
+            if is_out_of_memory(e):
+                raise
             continue
-        if _draws(outs) < FEW:
-            outs = torch.cat([outs, torch.stack([run(m, True, 100 + i) for i in range(MASKS, MORE_MASKS)])])
         if _draws(outs) < MIN_DRAWS:
             continue
         mean, var = outs.mean(0), outs.var(0)

@@ -115,6 +115,7 @@ MESSAGES = {
                                    f"the eval forward by {f['diff']:.1e}, and not at dropout 0: a rescale of the block's own "
                                    f"on top of F.dropout's (dividing by 1 - p twice?)"),
     "dropout.other_noise": "training forwards stay random at dropout 0 (gating noise, jitter): not a dropout to judge",
+    "dropout.unsupported": lambda f: f"the block's training forward does not run with torch's dropouts off: {f['error']}",
     "dropout.unjudged": "no module with random training forwards could be called alone on its eval inputs",
     "dropout.biased": lambda f: (f"{f['module']}: the mean of {f['masks']} training forwards sits {f['bias']:.2f} of their spread "
                                  f"from the eval output (limit {f['limit']:.2f}), "
