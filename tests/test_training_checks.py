@@ -363,3 +363,11 @@ def test_torch_dropout_off_is_the_mean_of_torchs_masks():
                    nn.functional.scaled_dot_product_attention(q, q, q, None, 0.5))
     for a, b in zip(got, want):
         assert torch.allclose(a, b, atol=1e-6)
+
+
+def test_a_block_that_cannot_run_with_torchs_dropouts_off_is_skipped_not_an_error(monkeypatch):
+    def refuse(self, func, types, args=(), kwargs=None):
+        raise RuntimeError("no function modes here")
+    monkeypatch.setattr(dropout.TorchDropoutOff, "__torch_function__", refuse)
+    c = run("UnscaledDropout", only=("dropout",), spec_file="zoo_dropout.py")["dropout"]
+    assert c.status is Status.SKIP and c.kind == "dropout.unsupported" and "function modes" in c.facts["error"], c

@@ -21,7 +21,7 @@ from torch.overrides import TorchFunctionMode
 
 from tblock_cli.checks.context import Context
 from tblock_cli.checks.result import Outcome, failed, passed, skipped
-from tblock_cli.checks.training import all_modules, too_large
+from tblock_cli.checks.training import all_modules, seeded, too_large
 from tblock_cli.errors import is_out_of_memory, one_line
 from tblock_cli.probes import rel_diff, reseed, train_mode, zero_dropout
 from tblock_cli.subject import first_tensor
@@ -104,6 +104,11 @@ def check_dropout(ctx: Context) -> Outcome:
     that stays at dropout 0 (gating noise, router jitter) is not judged"""
     if (large := too_large(ctx)) is not None:
         return large
+    with seeded(ctx.device):  # every call below reseeds: the caller's random state is put back after
+        return _check(ctx)
+
+
+def _check(ctx: Context) -> Outcome:
     module = copy.deepcopy(ctx.subject.module)  # modules are called alone, many times, in train mode: a copy's state
     subject = ctx.subject.like(module)
     x = ctx.x(batch=max(ctx.cfg.batch, BATCH))  # a mask per sample (stochastic depth) needs samples to average over
