@@ -139,3 +139,18 @@ class UnscaledPath(DropPath):
 CORRECT = ["ManualDropoutBlock", "ClassicDropout", "PostNormOwnDropout", "StochasticDepth", "NoisyGating"]
 PLANTED = {"UnscaledDropout": "dropout.biased", "DoubleScaledDropout": "dropout.rescaled",
            "UnscaledAttentionDropout": "dropout.biased", "UnscaledDropPath": "dropout.biased"}
+
+
+class FrozenMask(TrainBlock):
+    """A dropout mask drawn once, at construction, and applied at every training step (no new mask per step)."""
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
+        super().__init__(d_model, n_heads, dropout, causal)
+        self.register_buffer("mask", (torch.rand(d_model) >= dropout) / (1 - dropout), persistent=False)
+
+    def ffn(self, h):
+        y = self.w2(F.silu(self.w1(h)) * self.w3(h))
+        return y * self.mask if self.training else y  # bug: the same mask every step
+
+
+PLANTED["FrozenMask"] = "dropout.rescaled"

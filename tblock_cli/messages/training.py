@@ -113,7 +113,7 @@ MESSAGES = {
                                      f"too: a training-only path, not a dropout (see train_eval)"),
     "dropout.rescaled": lambda f: (f"with torch's own dropouts off (the mean of their masks), a training forward differs from "
                                    f"the eval forward by {f['diff']:.1e}, and not at dropout 0: a rescale of the block's own "
-                                   f"on top of F.dropout's (dividing by 1 - p twice?)"),
+                                   f"on top of F.dropout's (dividing by 1 - p twice?), or a mask drawn once and reused"),
     "dropout.other_noise": "training forwards stay random at dropout 0 (gating noise, jitter): not a dropout to judge",
     "dropout.unsupported": lambda f: f"the block's training forward does not run with torch's dropouts off: {f['error']}",
     "dropout.unjudged": "no module with random training forwards could be called alone on its eval inputs",
