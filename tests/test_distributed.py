@@ -35,13 +35,22 @@ def sharded(name, only, **flags):
     return {c.name: c for c in report.checks}
 
 
-def leftovers() -> tuple[list[str], int]:
-    """This process's child processes and the listening TCP sockets it holds."""
-    pid = os.getpid()
+def child_pids(pid: int) -> list[str]:
+    """A process's children, read per thread from /proc; a thread that ends while it is read (torch's start-up
+    spawns and ends threads) has none to give."""
     children = []
     for task in os.listdir(f"/proc/{pid}/task"):
-        with open(f"/proc/{pid}/task/{task}/children") as f:
-            children += f.read().split()
+        try:
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                children += f.read().split()
+        except FileNotFoundError:
+            continue
+    return children
+
+
+def leftovers() -> tuple[list[str], int]:
+    """This process's child processes and the listening TCP sockets it holds."""
+    children = child_pids(os.getpid())
     listening = set()
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         with open(table) as f:
@@ -193,14 +202,19 @@ def test_ctrl_c_leaves_no_rank(tmp_path):
     p = subprocess.Popen([sys.executable, str(script)], env=env, start_new_session=True,
                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     kids, deadline = [], time.monotonic() + 120
-    while len(kids) < 2 and time.monotonic() < deadline and p.poll() is None:
-        time.sleep(0.2)
-        kids = [k for t in os.listdir(f"/proc/{p.pid}/task") for k in open(f"/proc/{p.pid}/task/{t}/children").read().split()]
-    assert len(kids) == 2, "the ranks never started"
-    while len(os.listdir(ranks_in)) < 2 and time.monotonic() < deadline and p.poll() is None:
-        time.sleep(0.05)
-    assert sorted(os.listdir(ranks_in)) == ["0", "1"], "the ranks never reached their function"
-    os.kill(p.pid, signal.SIGINT)
-    assert p.wait(timeout=30) == 130
+    try:
+        while len(kids) < 2 and time.monotonic() < deadline and p.poll() is None:
+            time.sleep(0.2)
+            kids = child_pids(p.pid)
+        assert len(kids) == 2, "the ranks never started"
+        while len(os.listdir(ranks_in)) < 2 and time.monotonic() < deadline and p.poll() is None:
+            time.sleep(0.05)
+        assert sorted(os.listdir(ranks_in)) == ["0", "1"], "the ranks never reached their function"
+        os.kill(p.pid, signal.SIGINT)
+        assert p.wait(timeout=30) == 130
+    finally:  # a failed assertion above must not leave the script and its ranks behind for the next test
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
     alive = [k for k in kids if os.path.exists(f"/proc/{k}") and open(f"/proc/{k}/stat").read().split()[2] != "Z"]
     assert alive == []

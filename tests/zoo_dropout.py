@@ -154,3 +154,14 @@ class FrozenMask(TrainBlock):
 
 
 PLANTED["FrozenMask"] = "dropout.rescaled"
+
+
+class FixedRateUnscaled(UnscaledDropout):
+    """UnscaledDropout whose constructor takes no dropout argument (its rate fixed at 0.1 inside): the check zeroes
+    the rate through the attribute the forward reads, `self.p`."""
+
+    def __init__(self, d_model=64, n_heads=4, causal=True):
+        super().__init__(d_model, n_heads, 0.1, causal)
+
+
+PLANTED["FixedRateUnscaled"] = "dropout.biased"

@@ -212,7 +212,7 @@ def _draws(outs: torch.Tensor) -> float:
 def _at_rate_zero(ctx: Context, module: nn.Module, x: torch.Tensor):
     """seed -> the training forward (torch's dropouts off) of the block with its dropout rate at 0: rebuilt through
     its constructor with dropout=0 where it takes one, else with every dropout probability it keeps zeroed (modules,
-    attributes named *drop*, its config's). None when neither is possible (nothing to zero)."""
+    attributes named *drop* or `p`, its config's). None when neither is possible (nothing to zero)."""
     from tblock_cli.checks.structure import rebuilt_without_dropout
 
     rebuilt = rebuilt_without_dropout(ctx)
@@ -221,8 +221,9 @@ def _at_rate_zero(ctx: Context, module: nn.Module, x: torch.Tensor):
 
     def forward(seed: int) -> torch.Tensor:
         reseed(seed)
-        with zero_dropout(target) as changed, torch.no_grad(), train_mode(target, True), TorchDropoutOff():
-            if rebuilt is None and not changed:
+        with zero_dropout(target) as changed, _rates_named_p(target) as more, torch.no_grad(), \
+                train_mode(target, True), TorchDropoutOff():
+            if rebuilt is None and not changed and not more:
                 raise LookupError
             return subject(x).float()
 
@@ -231,3 +232,20 @@ def _at_rate_zero(ctx: Context, module: nn.Module, x: torch.Tensor):
     except LookupError:
         return None
     return forward
+
+
+@contextlib.contextmanager
+def _rates_named_p(module: nn.Module):
+    """Float attributes named `p` strictly between 0 and 1 (a hand-written dropout's rate: `self.p`) at 0 for a while;
+    yields how many. torch's dropout modules are zero_dropout's."""
+    changed = []
+    try:
+        for m in all_modules(module):
+            v = vars(m).get("p")
+            if type(v) is float and 0 < v < 1 and not isinstance(m, nn.modules.dropout._DropoutNd):
+                m.p = 0.0
+                changed.append((m, v))
+        yield len(changed)
+    finally:
+        for m, v in changed:
+            m.p = v
