@@ -18,6 +18,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_map
 
 from tblock_cli.checks.context import Context
 from tblock_cli.checks.result import Outcome, failed, passed, skipped
@@ -65,16 +66,9 @@ _DROPOUTS = frozenset({F.dropout, F.dropout1d, F.dropout2d, F.dropout3d, F.alpha
 _DROPOUT_P = {F.scaled_dot_product_attention: 4, F.multi_head_attention_forward: 10}  # dropout_p's position
 
 
-def _clone(v):
-    if isinstance(v, torch.Tensor):
-        return v.detach().clone()
-    if isinstance(v, tuple) and hasattr(v, "_fields"):  # a namedtuple
-        return type(v)(*(_clone(a) for a in v))
-    if isinstance(v, (list, tuple)):
-        return type(v)(_clone(a) for a in v)
-    if isinstance(v, dict):
-        return {k: _clone(a) for k, a in v.items()}
-    return v
+def _clone(tree):
+    """Arguments with every tensor detached and copied (a call may write into its inputs), containers kept."""
+    return tree_map(lambda v: v.detach().clone() if isinstance(v, torch.Tensor) else v, tree)
 
 
 def _inputs(module: nn.Module, subject, x: torch.Tensor) -> dict[int, tuple]:
@@ -219,18 +213,16 @@ def _at_rate_zero(ctx: Context, module: nn.Module, x: torch.Tensor):
     target = rebuilt if rebuilt is not None else module
     subject = ctx.subject.like(target)
 
+    if rebuilt is None:
+        with zero_dropout(target) as changed, _rates_named_p(target) as more:
+            if not changed and not more:
+                return None
+
     def forward(seed: int) -> torch.Tensor:
         reseed(seed)
-        with zero_dropout(target) as changed, _rates_named_p(target) as more, torch.no_grad(), \
-                train_mode(target, True), TorchDropoutOff():
-            if rebuilt is None and not changed and not more:
-                raise LookupError
+        with zero_dropout(target), _rates_named_p(target), torch.no_grad(), train_mode(target, True), TorchDropoutOff():
             return subject(x).float()
 
-    try:
-        forward(0)
-    except LookupError:
-        return None
     return forward
 
 

@@ -57,7 +57,7 @@ class _DynamoUnloaded(FloatAccumulatedProducts):
     def _should_skip_dynamo(cls) -> bool:
         return False
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # defined again: an inherited one is wrapped
         return _float_accumulated(self.OPS, func, args, kwargs or {})
 
 
@@ -210,21 +210,16 @@ def check_precision(ctx: Context) -> Outcome:
         seq = ctx.cfg.seq
         x = x[:, :seq]
         ref, ref_parts = _outputs(ref32, ctx.subject.like(ref32), x, False, ctx.device)
-    emulate = emulates_half_products(ctx.device)
-    try:
-        results = _half_runs(ctx, module, ref32, ref, ref_parts, x, emulate)
-    except Exception as e:  # noqa: BLE001 - a block that does not run in bfloat16 at all
-        if is_out_of_memory(e):
-            raise
-        if not emulate:
-            return skipped("precision.unsupported", error=one_line(e))
-        emulate = False  # a compiled or otherwise unusual block the dispatch mode cannot run: natively, once more
+    # emulated where it pays; a block the dispatch mode cannot run (compiled, say) is measured natively, once more
+    for emulate in (True, False) if emulates_half_products(ctx.device) else (False,):
         try:
             results = _half_runs(ctx, module, ref32, ref, ref_parts, x, emulate)
-        except Exception as e2:  # noqa: BLE001
-            if is_out_of_memory(e2):
+            break
+        except Exception as e:  # noqa: BLE001 - a block that does not run in bfloat16 at all
+            if is_out_of_memory(e):
                 raise
-            return skipped("precision.unsupported", error=one_line(e2))
+            if not emulate:
+                return skipped("precision.unsupported", error=one_line(e))
     errors, first = {}, {}
     for how, (ref_parts, parts) in results.items():
         comps = _component_errors(ref_parts, parts, seq)

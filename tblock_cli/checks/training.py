@@ -286,14 +286,11 @@ def _adamw_step(ctx: Context, x: torch.Tensor, target: torch.Tensor, train: bool
         second = loss()
     unchanged = [n for n, p in params if torch.equal(p.detach(), before[n]) and n not in zero and n not in no_grad]
     repeatable = True
-    if not second.item() < first.item() and train:
+    if not second.item() < first.item() and train:  # the copy is done with: back to its first weights, once more
         with torch.no_grad():
-            after = {n: p.detach().clone() for n, p in params}
             for n, p in params:
                 p.copy_(before[n])
             repeatable = loss().item() == first.item()
-            for n, p in params:
-                p.copy_(after[n])
     return {"loss_before": first.item(), "loss_after": second.item(), "frozen": frozen, "unchanged": unchanged,
             "no_grad": no_grad, "zero_grad": zero, "repeatable": repeatable, "train": train}
 
