@@ -20,7 +20,7 @@ import pytest
 MARKER = "tblock"
 FIXTURE = "tblock_check"
 # The API's own options that are not block flags: what `pytest --tblock` offers besides the shared flags.
-SWITCHES = {"strict": "Warnings fail.", "fast": "Leave out the slow checks (kv_cache, dtype)."}
+SWITCHES = {"strict": "Warnings fail.", "fast": "Leave out the slow checks (kv_cache, dtype, dropout and the training-time checks)."}
 TEXTS = {"only": "Run only these checks (comma-separated names).", "skip": "Leave out these checks (comma-separated names).",
          "like": "What the block claims to be: hf:TYPE.", "like_kwargs": "The --tblock-like layer's config overrides, as JSON."}
 _REPORTS = pytest.StashKey[dict]()

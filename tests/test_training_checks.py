@@ -305,10 +305,10 @@ def test_precision_measures_the_same_with_emulated_and_native_products(monkeypat
 
 
 def test_precision_runs_natively_when_the_emulation_cannot(monkeypatch):
-    def refuse(self, func, types, args=(), kwargs=None):
+    def refuse(ops, func, args, kwargs):
         raise RuntimeError("not under a dispatch mode")
     monkeypatch.setattr(precision, "emulates_half_products", lambda _d: True)
-    monkeypatch.setattr(precision.FloatAccumulatedProducts, "__torch_dispatch__", refuse)
+    monkeypatch.setattr(precision, "_float_accumulated", refuse)
     c = run("TrainBlock", only=("precision",))["precision"]
     assert c.status is Status.PASS and c.facts["products"] == "native", c
 

@@ -50,5 +50,5 @@ class OwnDropoutStream(TrainBlock):
         y = self.w2(F.silu(self.w1(h)) * self.w3(h))
         if not self.training or self.p == 0:
             return y
-        keep = torch.rand(y.shape, generator=self.gen) >= self.p
+        keep = torch.rand(y.shape, generator=self.gen).to(y.device) >= self.p
         return y * keep / (1 - self.p)

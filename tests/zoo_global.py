@@ -94,7 +94,7 @@ class ForkedNoise(TrainBlock):
         with torch.random.fork_rng():
             torch.manual_seed(0)
             x = x + 0.0 * torch.randn_like(x)
-        return super().forward(x + 0.0 * torch.randn(x.shape, generator=self.gen))
+        return super().forward(x + 0.0 * torch.randn(x.shape, generator=self.gen).to(x.device))
 
 
 class ScopedSwitches(TrainBlock):

@@ -13,6 +13,7 @@ from tblock_cli.checks import (
     attention,
     checkpointing,
     claims,
+    device,
     dropout,
     forward,
     globalstate,
@@ -100,6 +101,7 @@ REGISTRY: tuple[Check, ...] = (
     Check("precision", precision.check_precision, ("finite", "deterministic"), None, slow=True),
     Check("optimizer_step", training.check_optimizer_step, GRADS + ("train_safe", "copyable"), None, slow=True),
     Check("grad_accumulation", training.check_grad_accumulation, ("shape",) + GRADS + ("train_safe",), None, slow=True),
+    Check("device", device.check_device, ("shape",), None),
     Check("global_state", globalstate.check_global_state, (), None),
 )
 CHECK_NAMES = tuple(c.name for c in REGISTRY)

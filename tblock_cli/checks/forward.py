@@ -4,6 +4,7 @@ need_weights off, and agreement with a float64 copy."""
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 
 import torch
 import torch.nn as nn
@@ -12,7 +13,7 @@ from tblock_cli.anatomy.mha import attention_modules, attention_weights_bytes, m
 from tblock_cli.anatomy.norms import find_norms, with_eps
 from tblock_cli.checks.context import TRAINING_INPUT, Context, eval_forward, forward_together, nonfinite_kind
 from tblock_cli.checks.result import Outcome, failed, passed, skipped, warned
-from tblock_cli.errors import is_out_of_memory
+from tblock_cli.errors import is_out_of_memory, one_line
 from tblock_cli.probes import changed, f64, float64_streamed, rel_diff, state_key, tensors, train_mode
 from tblock_cli.report import Status
 from tblock_cli.runtime import dtype_name
@@ -27,8 +28,9 @@ LARGE_SCALE = {torch.float64: 1e4, torch.float32: 1e4, torch.float16: 1e2, torch
 
 
 def check_shape(ctx: Context) -> Outcome:
-    """Catches: an output not of the input's (B, T, d) shape (batch and seq kept different so a (T, B) mix-up shows);
-    an output dtype other than the input's is a **warning** (something upcasts or downcasts)"""
+    """Catches: an output not of the input's (B, T, d) shape (batch and seq kept different so a (T, B) mix-up shows),
+    also for a one-token sequence (a `squeeze()` that drops the length); a forward that raises on one token is a
+    **warning**; an output dtype other than the input's is a **warning** (something upcasts or downcasts)"""
     B, T = ctx.cfg.batch, ctx.cfg.seq
     if B == T:  # a (T, B) mix-up cannot show when B == T
         x = ctx.x(B, T + 1)
@@ -37,10 +39,30 @@ def check_shape(ctx: Context) -> Outcome:
         x, out = ctx.standard()
     if out.shape != x.shape:
         return failed("shape.changed", list(out.shape), input=list(x.shape), output=list(out.shape))
+    one = _one_token(ctx)
+    if one is not None:
+        return one
     if out.dtype != x.dtype:
         kind = "shape.upcast" if out.dtype.itemsize > x.dtype.itemsize else "shape.downcast"
         return warned(kind, list(out.shape), input_dtype=dtype_name(x.dtype), output_dtype=dtype_name(out.dtype))
     return passed("shape.kept", list(out.shape))
+
+
+def _one_token(ctx: Context) -> Outcome | None:
+    """A one-token sequence's outcome where it is not the input's shape, or raises; None where it is. The need the
+    shape check establishes (every other check's sequences) stays met."""
+    x = ctx.x(ctx.cfg.batch, 1)
+    ctx.step("one token")
+    try:
+        out = eval_forward(ctx, x)
+    except Exception as e:  # noqa: BLE001 - the block's own error, reported
+        if is_out_of_memory(e):
+            raise
+        return replace(warned("shape.one_token_raises", None, error=one_line(e)), unmet=False)
+    if out.shape != x.shape:
+        return replace(failed("shape.one_token", list(out.shape), input=list(x.shape), output=list(out.shape)),
+                       unmet=False)
+    return None
 
 
 def check_finite(ctx: Context) -> Outcome:

@@ -210,7 +210,9 @@ def causal_by_itself(ctx: Context, x: torch.Tensor) -> bool:
 
 
 def check_causal(ctx: Context) -> Outcome:
-    """Catches: with `--causal`: outputs up to t that move when inputs after t change, or have a gradient w.r.t. them"""
+    """Catches: with `--causal`: outputs up to t that move when inputs after t change, or have a gradient w.r.t. them;
+    outputs up to t that differ when the first t + 1 tokens run alone (one token, half the sequence: something reads
+    the sequence's length)"""
     T = max(ctx.cfg.seq, 3)
     x = ctx.standard()[0] if T == ctx.cfg.seq else ctx.x(seq=T)
     if not ctx.cfg.causal:  # not asked for; say what the block does, as information
@@ -229,11 +231,33 @@ def check_causal(ctx: Context) -> Outcome:
             worst, worst_t = diff, t
     if worst > ctx.tol:
         return failed("causal.leak", worst, t=worst_t, diff=worst)
+    prefix = _prefix_differs(ctx, x, out)
+    if prefix is not None:
+        return prefix
     t = T // 2
     g = future_grad(ctx, x, t, train=True)
     if g is not None and g.any():
         return failed("causal.leak_train", f64(g).abs().max().item(), t=t)
     return passed("causal.respected", worst)
+
+
+def _prefix_differs(ctx: Context, x: torch.Tensor, out: torch.Tensor) -> Outcome | None:
+    """A causal block's outputs up to t are a function of the inputs up to t: the first t + 1 tokens run alone must
+    give them (one token, and half the sequence). A failure where they do not: something reads the sequence's length
+    (a scale by T, positions counted from the end, a table or mask cut to the wrong size); None where they do, or
+    where the short run's shape is not the input's (the shape check's finding)."""
+    worst, worst_t = 0.0, None
+    for t in sorted({0, x.shape[1] // 2}):
+        ctx.step(f"the first {t + 1} token(s) alone")
+        alone = eval_forward(ctx, x[:, : t + 1])
+        if alone.shape != x[:, : t + 1].shape:
+            continue
+        diff = rel_diff(alone, out[:, : t + 1])
+        if diff > worst:
+            worst, worst_t = diff, t
+    if worst > ctx.tol:
+        return failed("causal.prefix", worst, t=worst_t, diff=worst)
+    return None
 
 
 def check_order(ctx: Context) -> Outcome:

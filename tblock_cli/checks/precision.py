@@ -5,17 +5,16 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import sys
+import functools
 
 import torch
 import torch.nn as nn
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from tblock_cli.checks.context import Context
 from tblock_cli.checks.result import Outcome, failed, passed, skipped
 from tblock_cli.checks.training import all_modules, too_large
 from tblock_cli.errors import is_out_of_memory, one_line
-from tblock_cli.probes import train_mode
+from tblock_cli.probes import dispatch_mode, train_mode
 from tblock_cli.subject.loading import first_tensor
 
 HALF = torch.bfloat16
@@ -34,34 +33,13 @@ PRECISION_LIMIT = 0.1
 QUANTILE = 0.75
 
 
-class FloatAccumulatedProducts(TorchDispatchMode):
-    """bfloat16 matrix products (mm, bmm, addmm, baddbmm) computed as float32 products of the same bfloat16 values,
-    rounded once to bfloat16: what a bfloat16 GEMM computes where the hardware has one (float32 accumulation, one
-    rounding), at float32's speed. Used only on a CPU without bfloat16 matrix instructions, where PyTorch's fallback
-    GEMM runs 8-11x slower than float32 (768 tokens, d_model 512: 0.9 s a forward against 0.09 s) for the same values:
-    measured, 1e-5..1e-4 of the elements differ, by one unit in the last place (summation order). Every other op, and
-    any tensor that is not a plain CPU bfloat16 one, runs as it is."""
-
-    OPS = frozenset()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        return _float_accumulated(self.OPS, func, args, kwargs or {})
-
-
-class _DynamoUnloaded(FloatAccumulatedProducts):
-    """The same mode for a process that has not imported torch._dynamo: torch wraps a mode's __torch_dispatch__ in
-    dynamo's disable, which imports it (1.7 s) at the first op. Compiled code in such a process is none, or starts
-    under this mode (dynamo then traces the mode too: the same values, with recompilation warnings)."""
-
-    @classmethod
-    def _should_skip_dynamo(cls) -> bool:
-        return False
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # defined again: an inherited one is wrapped
-        return _float_accumulated(self.OPS, func, args, kwargs or {})
-
-
 def _float_accumulated(ops: frozenset, func, args: tuple, kwargs: dict):
+    """bfloat16 matrix products (ops) computed as float32 products of the same bfloat16 values, rounded once to
+    bfloat16: what a bfloat16 GEMM computes where the hardware has one (float32 accumulation, one rounding), at
+    float32's speed. Used only on a CPU without bfloat16 matrix instructions, where PyTorch's fallback GEMM runs 8-11x
+    slower than float32 (768 tokens, d_model 512: 0.9 s a forward against 0.09 s) for the same values: measured,
+    1e-5..1e-4 of the elements differ, by one unit in the last place (summation order). Every other op, and any
+    tensor that is not a plain CPU bfloat16 one, runs as it is."""
     if func in ops:
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
         if tensors and all(_plain_cpu_half(t) for t in tensors):
@@ -87,21 +65,20 @@ def emulates_half_products(device: torch.device) -> bool:
 
 @contextlib.contextmanager
 def _emulated(on: bool):
-    """The half runs under FloatAccumulatedProducts, with nn.MultiheadAttention's fused fast path off: its GEMMs run
+    """The half runs with bfloat16 matrix products computed as float32 products of the same bfloat16 values, rounded
+    once to bfloat16 (_float_accumulated), and nn.MultiheadAttention's fused fast path off: its GEMMs run
     inside one op, out of the mode's reach (the unfused path computes the same attention, with SDPA in bfloat16)."""
     if not on:
         yield
         return
-    if not FloatAccumulatedProducts.OPS:
-        aten = torch.ops.aten
-        FloatAccumulatedProducts.OPS = frozenset({aten.mm.default, aten.bmm.default, aten.addmm.default,
-                                                  aten.baddbmm.default})
+    aten = torch.ops.aten
+    products = frozenset({aten.mm.default, aten.bmm.default, aten.addmm.default, aten.baddbmm.default})
     mha = getattr(torch.backends, "mha", None)
     fast = mha.get_fastpath_enabled() if hasattr(mha, "set_fastpath_enabled") else None
     try:
         if fast is not None:
             mha.set_fastpath_enabled(False)
-        with (FloatAccumulatedProducts if "torch._dynamo" in sys.modules else _DynamoUnloaded)():
+        with dispatch_mode(functools.partial(_float_accumulated, products)):
             yield
     finally:
         if fast is not None:

@@ -61,7 +61,7 @@ def check(
     tp_plan: Annotated[Optional[str], typer.Option("--tp-plan", help="The --tp plan as JSON: module name -> colwise, rowwise or replicate. (default: derived from the dataflow)", show_default=False, metavar="FILE")] = None,
     only: Annotated[Optional[str], typer.Option("--only", help="Run only these checks (comma-separated names).", show_default=False, metavar="NAMES")] = None,
     skip: Annotated[Optional[str], typer.Option("--skip", help="Leave out these checks (comma-separated names).", show_default=False, metavar="NAMES")] = None,
-    fast: Annotated[bool, typer.Option("--fast", help="Leave out the slow checks (kv_cache, dtype): for CI loops on big layers.", **SWITCH)] = False,
+    fast: Annotated[bool, typer.Option("--fast", help="Leave out the slow checks (kv_cache, dtype, dropout and the training-time checks): for CI loops on big layers.", **SWITCH)] = False,
     like: Like = None,
     like_kwargs: LikeKwargs = None,
     expect: Expect = None,

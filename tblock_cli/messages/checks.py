@@ -82,7 +82,10 @@ MESSAGES = {
     "by_design": "{reason}",
     "by_design.skip": "{reason}",
     # shape
-    "shape.kept": "output keeps the input's shape (B, T, d) and dtype",
+    "shape.kept": "output keeps the input's shape (B, T, d) and dtype, also for one token",
+    "shape.one_token": lambda f: (f"a one-token input {shape(f['input'])} came out as {shape(f['output'])} (a squeeze() that "
+                                  f"drops the length?)"),
+    "shape.one_token_raises": "a one-token sequence raises: {error}",
     "shape.changed": lambda f: f"input {shape(f['input'])} came out as {shape(f['output'])}",
     "shape.upcast": lambda f: (f"shape kept, but a {f['input_dtype']} input came out as {f['output_dtype']}: something upcasts "
                                f"(a float64 constant? a softmax kept in float32?), and every later layer pays for it"),
@@ -135,7 +138,10 @@ MESSAGES = {
                                                                     if f["causal_by_itself"] else "outputs depend on later positions")),
     "causal.leak": "changing positions after t={t} moved outputs up to t by {diff:.2e}: the future leaks",
     "causal.leak_train": "in train mode outputs up to t={t} have a gradient w.r.t. later positions: the future leaks",
-    "causal.respected": "outputs up to t ignore inputs after t (values and gradients)",
+    "causal.prefix": lambda f: (f"the first {f['t'] + 1} token(s) run alone give other outputs than the same positions of "
+                                f"the whole sequence ({f['diff']:.2e}): something reads the sequence's length (a scale by "
+                                f"T, positions counted from the end, a table or mask cut to the wrong size)"),
+    "causal.respected": "outputs up to t ignore inputs after t (values and gradients), and a prefix run alone gives them",
     # order
     "order.causal": "--causal: token order is the point",
     "order.positional": lambda f: ("--positional declared" if f.get("declared") else f"position machinery found ({f['found']})")
@@ -218,6 +224,13 @@ MESSAGES = {
     "reference.user_block": "needs the built-in block's structure; a user block has no reference",
     "reference.differs": "differs from nn.TransformerEncoderLayer with the same weights by {diff:.2e} (> {limit:g}, float32)",
     "reference.equal": "max |diff| to nn.TransformerEncoderLayer with copied weights (float32, eval)",
+    # device
+    "device.on_accelerator": "the battery runs on {device} already",
+    "device.not_traced": "the training pass raised with tensors followed ({error}): not judged",
+    "device.mismatch": lambda f: (f"on a GPU the training pass would raise: `{f['op']}` meets the block's tensors with "
+                                  f"CPU tensor(s) of shape {', '.join(str(tuple(s)) for s in f['host_shapes'])} (created "
+                                  f"without device=, or a plain tensor attribute .to() does not move)"),
+    "device.portable": "a training forward and backward keep every tensor on the side .to(device) puts the block",
 }
 
 
