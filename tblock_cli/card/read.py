@@ -23,12 +23,22 @@ READERS: tuple[tuple[str, Callable[[Probe], list[Entry]]], ...] = (
 )
 
 
-def read_card(subject, cfg, device: torch.device, progress: Callable[[str], None] | None = None) -> Card:
-    """The card of `subject` (a loading.Subject), read off a float64 copy of it; the subject is not changed."""
+# The readers whose entries a key needs (a check judging a few keys runs only those).
+READS = {"attn": "attention", "pos": "positions", "rope": "positions", "alibi": "positions", "relbias": "positions",
+         "ffn": "ffn", "moe": "moe", "norm": "norms", "residual": "residual"}
+
+
+def read_card(subject, cfg, device: torch.device, progress: Callable[[str], None] | None = None,
+              keys: tuple[str, ...] | None = None) -> Card:
+    """The card of `subject` (a loading.Subject), read off a float64 copy of it; the subject is not changed. With
+    keys, only the readers those keys need run (the others' entries are left unread)."""
+    wanted = None if keys is None else {READS[k.partition(".")[0]] for k in keys}
     probe = float64_probe(subject, cfg, device)
     entries: dict[str, Entry] = {}
     slips = []
     for name, reader in READERS:
+        if wanted is not None and name not in wanted:
+            continue
         if progress is not None:
             progress(name)
         try:

@@ -12,22 +12,42 @@ def check_spec(ctx: Context) -> Outcome:
 
     Catches: with `--like hf:TYPE` or `--expect KEY=VALUE`: a spec card entry (rotary base, dims and scaling, score
     scale, soft-cap, window, activation, eps, norm offset, q/k-norm axis, residual form and gains, MoE routing;
-    [spec.md](spec.md)) that differs from the declaration, each named with both values; skips when nothing is
-    declared"""
+    [spec.md](spec.md)) that differs from the declaration, each named with both values; without a declaration, one
+    that differs from what the block says of itself (a kept `rope_theta`, `softcap`, `rotary_dim`, an attention
+    module's `scale`, a config's `hidden_act` or `num_experts_per_tok`: [spec.md](spec.md)); skips when neither"""
     from tblock_cli.card.entries import judge
+    from tblock_cli.card.own import own_claims
     from tblock_cli.card.read import read_card
+    from tblock_cli.checks.training import all_modules, too_large
+    from tblock_cli.subject.loading import constructed_arguments
 
     decl = ctx.declaration
-    if decl is None or (not decl.claims and decl.like is None):
-        return skipped("spec.undeclared")
-    if not decl.claims:
+    claims = decl.claims if decl is not None else ()
+    own = decl is None or (not decl.claims and decl.like is None)
+    if own:
+        # an hf: layer's config is what transformers computes from (measured: the 89 driven types' cards agree with
+        # what their configs and modules state): only a block of the user's is held to what it says of itself
+        module = ctx.subject.module
+        claims = () if ctx.subject.name.startswith("hf:") else own_claims(all_modules(module), constructed_arguments(module))
+        if not claims:
+            return skipped("spec.undeclared")
+        if too_large(ctx) is not None:  # its float64 probe would copy the weights: only declared claims pay that
+            return skipped("spec.own_claims_too_large", claims=[c.key for c in claims])
+    elif not decl.claims:
         return skipped("spec.reference_unread", like=decl.like)
-    card = read_card(ctx.subject, ctx.cfg, ctx.device, progress=ctx.step)
-    verdicts = judge(card, decl.claims)
+    routing = own and any(c.key.startswith("moe.") for c in claims)
+    keys = tuple(c.key for c in claims) + (("moe.experts",) if routing else ())
+    card = read_card(ctx.subject, ctx.cfg, ctx.device, progress=ctx.step, keys=keys if own else None)
+    if routing and not card.value("moe.experts"):  # a config's routing says nothing of a dense layer (DeepSeek's first)
+        claims = tuple(c for c in claims if not c.key.startswith("moe."))
+        if not claims:
+            return skipped("spec.undeclared")
+    verdicts = judge(card, claims)
     differs = [v.to_dict() for v in verdicts if v.status == "differs"]
     unread = [v.key for v in verdicts if v.status == "unread"]
     matched = sum(v.status == "match" for v in verdicts)
-    facts = {"matched": matched, "unread": len(unread), "unread_keys": unread, "slips": list(card.slips)}
+    facts = {"matched": matched, "unread": len(unread), "unread_keys": unread, "slips": list(card.slips),
+             "own": own}
     if differs:
         return failed("spec.not_like", len(differs), differs=differs, **facts)
     if not matched:

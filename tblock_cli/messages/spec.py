@@ -29,9 +29,13 @@ MESSAGES = {
     "spec.unread": lambda f: f"{f['key']}: could not be read ({f.get('why') or 'no reading'}); {f['source']} says {shown(f['claimed'])}",
     "spec.slip": "a spec reader raised: {slip}",
     # the battery's spec check
-    "spec.undeclared": "nothing declared (give --like hf:TYPE or --expect KEY=VALUE)",
+    "spec.undeclared": ("nothing declared (give --like hf:TYPE or --expect KEY=VALUE), and nothing the block says of itself "
+                        "that the card reads (rope_theta, softcap, hidden_act, ...)"),
+    "spec.own_claims_too_large": lambda f: (f"the block says {', '.join(f['claims'])} of itself; above 50M parameters "
+                                            f"its card is read only for a declaration (--like, --expect)"),
     "spec.reference_unread": lambda f: f"nothing could be read off {f['like']} to hold the block against",
-    "spec.matches": lambda f: f"{f['matched']} declared entr{'y' if f['matched'] == 1 else 'ies'} match"
+    "spec.matches": lambda f: f"{f['matched']} {'entr' if f.get('own') else 'declared entr'}{'y' if f['matched'] == 1 else 'ies'} "
+                              f"{'the block says of itself ' if f.get('own') else ''}match{'es' if f['matched'] == 1 else ''}"
                               + (f" ({f['unread']} could not be read: {', '.join(f['unread_keys'])})" if f["unread"] else ""),
     "spec.not_like": _check_differs,
     "spec.nothing_read": lambda f: f"none of the {f['unread']} declared entries could be read ({', '.join(f['unread_keys'])})",

@@ -6,6 +6,7 @@ import importlib
 import importlib.util
 import inspect
 import sys
+import weakref
 from dataclasses import replace
 from pathlib import Path
 from typing import Callable
@@ -221,6 +222,7 @@ def construct_here(spec: str, factory: Callable, cfg: BlockConfig, extra: dict, 
         shown = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
         try:
             module = factory(**kwargs)
+            _remember_arguments(module, factory, kwargs)
             break
         except USER_ERRORS as e:  # any rejection: try the next way, then report all
             if is_out_of_memory(e) or isinstance(e, ImportError):
@@ -231,6 +233,31 @@ def construct_here(spec: str, factory: Callable, cfg: BlockConfig, extra: dict, 
     if not isinstance(module, nn.Module):
         raise LoadError(f"--block {spec}: calling it with ({shown}) returned {type(module).__name__}, not a torch.nn.Module")
     return module
+
+
+# The arguments each block tblock built was constructed with (defaults included): what it says of itself, which the
+# spec check holds against its card (card/own.py). Weak: a block's entry goes with the block.
+_ARGUMENTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _remember_arguments(module, factory: Callable, kwargs: dict) -> None:
+    if not isinstance(module, nn.Module):
+        return
+    try:
+        bound = inspect.signature(factory).bind_partial(**kwargs)
+        bound.apply_defaults()
+        arguments = dict(bound.arguments)
+        for name, p in bound.signature.parameters.items():  # what came through **kwargs is an argument too
+            if p.kind is inspect.Parameter.VAR_KEYWORD and isinstance(arguments.get(name), dict):
+                arguments.update(arguments.pop(name))
+    except (TypeError, ValueError):
+        arguments = dict(kwargs)
+    _ARGUMENTS[module] = arguments
+
+
+def constructed_arguments(module: nn.Module) -> dict:
+    """The arguments tblock built module with, defaults included; {} for a module handed over built."""
+    return _ARGUMENTS.get(module, {})
 
 
 def construct_with_config(spec: str, factory: Callable, param, cfg: BlockConfig, extra: dict, notes: list | None) -> nn.Module:
@@ -265,6 +292,7 @@ def construct_with_config(spec: str, factory: Callable, param, cfg: BlockConfig,
         index = {k: 0 for k in configs.LAYER_INDEX  # a required layer index: the first layer of a stack
                  if k in own and own[k].default is inspect.Parameter.empty and k not in extra}
         module = factory(**{param.name: obj}, **index, **{k: v for k, v in extra.items() if k in own})
+        _remember_arguments(module, factory, {param.name: obj, **{k: v for k, v in extra.items() if k in own}})
     except USER_ERRORS as e:
         if is_out_of_memory(e) or isinstance(e, ImportError):
             raise

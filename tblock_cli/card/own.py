@@ -1,0 +1,109 @@
+"""What a block says it is, read from its own attributes and config: `rope_theta=500000` passed to a constructor and
+kept, a config's `hidden_act`, an attention module's `softcap`. These are claims like `--expect`'s, held against the
+card read off the block's behaviour: a block that keeps `rope_theta = 500000` and rotates with 10000 contradicts
+itself. Only names whose meaning is not in doubt are read, on the modules where they mean it (a `base` only on a
+rotary module, a `scale` only on an attention module); a key whose values disagree across the block claims nothing."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch.nn as nn
+
+from tblock_cli.card.entries import Claim
+
+# attribute or config field -> card key, read on any module or config.
+FIELDS = {
+    "rope_theta": "rope.theta", "rope_base": "rope.theta", "rotary_base": "rope.theta", "rotary_emb_base": "rope.theta",
+    "rope_freq_base": "rope.theta",
+    "rotary_dim": "rope.dims", "rotary_ndims": "rope.dims", "rope_dim": "rope.dims",
+    "attn_logit_softcapping": "attn.softcap", "logit_softcap": "attn.softcap", "logit_softcapping": "attn.softcap",
+    "attn_softcap": "attn.softcap", "softcap": "attn.softcap",
+    "query_pre_attn_scalar": "attn.scale",
+    "hidden_act": "ffn.act", "hidden_activation": "ffn.act", "activation_function": "ffn.act",
+    "num_experts_per_tok": "moe.top_k", "moe_top_k": "moe.top_k", "n_activated_experts": "moe.top_k",
+    "num_local_experts": "moe.experts", "n_routed_experts": "moe.experts",
+    "norm_topk_prob": "moe.renorm",
+}
+# read only on a module whose class name says it is one of these
+ON_ROTARY = {"base": "rope.theta", "theta": "rope.theta"}
+ON_ATTENTION = {"scale": "attn.scale", "scaling": "attn.scale", "softmax_scale": "attn.scale"}
+# activation names as configs write them -> the card's
+ACTS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh",
+        "gelu_tanh": "gelu_tanh", "silu": "silu", "swish": "silu", "relu": "relu", "quick_gelu": "quick_gelu",
+        "relu2": "relu2", "relu_squared": "relu2"}
+
+
+def own_claims(modules: list[nn.Module], arguments: dict | None = None) -> tuple[Claim, ...]:
+    """Claims from the block's constructor arguments (as it was built: defaults included), its modules' attributes
+    and the configs among either (dataclasses, objects with `to_dict`). Arguments and configs say what was asked for
+    and come first; a module's attribute (a rotary module's `base`) speaks for a key only where they say nothing of
+    it. Where one tier gives a key two values, the key is left out."""
+    asked: dict[str, dict] = {}  # key -> value -> where: arguments and configs
+    kept: dict[str, dict] = {}  # the same for modules' own attributes
+
+    def put(tier: dict, key: str, value, where: str) -> None:
+        if value is not None:
+            tier.setdefault(key, {}).setdefault(value, where)
+
+    def fields(values: dict, where: str) -> None:
+        for field, v in values.items():
+            if _is_config(v):
+                fields(_config_fields(v), f"{where} `{field}`'s")
+            elif field in FIELDS:
+                put(asked, FIELDS[field], _value(FIELDS[field], v), f"{where} `{field}`")
+
+    fields(arguments or {}, "constructor argument")
+    for m in modules:
+        cls, owner = type(m).__name__.lower(), type(m).__name__
+        for name, value in vars(m).items():
+            if name.startswith("_"):
+                continue
+            if _is_config(value):
+                fields(_config_fields(value), f"{owner}.{name}'s")
+                continue
+            key = FIELDS.get(name) or (ON_ROTARY.get(name) if "rotary" in cls or "rope" in cls else None)
+            if key is not None:
+                put(kept, key, _value(key, value), f"{owner}.{name}")
+            elif ("attn" in cls or "attention" in cls) and name in ON_ATTENTION:
+                put(kept, ON_ATTENTION[name], _scale_claim(value), f"{owner}.{name}")
+    claims = []
+    for key in {**kept, **asked}:
+        values = asked.get(key) or kept[key]
+        if len(values) == 1:
+            (value, where), = values.items()
+            claims.append(Claim(key, value, f"the block's own {where}"))
+    return tuple(claims)
+
+
+def _is_config(value) -> bool:
+    return (dataclasses.is_dataclass(value) and not isinstance(value, type)) or (
+        callable(getattr(value, "to_dict", None)) and hasattr(value, "model_type"))
+
+
+def _config_fields(config) -> dict:
+    """A config's fields; transformers 5 keeps the rotary base in `rope_parameters`."""
+    fields = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else dict(vars(config))
+    rope = fields.get("rope_parameters")
+    if isinstance(rope, dict) and "rope_theta" in rope and "rope_theta" not in fields:
+        fields["rope_theta"] = rope["rope_theta"]
+    return fields
+
+
+def _value(key: str, v):
+    """A config value as the card writes it, or None where it claims nothing the card can hold against it."""
+    if key == "ffn.act":
+        return ACTS.get(v.lower()) if isinstance(v, str) else None
+    if key == "moe.renorm":
+        return v if isinstance(v, bool) else None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+        return None  # a switch, a word, or 0/None for "off": nothing measured to hold it against
+    return float(v)
+
+
+def _scale_claim(v):
+    """An attention module's score scale s (the factor on q.k) as the card's attn.scale X = 1 / s**2."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < 1:
+        return None
+    return 1.0 / (v * v)

@@ -1,0 +1,111 @@
+"""Blocks that say one thing of themselves and compute another, for the `spec` check without a declaration: a
+rotary base taken as an argument that never reaches the frequencies, a soft-cap kept and never applied, an attention
+module whose `scale` is 1/sqrt(d_head) while it divides by sqrt(d_model), a config's `hidden_act` that is not the
+activation used; and the correct twins, each honouring what it says. Built on TrainBlock of tests/zoo_training.py."""
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from zoo_length import attend
+from zoo_training import Rotary, TrainBlock
+
+# ----------------------------------------------------------------------------- says one thing, computes another
+
+
+class RotaryBaseIgnored(TrainBlock):
+    """rope_theta is an argument, but the rotary table is built with 10000."""
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True, rope_theta=500000.0):
+        super().__init__(d_model, n_heads, dropout, causal)  # Rotary(d_head) at its default base 10000
+
+
+class SoftcapIgnored(TrainBlock):
+    """A logit soft-cap kept on the block and never applied."""
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True, softcap=20.0):
+        super().__init__(d_model, n_heads, dropout, causal)
+        self.softcap = softcap
+
+    def attention(self, h):
+        return attend(self, h)
+
+
+class SelfAttention(nn.Module):
+    """Causal attention keeping its score scale as `scale`; divides by sqrt(d_model) where `wrong`."""
+
+    def __init__(self, d_model, n_heads, wrong):
+        super().__init__()
+        self.n_heads, self.wrong = n_heads, wrong
+        self.scale = (d_model // n_heads) ** -0.5
+        self.q_proj, self.k_proj, self.v_proj, self.o_proj = (nn.Linear(d_model, d_model, bias=False) for _ in range(4))
+        self.rotary, self.p = Rotary(d_model // n_heads), 0.0
+
+    def forward(self, h):
+        return attend(self, h, scale=1 / math.sqrt(h.shape[-1]) if self.wrong else self.scale)
+
+
+class ScaleAttributeContradicted(TrainBlock):
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
+        super().__init__(d_model, n_heads, dropout, causal)
+        self.attn = SelfAttention(d_model, n_heads, wrong=True)
+
+    def attention(self, h):
+        return self.attn(h)
+
+
+@dataclass
+class FFNConfig:
+    d_model: int = 64
+    n_heads: int = 4
+    hidden_act: str = "gelu"
+
+
+class ActivationContradicted(TrainBlock):
+    """A config whose hidden_act is gelu; the FFN computes silu (SwiGLU)."""
+
+    def __init__(self, config: FFNConfig):
+        super().__init__(config.d_model, config.n_heads, 0.1, True)
+        self.config = config
+
+
+# ----------------------------------------------------------------------------- correct twins
+
+
+class RotaryBaseHonoured(RotaryBaseIgnored):
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True, rope_theta=500000.0):
+        super().__init__(d_model, n_heads, dropout, causal, rope_theta)
+        self.rotary = Rotary(d_model // n_heads, base=rope_theta)
+
+
+class SoftcapApplied(SoftcapIgnored):
+    def attention(self, h):
+        return attend_capped(self, h, self.softcap)
+
+
+def attend_capped(block, h, cap):
+    q, k, v = (p(h).view(*h.shape[:2], block.n_heads, -1).transpose(1, 2) for p in (block.q_proj, block.k_proj, block.v_proj))
+    q, k = block.rotary(q), block.rotary(k)
+    T = h.shape[1]
+    s = torch.tanh((q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1]) / cap) * cap
+    s = s.masked_fill(~torch.ones(T, T, dtype=torch.bool, device=h.device).tril(), float("-inf"))
+    y = F.dropout(s.softmax(-1), block.p, block.training) @ v
+    return block.o_proj(y.transpose(1, 2).reshape(h.shape))
+
+
+class ScaleAttributeHonoured(ScaleAttributeContradicted):
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
+        super().__init__(d_model, n_heads, dropout, causal)
+        self.attn = SelfAttention(d_model, n_heads, wrong=False)
+
+
+class ActivationHonoured(ActivationContradicted):
+    def ffn(self, h):
+        return self.drop(self.w2(F.gelu(self.w1(h)) * self.w3(h)))
+
+
+PLANTED = {"RotaryBaseIgnored": "rope.theta", "SoftcapIgnored": "attn.softcap",
+           "ScaleAttributeContradicted": "attn.scale", "ActivationContradicted": "ffn.act"}
+CORRECT = ["RotaryBaseHonoured", "SoftcapApplied", "ScaleAttributeHonoured", "ActivationHonoured"]
