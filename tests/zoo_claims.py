@@ -1,7 +1,8 @@
 """Blocks that say one thing of themselves and compute another, for the `spec` check without a declaration: a
 rotary base taken as an argument that never reaches the frequencies, a soft-cap kept and never applied, an attention
 module whose `scale` is 1/sqrt(d_head) while it divides by sqrt(d_model), a config's `hidden_act` that is not the
-activation used; and the correct twins, each honouring what it says. Built on TrainBlock of tests/zoo_training.py."""
+activation used, norms that keep an eps they do not use; and the correct twins, each honouring what it says. Built
+on TrainBlock of tests/zoo_training.py."""
 
 import math
 from dataclasses import dataclass
@@ -10,7 +11,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from zoo_length import attend
-from zoo_training import Rotary, TrainBlock
+from zoo_training import RMSNorm, Rotary, TrainBlock
 
 # ----------------------------------------------------------------------------- says one thing, computes another
 
@@ -50,6 +51,7 @@ class SelfAttention(nn.Module):
 class ScaleAttributeContradicted(TrainBlock):
     def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
         super().__init__(d_model, n_heads, dropout, causal)
+        del self.q_proj, self.k_proj, self.v_proj, self.o_proj, self.rotary  # the attention module has its own
         self.attn = SelfAttention(d_model, n_heads, wrong=True)
 
     def attention(self, h):
@@ -69,6 +71,22 @@ class ActivationContradicted(TrainBlock):
     def __init__(self, config: FFNConfig):
         super().__init__(config.d_model, config.n_heads, 0.1, True)
         self.config = config
+
+
+class FixedEpsNorm(RMSNorm):
+    """Keeps the eps it was given, and divides with 1e-6 whatever it was."""
+
+    def forward(self, x):
+        h = x.float()
+        return (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype) * self.weight
+
+
+class NormEpsIgnored(TrainBlock):
+    """Norms built with eps 1e-5 that compute with 1e-6."""
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
+        super().__init__(d_model, n_heads, dropout, causal)
+        self.attn_norm, self.ffn_norm = FixedEpsNorm(d_model, eps=1e-5), FixedEpsNorm(d_model, eps=1e-5)
 
 
 # ----------------------------------------------------------------------------- correct twins
@@ -107,5 +125,5 @@ class ActivationHonoured(ActivationContradicted):
 
 
 PLANTED = {"RotaryBaseIgnored": "rope.theta", "SoftcapIgnored": "attn.softcap",
-           "ScaleAttributeContradicted": "attn.scale", "ActivationContradicted": "ffn.act"}
+           "ScaleAttributeContradicted": "attn.scale", "ActivationContradicted": "ffn.act", "NormEpsIgnored": "norm.eps"}
 CORRECT = ["RotaryBaseHonoured", "SoftcapApplied", "ScaleAttributeHonoured", "ActivationHonoured"]

@@ -25,10 +25,14 @@ FIELDS = {
     "num_experts_per_tok": "moe.top_k", "moe_top_k": "moe.top_k", "n_activated_experts": "moe.top_k",
     "num_local_experts": "moe.experts", "n_routed_experts": "moe.experts",
     "norm_topk_prob": "moe.renorm",
+    "norm_eps": "norm.eps", "rms_norm_eps": "norm.eps", "layer_norm_eps": "norm.eps", "layer_norm_epsilon": "norm.eps",
+    "layernorm_epsilon": "norm.eps",
 }
 # read only on a module whose class name says it is one of these
 ON_ROTARY = {"base": "rope.theta", "theta": "rope.theta"}
 ON_ATTENTION = {"scale": "attn.scale", "scaling": "attn.scale", "softmax_scale": "attn.scale"}
+# read only on a norm module written outside torch (torch's own use the eps they keep, by construction)
+ON_NORM = {"eps": "norm.eps", "variance_epsilon": "norm.eps"}
 # activation names as configs write them -> the card's
 ACTS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh",
         "gelu_tanh": "gelu_tanh", "silu": "silu", "swish": "silu", "relu": "relu", "quick_gelu": "quick_gelu",
@@ -63,7 +67,8 @@ def own_claims(modules: list[nn.Module], arguments: dict | None = None) -> tuple
             if _is_config(value):
                 fields(_config_fields(value), f"{owner}.{name}'s")
                 continue
-            key = FIELDS.get(name) or (ON_ROTARY.get(name) if "rotary" in cls or "rope" in cls else None)
+            key = (FIELDS.get(name) or (ON_ROTARY.get(name) if "rotary" in cls or "rope" in cls else None)
+                   or (ON_NORM.get(name) if "norm" in cls and not type(m).__module__.startswith("torch.") else None))
             if key is not None:
                 put(kept, key, _value(key, value), f"{owner}.{name}")
             elif ("attn" in cls or "attention" in cls) and name in ON_ATTENTION:
