@@ -10,7 +10,7 @@ import torch.nn as nn
 import zoo_claims
 
 import tblock_cli
-from tblock_cli.card.own import own_claims
+from tblock_cli.card.own import FRACTION, own_claims, with_fraction
 from tblock_cli.checks import Status
 
 from conftest import TESTS
@@ -77,3 +77,10 @@ def test_reading_rules():
     m = nn.Module()
     m.base = 10000.0
     assert claims([m]) == {}
+
+
+def test_a_rotating_fraction_becomes_rope_dims_of_the_measured_head():
+    (fraction,) = own_claims([], {"partial_rotary_factor": 0.25})
+    assert fraction.key == FRACTION and fraction.value == 0.25
+    assert [(c.key, c.value) for c in with_fraction((fraction,), 64)] == [("rope.dims", 16.0)]
+    assert with_fraction((fraction,), None) == ()  # the head's width unread: nothing to hold it against

@@ -1,8 +1,8 @@
 """Blocks that say one thing of themselves and compute another, for the `spec` check without a declaration: a
 rotary base taken as an argument that never reaches the frequencies, a soft-cap kept and never applied, an attention
 module whose `scale` is 1/sqrt(d_head) while it divides by sqrt(d_model), a config's `hidden_act` that is not the
-activation used, norms that keep an eps they do not use; and the correct twins, each honouring what it says. Built
-on TrainBlock of tests/zoo_training.py."""
+activation used, norms that keep an eps they do not use, a partial rotation taken and not applied; and the correct
+twins, each honouring what it says. Built on TrainBlock of tests/zoo_training.py."""
 
 import math
 from dataclasses import dataclass
@@ -89,6 +89,13 @@ class NormEpsIgnored(TrainBlock):
         self.attn_norm, self.ffn_norm = FixedEpsNorm(d_model, eps=1e-5), FixedEpsNorm(d_model, eps=1e-5)
 
 
+class PartialRotationIgnored(TrainBlock):
+    """partial_rotary_factor=0.5 taken, and every channel of the head rotated."""
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True, partial_rotary_factor=0.5):
+        super().__init__(d_model, n_heads, dropout, causal)
+
+
 # ----------------------------------------------------------------------------- correct twins
 
 
@@ -119,11 +126,30 @@ class ScaleAttributeHonoured(ScaleAttributeContradicted):
         self.attn = SelfAttention(d_model, n_heads, wrong=False)
 
 
+class HalfRotary(nn.Module):
+    """Rotates the first `rotary_dims` channels of each head and passes the rest through."""
+
+    def __init__(self, rotary_dims):
+        super().__init__()
+        self.rotary_dims, self.inner = rotary_dims, Rotary(rotary_dims)
+
+    def forward(self, t):
+        r = self.rotary_dims
+        return torch.cat((self.inner(t[..., :r]), t[..., r:]), -1)
+
+
+class PartialRotationHonoured(PartialRotationIgnored):
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True, partial_rotary_factor=0.5):
+        super().__init__(d_model, n_heads, dropout, causal, partial_rotary_factor)
+        self.rotary = HalfRotary(int(partial_rotary_factor * (d_model // n_heads)))
+
+
 class ActivationHonoured(ActivationContradicted):
     def ffn(self, h):
         return self.drop(self.w2(F.gelu(self.w1(h)) * self.w3(h)))
 
 
 PLANTED = {"RotaryBaseIgnored": "rope.theta", "SoftcapIgnored": "attn.softcap",
-           "ScaleAttributeContradicted": "attn.scale", "ActivationContradicted": "ffn.act", "NormEpsIgnored": "norm.eps"}
-CORRECT = ["RotaryBaseHonoured", "SoftcapApplied", "ScaleAttributeHonoured", "ActivationHonoured"]
+           "ScaleAttributeContradicted": "attn.scale", "ActivationContradicted": "ffn.act", "NormEpsIgnored": "norm.eps",
+           "PartialRotationIgnored": "rope.dims"}
+CORRECT = ["RotaryBaseHonoured", "SoftcapApplied", "ScaleAttributeHonoured", "ActivationHonoured", "PartialRotationHonoured"]

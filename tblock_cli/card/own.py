@@ -13,6 +13,8 @@ import torch.nn as nn
 
 from tblock_cli.card.entries import Claim
 
+# Not a card key: the rotating fraction of a head, turned into a rope.dims claim by `with_fraction`.
+FRACTION = "rope.fraction"
 # attribute or config field -> card key, read on any module or config.
 FIELDS = {
     "rope_theta": "rope.theta", "rope_base": "rope.theta", "rotary_base": "rope.theta", "rotary_emb_base": "rope.theta",
@@ -24,7 +26,9 @@ FIELDS = {
     "hidden_act": "ffn.act", "hidden_activation": "ffn.act", "activation_function": "ffn.act",
     "num_experts_per_tok": "moe.top_k", "moe_top_k": "moe.top_k", "n_activated_experts": "moe.top_k",
     "num_local_experts": "moe.experts", "n_routed_experts": "moe.experts",
-    "norm_topk_prob": "moe.renorm",
+    "norm_topk_prob": "moe.renorm", "scoring_func": "moe.router", "routed_scaling_factor": "moe.scale",
+    # a fraction of each head's channels that rotate: rope.dims once the card has read the head's width
+    "partial_rotary_factor": FRACTION, "rotary_pct": FRACTION,
     "norm_eps": "norm.eps", "rms_norm_eps": "norm.eps", "layer_norm_eps": "norm.eps", "layer_norm_epsilon": "norm.eps",
     "layernorm_epsilon": "norm.eps",
 }
@@ -102,6 +106,10 @@ def _value(key: str, v):
         return ACTS.get(v.lower()) if isinstance(v, str) else None
     if key == "moe.renorm":
         return v if isinstance(v, bool) else None
+    if key == "moe.router":
+        return v.lower() if isinstance(v, str) and v.lower() in ("softmax", "sigmoid") else None
+    if key == FRACTION and isinstance(v, (int, float)) and not 0 < v <= 1:
+        return None
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
         return None  # a switch, a word, or 0/None for "off": nothing measured to hold it against
     return float(v)
@@ -112,3 +120,13 @@ def _scale_claim(v):
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < 1:
         return None
     return 1.0 / (v * v)
+
+
+def with_fraction(claims: tuple[Claim, ...], head_dim) -> tuple[Claim, ...]:
+    """The rotating fraction of a head (partial_rotary_factor, rotary_pct) as a rope.dims claim, where the card read
+    the head's width and no other claim names rope.dims; dropped otherwise."""
+    out = tuple(c for c in claims if c.key != FRACTION)
+    fraction = next((c for c in claims if c.key == FRACTION), None)
+    if fraction is None or not head_dim or any(c.key == "rope.dims" for c in out):
+        return out
+    return out + (Claim("rope.dims", float(int(fraction.value * head_dim)), fraction.source),)

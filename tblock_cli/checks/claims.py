@@ -16,7 +16,7 @@ def check_spec(ctx: Context) -> Outcome:
     that differs from what the block says of itself (a kept `rope_theta`, `softcap`, `rotary_dim`, an attention
     module's `scale`, a config's `hidden_act` or `num_experts_per_tok`: [spec.md](spec.md)); skips when neither"""
     from tblock_cli.card.entries import judge
-    from tblock_cli.card.own import own_claims
+    from tblock_cli.card.own import FRACTION, own_claims, with_fraction
     from tblock_cli.card.read import read_card
     from tblock_cli.checks.training import all_modules, too_large
     from tblock_cli.subject.loading import constructed_arguments
@@ -36,8 +36,12 @@ def check_spec(ctx: Context) -> Outcome:
     elif not decl.claims:
         return skipped("spec.reference_unread", like=decl.like)
     routing = own and any(c.key.startswith("moe.") for c in claims)
-    keys = tuple(c.key for c in claims) + (("moe.experts",) if routing else ())
+    keys = tuple(c.key for c in claims if c.key != FRACTION) + (("moe.experts",) if routing else ())
+    keys += ("attn.head_dim", "rope.dims") if any(c.key == FRACTION for c in claims) else ()
     card = read_card(ctx.subject, ctx.cfg, ctx.device, progress=ctx.step, keys=keys if own else None)
+    claims = with_fraction(claims, card.value("attn.head_dim"))
+    if not claims:
+        return skipped("spec.undeclared")
     if routing and not card.value("moe.experts"):  # a config's routing says nothing of a dense layer (DeepSeek's first)
         claims = tuple(c for c in claims if not c.key.startswith("moe."))
         if not claims:
