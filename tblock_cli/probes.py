@@ -3,6 +3,7 @@ residual gain."""
 
 from __future__ import annotations
 
+import sys
 from contextlib import contextmanager
 from typing import Callable
 
@@ -327,6 +328,4 @@ class _HandlerModeDynamoUnloaded(HandlerMode):
 def dispatch_mode(handler: Callable) -> TorchDispatchMode:
     """A mode calling handler(func, args, kwargs) at every aten op; where torch._dynamo is loaded (a compiled block),
     the one torch wraps so that dynamo leaves it alone, else one that does not import dynamo."""
-    import sys
-
     return (HandlerMode if "torch._dynamo" in sys.modules else _HandlerModeDynamoUnloaded)(handler)

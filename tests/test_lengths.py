@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 import zoo_length
+import zoo_training
 
 import tblock_cli
 from tblock_cli.checks import Status
@@ -62,5 +63,5 @@ def test_the_prefix_finding_is_the_block_run_alone_on_its_first_tokens():
         whole, half = block(x)[:, :6], block(x[:, :6])
         assert not torch.allclose(whole, half, atol=1e-5)
         # the same block with the scale fixed at sqrt(d_head) is prefix-consistent
-        block.attention = lambda h: zoo_length.attend(block, h, scale=1 / math.sqrt(8))
+        block.attention = lambda h: zoo_training.attend(block, h, scale=1 / math.sqrt(8))
         assert torch.allclose(block(x)[:, :6], block(x[:, :6]), atol=1e-5)

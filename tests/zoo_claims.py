@@ -10,8 +10,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from zoo_length import attend
-from zoo_training import RMSNorm, Rotary, TrainBlock
+from zoo_training import RMSNorm, Rotary, TrainBlock, attend
 
 # ----------------------------------------------------------------------------- says one thing, computes another
 
@@ -107,17 +106,7 @@ class RotaryBaseHonoured(RotaryBaseIgnored):
 
 class SoftcapApplied(SoftcapIgnored):
     def attention(self, h):
-        return attend_capped(self, h, self.softcap)
-
-
-def attend_capped(block, h, cap):
-    q, k, v = (p(h).view(*h.shape[:2], block.n_heads, -1).transpose(1, 2) for p in (block.q_proj, block.k_proj, block.v_proj))
-    q, k = block.rotary(q), block.rotary(k)
-    T = h.shape[1]
-    s = torch.tanh((q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1]) / cap) * cap
-    s = s.masked_fill(~torch.ones(T, T, dtype=torch.bool, device=h.device).tril(), float("-inf"))
-    y = F.dropout(s.softmax(-1), block.p, block.training) @ v
-    return block.o_proj(y.transpose(1, 2).reshape(h.shape))
+        return attend(self, h, cap=self.softcap)
 
 
 class ScaleAttributeHonoured(ScaleAttributeContradicted):

@@ -3,22 +3,11 @@ without `device=`, a host tensor saved for a backward; and the correct twins: th
 input's device, registered as buffers, moved lazily by code that reads where they are, host scalars and host indices
 (CUDA takes both). Each is `TrainBlock` of tests/zoo_training.py with one method changed."""
 
-import math
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from zoo_training import Rotary, TrainBlock, heads, merge
-
-
-def attend(block, h, mask):
-    """Attention with an explicit boolean mask (True = attend) of shape (T, T)."""
-    q, k, v = (heads(p(h), block.n_heads) for p in (block.q_proj, block.k_proj, block.v_proj))
-    q, k = block.rotary(q), block.rotary(k)
-    scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
-    scores = scores.masked_fill(~mask, float("-inf"))
-    return block.o_proj(merge(F.dropout(scores.softmax(-1), block.p, block.training) @ v))
-
+from zoo_training import Rotary, TrainBlock, attend
 
 # ----------------------------------------------------------------------------- would raise on a GPU
 

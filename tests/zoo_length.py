@@ -9,21 +9,7 @@ import math
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from zoo_training import TrainBlock, heads, merge
-
-
-def attend(block, h, bias=None, scale=None):
-    """Causal attention over block's projections, with an additive bias (T, T) or (H, T, T) and a score scale."""
-    q, k, v = (heads(p(h), block.n_heads) for p in (block.q_proj, block.k_proj, block.v_proj))
-    q, k = block.rotary(q), block.rotary(k)
-    T = h.shape[1]
-    scores = (q @ k.transpose(-2, -1)) * (scale if scale is not None else 1 / math.sqrt(q.shape[-1]))
-    if bias is not None:
-        scores = scores + bias
-    causal = torch.ones(T, T, dtype=torch.bool, device=h.device).tril()
-    scores = scores.masked_fill(~causal, float("-inf"))
-    return block.o_proj(merge(F.dropout(scores.softmax(-1), block.p, block.training) @ v))
-
+from zoo_training import TrainBlock, attend
 
 # ----------------------------------------------------------------------------- planted
 

@@ -21,6 +21,23 @@ def merge(t):  # (B, nh, T, hs) -> (B, T, C)
     return t.transpose(1, 2).reshape(B, T, nh * hs)
 
 
+def attend(block, h, mask=None, bias=None, scale=None, cap=None):
+    """Attention over block's q/k/v/o projections and rotary written out: scores scaled (1/sqrt(d_head) unless given),
+    soft-capped at cap, plus an additive bias, a boolean mask (True = attend; causal unless given), softmax, dropout."""
+    q, k, v = (heads(p(h), block.n_heads) for p in (block.q_proj, block.k_proj, block.v_proj))
+    q, k = block.rotary(q), block.rotary(k)
+    T = h.shape[1]
+    scores = (q @ k.transpose(-2, -1)) * (scale if scale is not None else 1 / math.sqrt(q.shape[-1]))
+    if cap is not None:
+        scores = torch.tanh(scores / cap) * cap
+    if bias is not None:
+        scores = scores + bias
+    if mask is None:
+        mask = torch.ones(T, T, dtype=torch.bool, device=h.device).tril()
+    scores = scores.masked_fill(~mask, float("-inf"))
+    return block.o_proj(merge(F.dropout(scores.softmax(-1), block.p, block.training) @ v))
+
+
 class RMSNorm(nn.Module):
     def __init__(self, d, eps=1e-6):
         super().__init__()

@@ -40,12 +40,10 @@ def check_spec(ctx: Context) -> Outcome:
     keys += ("attn.head_dim", "rope.dims") if any(c.key == FRACTION for c in claims) else ()
     card = read_card(ctx.subject, ctx.cfg, ctx.device, progress=ctx.step, keys=keys if own else None)
     claims = with_fraction(claims, card.value("attn.head_dim"))
-    if not claims:
-        return skipped("spec.undeclared")
     if routing and not card.value("moe.experts"):  # a config's routing says nothing of a dense layer (DeepSeek's first)
         claims = tuple(c for c in claims if not c.key.startswith("moe."))
-        if not claims:
-            return skipped("spec.undeclared")
+    if not claims:
+        return skipped("spec.undeclared")
     verdicts = judge(card, claims)
     differs = [v.to_dict() for v in verdicts if v.status == "differs"]
     unread = [v.key for v in verdicts if v.status == "unread"]
