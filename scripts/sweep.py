@@ -39,6 +39,7 @@ CORRECT.update({f"zoo_training.py:{k}": {} for k in zoo_training.CORRECT})  # th
 CORRECT.update({f"zoo_dropout.py:{k}": {} for k in zoo_dropout.CORRECT})  # the dropout check's
 CORRECT.update({f"zoo_device.py:{k}": {} for k in zoo_device.CORRECT})  # the device check's
 CORRECT.update({f"zoo_claims.py:{k}": {"causal": True} for k in zoo_claims.CORRECT})  # what blocks say of themselves
+CORRECT.update({f"zoo_claims.py:{k}": {} for k in zoo_claims.SAID_CAUSAL_CORRECT})  # causal by their own word
 CORRECT.update({f"zoo_length.py:{k}": {"causal": True} for k in zoo_length.CORRECT})  # the length probes'
 # Hugging Face layers, when transformers is installed: every family tblock drives, flags implied.
 HF = ["gpt2", "bert", "roberta", "llama", "mistral", "qwen2", "gemma", "phi3", "gpt_neox"]
@@ -84,6 +85,7 @@ def missed_bugs(sizes) -> int:
                **{f"zoo_dropout.py:{k}": ("dropout", {}) for k in zoo_dropout.PLANTED},
                **{f"zoo_device.py:{k}": ("device", {}) for k in zoo_device.PLANTED},
                **{f"zoo_claims.py:{k}": ("spec", {"causal": True}) for k in zoo_claims.PLANTED},
+               **{f"zoo_claims.py:{k}": ("causal", {}) for k in zoo_claims.SAID_CAUSAL},
                **{f"zoo_length.py:{k}": (check, {"causal": True}) for k, (check, _) in zoo_length.PLANTED.items()}}
     missed = runs = 0
     for name, (check, flags) in planted.items():

@@ -10,7 +10,7 @@ import torch.nn as nn
 import zoo_claims
 
 import tblock_cli
-from tblock_cli.card.own import FRACTION, own_claims, with_fraction
+from tblock_cli.card.own import FRACTION, own_causal, own_claims, with_fraction
 from tblock_cli.checks import Status
 
 from conftest import TESTS
@@ -84,3 +84,59 @@ def test_a_rotating_fraction_becomes_rope_dims_of_the_measured_head():
     assert fraction.key == FRACTION and fraction.value == 0.25
     assert [(c.key, c.value) for c in with_fraction((fraction,), 64)] == [("rope.dims", 16.0)]
     assert with_fraction((fraction,), None) == ()  # the head's width unread: nothing to hold it against
+
+
+def test_a_rotary_module_that_runs_and_never_reaches_the_scores_names_what_the_card_reads():
+    dropped, queries = spec_check("RotaryDropped"), spec_check("RotaryOnQueries")
+    assert [(d["measured"], d["claimed"]) for d in dropped.facts["differs"]] == [("none", "rotary")]
+    assert [(d["measured"], d["claimed"]) for d in queries.facts["differs"]] == [("other", "rotary")]
+    assert "`rotary`" in dropped.facts["differs"][0]["source"]
+
+
+def causal_check(name, **flags):
+    spec = f"{TESTS / 'zoo_claims.py'}:{name}"
+    return tblock_cli.check(spec, d_model=32, n_heads=4, threads=1, only="causal", **flags).checks[0]
+
+
+@pytest.mark.parametrize("name", zoo_claims.SAID_CAUSAL)
+def test_a_block_that_says_it_is_causal_is_held_to_it_without_the_flag(name):
+    c = causal_check(name)
+    assert c.status is Status.FAIL and c.kind == "causal.leak", c
+    assert c.facts["claimed"] and "the block says it is causal" in c.detail
+
+
+@pytest.mark.parametrize("name", zoo_claims.SAID_CAUSAL_CORRECT)
+def test_a_causal_block_that_says_so_passes_without_the_flag(name):
+    c = causal_check(name)
+    assert c.status is Status.PASS and c.kind == "causal.respected" and c.facts["claimed"], c
+
+
+def test_a_block_that_does_not_say_it_is_causal_is_not_held_to_it():
+    # the same block built with causal=False says nothing: the check answers as before, not asked for
+    c = causal_check("MaskForgotten", kwargs={"causal": False})
+    assert c.status is Status.SKIP and c.kind == "causal.not_asked" and not c.facts["causal_by_itself"]
+    assert tblock_cli.check(None, d_model=32, n_heads=4, threads=1, only="causal").checks[0].kind == "causal.not_asked"
+
+
+def test_causality_reading_rules():
+    class CausalSelfAttention(nn.Module):
+        pass
+
+    class NonCausalAttention(nn.Module):
+        pass
+
+    def flagged(name, value):
+        m = nn.Module()
+        setattr(m, name, value)
+        return m
+
+    # arguments (and their configs) first; only True is a claim; a False argument silences the lower tiers
+    assert "`causal=True`" in own_causal([flagged("is_causal", False)], {"causal": True})
+    assert own_causal([flagged("is_causal", True)], {"causal": False}) is None
+    # attributes next, all of them agreeing; two values claim nothing
+    assert "is_causal = True" in own_causal([flagged("is_causal", True), CausalSelfAttention()])
+    assert own_causal([flagged("causal", True), flagged("is_causal", False)]) is None
+    assert own_causal([flagged("causal", "yes")]) is None  # not a switch
+    # an attention module's class name last
+    assert "CausalSelfAttention" in own_causal([nn.Module(), CausalSelfAttention()])
+    assert own_causal([NonCausalAttention()]) is None

@@ -1,8 +1,10 @@
 """Blocks that say one thing of themselves and compute another, for the `spec` check without a declaration: a
 rotary base taken as an argument that never reaches the frequencies, a soft-cap kept and never applied, an attention
 module whose `scale` is 1/sqrt(d_head) while it divides by sqrt(d_model), a config's `hidden_act` that is not the
-activation used, norms that keep an eps they do not use, a partial rotation taken and not applied; and the correct
-twins, each honouring what it says. Built on TrainBlock of tests/zoo_training.py."""
+activation used, norms that keep an eps they do not use, a partial rotation taken and not applied, a rotary module
+that runs and never reaches the scores (its output dropped; q rotated, k not), a `causal=True` or a
+`CausalSelfAttention` that masks nothing (the `causal` check's, run without --causal); and the correct twins, each
+honouring what it says. Built on TrainBlock of tests/zoo_training.py."""
 
 import math
 from dataclasses import dataclass
@@ -10,7 +12,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from zoo_training import RMSNorm, Rotary, TrainBlock, attend
+from zoo_training import RMSNorm, Rotary, TrainBlock, attend, heads, merge
 
 # ----------------------------------------------------------------------------- says one thing, computes another
 
@@ -95,6 +97,58 @@ class PartialRotationIgnored(TrainBlock):
         super().__init__(d_model, n_heads, dropout, causal)
 
 
+class RotaryDropped(TrainBlock):
+    """The rotary module runs on q and k, and its outputs are dropped: no position reaches the scores."""
+
+    def attention(self, h):
+        q, k, v = (heads(p(h), self.n_heads) for p in (self.q_proj, self.k_proj, self.v_proj))
+        self.rotary(q), self.rotary(k)
+        return self.o_proj(merge(F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)))
+
+
+class RotaryOnQueries(TrainBlock):
+    """Only q rotated: each score depends on the query's own position, not on the distance to the key."""
+
+    def attention(self, h):
+        q, k, v = (heads(p(h), self.n_heads) for p in (self.q_proj, self.k_proj, self.v_proj))
+        return self.o_proj(merge(F.scaled_dot_product_attention(self.rotary(q), k, v, is_causal=self.causal)))
+
+
+class MaskForgotten(TrainBlock):
+    """Built with causal=True, and the attention attends to every key."""
+
+    def attention(self, h):
+        T = h.shape[1]
+        return attend(self, h, mask=torch.ones(T, T, dtype=torch.bool, device=h.device))
+
+
+class CausalSelfAttention(nn.Module):
+    """Self-attention named causal, with a switch for the mask (nanoGPT's class name)."""
+
+    def __init__(self, d_model, n_heads, masked):
+        super().__init__()
+        self.n_heads, self.masked = n_heads, masked
+        self.qkv, self.proj = nn.Linear(d_model, 3 * d_model), nn.Linear(d_model, d_model)
+
+    def forward(self, x):
+        q, k, v = (heads(t, self.n_heads) for t in self.qkv(x).chunk(3, -1))
+        return self.proj(merge(F.scaled_dot_product_attention(q, k, v, is_causal=self.masked)))
+
+
+class NamedBlock(nn.Module):
+    """A Pre-LN block around CausalSelfAttention, with no causal switch of its own: only the class name says it."""
+
+    def __init__(self, d_model=64, n_heads=4, masked=False):
+        super().__init__()
+        self.ln1, self.ln2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
+        self.attn = CausalSelfAttention(d_model, n_heads, masked)
+        self.mlp = nn.Sequential(nn.Linear(d_model, 4 * d_model), nn.GELU(), nn.Linear(4 * d_model, d_model))
+
+    def forward(self, x):
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
 # ----------------------------------------------------------------------------- correct twins
 
 
@@ -138,7 +192,24 @@ class ActivationHonoured(ActivationContradicted):
         return self.drop(self.w2(F.gelu(self.w1(h)) * self.w3(h)))
 
 
+class RotaryKeptUnused(RotaryBaseHonoured):
+    """A layer without positions (NoPE) that keeps its rotary module and rope_theta and never calls it."""
+
+    def attention(self, h):
+        q, k, v = (heads(p(h), self.n_heads) for p in (self.q_proj, self.k_proj, self.v_proj))
+        return self.o_proj(merge(F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)))
+
+
+class NamedBlockMasked(NamedBlock):
+    def __init__(self, d_model=64, n_heads=4, masked=True):
+        super().__init__(d_model, n_heads, masked)
+
+
 PLANTED = {"RotaryBaseIgnored": "rope.theta", "SoftcapIgnored": "attn.softcap",
            "ScaleAttributeContradicted": "attn.scale", "ActivationContradicted": "ffn.act", "NormEpsIgnored": "norm.eps",
-           "PartialRotationIgnored": "rope.dims"}
-CORRECT = ["RotaryBaseHonoured", "SoftcapApplied", "ScaleAttributeHonoured", "ActivationHonoured", "PartialRotationHonoured"]
+           "PartialRotationIgnored": "rope.dims", "RotaryDropped": "pos.kind", "RotaryOnQueries": "pos.kind"}
+CORRECT = ["RotaryBaseHonoured", "SoftcapApplied", "ScaleAttributeHonoured", "ActivationHonoured", "PartialRotationHonoured",
+           "RotaryKeptUnused"]
+# Run without --causal: what the block says of its causality is what the `causal` check holds it to.
+SAID_CAUSAL = ["MaskForgotten", "NamedBlock"]
+SAID_CAUSAL_CORRECT = ["TrainBlock", "NamedBlockMasked"]

@@ -130,3 +130,47 @@ def with_fraction(claims: tuple[Claim, ...], head_dim) -> tuple[Claim, ...]:
     if fraction is None or not head_dim or any(c.key == "rope.dims" for c in out):
         return out
     return out + (Claim("rope.dims", float(int(fraction.value * head_dim)), fraction.source),)
+
+
+# A block's own word that its queries ignore later keys: a switch of one of these names set to True
+CAUSAL_NAMES = ("causal", "is_causal")
+
+
+def own_causal(modules: list[nn.Module], arguments: dict | None = None) -> str | None:
+    """Where the block says it is causal, or None where it does not say so (or says two things). In order, the first
+    tier that speaks decides: its constructor arguments and the configs among them (`causal=True`), its modules'
+    attributes (`self.is_causal = True`), and last an attention module's class name (`CausalSelfAttention`). Only a
+    True is a claim: a False may mean a mask the block builds another way."""
+    def tier(found: dict) -> str | None:
+        return found.get(True) if len(found) == 1 else None
+
+    asked: dict = {}
+
+    def fields(values: dict, where: str) -> None:
+        for field, v in values.items():
+            if _is_config(v):
+                fields(_config_fields(v), f"{where} `{field}`'s")
+            elif field in CAUSAL_NAMES and isinstance(v, bool):
+                asked.setdefault(v, f"{where} `{field}={v}`")
+
+    fields(arguments or {}, "constructor argument")
+    for m in modules:
+        for name, value in vars(m).items():
+            if _is_config(value):
+                fields({k: v for k, v in _config_fields(value).items() if k in CAUSAL_NAMES}, f"{type(m).__name__}.{name}'s")
+    if asked:
+        return tier(asked)
+    kept = {}
+    for m in modules:
+        for name in CAUSAL_NAMES:
+            value = vars(m).get(name)
+            if isinstance(value, bool):
+                kept.setdefault(value, f"`{type(m).__name__}.{name} = {value}`")
+    if kept:
+        return tier(kept)
+    for m in modules:
+        cls = type(m).__name__.lower()
+        if ("attn" in cls or "attention" in cls) and "causal" in cls and not any(
+                w in cls for w in ("noncausal", "non_causal", "acausal", "bicausal")):
+            return f"class name `{type(m).__name__}`"
+    return None

@@ -91,6 +91,25 @@ def rotary_reading(q: torch.Tensor) -> dict | None:
     return {"dims": n, "pairing": None if ambiguous else pairing, "freqs": freqs, "channels": S, "error": err}
 
 
+def rotations_apart(q_rot: dict | None, k_rot: dict | None) -> str | None:
+    """Why q and k do not rotate together (a rotary score depends on j - i only where both turn by the same angles, in
+    the same channels), or None where they do or neither rotates."""
+    if q_rot is None and k_rot is None:
+        return None
+    if k_rot is None:
+        return "q rotates with position but k does not: the scores depend on the query's own position"
+    if q_rot is None:
+        return "k rotates with position but q does not: the scores depend on the key's own position"
+    if "other" in k_rot:
+        return f"q rotates, k does not ({k_rot['other']})"
+    if k_rot["channels"] != q_rot["channels"]:
+        return f"q and k rotate different channels ({len(q_rot['channels'])} of q's, {len(k_rot['channels'])} of k's)"
+    worst = max(abs(a - b) / max(abs(a), 1e-300) for a, b in zip(q_rot["freqs"], k_rot["freqs"]))
+    if worst > FREQ_TOL:
+        return f"q and k rotate at different frequencies (apart by {worst:.2g}, relative)"
+    return None
+
+
 def scaling_reading(freqs: list[float], dims: int) -> dict:
     """theta and the scaling a frequency table implies: none (theta^(-2i/dims)), linear (all divided by a factor), llama3
     (the fast pairs kept, the slow divided by a factor, a band between with 1/ratio linear in the frequency), yarn (that
@@ -271,6 +290,9 @@ def read(probe: Probe) -> list[Entry]:
     rot = rotary_reading(call.q)
     if rot is not None and "other" in rot:
         return [Entry("pos.kind", "other", rot["other"])] + [skipped(k, rot["other"]) for k in ROPE_KEYS]
+    apart = rotations_apart(rot, rotary_reading(call.k))
+    if apart is not None:
+        return [Entry("pos.kind", "other", apart)] + [skipped(k, apart) for k in ROPE_KEYS]
     if rot is not None:
         out = rope_entries(rot)
     else:

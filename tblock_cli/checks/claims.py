@@ -15,7 +15,7 @@ def check_spec(ctx: Context) -> Outcome:
     [spec.md](spec.md)) that differs from the declaration, each named with both values; without a declaration, one
     that differs from what the block says of itself (a kept `rope_theta`, `softcap`, `rotary_dim`, an attention
     module's `scale`, a config's `hidden_act` or `num_experts_per_tok`: [spec.md](spec.md)); skips when neither"""
-    from tblock_cli.card.entries import judge
+    from tblock_cli.card.entries import Claim, judge
     from tblock_cli.card.own import FRACTION, own_claims, with_fraction
     from tblock_cli.card.read import read_card
     from tblock_cli.checks.training import all_modules, too_large
@@ -42,6 +42,10 @@ def check_spec(ctx: Context) -> Outcome:
     claims = with_fraction(claims, card.value("attn.head_dim"))
     if routing and not card.value("moe.experts"):  # a config's routing says nothing of a dense layer (DeepSeek's first)
         claims = tuple(c for c in claims if not c.key.startswith("moe."))
+    if own and any(c.key.startswith("rope.") for c in claims) and card.value("pos.kind") in ("none", "other"):
+        ran = _rotary_that_runs(ctx)
+        if ran is not None:  # a rotary module that runs, and no rotation in the scores: it never reaches them
+            claims += (Claim("pos.kind", "rotary", f"the block's own rotary module `{ran}` (it runs in the forward)"),)
     if not claims:
         return skipped("spec.undeclared")
     verdicts = judge(card, claims)
@@ -55,6 +59,29 @@ def check_spec(ctx: Context) -> Outcome:
     if not matched:
         return skipped("spec.nothing_read", **facts)
     return passed("spec.matches", matched, **facts)
+
+
+def _rotary_that_runs(ctx: Context) -> str | None:
+    """The first module of the block whose class says rotary (or RoPE) that runs in an eval forward; None where none
+    does, or for a layer of a model (whose rotary module runs once for every layer, a layer without positions too)."""
+    import re
+
+    from tblock_cli.checks.context import eval_forward
+
+    module = ctx.subject.module
+    if type(module).__name__ == "ModelLayers":
+        return None
+    rotary = [(n, m) for n, m in module.named_modules() if n and re.search(r"rotary|rope(?!r)", type(m).__name__.lower())]
+    if not rotary:
+        return None
+    ran: list[str] = []
+    hooks = [m.register_forward_hook(lambda _m, _a, _o, n=n: ran.append(n)) for n, m in rotary]
+    try:
+        eval_forward(ctx, ctx.x())
+    finally:
+        for h in hooks:
+            h.remove()
+    return ran[0] if ran else None
 
 
 def check_like_reference(ctx: Context) -> Outcome:

@@ -210,13 +210,16 @@ def causal_by_itself(ctx: Context, x: torch.Tensor) -> bool:
 
 
 def check_causal(ctx: Context) -> Outcome:
-    """Catches: with `--causal`: outputs up to t that move when inputs after t change, or have a gradient w.r.t. them;
+    """Catches: with `--causal`, or where the block says it is causal (a `causal=True` it was built with or keeps, a
+    `CausalSelfAttention`): outputs up to t that move when inputs after t change, or have a gradient w.r.t. them;
     outputs up to t that differ when the first t + 1 tokens run alone (one token, half the sequence: something reads
     the sequence's length)"""
     T = max(ctx.cfg.seq, 3)
     x = ctx.standard()[0] if T == ctx.cfg.seq else ctx.x(seq=T)
-    if not ctx.cfg.causal:  # not asked for; say what the block does, as information
+    claimed = None if ctx.cfg.causal else claimed_causal(ctx)
+    if not ctx.cfg.causal and claimed is None:  # not asked for; say what the block does, as information
         return skipped("causal.not_asked", causal_by_itself=causal_by_itself(ctx, x))
+    said = {} if claimed is None else {"claimed": claimed}
     out = ctx.standard()[1] if T == ctx.cfg.seq else eval_forward(ctx, x)
     worst, worst_t = 0.0, None
     ts = sorted({0, T // 2, T - 2})
@@ -230,15 +233,29 @@ def check_causal(ctx: Context) -> Outcome:
         if diff > worst:
             worst, worst_t = diff, t
     if worst > ctx.tol:
-        return failed("causal.leak", worst, t=worst_t, diff=worst)
+        return failed("causal.leak", worst, t=worst_t, diff=worst, **said)
     prefix = _prefix_differs(ctx, x, out)
     if prefix is not None:
+        prefix.facts.update(said)
         return prefix
     t = T // 2
     g = future_grad(ctx, x, t, train=True)
     if g is not None and g.any():
-        return failed("causal.leak_train", f64(g).abs().max().item(), t=t)
-    return passed("causal.respected", worst)
+        return failed("causal.leak_train", f64(g).abs().max().item(), t=t, **said)
+    return passed("causal.respected", worst, **said)
+
+
+def claimed_causal(ctx: Context) -> str | None:
+    """Where a block of the user's says it is causal (card.own.own_causal); None for the built-in block and hf:
+    layers, whose causality tblock sets from --causal and from what the model does."""
+    if ctx.subject.builtin or ctx.subject.name.startswith("hf:"):
+        return None
+    from tblock_cli.card.own import own_causal
+    from tblock_cli.checks.training import all_modules
+    from tblock_cli.subject.loading import constructed_arguments
+
+    module = ctx.subject.module
+    return own_causal(all_modules(module), constructed_arguments(module))
 
 
 def _prefix_differs(ctx: Context, x: torch.Tensor, out: torch.Tensor) -> Outcome | None:

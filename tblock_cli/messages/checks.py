@@ -52,6 +52,11 @@ def _padding_differs(f: dict) -> str:
     return f"with {f['side']} padding, real positions differ from the same tokens run alone by {f['diff']:.2e}: {why}"
 
 
+def _said_causal(f: dict) -> str:
+    """Where the block, run without --causal, says it is causal."""
+    return f" (not asked for with --causal: the block says it is causal, its {f['claimed']})" if f.get("claimed") else ""
+
+
 def _calls(f: dict) -> str:
     """Per attention call, or ranges over a stack's calls."""
     calls = f["calls"]
@@ -136,12 +141,15 @@ MESSAGES = {
     # causal
     "causal.not_asked": lambda f: ("not asked for (--causal); " + ("outputs ignore later positions already"
                                                                     if f["causal_by_itself"] else "outputs depend on later positions")),
-    "causal.leak": "changing positions after t={t} moved outputs up to t by {diff:.2e}: the future leaks",
-    "causal.leak_train": "in train mode outputs up to t={t} have a gradient w.r.t. later positions: the future leaks",
+    "causal.leak": lambda f: (f"changing positions after t={f['t']} moved outputs up to t by {f['diff']:.2e}: the future "
+                              f"leaks" + _said_causal(f)),
+    "causal.leak_train": lambda f: (f"in train mode outputs up to t={f['t']} have a gradient w.r.t. later positions: the "
+                                    f"future leaks" + _said_causal(f)),
     "causal.prefix": lambda f: (f"the first {f['t'] + 1} token(s) run alone give other outputs than the same positions of "
                                 f"the whole sequence ({f['diff']:.2e}): something reads the sequence's length (a scale by "
-                                f"T, positions counted from the end, a table or mask cut to the wrong size)"),
-    "causal.respected": "outputs up to t ignore inputs after t (values and gradients), and a prefix run alone gives them",
+                                f"T, positions counted from the end, a table or mask cut to the wrong size)" + _said_causal(f)),
+    "causal.respected": lambda f: ("outputs up to t ignore inputs after t (values and gradients), and a prefix run alone "
+                                   "gives them" + _said_causal(f)),
     # order
     "order.causal": "--causal: token order is the point",
     "order.positional": lambda f: ("--positional declared" if f.get("declared") else f"position machinery found ({f['found']})")
