@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn as nn
 import zoo_dropout
+import zoo_hooks
 import zoo_training
 
 import tblock_cli
@@ -42,6 +43,15 @@ def test_planted_training_bug_is_caught_by_its_check(name):
 @pytest.mark.parametrize("name", zoo_training.CORRECT)
 def test_correct_twin_raises_no_alarm_in_the_whole_battery(name):
     by = run(name, only=None)
+    assert not [c for c in by.values() if c.status in BAD], [(c.name, c.detail) for c in by.values() if c.status in BAD]
+
+
+def test_a_gradient_hook_is_carried_to_the_copies_the_checks_difference():
+    # the copy derivative differences keeps the hook: doubling the gate's gradient is named, exactly 2x off
+    c = run("HookDoublesGradient", only=("derivative",), spec_file="zoo_hooks.py")["derivative"]
+    assert c.status is Status.FAIL and c.facts["tensor"] == "w1.weight", c
+    assert dict(c.facts["tensors"])["w1.weight"] == pytest.approx(0.5, rel=1e-3)  # |2g - g| / |2g|
+    by = run(zoo_hooks.CORRECT[0], only=None, spec_file="zoo_hooks.py")  # a hook the derivative agrees with
     assert not [c for c in by.values() if c.status in BAD], [(c.name, c.detail) for c in by.values() if c.status in BAD]
 
 

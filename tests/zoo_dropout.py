@@ -165,3 +165,15 @@ class FixedRateUnscaled(UnscaledDropout):
 
 
 PLANTED["FixedRateUnscaled"] = "dropout.biased"
+
+
+class EvalScaledToo(TrainBlock):
+    """Inverted dropout in training and the classic eval scale `* (1 - p)` as well: the eval output shrinks by the
+    rate, so training's mean is not the eval output."""
+
+    def ffn(self, h):
+        y = self.w2(F.silu(self.w1(h)) * self.w3(h))
+        return self.drop(y) if self.training else y * (1 - self.p)
+
+
+PLANTED["EvalScaledToo"] = "dropout.rescaled"

@@ -91,11 +91,12 @@ def _inputs(module: nn.Module, subject, x: torch.Tensor) -> dict[int, tuple]:
 def check_dropout(ctx: Context) -> Outcome:
     """Catches: a dropout whose kept elements are not rescaled by 1 / (1 - p) (a hand-made mask `x * (rand >= p)`),
     or rescaled twice. With torch's own dropouts off, a training forward that still differs from the eval forward
-    only while the block's dropout rate is above 0 (a rescale of its own on top of `F.dropout`'s); or, where the
-    block draws masks itself (random training forwards that the rate's zeroing makes deterministic), the mean over
-    64 training forwards of the innermost random module, its inputs fixed to an eval forward's, more than 0.2 of the
-    spread over masks away from its eval output (an unscaled mask at p = 0.1: 0.33); names that module. Randomness
-    that stays at dropout 0 (gating noise, router jitter) is not judged"""
+    only while the block's dropout rate is above 0 (a rescale of its own on top of `F.dropout`'s, an eval forward
+    scaled by 1 - p on top of inverted dropout); or, where the block draws masks itself (random training forwards
+    that the rate's zeroing makes deterministic), the mean over 64 training forwards of the innermost random module,
+    its inputs fixed to an eval forward's, more than 0.2 of the spread over masks away from its eval output (an
+    unscaled mask at p = 0.1: 0.33); names that module. Randomness that stays at dropout 0 (gating noise, router
+    jitter) is not judged"""
     if (large := too_large(ctx)) is not None:
         return large
     with seeded(ctx.device):  # every call below reseeds: the caller's random state is put back after
@@ -137,7 +138,9 @@ def _check(ctx: Context) -> Outcome:
         if diff <= ctx.tol:
             return passed("dropout.torch_only", diff, diff=diff)
         zeroed = _at_rate_zero(ctx, module, x)
-        if zeroed is None or rel_diff(zeroed(1), want) > ctx.tol:
+        # at rate 0 the block's own eval forward is the reference: an eval forward that reads the rate (a `* (1 - p)`
+        # on top of inverted dropout) is the rate's doing too
+        if zeroed is None or rel_diff(zeroed(1), zeroed(0, train=False)) > ctx.tol:
             return skipped("dropout.train_path", diff=diff)  # an eval-only path: train_eval's finding
         return failed("dropout.rescaled", diff, diff=diff)
     zeroed = _at_rate_zero(ctx, module, x)
@@ -204,9 +207,10 @@ def _draws(outs: torch.Tensor) -> float:
 
 
 def _at_rate_zero(ctx: Context, module: nn.Module, x: torch.Tensor):
-    """seed -> the training forward (torch's dropouts off) of the block with its dropout rate at 0: rebuilt through
-    its constructor with dropout=0 where it takes one, else with every dropout probability it keeps zeroed (modules,
-    attributes named *drop* or `p`, its config's). None when neither is possible (nothing to zero)."""
+    """(seed, train) -> the training forward (torch's dropouts off; train=False: the eval forward) of the block with
+    its dropout rate at 0: rebuilt through its constructor with dropout=0 where it takes one, else with every dropout
+    probability it keeps zeroed (modules, attributes named *drop* or `p`, its config's). None when neither is
+    possible (nothing to zero)."""
     from tblock_cli.checks.structure import rebuilt_without_dropout
 
     rebuilt = rebuilt_without_dropout(ctx)
@@ -218,9 +222,10 @@ def _at_rate_zero(ctx: Context, module: nn.Module, x: torch.Tensor):
             if not changed and not more:
                 return None
 
-    def forward(seed: int) -> torch.Tensor:
+    def forward(seed: int, train: bool = True) -> torch.Tensor:
         reseed(seed)
-        with zero_dropout(target), _rates_named_p(target), torch.no_grad(), train_mode(target, True), TorchDropoutOff():
+        off = TorchDropoutOff() if train else contextlib.nullcontext()
+        with zero_dropout(target), _rates_named_p(target), torch.no_grad(), train_mode(target, train), off:
             return subject(x).float()
 
     return forward

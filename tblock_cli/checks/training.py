@@ -82,6 +82,18 @@ def has_dropout(module: nn.Module) -> bool:
     return False
 
 
+def copied(module: nn.Module) -> nn.Module:
+    """A deep copy whose parameters keep the gradient hooks the original's carry (`p.register_hook`: a deep copy
+    drops them), so that what a copy's backward leaves in .grad is what the block's own would."""
+    twin = copy.deepcopy(module)
+    for (_, a), (_, b) in zip(module.named_parameters(remove_duplicate=False), twin.named_parameters(remove_duplicate=False)):
+        hooks = getattr(a, "_backward_hooks", None)
+        if hooks and not getattr(b, "_backward_hooks", None):
+            for hook in hooks.values():
+                b.register_hook(hook)
+    return twin
+
+
 def trainable(module: nn.Module) -> list[tuple[str, nn.Parameter]]:
     return [(n, p) for n, p in module.named_parameters() if p.requires_grad]
 
@@ -100,7 +112,7 @@ def check_derivative(ctx: Context) -> Outcome:
         return large
     device = ctx.device if ctx.device.type != "mps" else torch.device("cpu")
     try:
-        m64 = copy.deepcopy(ctx.subject.module).to(device=device, dtype=torch.float64)
+        m64 = copied(ctx.subject.module).to(device=device, dtype=torch.float64)
     except Exception as e:  # noqa: BLE001 - a block that has no float64 cannot be differenced precisely
         if is_out_of_memory(e):
             raise
@@ -258,7 +270,7 @@ def check_optimizer_step(ctx: Context) -> Outcome:
 def _adamw_step(ctx: Context, x: torch.Tensor, target: torch.Tensor, train: bool) -> dict | None:
     """One AdamW step on a copy (float32 for a half-precision run): the loss before and after at the same seed, the
     parameters it left unchanged, and whether the loss before repeats at that seed. None without trainable ones."""
-    module = copy.deepcopy(ctx.subject.module)
+    module = copied(ctx.subject.module)
     if ctx.dtype in (torch.float16, torch.bfloat16):
         module = module.float()  # the step's size must show in every parameter: 1e-4 is below a half's resolution
     subject = ctx.subject.like(module)
