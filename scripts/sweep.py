@@ -20,6 +20,7 @@ import torch
 TESTS = Path(__file__).resolve().parent.parent / "tests"
 sys.path.insert(0, str(TESTS))
 
+import zoo_autocast  # noqa: E402
 import zoo_claims  # noqa: E402
 import zoo_device  # noqa: E402
 import zoo_dropout  # noqa: E402
@@ -40,6 +41,7 @@ CORRECT.update({f"zoo_training.py:{k}": {} for k in zoo_training.CORRECT})  # th
 CORRECT.update({f"zoo_dropout.py:{k}": {} for k in zoo_dropout.CORRECT})  # the dropout check's
 CORRECT.update({f"zoo_device.py:{k}": {} for k in zoo_device.CORRECT})  # the device check's
 CORRECT.update({f"zoo_hooks.py:{k}": {} for k in zoo_hooks.CORRECT})  # gradient hooks carried to the copies
+CORRECT.update({f"zoo_autocast.py:{k}": {} for k in zoo_autocast.CORRECT})  # mixed precision that runs
 CORRECT.update({f"zoo_claims.py:{k}": {"causal": True} for k in zoo_claims.CORRECT})  # what blocks say of themselves
 CORRECT.update({f"zoo_claims.py:{k}": {} for k in zoo_claims.SAID_CAUSAL_CORRECT})  # causal by their own word
 CORRECT.update({f"zoo_length.py:{k}": {"causal": True} for k in zoo_length.CORRECT})  # the length probes'
@@ -87,6 +89,7 @@ def missed_bugs(sizes) -> int:
                **{f"zoo_dropout.py:{k}": ("dropout", {}) for k in zoo_dropout.PLANTED},
                **{f"zoo_device.py:{k}": ("device", {}) for k in zoo_device.PLANTED},
                **{f"zoo_hooks.py:{k}": (v, {}) for k, v in zoo_hooks.PLANTED.items()},
+               **{f"zoo_autocast.py:{k}": (v, {}) for k, v in zoo_autocast.PLANTED.items()},
                **{f"zoo_claims.py:{k}": ("spec", {"causal": True}) for k in zoo_claims.PLANTED},
                **{f"zoo_claims.py:{k}": ("causal", {}) for k in zoo_claims.SAID_CAUSAL},
                **{f"zoo_length.py:{k}": (check, {"causal": True}) for k, (check, _) in zoo_length.PLANTED.items()}}

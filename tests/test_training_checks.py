@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 import torch.nn as nn
+import zoo_autocast
 import zoo_dropout
 import zoo_hooks
 import zoo_training
@@ -52,6 +53,14 @@ def test_a_gradient_hook_is_carried_to_the_copies_the_checks_difference():
     assert c.status is Status.FAIL and c.facts["tensor"] == "w1.weight", c
     assert dict(c.facts["tensors"])["w1.weight"] == pytest.approx(0.5, rel=1e-3)  # |2g - g| / |2g|
     by = run(zoo_hooks.CORRECT[0], only=None, spec_file="zoo_hooks.py")  # a hook the derivative agrees with
+    assert not [c for c in by.values() if c.status in BAD], [(c.name, c.detail) for c in by.values() if c.status in BAD]
+
+
+def test_a_block_that_raises_under_autocast_on_mixing_dtypes_fails_and_its_cast_twin_passes():
+    c = run("IndexedExperts", only=("precision",), spec_file="zoo_autocast.py")["precision"]
+    assert c.status is Status.FAIL and c.kind == "precision.dtype_clash" and "dtypes match" in c.facts["error"], c
+    assert c.facts["how"] == "torch.autocast (bfloat16)"
+    by = run(zoo_autocast.CORRECT[0], only=None, spec_file="zoo_autocast.py")
     assert not [c for c in by.values() if c.status in BAD], [(c.name, c.detail) for c in by.values() if c.status in BAD]
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
+import re
 
 import torch
 import torch.nn as nn
@@ -31,6 +32,18 @@ PRECISION_SEQ = 768
 # d_head 16, 0.30 at d_head 64. 0.1 sits 2.2x above the worst correct block and 3x below the bugs.
 PRECISION_LIMIT = 0.1
 QUANTILE = 0.75
+# Under autocast some ops compute in bfloat16 and others in float32, and after .to(bfloat16) the weights are
+# bfloat16 while tensors the code makes with a fixed dtype stay float32; code that then mixes the two where torch
+# wants one dtype (an expert's bfloat16 output written into a float32 buffer by index, a matmul with a float32 table)
+# raises one of these, on any device: the block cannot train so. Kernels this machine lacks for bfloat16 say "not
+# implemented", and a constant that does not fit bfloat16 says "overflow": neither is judged.
+DTYPE_CLASH = re.compile(r"dtypes? (to )?match|same dtype|expected scalar type|expected .*dtype|dtype mismatch|"
+                         r"found dtype|expected both", re.I)
+KERNEL_GAP = re.compile(r"not implemented|overflow|not supported", re.I)
+
+
+class HalfRaised(RuntimeError):
+    """A bfloat16 run raised: its message names the run, the original error is its __cause__."""
 
 
 def _float_accumulated(ops: frozenset, func, args: tuple, kwargs: dict):
@@ -89,16 +102,26 @@ def _half_runs(ctx: Context, module: nn.Module, ref32: nn.Module, ref, ref_parts
     """how -> (the reference's output and component outputs, the bfloat16 run's): under autocast, and after
     `.to(bfloat16)` against float32 computing with the same bfloat16-rounded weights and buffers."""
     ctx.step("autocast")
-    with _emulated(emulate):
-        got, parts = _outputs(ref32, ctx.subject.like(ref32), x, True, ctx.device)
+    try:
+        with _emulated(emulate):
+            got, parts = _outputs(ref32, ctx.subject.like(ref32), x, True, ctx.device)
+    except Exception as e:  # noqa: BLE001 - which run raised is said
+        if is_out_of_memory(e):
+            raise
+        raise HalfRaised("torch.autocast (bfloat16)") from e
     results = {"autocast": ([("output", ref)] + ref_parts, [("output", got)] + parts)}
     ctx.step(".to(bfloat16)")
     half = copy.deepcopy(module).to(HALF)
     rounded = copy.deepcopy(half).float()  # float32 computing with the bfloat16-rounded weights and buffers
     xh = x.to(HALF)
     ref_r, parts_r = _outputs(rounded, ctx.subject.like(rounded), xh.float(), False, ctx.device)
-    with _emulated(emulate):
-        got, parts = _outputs(half, ctx.subject.like(half), xh, False, ctx.device)
+    try:
+        with _emulated(emulate):
+            got, parts = _outputs(half, ctx.subject.like(half), xh, False, ctx.device)
+    except Exception as e:  # noqa: BLE001 - which run raised is said
+        if is_out_of_memory(e):
+            raise
+        raise HalfRaised(".to(bfloat16)") from e
     results["to_bfloat16"] = ([("output", ref_r)] + parts_r, [("output", got)] + parts)
     return results
 
@@ -170,7 +193,8 @@ def check_precision(ctx: Context) -> Outcome:
     """Catches: under `torch.autocast` (bfloat16) and after `.to(bfloat16)`, any component's or the output's error
     against float32 at 768 tokens (after `.to`: float32 with the same bfloat16-rounded weights and buffers), the
     75th percentile over positions of each position's relative error, above 0.1; names the first such component
-    (rotary positions or angles computed in bfloat16)"""
+    (rotary positions or angles computed in bfloat16); a block that raises on mixing dtypes under autocast or after
+    `.to(bfloat16)` (an expert's bfloat16 output written by index into a float32 buffer)"""
     if (large := too_large(ctx)) is not None:
         return large
     if ctx.device.type not in ("cpu", "cuda"):
@@ -196,7 +220,10 @@ def check_precision(ctx: Context) -> Outcome:
             if is_out_of_memory(e):
                 raise
             if not emulate:
-                return skipped("precision.unsupported", error=one_line(e))
+                cause = e.__cause__ if isinstance(e, HalfRaised) else None
+                if cause is not None and DTYPE_CLASH.search(str(cause)) and not KERNEL_GAP.search(str(cause)):
+                    return failed("precision.dtype_clash", how=str(e), error=one_line(cause))
+                return skipped("precision.unsupported", error=one_line(cause or e))
     errors, first = {}, {}
     for how, (ref_parts, parts) in results.items():
         comps = _component_errors(ref_parts, parts, seq)

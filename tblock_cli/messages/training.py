@@ -103,6 +103,8 @@ MESSAGES = {
     "state_dict.round_trip": lambda f: f"a fresh instance loaded with its state_dict (strict) gives the same outputs (max {f['diff']:.1e})",
     "precision.device": lambda f: f"autocast to bfloat16 is not probed on {f['device']}",
     "precision.unsupported": lambda f: f"the block does not run in bfloat16: {f['error']}",
+    "precision.dtype_clash": lambda f: (f"under {f['how']} the block raises on mixing dtypes: {f['error']} (bfloat16 "
+                                        f"results meeting float32 tensors: it cannot train so)"),
     "precision.differs": _precision,
     "precision.close": lambda f: (f"within {f['limit']:g} of float32 at {f['seq']} tokens: autocast {f['errors']['autocast']:.1e}, "
                                   f".to(bfloat16) {f['errors']['to_bfloat16']:.1e} (worst component's relative error per position, 75th percentile)"
