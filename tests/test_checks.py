@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from tblock_cli.checks import CHECK_NAMES, CheckReport, Status, run_checks
 from tblock_cli.config import build_config
@@ -289,8 +290,22 @@ def test_a_raising_check_becomes_error_and_others_run():
 
 
 def test_causal_skip_still_says_what_the_block_does():
-    _, llama = battery("LlamaBlock")  # causal by its own default; no --causal given
+    import tblock_cli
+
+    class MaskedSilently(torch.nn.Module):  # causal by its code alone: no switch, no name says so
+        def __init__(self):
+            super().__init__()
+            self.qkv = torch.nn.Linear(32, 96)
+
+        def forward(self, x):
+            q, k, v = (t.view(*x.shape[:2], 4, 8).transpose(1, 2) for t in self.qkv(x).chunk(3, -1))
+            return x + F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(x.shape)
+
+    silent = tblock_cli.check(MaskedSilently(), d_model=32, n_heads=4, threads=1, only="causal").checks[0]
     _, builtin = battery()
-    assert llama["causal"].status == builtin["causal"].status == Status.SKIP
-    assert "ignore later positions" in llama["causal"].detail
+    assert silent.status == builtin["causal"].status == Status.SKIP
+    assert "ignore later positions" in silent.detail
     assert "depend on later positions" in builtin["causal"].detail
+    # a block that says it is causal (LlamaBlock's causal=True default) is held to it without the flag
+    _, llama = battery("LlamaBlock")
+    assert llama["causal"].status == Status.PASS and "the block says it is causal" in llama["causal"].detail

@@ -1,10 +1,10 @@
 """Blocks that say one thing of themselves and compute another, for the `spec` check without a declaration: a
 rotary base taken as an argument that never reaches the frequencies, a soft-cap kept and never applied, an attention
 module whose `scale` is 1/sqrt(d_head) while it divides by sqrt(d_model), a config's `hidden_act` that is not the
-activation used, norms that keep an eps they do not use, a partial rotation taken and not applied, a rotary module
-that runs and never reaches the scores (its output dropped; q rotated, k not), a `causal=True` or a
-`CausalSelfAttention` that masks nothing (the `causal` check's, run without --causal); and the correct twins, each
-honouring what it says. Built on TrainBlock of tests/zoo_training.py."""
+activation used, norms that keep an eps they do not use, a partial rotation taken and not applied, a rotary
+scaling asked for and not applied, a rotary module that runs and never reaches the scores (its output dropped; q
+rotated, k not), a `causal=True` or a `CausalSelfAttention` that masks nothing (the `causal` check's, run without
+--causal); and the correct twins, each honouring what it says. Built on TrainBlock of tests/zoo_training.py."""
 
 import math
 from dataclasses import dataclass
@@ -95,6 +95,14 @@ class PartialRotationIgnored(TrainBlock):
 
     def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True, partial_rotary_factor=0.5):
         super().__init__(d_model, n_heads, dropout, causal)
+
+
+class RopeScalingIgnored(TrainBlock):
+    """A linear rotary scaling (factor 4) taken as an argument, and the plain table used."""
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True, rope_scaling=None):
+        super().__init__(d_model, n_heads, dropout, causal)
+        self.rope_scaling = rope_scaling or {"rope_type": "linear", "factor": 4.0}
 
 
 class RotaryDropped(TrainBlock):
@@ -192,6 +200,21 @@ class ActivationHonoured(ActivationContradicted):
         return self.drop(self.w2(F.gelu(self.w1(h)) * self.w3(h)))
 
 
+class LinearScaledRotary(Rotary):
+    def __init__(self, dim, factor):
+        self.factor = factor
+        super().__init__(dim)
+
+    def frequencies(self, device=None):
+        return super().frequencies(device) / self.factor
+
+
+class RopeScalingHonoured(RopeScalingIgnored):
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True, rope_scaling=None):
+        super().__init__(d_model, n_heads, dropout, causal, rope_scaling)
+        self.rotary = LinearScaledRotary(d_model // n_heads, self.rope_scaling["factor"])
+
+
 class RotaryKeptUnused(RotaryBaseHonoured):
     """A layer without positions (NoPE) that keeps its rotary module and rope_theta and never calls it."""
 
@@ -207,9 +230,10 @@ class NamedBlockMasked(NamedBlock):
 
 PLANTED = {"RotaryBaseIgnored": "rope.theta", "SoftcapIgnored": "attn.softcap",
            "ScaleAttributeContradicted": "attn.scale", "ActivationContradicted": "ffn.act", "NormEpsIgnored": "norm.eps",
-           "PartialRotationIgnored": "rope.dims", "RotaryDropped": "pos.kind", "RotaryOnQueries": "pos.kind"}
+           "PartialRotationIgnored": "rope.dims", "RotaryDropped": "pos.kind", "RotaryOnQueries": "pos.kind",
+           "RopeScalingIgnored": ("rope.scaling", "rope.factor")}
 CORRECT = ["RotaryBaseHonoured", "SoftcapApplied", "ScaleAttributeHonoured", "ActivationHonoured", "PartialRotationHonoured",
-           "RotaryKeptUnused"]
+           "RotaryKeptUnused", "RopeScalingHonoured"]
 # Run without --causal: what the block says of its causality is what the `causal` check holds it to.
 SAID_CAUSAL = ["MaskForgotten", "NamedBlock"]
 SAID_CAUSAL_CORRECT = ["TrainBlock", "NamedBlockMasked"]

@@ -23,7 +23,8 @@ FIELDS = {
     "attn_logit_softcapping": "attn.softcap", "logit_softcap": "attn.softcap", "logit_softcapping": "attn.softcap",
     "attn_softcap": "attn.softcap", "softcap": "attn.softcap",
     "query_pre_attn_scalar": "attn.scale",
-    "hidden_act": "ffn.act", "hidden_activation": "ffn.act", "activation_function": "ffn.act",
+    "hidden_act": "ffn.act", "hidden_activation": "ffn.act", "activation_function": "ffn.act", "activation": "ffn.act",
+    "activation_fn": "ffn.act", "act_fn": "ffn.act", "ffn_activation": "ffn.act", "mlp_activation": "ffn.act",
     "num_experts_per_tok": "moe.top_k", "moe_top_k": "moe.top_k", "n_activated_experts": "moe.top_k",
     "num_local_experts": "moe.experts", "n_routed_experts": "moe.experts",
     "norm_topk_prob": "moe.renorm", "scoring_func": "moe.router", "routed_scaling_factor": "moe.scale",
@@ -32,6 +33,11 @@ FIELDS = {
     "norm_eps": "norm.eps", "rms_norm_eps": "norm.eps", "layer_norm_eps": "norm.eps", "layer_norm_epsilon": "norm.eps",
     "layernorm_epsilon": "norm.eps",
 }
+# a rotary scaling as configs write it (HF's rope_scaling, transformers 5's rope_parameters): a dict whose type is
+# one of SCALED claims that scaling and its factor. "dynamic" is left out (it changes the table only past the
+# original length, which a probe does not reach), and so is anything else the card has no name for.
+SCALINGS = ("rope_scaling", "rope_parameters")
+SCALED = ("linear", "llama3", "yarn")
 # read only on a module whose class name says it is one of these
 ON_ROTARY = {"base": "rope.theta", "theta": "rope.theta"}
 ON_ATTENTION = {"scale": "attn.scale", "scaling": "attn.scale", "softmax_scale": "attn.scale"}
@@ -61,6 +67,9 @@ def own_claims(modules: list[nn.Module], arguments: dict | None = None) -> tuple
                 fields(_config_fields(v), f"{where} `{field}`'s")
             elif field in FIELDS:
                 put(asked, FIELDS[field], _value(FIELDS[field], v), f"{where} `{field}`")
+            elif field in SCALINGS and isinstance(v, dict):
+                for key, value in _scaling(v).items():
+                    put(asked, key, value, f"{where} `{field}`")
 
     fields(arguments or {}, "constructor argument")
     for m in modules:
@@ -70,6 +79,10 @@ def own_claims(modules: list[nn.Module], arguments: dict | None = None) -> tuple
                 continue
             if _is_config(value):
                 fields(_config_fields(value), f"{owner}.{name}'s")
+                continue
+            if name in SCALINGS and isinstance(value, dict):
+                for key, v in _scaling(value).items():
+                    put(kept, key, v, f"{owner}.{name}")
                 continue
             key = (FIELDS.get(name) or (ON_ROTARY.get(name) if "rotary" in cls or "rope" in cls else None)
                    or (ON_NORM.get(name) if "norm" in cls and not type(m).__module__.startswith("torch.") else None))
@@ -113,6 +126,14 @@ def _value(key: str, v):
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
         return None  # a switch, a word, or 0/None for "off": nothing measured to hold it against
     return float(v)
+
+
+def _scaling(d: dict) -> dict:
+    """{rope.scaling: type, rope.factor: factor} from a rotary-scaling dict of a SCALED type with a factor above 1."""
+    kind, factor = d.get("rope_type", d.get("type")), d.get("factor")
+    if kind not in SCALED or isinstance(factor, bool) or not isinstance(factor, (int, float)) or not factor > 1:
+        return {}
+    return {"rope.scaling": kind, "rope.factor": float(factor)}
 
 
 def _scale_claim(v):
