@@ -60,6 +60,9 @@ def test_a_block_that_raises_under_autocast_on_mixing_dtypes_fails_and_its_cast_
     c = run("IndexedExperts", only=("precision",), spec_file="zoo_autocast.py")["precision"]
     assert c.status is Status.FAIL and c.kind == "precision.dtype_clash" and "dtypes match" in c.facts["error"], c
     assert c.facts["how"] == "torch.autocast (bfloat16)"
+    assert c.facts["op"] == "__setitem__" and (c.facts["into"], c.facts["values"]) == ("float32", "bfloat16")
+    cache = run("CacheInItsDtype", only=("precision",), spec_file="zoo_autocast.py")["precision"]
+    assert cache.status is Status.SKIP and cache.kind == "precision.unsupported", cache  # a cache is the block's state
     by = run(zoo_autocast.CORRECT[0], only=None, spec_file="zoo_autocast.py")
     assert not [c for c in by.values() if c.status in BAD], [(c.name, c.detail) for c in by.values() if c.status in BAD]
 

@@ -36,3 +36,18 @@ class IndexedExpertsCast(IndexedExperts):
 
 PLANTED = {"IndexedExperts": "precision"}
 CORRECT = ["IndexedExpertsCast"]
+
+
+class CacheInItsDtype(IndexedExpertsCast):
+    """Keys written by index into a cache buffer the block keeps, in the buffer's dtype (inference code, gpt-fast's
+    KVCache.update): under autocast the keys are bfloat16 and the write raises. Not judged: a cache is state an
+    inference codebase sizes and types itself, and autocast is a training tool."""
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
+        super().__init__(d_model, n_heads, dropout, causal)
+        self.register_buffer("cache", torch.zeros(16, 1024, d_model), persistent=False)
+
+    def ffn(self, h):
+        positions = torch.arange(h.shape[1], device=h.device)
+        self.cache[: h.shape[0], positions] = self.k_proj(h)  # advanced indexing: an index_put into the cache
+        return super().ffn(h)

@@ -10,6 +10,7 @@ import re
 
 import torch
 import torch.nn as nn
+from torch.overrides import TorchFunctionMode
 
 from tblock_cli.checks.context import Context
 from tblock_cli.checks.result import Outcome, failed, passed, skipped
@@ -32,12 +33,13 @@ PRECISION_SEQ = 768
 # d_head 16, 0.30 at d_head 64. 0.1 sits 2.2x above the worst correct block and 3x below the bugs.
 PRECISION_LIMIT = 0.1
 QUANTILE = 0.75
-# Under autocast some ops compute in bfloat16 and others in float32: code that then mixes the two where torch wants
-# one dtype (an expert's bfloat16 output written into a float32 buffer by index) raises one of these, on any device,
-# and the block cannot train in mixed precision. Judged under autocast only: autocast exists to run float32 code in
-# mixed precision, while after .to(bfloat16) a float32 table the code builds (an ALiBi bias promoting the scores)
-# is a block written for float32 weights, as many correct ones are. Kernels this machine lacks for bfloat16 say "not
-# implemented", and a constant that does not fit bfloat16 says "overflow": neither is judged.
+# Under autocast some ops compute in bfloat16 and others in float32: code that then writes the one into the other by
+# index (an expert's bfloat16 output into a float32 buffer the forward made) raises one of these, on any device, and
+# the block cannot train in mixed precision. Judged under autocast only, and only for a write into a tensor the
+# forward made: a KV cache the block keeps is filled in its own dtype by inference code (gpt-fast's), which
+# autocast is not meant for; after .to(bfloat16) a float32 table the code builds (an ALiBi bias promoting the
+# scores) is a block written for float32 weights, as many correct ones are. Kernels this machine lacks for bfloat16
+# say "not implemented", and a constant that does not fit bfloat16 says "overflow": neither is judged.
 AUTOCAST = "torch.autocast (bfloat16)"
 DTYPE_CLASH = re.compile(r"dtypes? (to )?match|same dtype|expected scalar type|expected .*dtype|dtype mismatch|"
                          r"found dtype|expected both", re.I)
@@ -45,7 +47,50 @@ KERNEL_GAP = re.compile(r"not implemented|overflow|not supported", re.I)
 
 
 class HalfRaised(RuntimeError):
-    """A bfloat16 run raised: its message names the run, the original error is its __cause__."""
+    """A bfloat16 run raised: args[0] names the run, args[1] (autocast) is WriteClashes.first; the original error is
+    its __cause__."""
+
+
+# Writes by index (out[idx] = y, index_add_, scatter_): torch wants the written values in the tensor's own dtype.
+INDEX_WRITES = frozenset({"__setitem__", "index_put_", "index_put", "index_add_", "index_add", "index_copy_",
+                          "index_copy", "scatter_", "scatter", "scatter_add_", "scatter_add", "masked_scatter_",
+                          "masked_scatter"})
+
+
+class WriteClashes(TorchFunctionMode):
+    """Notes the first write by index of one floating dtype into a tensor of another, and whether the tensor written
+    is the block's own state (a buffer, parameter or tensor attribute, or a view of one: a KV cache an inference
+    codebase fills in its own dtype) or a tensor the forward made (`zeros_like(x)` that experts' outputs fill)."""
+
+    def __init__(self, module: nn.Module):
+        super().__init__()
+        from tblock_cli.checks.training import all_modules
+
+        self.state = set()
+        for m in all_modules(module):
+            held = list(m.parameters(recurse=False)) + list(m.buffers(recurse=False)) + \
+                [v for v in vars(m).values() if isinstance(v, torch.Tensor)]
+            self.state.update(_storage(t) for t in held)
+        self.first: dict | None = None
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if self.first is None and getattr(func, "__name__", "") in INDEX_WRITES and args \
+                and isinstance(args[0], torch.Tensor) and args[0].is_floating_point():
+            dst = args[0]
+            src = [a for a in list(args[1:]) + list(kwargs.values())
+                   if isinstance(a, torch.Tensor) and a.is_floating_point() and a.dtype != dst.dtype and a.dim() > 0]
+            if src:
+                self.first = {"op": func.__name__, "into": str(dst.dtype).replace("torch.", ""),
+                              "values": str(src[0].dtype).replace("torch.", ""), "state": _storage(dst) in self.state}
+        return func(*args, **kwargs)
+
+
+def _storage(t: torch.Tensor) -> int:
+    try:
+        return t.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):  # a tensor without storage (a subclass, a meta tensor)
+        return id(t)
 
 
 def _float_accumulated(ops: frozenset, func, args: tuple, kwargs: dict):
@@ -104,13 +149,14 @@ def _half_runs(ctx: Context, module: nn.Module, ref32: nn.Module, ref, ref_parts
     """how -> (the reference's output and component outputs, the bfloat16 run's): under autocast, and after
     `.to(bfloat16)` against float32 computing with the same bfloat16-rounded weights and buffers."""
     ctx.step("autocast")
+    witness = WriteClashes(ref32)
     try:
-        with _emulated(emulate):
+        with _emulated(emulate), witness:
             got, parts = _outputs(ref32, ctx.subject.like(ref32), x, True, ctx.device)
     except Exception as e:  # noqa: BLE001 - which run raised is said
         if is_out_of_memory(e):
             raise
-        raise HalfRaised(AUTOCAST) from e
+        raise HalfRaised(AUTOCAST, witness.first) from e
     results = {"autocast": ([("output", ref)] + ref_parts, [("output", got)] + parts)}
     ctx.step(".to(bfloat16)")
     half = copy.deepcopy(module).to(HALF)
@@ -223,9 +269,10 @@ def check_precision(ctx: Context) -> Outcome:
                 raise
             if not emulate:
                 cause = e.__cause__ if isinstance(e, HalfRaised) else None
-                if cause is not None and str(e) == AUTOCAST and DTYPE_CLASH.search(str(cause)) \
+                clash = e.args[1] if isinstance(e, HalfRaised) and len(e.args) > 1 else None
+                if clash is not None and not clash["state"] and DTYPE_CLASH.search(str(cause)) \
                         and not KERNEL_GAP.search(str(cause)):
-                    return failed("precision.dtype_clash", how=str(e), error=one_line(cause))
+                    return failed("precision.dtype_clash", how=e.args[0], error=one_line(cause), **clash)
                 return skipped("precision.unsupported", error=one_line(cause or e))
     errors, first = {}, {}
     for how, (ref_parts, parts) in results.items():
