@@ -83,6 +83,9 @@ def test_reading_rules():
     # a rotary scaling dict: linear, llama3 and yarn with their factor; dynamic (unseen at a probe's length) nothing
     assert claims([], {"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}) == {"rope.scaling": "llama3", "rope.factor": 8.0}
     assert claims([], {"rope_scaling": {"type": "dynamic", "factor": 2.0}}) == {}
+    # a residual switch names the form either way
+    assert claims([], {"use_parallel_residual": False}) == {"residual.form": "sequential"}
+    assert claims([], {"parallel_attn": True}) == {"residual.form": "parallel"}
 
 
 def test_a_rotating_fraction_becomes_rope_dims_of_the_measured_head():

@@ -1,10 +1,11 @@
 """Blocks that say one thing of themselves and compute another, for the `spec` check without a declaration: a
 rotary base taken as an argument that never reaches the frequencies, a soft-cap kept and never applied, an attention
 module whose `scale` is 1/sqrt(d_head) while it divides by sqrt(d_model), a config's `hidden_act` that is not the
-activation used, norms that keep an eps they do not use, a partial rotation taken and not applied, a rotary
-scaling asked for and not applied, a rotary module that runs and never reaches the scores (its output dropped; q
-rotated, k not), a `causal=True` or a `CausalSelfAttention` that masks nothing (the `causal` check's, run without
---causal); and the correct twins, each honouring what it says. Built on TrainBlock of tests/zoo_training.py."""
+activation used, norms that keep an eps they do not use, a partial rotation taken and not applied, a rotary scaling
+asked for and not applied, a parallel residual asked for and the sequential one computed, a rotary module that runs
+and never reaches the scores (its output dropped; q rotated, k not), a `causal=True` or a `CausalSelfAttention`
+that masks nothing (the `causal` check's, run without --causal); and the correct twins, each honouring what it says.
+Built on TrainBlock of tests/zoo_training.py."""
 
 import math
 from dataclasses import dataclass
@@ -103,6 +104,14 @@ class RopeScalingIgnored(TrainBlock):
     def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True, rope_scaling=None):
         super().__init__(d_model, n_heads, dropout, causal)
         self.rope_scaling = rope_scaling or {"rope_type": "linear", "factor": 4.0}
+
+
+class ParallelResidualIgnored(TrainBlock):
+    """parallel_residual=True taken, and the FFN reads attention's output (the sequential form)."""
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True, parallel_residual=True):
+        super().__init__(d_model, n_heads, dropout, causal)
+        self.parallel_residual = parallel_residual
 
 
 class RotaryDropped(TrainBlock):
@@ -215,6 +224,11 @@ class RopeScalingHonoured(RopeScalingIgnored):
         self.rotary = LinearScaledRotary(d_model // n_heads, self.rope_scaling["factor"])
 
 
+class ParallelResidualHonoured(ParallelResidualIgnored):
+    def forward(self, x):
+        return x + self.drop(self.attention(self.attn_norm(x))) + self.ffn(self.ffn_norm(x))
+
+
 class RotaryKeptUnused(RotaryBaseHonoured):
     """A layer without positions (NoPE) that keeps its rotary module and rope_theta and never calls it."""
 
@@ -231,9 +245,9 @@ class NamedBlockMasked(NamedBlock):
 PLANTED = {"RotaryBaseIgnored": "rope.theta", "SoftcapIgnored": "attn.softcap",
            "ScaleAttributeContradicted": "attn.scale", "ActivationContradicted": "ffn.act", "NormEpsIgnored": "norm.eps",
            "PartialRotationIgnored": "rope.dims", "RotaryDropped": "pos.kind", "RotaryOnQueries": "pos.kind",
-           "RopeScalingIgnored": ("rope.scaling", "rope.factor")}
+           "RopeScalingIgnored": ("rope.scaling", "rope.factor"), "ParallelResidualIgnored": "residual.form"}
 CORRECT = ["RotaryBaseHonoured", "SoftcapApplied", "ScaleAttributeHonoured", "ActivationHonoured", "PartialRotationHonoured",
-           "RotaryKeptUnused", "RopeScalingHonoured"]
+           "RotaryKeptUnused", "RopeScalingHonoured", "ParallelResidualHonoured"]
 # Run without --causal: what the block says of its causality is what the `causal` check holds it to.
 SAID_CAUSAL = ["MaskForgotten", "NamedBlock"]
 SAID_CAUSAL_CORRECT = ["TrainBlock", "NamedBlockMasked"]

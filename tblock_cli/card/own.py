@@ -32,6 +32,8 @@ FIELDS = {
     "partial_rotary_factor": FRACTION, "rotary_pct": FRACTION,
     "norm_eps": "norm.eps", "rms_norm_eps": "norm.eps", "layer_norm_eps": "norm.eps", "layer_norm_epsilon": "norm.eps",
     "layernorm_epsilon": "norm.eps",
+    # a switch: True is the parallel form (attention and FFN read the same stream), False the sequential one
+    "use_parallel_residual": "residual.form", "parallel_residual": "residual.form", "parallel_attn": "residual.form",
 }
 # a rotary scaling as configs write it (HF's rope_scaling, transformers 5's rope_parameters): a dict whose type is
 # one of SCALED claims that scaling and its factor. "dynamic" is left out (it changes the table only past the
@@ -119,6 +121,8 @@ def _value(key: str, v):
         return ACTS.get(v.lower()) if isinstance(v, str) else None
     if key == "moe.renorm":
         return v if isinstance(v, bool) else None
+    if key == "residual.form":
+        return ("parallel" if v else "sequential") if isinstance(v, bool) else None
     if key == "moe.router":
         return v.lower() if isinstance(v, str) and v.lower() in ("softmax", "sigmoid") else None
     if key == FRACTION and isinstance(v, (int, float)) and not 0 < v <= 1:
