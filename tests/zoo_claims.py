@@ -2,10 +2,10 @@
 rotary base taken as an argument that never reaches the frequencies, a soft-cap kept and never applied, an attention
 module whose `scale` is 1/sqrt(d_head) while it divides by sqrt(d_model), a config's `hidden_act` that is not the
 activation used, norms that keep an eps they do not use, a partial rotation taken and not applied, a rotary scaling
-asked for and not applied, a parallel residual asked for and the sequential one computed, a rotary module that runs
-and never reaches the scores (its output dropped; q rotated, k not), a `causal=True` or a `CausalSelfAttention`
-that masks nothing (the `causal` check's, run without --causal); and the correct twins, each honouring what it says.
-Built on TrainBlock of tests/zoo_training.py."""
+asked for and not applied, a parallel residual asked for and the sequential one computed, an RMSNorm that subtracts
+the mean, a rotary module that runs and never reaches the scores (its output dropped; q rotated, k not), a
+`causal=True` or a `CausalSelfAttention` that masks nothing (the `causal` check's, run without --causal); and the
+correct twins, each honouring what it says. Built on TrainBlock of tests/zoo_training.py."""
 
 import math
 from dataclasses import dataclass
@@ -112,6 +112,19 @@ class ParallelResidualIgnored(TrainBlock):
     def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True, parallel_residual=True):
         super().__init__(d_model, n_heads, dropout, causal)
         self.parallel_residual = parallel_residual
+
+
+class CentredRMSNorm(RMSNorm):
+    """Named RMSNorm, and it subtracts the mean first: a LayerNorm without its bias."""
+
+    def forward(self, x):
+        return super().forward(x - x.mean(-1, keepdim=True))
+
+
+class RMSNormCentred(TrainBlock):
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
+        super().__init__(d_model, n_heads, dropout, causal)
+        self.attn_norm, self.ffn_norm = CentredRMSNorm(d_model), CentredRMSNorm(d_model)
 
 
 class RotaryDropped(TrainBlock):
@@ -245,7 +258,8 @@ class NamedBlockMasked(NamedBlock):
 PLANTED = {"RotaryBaseIgnored": "rope.theta", "SoftcapIgnored": "attn.softcap",
            "ScaleAttributeContradicted": "attn.scale", "ActivationContradicted": "ffn.act", "NormEpsIgnored": "norm.eps",
            "PartialRotationIgnored": "rope.dims", "RotaryDropped": "pos.kind", "RotaryOnQueries": "pos.kind",
-           "RopeScalingIgnored": ("rope.scaling", "rope.factor"), "ParallelResidualIgnored": "residual.form"}
+           "RopeScalingIgnored": ("rope.scaling", "rope.factor"), "ParallelResidualIgnored": "residual.form",
+           "RMSNormCentred": "norm.kind"}
 CORRECT = ["RotaryBaseHonoured", "SoftcapApplied", "ScaleAttributeHonoured", "ActivationHonoured", "PartialRotationHonoured",
            "RotaryKeptUnused", "RopeScalingHonoured", "ParallelResidualHonoured"]
 # Run without --causal: what the block says of its causality is what the `causal` check holds it to.

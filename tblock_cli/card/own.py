@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 
 import torch.nn as nn
 
@@ -92,9 +93,13 @@ def own_claims(modules: list[nn.Module], arguments: dict | None = None) -> tuple
                 put(kept, key, _value(key, value), f"{owner}.{name}")
             elif ("attn" in cls or "attention" in cls) and name in ON_ATTENTION:
                 put(kept, ON_ATTENTION[name], _scale_claim(value), f"{owner}.{name}")
+    named = {}  # last: what class names say, where nothing else speaks
+    norms = [type(m).__name__ for m in modules if "norm" in type(m).__name__.lower()]
+    if norms and all(re.search(r"rms_?norm", n, re.I) for n in norms):
+        put(named, "norm.kind", "rmsnorm", f"class name `{norms[0]}` (every norm's class says RMSNorm)")
     claims = []
-    for key in {**kept, **asked}:
-        values = asked.get(key) or kept[key]
+    for key in {**named, **kept, **asked}:
+        values = asked.get(key) or kept.get(key) or named[key]
         if len(values) == 1:
             (value, where), = values.items()
             claims.append(Claim(key, value, f"the block's own {where}"))
