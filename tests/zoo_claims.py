@@ -242,6 +242,33 @@ class ParallelResidualHonoured(ParallelResidualIgnored):
         return x + self.drop(self.attention(self.attn_norm(x))) + self.ffn(self.ffn_norm(x))
 
 
+class LayerNormStreamRMSHeads(TrainBlock):
+    """The stream normalised by F.layer_norm, q and k by RMSNorm modules: every norm module says RMSNorm, and the
+    stream's norms (what the card reads) are LayerNorms, correctly."""
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
+        super().__init__(d_model, n_heads, dropout, causal)
+        del self.attn_norm, self.ffn_norm
+        self.q_norm, self.k_norm = RMSNorm(d_model // n_heads), RMSNorm(d_model // n_heads)
+
+    def attention(self, h):
+        q, k, v = (heads(p(h), self.n_heads) for p in (self.q_proj, self.k_proj, self.v_proj))
+        q, k = self.rotary(self.q_norm(q)), self.rotary(self.k_norm(k))
+        return self.o_proj(merge(F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)))
+
+    def forward(self, x):
+        x = x + self.drop(self.attention(F.layer_norm(x, x.shape[-1:])))
+        return x + self.ffn(F.layer_norm(x, x.shape[-1:]))
+
+
+class ZeroQueryInit(TrainBlock):
+    """muP's initialisation: the query projection starts at zero, so q shows no rotation; k's is read instead."""
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
+        super().__init__(d_model, n_heads, dropout, causal)
+        nn.init.zeros_(self.q_proj.weight)
+
+
 class RotaryKeptUnused(RotaryBaseHonoured):
     """A layer without positions (NoPE) that keeps its rotary module and rope_theta and never calls it."""
 
@@ -261,7 +288,8 @@ PLANTED = {"RotaryBaseIgnored": "rope.theta", "SoftcapIgnored": "attn.softcap",
            "RopeScalingIgnored": ("rope.scaling", "rope.factor"), "ParallelResidualIgnored": "residual.form",
            "RMSNormCentred": "norm.kind"}
 CORRECT = ["RotaryBaseHonoured", "SoftcapApplied", "ScaleAttributeHonoured", "ActivationHonoured", "PartialRotationHonoured",
-           "RotaryKeptUnused", "RopeScalingHonoured", "ParallelResidualHonoured"]
+           "RotaryKeptUnused", "RopeScalingHonoured", "ParallelResidualHonoured", "LayerNormStreamRMSHeads",
+           "ZeroQueryInit"]
 # Run without --causal: what the block says of its causality is what the `causal` check holds it to.
 SAID_CAUSAL = ["MaskForgotten", "NamedBlock"]
 SAID_CAUSAL_CORRECT = ["TrainBlock", "NamedBlockMasked"]

@@ -118,6 +118,7 @@ class Claim:
     value: object
     source: str  # "--expect" or "--like hf:TYPE"
     tol: float = 0.0  # the reference entry's own tolerance (a --like card); --expect takes the measured entry's
+    tier: str = ""  # what the block says of itself: asked (arguments, configs), kept (attributes) or named (classes)
 
 
 @dataclass(frozen=True)

@@ -87,7 +87,7 @@ def own_claims(modules: list[nn.Module], arguments: dict | None = None) -> tuple
                 for key, v in _scaling(value).items():
                     put(kept, key, v, f"{owner}.{name}")
                 continue
-            key = (FIELDS.get(name) or (ON_ROTARY.get(name) if "rotary" in cls or "rope" in cls else None)
+            key = (FIELDS.get(name) or (ON_ROTARY.get(name) if is_rotary_name(owner) else None)
                    or (ON_NORM.get(name) if "norm" in cls and not type(m).__module__.startswith("torch.") else None))
             if key is not None:
                 put(kept, key, _value(key, value), f"{owner}.{name}")
@@ -99,10 +99,10 @@ def own_claims(modules: list[nn.Module], arguments: dict | None = None) -> tuple
         put(named, "norm.kind", "rmsnorm", f"class name `{norms[0]}` (every norm's class says RMSNorm)")
     claims = []
     for key in {**named, **kept, **asked}:
-        values = asked.get(key) or kept.get(key) or named[key]
+        tier, values = next((t, v[key]) for t, v in (("asked", asked), ("kept", kept), ("named", named)) if v.get(key))
         if len(values) == 1:
             (value, where), = values.items()
-            claims.append(Claim(key, value, f"the block's own {where}"))
+            claims.append(Claim(key, value, f"the block's own {where}", tier=tier))
     return tuple(claims)
 
 
@@ -138,11 +138,19 @@ def _value(key: str, v):
 
 
 def _scaling(d: dict) -> dict:
-    """{rope.scaling: type, rope.factor: factor} from a rotary-scaling dict of a SCALED type with a factor above 1."""
+    """{rope.scaling: type, rope.factor: factor} from a rotary-scaling dict of a SCALED type with a factor above 1.
+    YaRN claims its factor alone: the card tells its ramp from llama-3's only over three pairs or more in the band,
+    which a narrow head may not have."""
     kind, factor = d.get("rope_type", d.get("type")), d.get("factor")
     if kind not in SCALED or isinstance(factor, bool) or not isinstance(factor, (int, float)) or not factor > 1:
         return {}
-    return {"rope.scaling": kind, "rope.factor": float(factor)}
+    return ({} if kind == "yarn" else {"rope.scaling": kind}) | {"rope.factor": float(factor)}
+
+
+def is_rotary_name(name: str) -> bool:
+    """A class name that says rotary or RoPE (LlamaRotaryEmbedding, Llama3ScaledRoPE, RopeEmbedding; not DropEmbed)."""
+    return bool(re.search(r"[Rr]otary|ROTARY|(?:^|[a-z0-9_])(?:RoPE|Rope|ROPE|rope)(?=[A-Z0-9_]|$)", name)) and \
+        not re.search(r"no_?rope|nope", name, re.I)
 
 
 def _scale_claim(v):

@@ -99,6 +99,8 @@ def rotations_apart(q_rot: dict | None, k_rot: dict | None) -> str | None:
     if k_rot is None:
         return "q rotates with position but k does not: the scores depend on the query's own position"
     if q_rot is None:
+        if "other" in k_rot:
+            return f"k varies with position and q does not ({k_rot['other']})"
         return "k rotates with position but q does not: the scores depend on the key's own position"
     if "other" in k_rot:
         return f"q rotates, k does not ({k_rot['other']})"
@@ -287,10 +289,12 @@ def read(probe: Probe) -> list[Entry]:
         return [Entry("pos.kind", "absolute", "the projections reaching q read rows that differ on identical tokens: "
                                               "positions entered before them")] + [skipped(k, "absolute positions")
                                                                                    for k in absent]
-    rot = rotary_reading(call.q)
+    # a q or k projection initialised to zero (muP zeroes the query's) shows no rotation: the other one is read
+    zero_q, zero_k = (not bool(t.abs().max() > 0) for t in (call.q, call.k))
+    rot = rotary_reading(call.k if zero_q else call.q)
     if rot is not None and "other" in rot:
         return [Entry("pos.kind", "other", rot["other"])] + [skipped(k, rot["other"]) for k in ROPE_KEYS]
-    apart = rotations_apart(rot, rotary_reading(call.k))
+    apart = None if zero_q or zero_k else rotations_apart(rot, rotary_reading(call.k))
     if apart is not None:
         return [Entry("pos.kind", "other", apart)] + [skipped(k, apart) for k in ROPE_KEYS]
     if rot is not None:

@@ -43,6 +43,12 @@ def check_spec(ctx: Context) -> Outcome:
     claims = with_fraction(claims, card.value("attn.head_dim"))
     if routing and not card.value("moe.experts"):  # a config's routing says nothing of a dense layer (DeepSeek's first)
         claims = tuple(c for c in claims if not c.key.startswith("moe."))
+    if own:
+        # a norm module's own eps or class name speaks for that module; the card reads the stream's norms, which may be
+        # others (an F.layer_norm or nn.LayerNorm on the stream, RMSNorms on q and k): such a claim stands against the
+        # card only where one of those modules itself does not do what it says
+        claims = tuple(c for c in claims if c.key not in ("norm.eps", "norm.kind") or c.tier == "asked"
+                       or judge(card, (c,))[0].status != "differs" or _norm_module_contradicts(ctx, c))
     if own and any(c.key.startswith("rope.") for c in claims) and card.value("pos.kind") in ("none", "other"):
         ran = _rotary_that_runs(ctx)
         if ran is not None:  # a rotary module that runs, and no rotation in the scores: it never reaches them
@@ -62,17 +68,49 @@ def check_spec(ctx: Context) -> Outcome:
     return passed("spec.matches", matched, **facts)
 
 
+def _norm_module_contradicts(ctx: Context, claim) -> bool:
+    """Whether a norm module of the block written outside torch, read alone on a float64 copy at its own width, does
+    not do what it says: one whose class name says RMSNorm subtracting the mean (norm.kind), one computing with
+    another floor than the eps it keeps (norm.eps)."""
+    import copy
+
+    import torch
+
+    from tblock_cli.card.norms import EPS_TOL, eps, kind
+    from tblock_cli.checks.training import all_modules
+
+    for m in all_modules(ctx.subject.module):
+        w, name = getattr(m, "weight", None), type(m).__name__.lower()
+        if "norm" not in name or type(m).__module__.startswith("torch.") or not isinstance(w, torch.Tensor) or w.ndim != 1:
+            continue
+        kept = next((vars(m)[a] for a in ("eps", "variance_epsilon") if isinstance(vars(m).get(a), float)), None)
+        if (claim.key == "norm.kind" and "rmsnorm" not in name.replace("_", "")) or (claim.key == "norm.eps" and not kept):
+            continue
+        try:
+            twin = copy.deepcopy(m).to(dtype=torch.float64)
+            v = torch.randn(1, 4, w.shape[0], generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+            v = v - v.mean(-1, keepdim=True)
+            v = (v / v.pow(2).mean(-1, keepdim=True).sqrt()).to(w.device)
+            if claim.key == "norm.kind" and kind(twin, v)[0] == "layernorm":
+                return True
+            got = eps(twin, v)[0] if claim.key == "norm.eps" else None
+            if got is not None and abs(got - kept) > EPS_TOL * kept:
+                return True
+        except Exception:  # noqa: BLE001 - a norm that cannot be called alone is no evidence
+            continue
+    return False
+
+
 def _rotary_that_runs(ctx: Context) -> str | None:
     """The first module of the block whose class says rotary (or RoPE) that runs in an eval forward; None where none
     does, or for a layer of a model (whose rotary module runs once for every layer, a layer without positions too)."""
-    import re
-
+    from tblock_cli.card.own import is_rotary_name
     from tblock_cli.checks.context import eval_forward
 
     module = ctx.subject.module
     if type(module).__name__ == "ModelLayers":
         return None
-    rotary = [(n, m) for n, m in module.named_modules() if n and re.search(r"rotary|rope(?!r)", type(m).__name__.lower())]
+    rotary = [(n, m) for n, m in module.named_modules() if n and is_rotary_name(type(m).__name__)]
     if not rotary:
         return None
     ran: list[str] = []

@@ -255,7 +255,10 @@ def claimed_causal(ctx: Context) -> str | None:
     from tblock_cli.subject.loading import constructed_arguments
 
     module = ctx.subject.module
-    return own_causal(all_modules(module), constructed_arguments(module))
+    try:
+        return own_causal(all_modules(module), constructed_arguments(module))
+    except Exception:  # noqa: BLE001 - a config that cannot be read (asdict of an odd field) says nothing
+        return None
 
 
 def _prefix_differs(ctx: Context, x: torch.Tensor, out: torch.Tensor) -> Outcome | None:

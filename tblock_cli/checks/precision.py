@@ -42,7 +42,7 @@ QUANTILE = 0.75
 # say "not implemented", and a constant that does not fit bfloat16 says "overflow": neither is judged.
 AUTOCAST = "torch.autocast (bfloat16)"
 DTYPE_CLASH = re.compile(r"dtypes? (to )?match|same dtype|expected scalar type|expected .*dtype|dtype mismatch|"
-                         r"found dtype|expected both", re.I)
+                         r"found dtype|expected both|same scalar type", re.I)
 KERNEL_GAP = re.compile(r"not implemented|overflow|not supported", re.I)
 
 
@@ -58,7 +58,7 @@ INDEX_WRITES = frozenset({"__setitem__", "index_put_", "index_put", "index_add_"
 
 
 class WriteClashes(TorchFunctionMode):
-    """Notes the first write by index of one floating dtype into a tensor of another, and whether the tensor written
+    """Notes the first write by index of one floating dtype into a tensor of another that raised, and whether the tensor written
     is the block's own state (a buffer, parameter or tensor attribute, or a view of one: a KV cache an inference
     codebase fills in its own dtype) or a tensor the forward made (`zeros_like(x)` that experts' outputs fill)."""
 
@@ -75,15 +75,18 @@ class WriteClashes(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if self.first is None and getattr(func, "__name__", "") in INDEX_WRITES and args \
-                and isinstance(args[0], torch.Tensor) and args[0].is_floating_point():
-            dst = args[0]
-            src = [a for a in list(args[1:]) + list(kwargs.values())
-                   if isinstance(a, torch.Tensor) and a.is_floating_point() and a.dtype != dst.dtype and a.dim() > 0]
-            if src:
-                self.first = {"op": func.__name__, "into": str(dst.dtype).replace("torch.", ""),
-                              "values": str(src[0].dtype).replace("torch.", ""), "state": _storage(dst) in self.state}
-        return func(*args, **kwargs)
+        try:
+            return func(*args, **kwargs)
+        except Exception:  # the write that raised is noted: a slice write casts, an index write refuses
+            if self.first is None and getattr(func, "__name__", "") in INDEX_WRITES and args \
+                    and isinstance(args[0], torch.Tensor) and args[0].is_floating_point():
+                dst = args[0]
+                src = [a for a in list(args[1:]) + list(kwargs.values()) if isinstance(a, torch.Tensor)
+                       and a.is_floating_point() and a.dtype != dst.dtype and a.dim() > 0]
+                if src:
+                    self.first = {"op": func.__name__, "into": str(dst.dtype).replace("torch.", ""),
+                                  "values": str(src[0].dtype).replace("torch.", ""), "state": _storage(dst) in self.state}
+            raise
 
 
 def _storage(t: torch.Tensor) -> int:
@@ -149,13 +152,21 @@ def _half_runs(ctx: Context, module: nn.Module, ref32: nn.Module, ref, ref_parts
     """how -> (the reference's output and component outputs, the bfloat16 run's): under autocast, and after
     `.to(bfloat16)` against float32 computing with the same bfloat16-rounded weights and buffers."""
     ctx.step("autocast")
-    witness = WriteClashes(ref32)
+    witness = WriteClashes(ref32) if emulate else None  # natively, watched only once it has raised (compiled code)
     try:
-        with _emulated(emulate), witness:
+        with _emulated(emulate), witness or contextlib.nullcontext():
             got, parts = _outputs(ref32, ctx.subject.like(ref32), x, True, ctx.device)
     except Exception as e:  # noqa: BLE001 - which run raised is said
         if is_out_of_memory(e):
             raise
+        if witness is None:
+            witness = WriteClashes(ref32)
+            try:
+                with witness:
+                    _outputs(ref32, ctx.subject.like(ref32), x, True, ctx.device)
+            except Exception as again:  # noqa: BLE001 - the raise is what it is here to see
+                if is_out_of_memory(again):
+                    raise
         raise HalfRaised(AUTOCAST, witness.first) from e
     results = {"autocast": ([("output", ref)] + ref_parts, [("output", got)] + parts)}
     ctx.step(".to(bfloat16)")

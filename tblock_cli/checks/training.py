@@ -88,7 +88,7 @@ def copied(module: nn.Module) -> nn.Module:
     twin = copy.deepcopy(module)
     for (_, a), (_, b) in zip(module.named_parameters(remove_duplicate=False), twin.named_parameters(remove_duplicate=False)):
         hooks = getattr(a, "_backward_hooks", None)
-        if hooks and not getattr(b, "_backward_hooks", None):
+        if hooks and b.requires_grad and not getattr(b, "_backward_hooks", None):
             for hook in hooks.values():
                 b.register_hook(hook)
     return twin
