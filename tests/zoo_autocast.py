@@ -3,21 +3,14 @@ a buffer made like the input by index (under autocast the experts compute in bfl
 the write raises), and the correct twin that casts before it writes."""
 
 import torch
-import torch.nn as nn
-from zoo_training import TrainBlock
+from zoo_training import MoEBlock
 
 
-class IndexedExperts(TrainBlock):
-    """Top-1 routing over 4 experts, each expert's tokens written back by index into zeros_like(tokens)."""
+class IndexedExperts(MoEBlock):
+    """MoEBlock's router and 4 experts with top-1 routing, each expert's tokens written back by index into
+    zeros_like(tokens)."""
 
     cast = False
-
-    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
-        super().__init__(d_model, n_heads, dropout, causal)
-        del self.w1, self.w2, self.w3  # the experts are the FFN
-        self.router = nn.Linear(d_model, 4, bias=False)
-        self.experts = nn.ModuleList(nn.Sequential(nn.Linear(d_model, 2 * d_model), nn.GELU(), nn.Linear(2 * d_model, d_model))
-                                     for _ in range(4))
 
     def ffn(self, h):
         flat = h.reshape(-1, h.shape[-1])

@@ -30,9 +30,11 @@ OFFSET_LIVE, OFFSET_DEAD = 0.5, 1e-9
 
 
 def _v(probe: Probe, width: int, tokens: int = 4) -> torch.Tensor:
-    """(1, tokens, width): each token zero-mean with mean square 1, so LayerNorm's variance and RMSNorm's mean square
-    are both 1."""
-    v = probe.randn(1, tokens, width)
+    return unit_tokens(probe.randn(1, tokens, width))
+
+
+def unit_tokens(v: torch.Tensor) -> torch.Tensor:
+    """v with each token zero-mean and of mean square 1, so LayerNorm's variance and RMSNorm's mean square are both 1."""
     v = v - v.mean(-1, keepdim=True)
     return v / v.pow(2).mean(-1, keepdim=True).sqrt()
 

@@ -65,14 +65,12 @@ def own_claims(modules: list[nn.Module], arguments: dict | None = None) -> tuple
             tier.setdefault(key, {}).setdefault(value, where)
 
     def fields(values: dict, where: str) -> None:
-        for field, v in values.items():
-            if _is_config(v):
-                fields(_config_fields(v), f"{where} `{field}`'s")
-            elif field in FIELDS:
-                put(asked, FIELDS[field], _value(FIELDS[field], v), f"{where} `{field}`")
+        for field, v, at in _fields(values, where):
+            if field in FIELDS:
+                put(asked, FIELDS[field], _value(FIELDS[field], v), f"{at} `{field}`")
             elif field in SCALINGS and isinstance(v, dict):
                 for key, value in _scaling(v).items():
-                    put(asked, key, value, f"{where} `{field}`")
+                    put(asked, key, value, f"{at} `{field}`")
 
     fields(arguments or {}, "constructor argument")
     for m in modules:
@@ -88,14 +86,14 @@ def own_claims(modules: list[nn.Module], arguments: dict | None = None) -> tuple
                     put(kept, key, v, f"{owner}.{name}")
                 continue
             key = (FIELDS.get(name) or (ON_ROTARY.get(name) if is_rotary_name(owner) else None)
-                   or (ON_NORM.get(name) if "norm" in cls and not type(m).__module__.startswith("torch.") else None))
+                   or (ON_NORM.get(name) if own_norm(m) else None))
             if key is not None:
                 put(kept, key, _value(key, value), f"{owner}.{name}")
             elif ("attn" in cls or "attention" in cls) and name in ON_ATTENTION:
                 put(kept, ON_ATTENTION[name], _scale_claim(value), f"{owner}.{name}")
     named = {}  # last: what class names say, where nothing else speaks
     norms = [type(m).__name__ for m in modules if "norm" in type(m).__name__.lower()]
-    if norms and all(re.search(r"rms_?norm", n, re.I) for n in norms):
+    if norms and all(is_rms_name(n) for n in norms):
         put(named, "norm.kind", "rmsnorm", f"class name `{norms[0]}` (every norm's class says RMSNorm)")
     claims = []
     for key in {**named, **kept, **asked}:
@@ -104,6 +102,25 @@ def own_claims(modules: list[nn.Module], arguments: dict | None = None) -> tuple
             (value, where), = values.items()
             claims.append(Claim(key, value, f"the block's own {where}", tier=tier))
     return tuple(claims)
+
+
+def _fields(values: dict, where: str):
+    """(field, value, where) for each field of values and of the configs among them, nested ones included."""
+    for field, v in values.items():
+        if _is_config(v):
+            yield from _fields(_config_fields(v), f"{where} `{field}`'s")
+        else:
+            yield field, v, where
+
+
+def own_norm(m: nn.Module) -> bool:
+    """A norm module written outside torch (torch's own norms use the eps they keep, by construction)."""
+    return "norm" in type(m).__name__.lower() and not type(m).__module__.startswith("torch.")
+
+
+def is_rms_name(name: str) -> bool:
+    """A class name that says RMSNorm (RMSNorm, LlamaRMSNorm, rms_norm)."""
+    return bool(re.search(r"rms_?norm", name, re.I))
 
 
 def _is_config(value) -> bool:
@@ -185,17 +202,15 @@ def own_causal(modules: list[nn.Module], arguments: dict | None = None) -> str |
     asked: dict = {}
 
     def fields(values: dict, where: str) -> None:
-        for field, v in values.items():
-            if _is_config(v):
-                fields(_config_fields(v), f"{where} `{field}`'s")
-            elif field in CAUSAL_NAMES and isinstance(v, bool):
-                asked.setdefault(v, f"{where} `{field}={v}`")
+        for field, v, at in _fields(values, where):
+            if field in CAUSAL_NAMES and isinstance(v, bool):
+                asked.setdefault(v, f"{at} `{field}={v}`")
 
     fields(arguments or {}, "constructor argument")
     for m in modules:
         for name, value in vars(m).items():
             if _is_config(value):
-                fields({k: v for k, v in _config_fields(value).items() if k in CAUSAL_NAMES}, f"{type(m).__name__}.{name}'s")
+                fields(_config_fields(value), f"{type(m).__name__}.{name}'s")
     if asked:
         return tier(asked)
     kept = {}

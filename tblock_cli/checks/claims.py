@@ -76,21 +76,21 @@ def _norm_module_contradicts(ctx: Context, claim) -> bool:
 
     import torch
 
-    from tblock_cli.card.norms import EPS_TOL, eps, kind
+    from tblock_cli.card.norms import EPS_TOL, eps, kind, unit_tokens
+    from tblock_cli.card.own import ON_NORM, is_rms_name, own_norm
     from tblock_cli.checks.training import all_modules
 
     for m in all_modules(ctx.subject.module):
-        w, name = getattr(m, "weight", None), type(m).__name__.lower()
-        if "norm" not in name or type(m).__module__.startswith("torch.") or not isinstance(w, torch.Tensor) or w.ndim != 1:
+        w = getattr(m, "weight", None)
+        if not own_norm(m) or not isinstance(w, torch.Tensor) or w.ndim != 1:
             continue
-        kept = next((vars(m)[a] for a in ("eps", "variance_epsilon") if isinstance(vars(m).get(a), float)), None)
-        if (claim.key == "norm.kind" and "rmsnorm" not in name.replace("_", "")) or (claim.key == "norm.eps" and not kept):
+        kept = next((vars(m)[a] for a in ON_NORM if isinstance(vars(m).get(a), float)), None)
+        if (claim.key == "norm.kind" and not is_rms_name(type(m).__name__)) or (claim.key == "norm.eps" and not kept):
             continue
         try:
             twin = copy.deepcopy(m).to(dtype=torch.float64)
             v = torch.randn(1, 4, w.shape[0], generator=torch.Generator().manual_seed(0), dtype=torch.float64)
-            v = v - v.mean(-1, keepdim=True)
-            v = (v / v.pow(2).mean(-1, keepdim=True).sqrt()).to(w.device)
+            v = unit_tokens(v).to(w.device)
             if claim.key == "norm.kind" and kind(twin, v)[0] == "layernorm":
                 return True
             got = eps(twin, v)[0] if claim.key == "norm.eps" else None
