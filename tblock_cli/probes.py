@@ -125,7 +125,12 @@ def _dropouts(module: nn.Module, for_module, for_attribute, configs: bool = Fals
 def zero_dropout(module: nn.Module):
     """Every dropout probability inside set to 0 for a while (modules, MHA's, float attributes named *drop*, and
     those of a config the modules keep)."""
-    return _dropouts(module, lambda p: 0.0, lambda v: 0.0 if isinstance(v, float) and 0 < v < 1 else None, configs=True)
+    return set_dropout(module, 0.0)
+
+
+def set_dropout(module: nn.Module, rate: float):
+    """Every dropout probability inside set to rate for a while, as zero_dropout sets them to 0."""
+    return _dropouts(module, lambda p: rate, lambda v: rate if isinstance(v, float) and 0 < v < 1 else None, configs=True)
 
 
 def raise_dropout(module: nn.Module, p: float = 0.1):

@@ -8,12 +8,11 @@ import pytest
 import torch
 import torch.nn as nn
 import zoo_autocast
-import zoo_dropout
 import zoo_hooks
 import zoo_training
 
 import tblock_cli
-from tblock_cli.checks import Status, dropout, precision, run_checks
+from tblock_cli.checks import Status, precision, run_checks
 from tblock_cli.checks.checkpointing import recomputed
 from tblock_cli.checks.lifecycle import hidden_params, own_init, plain_tensors, roots
 from tblock_cli.checks.precision import _token_error
@@ -346,50 +345,3 @@ def test_a_compiled_block_is_measured_the_same_under_the_emulation(monkeypatch):
     assert by[True].facts["products"] == "float32-accumulated" and by[True].status is Status.PASS, by[True]
     for how, err in by[False].facts["errors"].items():
         assert by[True].facts["errors"][how] == pytest.approx(err, rel=0.5), how
-
-
-@pytest.mark.parametrize("name", sorted(zoo_dropout.PLANTED))
-def test_a_dropout_of_the_blocks_own_that_changes_the_mean_is_caught(name):
-    c = run(name, only=("dropout",), spec_file="zoo_dropout.py")["dropout"]
-    assert c.status is Status.FAIL and c.kind == zoo_dropout.PLANTED[name], c
-
-
-@pytest.mark.parametrize("name", zoo_dropout.CORRECT)
-def test_dropout_twins_raise_no_alarm_in_the_whole_battery(name):
-    by = run(name, only=None, spec_file="zoo_dropout.py")
-    assert not [c for c in by.values() if c.status in BAD], [(c.name, c.detail) for c in by.values() if c.status in BAD]
-
-
-def test_dropout_names_the_module_and_tells_torch_only_and_noise_apart():
-    # the built-in block's dropouts are all torch's: off, training is eval; gating noise stays at dropout 0: not judged;
-    # a hand-made mask in a submodule is judged there, 0.33 of the spread off at p = 0.1 (sqrt(p / (1 - p)))
-    assert run(None, only=("dropout",))["dropout"].kind == "dropout.torch_only"
-    assert run("NoisyGating", only=("dropout",), spec_file="zoo_dropout.py")["dropout"].kind == "dropout.other_noise"
-    c = run("UnscaledDropout", only=("dropout",), spec_file="zoo_dropout.py")["dropout"]
-    assert c.facts["shrinks"] and c.value == pytest.approx((0.1 / 0.9) ** 0.5, abs=0.05), c.facts
-    grows = run("DoubleScaledDropout", only=("dropout",), spec_file="zoo_dropout.py", dropout=0.2)["dropout"]
-    assert grows.kind == "dropout.rescaled", grows
-
-
-def test_torch_dropout_off_is_the_mean_of_torchs_masks():
-    # F.dropout, SDPA's dropout_p and nn.MultiheadAttention's dropout, off: a training call equals the eval call
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(2, 5, 16, generator=g)
-    mha = nn.MultiheadAttention(16, 4, dropout=0.5, batch_first=True)
-    q = x.view(2, 5, 4, 4).transpose(1, 2)
-    with torch.no_grad():
-        want = (mha.eval()(x, x, x, need_weights=False)[0], nn.functional.scaled_dot_product_attention(q, q, q))
-        with dropout.TorchDropoutOff():
-            assert torch.equal(nn.functional.dropout(x, 0.5, True), x)
-            got = (mha.train()(x, x, x, need_weights=False)[0],
-                   nn.functional.scaled_dot_product_attention(q, q, q, None, 0.5))
-    for a, b in zip(got, want):
-        assert torch.allclose(a, b, atol=1e-6)
-
-
-def test_a_block_that_cannot_run_with_torchs_dropouts_off_is_skipped_not_an_error(monkeypatch):
-    def refuse(self, func, types, args=(), kwargs=None):
-        raise RuntimeError("no function modes here")
-    monkeypatch.setattr(dropout.TorchDropoutOff, "__torch_function__", refuse)
-    c = run("UnscaledDropout", only=("dropout",), spec_file="zoo_dropout.py")["dropout"]
-    assert c.status is Status.SKIP and c.kind == "dropout.unsupported" and "function modes" in c.facts["error"], c

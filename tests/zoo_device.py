@@ -122,7 +122,7 @@ class MovedHostTensors(TrainBlock):
     def ffn(self, h):
         T = h.shape[1]
         y = self.w2(F.silu(self.w1(h)) * self.w3(h))
-        ramp = torch.linspace(1.0, 1.0, T).to(h.device)[:, None] * torch.ones(1, h.shape[-1]).to(h)
+        ramp = torch.linspace(1.0, 1.0, T, dtype=h.dtype).to(h.device)[:, None] * torch.ones(1, h.shape[-1]).to(h)
         y = y * ramp * torch.tensor(1.0) + h.new_tensor([0.0]) + torch.zeros(T, 1).type_as(h)
         y = y[:, torch.arange(T)]
         if self.training:

@@ -177,3 +177,96 @@ class EvalScaledToo(TrainBlock):
 
 
 PLANTED["EvalScaledToo"] = "dropout.rescaled"
+
+
+# ----------------------------------------------------------------------------- where the dropout sits, its rate, its draws
+
+
+class StreamDropout(TrainBlock):
+    """The dropout after the residual add: the stream itself dropped, so a tenth of the identity path is cut at every
+    training step (`x = drop(x + f(x))` where `x = x + drop(f(x))` was meant)."""
+
+    def forward(self, x):
+        x = self.drop(x + self.attention(self.attn_norm(x)))
+        return x + self.ffn(self.ffn_norm(x))
+
+
+class DroppedIdentity(TrainBlock):
+    """The residual branch and the identity both behind the dropout: `drop(x) + drop(f(x))`."""
+
+    def forward(self, x):
+        x = self.drop(x) + self.drop(self.attention(self.attn_norm(x)))
+        return x + self.ffn(self.ffn_norm(x))
+
+
+class KeepProbDropout(TrainBlock):
+    """The rate read as a keep probability (as TensorFlow 1's `keep_prob`): built with dropout=0.1, it drops 90 % of
+    its residual branches' elements."""
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
+        super().__init__(d_model, n_heads, dropout, causal)
+        self.drop = torch.nn.Dropout(1 - dropout)
+
+
+class BatchSharedMask(TrainBlock):
+    """A locked (variational) dropout written for sequence-first tensors, mask (1, B, C) held over time, applied to
+    batch-first ones: the mask is (1, T, C), one for the whole batch."""
+
+    def locked(self, y):
+        if not self.training or self.p == 0:
+            return y
+        return y * y.new_empty(1, y.shape[1], y.shape[2]).bernoulli_(1 - self.p) / (1 - self.p)
+
+    def forward(self, x):
+        x = x + self.locked(self.attention(self.attn_norm(x)))
+        return x + self.locked(self.w2(F.silu(self.w1(self.ffn_norm(x))) * self.w3(self.ffn_norm(x))))
+
+
+PLANTED.update({"StreamDropout": "dropout.stream", "DroppedIdentity": "dropout.stream",
+                "KeepProbDropout": "dropout.rate", "BatchSharedMask": "dropout.shared"})
+
+
+class LockedDropout(BatchSharedMask):
+    """The same locked dropout with its mask laid out for batch-first tensors, (B, 1, C): one mask per sample, held
+    over the positions (as AWD-LSTM's, on the right axis)."""
+
+    def locked(self, y):
+        if not self.training or self.p == 0:
+            return y
+        return y * y.new_empty(y.shape[0], 1, y.shape[2]).bernoulli_(1 - self.p) / (1 - self.p)
+
+
+class BatchModeDepth(TrainBlock):
+    """Stochastic depth as torchvision's `StochasticDepth(p, mode="batch")`: each branch kept or dropped for the whole
+    batch at once, the kept scaled by 1 / (1 - p); a decision per forward, not a mask shared by mistake."""
+
+    def depth(self, y):
+        if not self.training or self.p == 0:
+            return y
+        return y * (torch.rand(()) >= self.p) / (1 - self.p)
+
+    def forward(self, x):
+        x = x + self.depth(self.attention(self.attn_norm(x)))
+        return x + self.depth(self.w2(F.silu(self.w1(self.ffn_norm(x))) * self.w3(self.ffn_norm(x))))
+
+
+class BranchInputDropout(TrainBlock):
+    """The dropout on the branch's input (`x + f(drop(norm(x)))`): every dropout dropping all still leaves x."""
+
+    def forward(self, x):
+        x = x + self.attention(self.drop(self.attn_norm(x)))
+        return x + self.ffn(self.drop(self.ffn_norm(x)))
+
+
+class FixedAttentionRate(TrainBlock):
+    """Attention dropout fixed at 0.1 whatever the constructor's dropout (which the residual dropouts follow): a rate
+    that does not move with the argument is not judged."""
+
+    def attention(self, h):
+        q, k, v = (heads(p(h), self.n_heads) for p in (self.q_proj, self.k_proj, self.v_proj))
+        q, k = self.rotary(q), self.rotary(k)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal, dropout_p=0.1 if self.training else 0.0)
+        return self.o_proj(merge(y))
+
+
+CORRECT += ["LockedDropout", "BatchModeDepth", "BranchInputDropout", "FixedAttentionRate"]

@@ -40,7 +40,9 @@ FREQ_TOL = 0.01
 # pairs: <= 1e-4 measured; bugs are factors (10000 against 500000 or 1e6).
 THETA_TOL = 0.02
 # Neighbouring frequency ratios equal to this (relative) are one geometric table: float32 tables <= 1e-6 apart; the
-# llama-3 band changes a ratio by >= 10% at factor 8.
+# llama-3 band changes a ratio by >= 10% at factor 8. A bfloat16 block holds its table rounded to 8 bits (inv_freq is
+# cast with the module), each frequency off by up to 2^-9 (0.37% measured), a ratio of ratios by up to 2 finfo.eps:
+# `ratio_tol` widens the tolerance to that where it is coarser.
 RATIO_TOL = 1e-3
 # The band's ramp fits a line (in the plain frequency: llama-3; in the pair index: YaRN) to this, in its share s of the
 # plain frequency kept (0..1): HF tables <= 1e-7 on their own line; the other line misses by 0.05 (llama-3, 3 band
@@ -112,7 +114,12 @@ def rotations_apart(q_rot: dict | None, k_rot: dict | None) -> str | None:
     return None
 
 
-def scaling_reading(freqs: list[float], dims: int) -> dict:
+def ratio_tol(dtype: str) -> float:
+    """RATIO_TOL, or the resolution of the dtype the block runs in where that is coarser (bfloat16: 2 x 2^-7)."""
+    return max(RATIO_TOL, 2 * torch.finfo(getattr(torch, dtype)).eps)
+
+
+def scaling_reading(freqs: list[float], dims: int, tol: float = RATIO_TOL) -> dict:
     """theta and the scaling a frequency table implies: none (theta^(-2i/dims)), linear (all divided by a factor), llama3
     (the fast pairs kept, the slow divided by a factor, a band between with 1/ratio linear in the frequency), yarn (that
     band linear in the pair index) or other."""
@@ -121,7 +128,7 @@ def scaling_reading(freqs: list[float], dims: int) -> dict:
         return {"why": "one rotating pair: theta sets no frequency of it (theta^0)"}
     ratios = [b / a for a, b in zip(freqs, freqs[1:])]
     lead = 1
-    while lead < len(ratios) and abs(ratios[lead] / ratios[0] - 1) <= RATIO_TOL:
+    while lead < len(ratios) and abs(ratios[lead] / ratios[0] - 1) <= tol:
         lead += 1
     i = torch.arange(lead + 1, dtype=torch.float64)
     logs = torch.tensor(freqs[: lead + 1], dtype=torch.float64).log()
@@ -138,11 +145,11 @@ def scaling_reading(freqs: list[float], dims: int) -> dict:
     plain = [theta ** (-2 * k / dims) for k in range(m)]
     rho = [p / f for p, f in zip(plain, freqs)]
     factor = rho[-1]
-    if factor <= 1 or any(b < a * (1 - RATIO_TOL) for a, b in zip(rho, rho[1:])):
+    if factor <= 1 or any(b < a * (1 - tol) for a, b in zip(rho, rho[1:])):
         return {"theta": theta, "scaling": "other", "factor": None}
-    band = [k for k, r in enumerate(rho) if 1 + RATIO_TOL < r < factor * (1 - RATIO_TOL)]
-    kept = [k for k, r in enumerate(rho) if abs(r - 1) <= RATIO_TOL]
-    slow = [k for k, r in enumerate(rho) if abs(r / factor - 1) <= RATIO_TOL]
+    band = [k for k, r in enumerate(rho) if 1 + tol < r < factor * (1 - tol)]
+    kept = [k for k, r in enumerate(rho) if abs(r - 1) <= tol]
+    slow = [k for k, r in enumerate(rho) if abs(r / factor - 1) <= tol]
     if len(kept) + len(slow) + len(band) != m:
         return {"theta": theta, "scaling": "other", "factor": None}
     kind, wavelens = "llama3", None
@@ -152,7 +159,8 @@ def scaling_reading(freqs: list[float], dims: int) -> dict:
         lin = lambda xs: max(abs(v - (s[0] + (s[-1] - s[0]) * (x - xs[0]) / (xs[-1] - xs[0]))) for x, v in zip(xs, s))
         if len(band) >= 3:  # two points lie on either line: the shape is told from three
             by_freq, by_index = lin(w), lin([float(k) for k in band])
-            kind = "llama3" if by_freq <= RAMP_TOL else "yarn" if by_index <= RAMP_TOL else "other"
+            ramp = max(RAMP_TOL, tol)
+            kind = "llama3" if by_freq <= ramp else "yarn" if by_index <= ramp else "other"
         if kind == "llama3":  # s = 0 and s = 1 on that line: the wavelengths orig / low_freq and orig / high_freq
             a = (s[-1] - s[0]) / (w[-1] - w[0])
             b = s[0] - a * w[0]
@@ -160,7 +168,7 @@ def scaling_reading(freqs: list[float], dims: int) -> dict:
     return {"theta": theta, "scaling": kind, "factor": factor, "wavelens": wavelens}
 
 
-def rope_entries(rot: dict) -> list[Entry]:
+def rope_entries(rot: dict, tol: float = RATIO_TOL) -> list[Entry]:
     how = (f"q on identical tokens: {rot['dims']} channels rotate (each pair's radius and advance per position constant "
            f"to {rot['error']:.1g})")
     out = [Entry("pos.kind", "rotary", how),
@@ -169,7 +177,7 @@ def rope_entries(rot: dict) -> list[Entry]:
            if rot["pairing"] else skipped("rope.pairing", "one rotating pair: half-split and interleaved coincide"),
            Entry("rope.freqs", tuple(round(f, 12) for f in rot["freqs"]),
                  "the mean angle each pair advances per position, radians", FREQ_TOL)]
-    sc = scaling_reading(rot["freqs"], rot["dims"])
+    sc = scaling_reading(rot["freqs"], rot["dims"], tol)
     if "why" in sc:
         return out + [skipped(k, sc["why"]) for k in ("rope.theta", "rope.scaling", "rope.factor")]
     out.append(Entry("rope.theta", round(sc["theta"], 6), "theta^(-2i/dims) fitted on the fastest pairs' geometric run",
@@ -298,7 +306,7 @@ def read(probe: Probe) -> list[Entry]:
     if apart is not None:
         return [Entry("pos.kind", "other", apart)] + [skipped(k, apart) for k in ROPE_KEYS]
     if rot is not None:
-        out = rope_entries(rot)
+        out = rope_entries(rot, ratio_tol(probe.cfg.dtype))
     else:
         Tb = min(BIAS_SEQ, T)
         xb = probe.identical(Tb)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import math
 
 import torch
 import torch.nn as nn
@@ -21,10 +22,11 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_map
 
 from tblock_cli.checks.context import Context
+from tblock_cli.checks.gradients import RESIDUAL_MIN
 from tblock_cli.checks.result import Outcome, failed, passed, skipped
 from tblock_cli.checks.training import all_modules, seeded, too_large
 from tblock_cli.errors import is_out_of_memory, one_line
-from tblock_cli.probes import rel_diff, reseed, train_mode, zero_dropout
+from tblock_cli.probes import f64, rel_diff, reseed, set_dropout, train_mode
 from tblock_cli.subject import first_tensor
 
 # Training forwards per judged module. The mean's own noise is the spread / sqrt(MASKS) and is subtracted (the bias
@@ -42,19 +44,54 @@ BATCH = 8
 # correct modules (d_model 64, p = 0.1): 0.0001-0.0024, a Post-LN block whose dropout is its own code 0.0024 (0.011 at
 # p = 0.3), where the norm after the add bends the mean.
 LIMIT = 0.04
+# The stream test's central-difference step, in units of the input's RMS (the gain's curvature error is O(step^2)),
+# and how much of the eval forward's identity gain must survive every dropout dropping all: a dropout on a branch
+# keeps all of it (Pre-LN: exactly the identity), one on the stream none (measured: 0.0).
+STREAM_STEP = 1e-2
+STREAM_SHARE = 0.25
+# The other rate the block is built again at, to see which of its dropouts' rates follow the argument.
+OTHER_RATE = 0.2
+# Training forwards on a batch of one sample repeated, where masks shared across the batch give every copy the same
+# output and a new one every forward; a decision per forward for the whole batch (LayerDrop) repeats among its few
+# outcomes well within 16 forwards (two branches dropped at p = 0.1: 16 draws all distinct never happen).
+SHARED_RUNS = 16
+# Where two seeded training forwards agree and differ from eval, the rate they are tried again at, and how many more
+# seeds: a draw kept with probability 1 - p per branch shows at 0.5 within 8 forwards (two branches: 1 - 0.25^8).
+RAISED_RATE = 0.5
+RAISED_RUNS = 8
 
 
 class TorchDropoutOff(TorchFunctionMode):
     """torch's dropout functions as the identity, SDPA and `F.multi_head_attention_forward` with dropout_p 0: the
     randomness torch itself rescales, off. (A mode is not on inside the function it intercepts: the dropout inside
-    multi_head_attention_forward is reached through its argument.)"""
+    multi_head_attention_forward is reached through its argument.) Records the rate each was asked for where it
+    would have dropped (`rates`: elementwise dropouts, `attention_rates`: SDPA's and MHA's on the probabilities).
+    drop_all: torch's elementwise dropouts drop everything instead (a zero tensor out), as at a rate of 1."""
+
+    def __init__(self, drop_all: bool = False):
+        super().__init__()
+        self.drop_all = drop_all
+        self.rates: list[float] = []
+        self.attention_rates: list[float] = []
+        self.calls: list[float] = []  # both, in the order asked
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = dict(kwargs or {})
         if func in _DROPOUTS:
-            return args[0] if args else kwargs["input"]
+            x = args[0] if args else kwargs["input"]
+            p = _argument(args, kwargs, 1, "p", 0.5)
+            if p > 0 and _argument(args, kwargs, 2, "training", func not in _ALPHA):
+                self.rates.append(float(p))
+                self.calls.append(float(p))
+                if self.drop_all and func not in _ALPHA:
+                    return x.zero_() if _argument(args, kwargs, 3, "inplace", False) else torch.zeros_like(x)
+            return x
         where = _DROPOUT_P.get(func)
         if where is not None:
+            p = _argument(args, kwargs, where, "dropout_p", 0.0)
+            if p > 0 and (func is not F.multi_head_attention_forward or _argument(args, kwargs, 13, "training", True)):
+                self.attention_rates.append(float(p))
+                self.calls.append(float(p))
             if len(args) > where:
                 args = args[:where] + (0.0,) + args[where + 1:]
             else:
@@ -62,7 +99,12 @@ class TorchDropoutOff(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+def _argument(args: tuple, kwargs: dict, at: int, name: str, default):
+    return args[at] if len(args) > at else kwargs.get(name, default)
+
+
 _DROPOUTS = frozenset({F.dropout, F.dropout1d, F.dropout2d, F.dropout3d, F.alpha_dropout, F.feature_alpha_dropout})
+_ALPHA = frozenset({F.alpha_dropout, F.feature_alpha_dropout})  # training defaults to False; never zeroed
 _DROPOUT_P = {F.scaled_dot_product_attention: 4, F.multi_head_attention_forward: 10}  # dropout_p's position
 
 
@@ -95,8 +137,10 @@ def check_dropout(ctx: Context) -> Outcome:
     scaled by 1 - p on top of inverted dropout); or, where the block draws masks itself (random training forwards
     that the rate's zeroing makes deterministic), the mean over 64 training forwards of the innermost random module,
     its inputs fixed to an eval forward's, more than 0.2 of the spread over masks away from its eval output (an
-    unscaled mask at p = 0.1: 0.33); names that module. Randomness that stays at dropout 0 (gating noise, router
-    jitter) is not judged"""
+    unscaled mask at p = 0.1: 0.33); names that module. Also: a dropout on the residual stream (with every dropout
+    dropping all, tr(J)/n below a quarter of eval's: the identity path cut), a rate that follows the dropout argument
+    but is not it (`nn.Dropout(1 - p)`), one mask for the whole batch (identical samples get identical, ever-new
+    outputs). Randomness that stays at dropout 0 (gating noise, router jitter) is not judged"""
     if (large := too_large(ctx)) is not None:
         return large
     with seeded(ctx.device):  # every call below reseeds: the caller's random state is put back after
@@ -110,12 +154,12 @@ def _check(ctx: Context) -> Outcome:
     calls: dict[int, tuple] = {}
     names = {id(m): n for n, m in module.named_modules()}
 
-    def run(m: nn.Module, train: bool, seed: int) -> torch.Tensor:
+    def run(m: nn.Module, train: bool, seed: int, off: TorchDropoutOff | None = None, inp=None) -> torch.Tensor:
         reseed(seed)
-        off = TorchDropoutOff() if train else contextlib.nullcontext()
+        off = (off or TorchDropoutOff()) if train else contextlib.nullcontext()
         with torch.no_grad(), train_mode(module, False), train_mode(m, train), off:
             if m is module:
-                return subject(x).float()
+                return subject(x if inp is None else inp).float()
             args, kwargs = calls[id(m)]
             return first_tensor(m(*_clone(args), **_clone(kwargs))).float()
 
@@ -127,25 +171,42 @@ def _check(ctx: Context) -> Outcome:
             raise
         x = ctx.x()
         want = run(module, False, 0)
+    asked = TorchDropoutOff()
     try:
-        one, two = run(module, True, 1), run(module, True, 2)
+        one, two = run(module, True, 1, asked), run(module, True, 2)
     except Exception as e:  # noqa: BLE001 - a block that does not run under a function mode (compiled code, say)
         if is_out_of_memory(e):
             raise
         return skipped("dropout.unsupported", error=one_line(e))
+    if asked.rates:
+        ctx.step("the identity path with every dropout dropping all")
+        if (found := _stream(ctx, run, module, x)) is not None:
+            return found
+    if asked.rates or asked.attention_rates:
+        ctx.step("the rates at another dropout")
+        if (found := _rates(ctx, asked, x)) is not None:
+            return found
     if torch.equal(one, two):  # nothing random of the block's own: training must now be eval, or differ at any rate
         diff = rel_diff(one, want)
         if diff <= ctx.tol:
             return passed("dropout.torch_only", diff, diff=diff)
-        zeroed = _at_rate_zero(ctx, module, x)
+        # a decision per forward for the whole batch (batch-mode stochastic depth) can keep everything at both seeds:
+        # at a raised rate such draws show, and draws too rare at the block's rate are not judged
+        raised = _at_rate(ctx, module, x, RAISED_RATE)
+        if raised is not None and any(not torch.equal(raised(1), raised(s)) for s in range(2, 2 + RAISED_RUNS)):
+            return skipped("dropout.rare_draws", diff=diff, rate=RAISED_RATE)
+        zeroed = _at_rate(ctx, module, x)
         # at rate 0 the block's own eval forward is the reference: an eval forward that reads the rate (a `* (1 - p)`
         # on top of inverted dropout) is the rate's doing too
         if zeroed is None or rel_diff(zeroed(1), zeroed(0, train=False)) > ctx.tol:
             return skipped("dropout.train_path", diff=diff)  # an eval-only path: train_eval's finding
         return failed("dropout.rescaled", diff, diff=diff)
-    zeroed = _at_rate_zero(ctx, module, x)
+    zeroed = _at_rate(ctx, module, x)
     if zeroed is None or not torch.equal(zeroed(1), zeroed(2)):
         return skipped("dropout.other_noise")  # noise the dropout rate does not govern (gating noise, jitter)
+    ctx.step("masks across the batch")
+    if (found := _shared(ctx, run, module, x)) is not None:
+        return found
 
     ctx.step("random modules")
     calls.update(_inputs(module, subject, x))
@@ -195,6 +256,92 @@ def _check(ctx: Context) -> Outcome:
     return passed("dropout.unbiased", round(facts["bias"], 3), **facts)
 
 
+def _stream(ctx: Context, run, module: nn.Module, x: torch.Tensor) -> Outcome | None:
+    """A dropout on the residual stream (`x = drop(x + f(x))`, `x = drop(x) + f(x)`): with torch's elementwise
+    dropouts dropping everything, tr(J)/n of x -> output, which a dropout on a branch leaves at the identity's
+    (Pre-LN: the output is x itself), falls below STREAM_SHARE of the eval forward's. Read by central differences
+    (two forwards each, no backward): the gain is a derivative of the forward alone."""
+    if not x.is_floating_point():
+        return None
+    gen = torch.Generator().manual_seed(0)
+    u = (torch.randint(0, 2, x.shape, generator=gen) * 2 - 1).to(device=x.device, dtype=x.dtype)
+    eps = STREAM_STEP * f64(x).pow(2).mean().sqrt().item()
+    n = u.numel()
+
+    def gain(train: bool) -> float:
+        mode = (lambda: TorchDropoutOff(drop_all=True)) if train else (lambda: None)
+        up, down = (run(module, train, 0, mode(), x + s * eps * u) for s in (1, -1))
+        if up.shape != x.shape:
+            return float("nan")
+        return ((f64(up) - f64(down)) * f64(u)).sum().item() / (2 * eps * n)
+
+    dropped = gain(True)
+    if not dropped < STREAM_SHARE * RESIDUAL_MIN:
+        return None
+    kept = gain(False)
+    if not (kept >= RESIDUAL_MIN and dropped < STREAM_SHARE * kept):
+        return None
+    return failed("dropout.stream", round(dropped, 4), gain=dropped, eval_gain=kept, share=STREAM_SHARE)
+
+
+def _rates(ctx: Context, asked: TorchDropoutOff, x: torch.Tensor) -> Outcome | None:
+    """Rates that move with the block's dropout argument but are not it (`nn.Dropout(1 - dropout)`: the rate read
+    as a keep probability): the block built again through its constructor at another rate, and the rates its
+    dropouts are asked for in a training forward compared. A rate that stays (a hard-coded one) is not judged."""
+    from tblock_cli.checks.structure import rebuilt_with_dropout
+    from tblock_cli.subject.loading import ALIASES, constructed_arguments
+
+    built = constructed_arguments(ctx.subject.module)
+    p0 = next((built[k] for k in ALIASES["dropout"] if isinstance(built.get(k), float)), ctx.cfg.dropout)
+    p1 = OTHER_RATE if abs(p0 - OTHER_RATE) > 1e-9 else OTHER_RATE + 0.1
+    rebuilt = rebuilt_with_dropout(ctx, p1)
+    if rebuilt is None:
+        return None
+    other = TorchDropoutOff()
+    try:
+        reseed(1)
+        with torch.no_grad(), train_mode(rebuilt, True), other:
+            ctx.subject.like(rebuilt)(x)
+    except Exception as e:  # noqa: BLE001 - a rebuilt block that does not run: not judged
+        if is_out_of_memory(e):
+            raise
+        return None
+    if len(asked.calls) == len(other.calls):  # call by call: a rate that moved must be the argument at both
+        pairs = [(a, b) for a, b in zip(asked.calls, other.calls) if not _same(a, b)]
+        moved = [(a, b) for a, b in pairs if not (_same(a, p0) and _same(b, p1))]
+        ran, ran_other = sorted({a for a, _ in moved}), sorted({b for _, b in moved})
+    else:  # dropouts that run only at some rates: the rates seen at one and not the other
+        ran = sorted(a for a in set(asked.calls) - set(other.calls) if not _same(a, p0))
+        ran_other = sorted(b for b in set(other.calls) - set(asked.calls) if not _same(b, p1))
+    if ran and ran_other:
+        return failed("dropout.rate", ran[0], asked=p0, ran=ran, other=p1, other_ran=ran_other)
+    return None
+
+
+def _same(a: float, b: float) -> bool:
+    return math.isclose(a, b, rel_tol=1e-6)
+
+
+def _shared(ctx: Context, run, module: nn.Module, x: torch.Tensor) -> Outcome | None:
+    """One mask for the whole batch (a mask drawn (1, T, C) for batch-first tensors, as a sequence-first locked
+    dropout draws it): on a batch of one sample repeated, every training forward gives every copy the same output,
+    and no two forwards the same. A copy that differs from the first clears it at once (masks drawn per sample); an
+    outcome seen before clears it too: a decision for the whole batch (LayerDrop, torchvision's batch-mode
+    stochastic depth) takes a few values, elementwise masks a new one every forward."""
+    if x.shape[0] < 2:
+        return None
+    same = x[:1].expand_as(x).contiguous()
+    outs: list[torch.Tensor] = []
+    for i in range(SHARED_RUNS):
+        out = run(module, True, 300 + i, None, same)
+        if out.shape[:1] != x.shape[:1] or any(rel_diff(out[b], out[0]) > ctx.tol for b in range(1, len(out))):
+            return None
+        if any(rel_diff(out[0], o) <= ctx.tol for o in outs):
+            return None
+        outs.append(out[0])
+    return failed("dropout.shared", SHARED_RUNS, forwards=SHARED_RUNS, batch=len(same))
+
+
 def _draws(outs: torch.Tensor) -> float:
     """How many independent random draws the samples' spread reflects: the participation ratio tr(G)^2 / |G|^2 of
     the Gram matrix of the centred samples (elementwise masks: about the number of samples; one mask per batch
@@ -206,41 +353,41 @@ def _draws(outs: torch.Tensor) -> float:
     return (gram.trace() ** 2 / norm).item() if norm > 0 else 0.0
 
 
-def _at_rate_zero(ctx: Context, module: nn.Module, x: torch.Tensor):
+def _at_rate(ctx: Context, module: nn.Module, x: torch.Tensor, rate: float = 0.0):
     """(seed, train) -> the training forward (torch's dropouts off; train=False: the eval forward) of the block with
-    its dropout rate at 0: rebuilt through its constructor with dropout=0 where it takes one, else with every dropout
-    probability it keeps zeroed (modules, attributes named *drop* or `p`, its config's). None when neither is
-    possible (nothing to zero)."""
-    from tblock_cli.checks.structure import rebuilt_without_dropout
+    its dropout rate at `rate`: rebuilt through its constructor with that dropout where it takes one, else with every
+    dropout probability it keeps set to it (modules, attributes named *drop* or `p`, its config's). None when
+    neither is possible (no rate to set)."""
+    from tblock_cli.checks.structure import rebuilt_with_dropout
 
-    rebuilt = rebuilt_without_dropout(ctx)
+    rebuilt = rebuilt_with_dropout(ctx, rate)
     target = rebuilt if rebuilt is not None else module
     subject = ctx.subject.like(target)
 
     if rebuilt is None:
-        with zero_dropout(target) as changed, _rates_named_p(target) as more:
+        with set_dropout(target, rate) as changed, _rates_named_p(target, rate) as more:
             if not changed and not more:
                 return None
 
     def forward(seed: int, train: bool = True) -> torch.Tensor:
         reseed(seed)
         off = TorchDropoutOff() if train else contextlib.nullcontext()
-        with zero_dropout(target), _rates_named_p(target), torch.no_grad(), train_mode(target, train), off:
+        with set_dropout(target, rate), _rates_named_p(target, rate), torch.no_grad(), train_mode(target, train), off:
             return subject(x).float()
 
     return forward
 
 
 @contextlib.contextmanager
-def _rates_named_p(module: nn.Module):
-    """Float attributes named `p` strictly between 0 and 1 (a hand-written dropout's rate: `self.p`) at 0 for a while;
-    yields how many. torch's dropout modules are zero_dropout's."""
+def _rates_named_p(module: nn.Module, rate: float = 0.0):
+    """Float attributes named `p` strictly between 0 and 1 (a hand-written dropout's rate: `self.p`) at `rate` for a
+    while; yields how many. torch's dropout modules are _dropouts'."""
     changed = []
     try:
         for m in all_modules(module):
             v = vars(m).get("p")
             if type(v) is float and 0 < v < 1 and not isinstance(m, nn.modules.dropout._DropoutNd):
-                m.p = 0.0
+                m.p = rate
                 changed.append((m, v))
         yield len(changed)
     finally:

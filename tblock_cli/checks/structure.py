@@ -22,6 +22,12 @@ REFERENCE_TOL = 1e-5
 def rebuilt_without_dropout(ctx: Context) -> nn.Module | None:
     """The user's block built again through its constructor with dropout=0 (a functional dropout reading a plain
     attribute cannot be zeroed from outside), holding the original's weights; None where that is not possible."""
+    return rebuilt_with_dropout(ctx, 0.0)
+
+
+def rebuilt_with_dropout(ctx: Context, p: float) -> nn.Module | None:
+    """The user's block built again through its constructor with dropout=p, holding the original's weights; None
+    where that is not possible (the built-in block, an hf: layer, a block built at dropout 0 or taking no dropout)."""
     from dataclasses import replace
 
     from tblock_cli.subject.loading import ALIASES, construct, constructor_kwargs, load_factory
@@ -34,7 +40,7 @@ def rebuilt_without_dropout(ctx: Context) -> nn.Module | None:
         named, _ = constructor_kwargs(factory, ctx.cfg)
         if not set(named) & set(ALIASES["dropout"]):
             return None
-        module = construct(spec, factory, replace(ctx.cfg, dropout=0.0), {})
+        module = construct(spec, factory, replace(ctx.cfg, dropout=p), {})
         module.load_state_dict(ctx.subject.module.state_dict())
         return module.to(device=ctx.device, dtype=ctx.dtype)
     except Exception:  # noqa: BLE001 - any failure: fall back to zeroing the copy's dropout

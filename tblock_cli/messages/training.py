@@ -116,6 +116,18 @@ MESSAGES = {
     "dropout.rescaled": lambda f: (f"with torch's own dropouts off (the mean of their masks), a training forward differs from "
                                    f"the eval forward by {f['diff']:.1e}, and not at dropout 0: a rescale of the block's own "
                                    f"on top of F.dropout's (dividing by 1 - p twice?), or a mask drawn once and reused"),
+    "dropout.stream": lambda f: (f"with every dropout dropping all, the identity path is gone: tr(J)/n {f['gain']:.2f} against "
+                                 f"{f['eval_gain']:.2f} in eval (below {f['share']:g} of it): a dropout on the residual stream "
+                                 f"(`x = drop(x + f(x))`), not on the branch (`x = x + drop(f(x))`)"),
+    "dropout.rate": lambda f: (f"built with dropout={f['asked']:g}, its dropouts run at {names(f'{r:g}' for r in f['ran'])}; built with "
+                               f"{f['other']:g}, at {names(f'{r:g}' for r in f['other_ran'])}: a rate that follows the argument but is not it "
+                               f"(a keep probability passed as the drop rate?)"),
+    "dropout.shared": lambda f: (f"on a batch of one sample repeated {f['batch']} times, each of {f['forwards']} training forwards "
+                                 f"gives every copy the same output, and no two forwards the same: one dropout mask for the "
+                                 f"whole batch (a mask drawn (1, T, C)?)"),
+    "dropout.rare_draws": lambda f: (f"two seeded training forwards agree and differ from eval ({f['diff']:.1e}), yet at dropout "
+                                     f"{f['rate']:g} training is random: draws too rare at the block's rate to judge (a "
+                                     f"decision per forward, as batch-mode stochastic depth makes)"),
     "dropout.other_noise": "training forwards stay random at dropout 0 (gating noise, jitter): not a dropout to judge",
     "dropout.unsupported": lambda f: f"the block's training forward does not run with torch's dropouts off: {f['error']}",
     "dropout.unjudged": "no module with random training forwards could be called alone on its eval inputs",
