@@ -270,7 +270,12 @@ def check_dtype(ctx: Context) -> Outcome:
     ref_device = ctx.device if ctx.device.type != "mps" else torch.device("cpu")  # MPS has no float64
     x, out = ctx.standard()
     ctx.step("float64 forward")
-    ref = float64_reference(ctx, x, ref_device)
+    try:
+        ref = float64_reference(ctx, x, ref_device)
+    except Exception as e:  # noqa: BLE001 - code written for float32 (`probs.float() @ v` meeting float64): not measured
+        if is_out_of_memory(e):
+            raise
+        return skipped("dtype.no_float64", error=one_line(e))
     name = dtype_name(ctx.dtype)
     if not torch.isfinite(out).all():
         return failed("dtype.nonfinite", None, dtype=name, reference_finite=bool(torch.isfinite(ref).all()))

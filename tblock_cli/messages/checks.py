@@ -221,6 +221,7 @@ MESSAGES = {
                                   else "not finite in float64 either"),
     "dtype.differs": "{dtype} differs from a float64 copy by relative RMS {error:.2e} > {limit:g}",
     "dtype.agrees": "{dtype} vs a float64 copy: relative RMS error (limit {limit:g})",
+    "dtype.no_float64": lambda f: f"a float64 copy does not run (code written for float32?): {f['error']}",
     # ffn_share
     "ffn_share.no_ffn": "no FFN found in the dataflow (a projection consuming another's output, outside attention)",
     "ffn_share.no_attention": "no attention found in the dataflow: the share has nothing to compare with",
