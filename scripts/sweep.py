@@ -24,7 +24,7 @@ import zoo_autocast  # noqa: E402
 import zoo_claims  # noqa: E402
 import zoo_device  # noqa: E402
 import zoo_dropout  # noqa: E402
-import zoo_float32  # noqa: E402
+import zoo_float_only  # noqa: E402
 import zoo_hooks  # noqa: E402
 import zoo_length  # noqa: E402
 import zoo_training  # noqa: E402
@@ -43,7 +43,7 @@ CORRECT.update({f"zoo_training.py:{k}": {} for k in zoo_training.CORRECT})  # th
 CORRECT.update({f"zoo_dropout.py:{k}": {} for k in zoo_dropout.CORRECT})  # the dropout check's
 CORRECT.update({f"zoo_device.py:{k}": {} for k in zoo_device.CORRECT})  # the device check's
 CORRECT.update({f"zoo_hooks.py:{k}": {} for k in zoo_hooks.CORRECT})  # gradient hooks carried to the copies
-CORRECT.update({f"zoo_float32.py:{k}": {} for k in zoo_float32.CORRECT})  # float32 code the float64 copies skip
+CORRECT.update({f"zoo_float_only.py:{k}": {} for k in zoo_float_only.CORRECT})  # float32 code the float64 copies skip
 CORRECT.update({f"zoo_autocast.py:{k}": {} for k in zoo_autocast.CORRECT})  # mixed precision that runs
 CORRECT.update({f"zoo_claims.py:{k}": {"causal": True} for k in zoo_claims.CORRECT})  # what blocks say of themselves
 CORRECT.update({f"zoo_claims.py:{k}": {} for k in zoo_claims.SAID_CAUSAL_CORRECT})  # causal by their own word

@@ -1,5 +1,5 @@
 """Probe helpers shared by checks, depth, compare and distributed: tolerances, float64 comparisons, train/eval switching,
-residual gain."""
+residual gain, dropout rates set or turned off."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ from typing import Callable
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 # tr(J)/n is estimated from Rademacher probes whose estimate has std ~ 1/sqrt(n) for n probed elements:
@@ -137,6 +139,53 @@ def raise_dropout(module: nn.Module, p: float = 0.1):
     """Every dropout probability that is 0 set to p for a while (modules, float attributes named *drop*). A block
     built without dropout cannot show dropout left on in eval; raised, it can."""
     return _dropouts(module, lambda q: p if q == 0 else None, lambda v: p if type(v) is float and v == 0.0 else None)
+
+
+class TorchDropoutOff(TorchFunctionMode):
+    """torch's dropout functions as the identity, SDPA and `F.multi_head_attention_forward` with dropout_p 0: the
+    randomness torch itself rescales, off. (A mode is not on inside the function it intercepts: the dropout inside
+    multi_head_attention_forward is reached through its argument.) Records the rate each was asked for where it
+    would have dropped (`rates`: elementwise dropouts, `attention_rates`: SDPA's and MHA's on the probabilities).
+    drop_all: torch's elementwise dropouts drop everything instead (a zero tensor out), as at a rate of 1."""
+
+    def __init__(self, drop_all: bool = False):
+        super().__init__()
+        self.drop_all = drop_all
+        self.rates: list[float] = []
+        self.attention_rates: list[float] = []
+        self.calls: list[float] = []  # both, in the order asked
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        if func in _DROPOUTS:
+            x = args[0] if args else kwargs["input"]
+            p = _argument(args, kwargs, 1, "p", 0.5)
+            if p > 0 and _argument(args, kwargs, 2, "training", func not in _ALPHA):
+                self.rates.append(float(p))
+                self.calls.append(float(p))
+                if self.drop_all and func not in _ALPHA:
+                    return x.zero_() if _argument(args, kwargs, 3, "inplace", False) else torch.zeros_like(x)
+            return x
+        where = _DROPOUT_P.get(func)
+        if where is not None:
+            p = _argument(args, kwargs, where, "dropout_p", 0.0)
+            if p > 0 and (func is not F.multi_head_attention_forward or _argument(args, kwargs, 13, "training", True)):
+                self.attention_rates.append(float(p))
+                self.calls.append(float(p))
+            if len(args) > where:
+                args = args[:where] + (0.0,) + args[where + 1:]
+            else:
+                kwargs["dropout_p"] = 0.0
+        return func(*args, **kwargs)
+
+
+def _argument(args: tuple, kwargs: dict, at: int, name: str, default):
+    return args[at] if len(args) > at else kwargs.get(name, default)
+
+
+_DROPOUTS = frozenset({F.dropout, F.dropout1d, F.dropout2d, F.dropout3d, F.alpha_dropout, F.feature_alpha_dropout})
+_ALPHA = frozenset({F.alpha_dropout, F.feature_alpha_dropout})  # training defaults to False; never zeroed
+_DROPOUT_P = {F.scaled_dot_product_attention: 4, F.multi_head_attention_forward: 10}  # dropout_p's position
 
 
 def reseed(seed: int) -> None:

@@ -105,3 +105,49 @@ def test_a_decision_for_the_whole_batch_is_not_a_shared_mask():
     assert c.kind == "dropout.rare_draws", c
     shared = run("BatchSharedMask", only=("dropout",), spec_file="zoo_dropout.py")["dropout"]
     assert shared.kind == "dropout.shared" and shared.facts["forwards"] == dropout.SHARED_RUNS, shared
+
+
+class RefusesEverythingDropped(nn.Module):
+    """A residual block whose forward raises where its dropout returned nothing but zeros (a guard of its own)."""
+
+    def __init__(self, d_model=32, n_heads=4, dropout=0.1):
+        super().__init__()
+        self.lin, self.drop = nn.Linear(d_model, d_model), nn.Dropout(dropout)
+
+    def forward(self, x):
+        y = self.drop(self.lin(x))
+        if self.training and not bool(y.any()):
+            raise RuntimeError("nothing kept")
+        return x + y
+
+
+def test_a_block_that_raises_with_everything_dropped_is_not_judged_there():
+    import tblock_cli
+
+    c = tblock_cli.check(RefusesEverythingDropped(), d_model=32, n_heads=4, only="dropout").checks[0]
+    assert c.status is Status.PASS and c.kind == "dropout.torch_only", c
+
+
+def test_a_rate_that_rises_with_the_argument_and_the_users_kwargs_are_not_judged(tmp_path):
+    # half the argument rises with it; a second rate the user set with --kwargs stays what they set in the rebuild
+    assert run("HalfRateAttention")["dropout"].status is Status.PASS
+    f = tmp_path / "extra.py"
+    f.write_text("import torch.nn as nn\nfrom zoo_training import TrainBlock\n\n\n"
+                 "class ExtraRate(TrainBlock):\n"
+                 "    def __init__(self, d_model=32, n_heads=4, dropout=0.1, ffn_dropout=0.1):\n"
+                 "        super().__init__(d_model, n_heads, dropout)\n"
+                 "        self.ffn_drop = nn.Dropout(ffn_dropout)\n\n"
+                 "    def ffn(self, h):\n"
+                 "        return self.ffn_drop(super().ffn(h))\n")
+    import tblock_cli
+
+    report = tblock_cli.check(f"{f}:ExtraRate", d_model=32, n_heads=4, kwargs={"ffn_dropout": 0.3}, only="dropout")
+    assert report.checks[0].status is Status.PASS, report.checks[0]
+
+
+def test_a_weights_mask_shared_by_the_batch_is_not_an_activations():
+    # DropConnect's mask is drawn for a weight, (d_model, hidden): no sequence axis, so not a shared activation mask
+    c = run("DropConnect")["dropout"]
+    assert c.status is Status.PASS and c.kind == "dropout.unbiased", c
+    shared = run("BatchSharedMask")["dropout"]
+    assert shared.facts["shapes"] == [[1, 10, 32]], shared.facts

@@ -58,11 +58,11 @@ def test_a_gradient_hook_is_carried_to_the_copies_the_checks_difference():
 def test_code_written_for_float32_is_a_skip_of_the_float64_checks_not_an_error():
     # its float64 copy's backward meets float32 in a matmul and raises: derivative cannot difference it, and the
     # float32 backward it was written for is grad_input's and grad_params' (both pass)
-    by = run("Float32Backward", only=None, spec_file="zoo_float32.py")
+    by = run("Float32Backward", only=None, spec_file="zoo_float_only.py")
     assert by["derivative"].kind == "derivative.no_float64" and "dtype" in by["derivative"].facts["error"], by["derivative"]
     assert not [c for c in by.values() if c.status in BAD], [(c.name, c.detail) for c in by.values() if c.status in BAD]
     # its float64 reference forward raises likewise: dtype cannot measure it
-    by = run("Float32Probabilities", only=None, spec_file="zoo_float32.py")
+    by = run("Float32Probabilities", only=None, spec_file="zoo_float_only.py")
     assert by["dtype"].kind == "dtype.no_float64" and "Double" in by["dtype"].facts["error"], by["dtype"]
     assert not [c for c in by.values() if c.status in BAD], [(c.name, c.detail) for c in by.values() if c.status in BAD]
 

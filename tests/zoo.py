@@ -134,6 +134,8 @@ from zoo_safety import (  # noqa: F401
     ClosureCapture,
     EvalReturnsEarly,
     FirstCallInit,
+    InferenceModeCache,
+    InferenceModeCacheCloned,
     SDPADropoutInEval,
     StepDependentInplace,
     TrainRunningStat,
@@ -271,7 +273,7 @@ POS = {"positional": True}
 
 CORRECT_3 = {"Rel3": POS, "CachedRoPE": {"causal": True}, "GQA3": POS, "Window3": POS, "Alibi3": POS, "AbsPos3": POS,
              "Mask3D3": POS, "Fp16Llama3": POS, "Gemma3": POS, "RoPEValues3": POS, "FirstCallInit": {},
-             "SublayerPostNorm": {"causal": True}}
+             "SublayerPostNorm": {"causal": True}, "InferenceModeCacheCloned": POS}
 
 
 # The third generation: name -> (the check that must flag it, its flags; "dtype" names the run dtype it needs).
@@ -294,6 +296,7 @@ PLANTED_3 = {
     "ClosureCapture": ("copy", {}),
     "TrainStateHistory": ("train_state", {}),
     "TrainRunningStat": ("train_state", {}),
+    "InferenceModeCache": ("train_state", POS),
 }
 
 

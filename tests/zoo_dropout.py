@@ -270,3 +270,43 @@ class FixedAttentionRate(TrainBlock):
 
 
 CORRECT += ["LockedDropout", "BatchModeDepth", "BranchInputDropout", "FixedAttentionRate"]
+
+
+class DropConnect(TrainBlock):
+    """DropConnect (Wan et al., 2013), as Mixout writes it too: a rescaled mask on the FFN's output weight, one per
+    forward, shared by the batch by design (a weight's mask, not an activation's)."""
+
+    def ffn(self, h):
+        w = self.w2.weight
+        if self.training and self.p > 0:
+            w = w * torch.empty_like(w).bernoulli_(1 - self.p) / (1 - self.p)
+        return F.linear(F.silu(self.w1(h)) * self.w3(h), w)
+
+
+class DropKey(TrainBlock):
+    """DropKey (Li et al., 2023): keys masked at random before the softmax, drawn with F.dropout over ones; each
+    query keeps its own key, so no row is left empty (with every dropout dropping all, each attends to itself)."""
+
+    def attention(self, h):
+        q, k, v = (heads(p(h), self.n_heads) for p in (self.q_proj, self.k_proj, self.v_proj))
+        q, k = self.rotary(q), self.rotary(k)
+        s = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
+        T = h.shape[1]
+        own = torch.eye(T, dtype=torch.bool, device=h.device)
+        if self.training:
+            s = s.masked_fill((F.dropout(torch.ones_like(s), self.p, True) == 0) & ~own, float("-inf"))
+        s = s.masked_fill(~torch.ones(T, T, dtype=torch.bool, device=h.device).tril(), float("-inf"))
+        return self.o_proj(merge(s.softmax(-1) @ v))
+
+
+class HalfRateAttention(TrainBlock):
+    """Attention dropout at half the residual rate: a rate that rises with the argument, by a factor."""
+
+    def attention(self, h):
+        q, k, v = (heads(p(h), self.n_heads) for p in (self.q_proj, self.k_proj, self.v_proj))
+        q, k = self.rotary(q), self.rotary(k)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal, dropout_p=self.p / 2 if self.training else 0.0)
+        return self.o_proj(merge(y))
+
+
+CORRECT += ["DropConnect", "DropKey", "HalfRateAttention"]

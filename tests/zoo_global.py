@@ -124,8 +124,9 @@ class LazyTables(TrainBlock):
 
     def forward(self, x):
         B, T, _ = x.shape
-        if "cache" not in self._buffers:  # allocated at the first call, as a generation loop's cache is
-            self.register_buffer("cache", torch.full((4, 512, x.shape[-1]), float("nan")), persistent=False)
+        if "cache" not in self._buffers:  # allocated at the first call, as a generation loop's cache is; an ordinary
+            with torch.inference_mode(False):  # tensor even when that call is a validation pass under inference mode
+                self.register_buffer("cache", torch.full((4, 512, x.shape[-1]), float("nan")), persistent=False)
         if self.table.shape[0] != T:
             self.table = torch.arange(T, dtype=torch.float32).cos()
         with torch.no_grad():

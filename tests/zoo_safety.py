@@ -93,3 +93,26 @@ class StepDependentInplace(Good):
                 s = torch.sigmoid(y)
                 return s.mul_(2)  # bug: sigmoid saved its output, modified in place
         return y
+
+
+class InferenceModeCache(Rel3):
+    """cos/sin cached per shape at their first use: a validation pass under torch.inference_mode() (Lightning runs
+    one before training) builds them as inference tensors, and the next training step's rotation saves them for
+    backward, which autograd refuses."""
+
+    def __init__(self, *a, **k):
+        super().__init__(*a, **k)
+        self.cache = {}
+
+    def cos_sin(self, pos, dtype):
+        key = (tuple(pos.shape), dtype, pos.device)
+        if key not in self.cache:
+            self.cache[key] = super().cos_sin(pos, dtype)
+        return self.cache[key]
+
+
+class InferenceModeCacheCloned(InferenceModeCache):
+    """The same cache, cloned where it is used: a clone made outside inference mode is an ordinary tensor."""
+
+    def cos_sin(self, pos, dtype):
+        return tuple(t.clone() for t in super().cos_sin(pos, dtype))

@@ -17,7 +17,6 @@ import math
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_map
 
@@ -26,7 +25,7 @@ from tblock_cli.checks.gradients import RESIDUAL_MIN
 from tblock_cli.checks.result import Outcome, failed, passed, skipped
 from tblock_cli.checks.training import all_modules, seeded, too_large
 from tblock_cli.errors import is_out_of_memory, one_line
-from tblock_cli.probes import f64, rel_diff, reseed, set_dropout, train_mode
+from tblock_cli.probes import TorchDropoutOff, f64, rel_diff, reseed, set_dropout, train_mode
 from tblock_cli.subject import first_tensor
 
 # Training forwards per judged module. The mean's own noise is the spread / sqrt(MASKS) and is subtracted (the bias
@@ -61,53 +60,6 @@ RAISED_RATE = 0.5
 RAISED_RUNS = 8
 
 
-class TorchDropoutOff(TorchFunctionMode):
-    """torch's dropout functions as the identity, SDPA and `F.multi_head_attention_forward` with dropout_p 0: the
-    randomness torch itself rescales, off. (A mode is not on inside the function it intercepts: the dropout inside
-    multi_head_attention_forward is reached through its argument.) Records the rate each was asked for where it
-    would have dropped (`rates`: elementwise dropouts, `attention_rates`: SDPA's and MHA's on the probabilities).
-    drop_all: torch's elementwise dropouts drop everything instead (a zero tensor out), as at a rate of 1."""
-
-    def __init__(self, drop_all: bool = False):
-        super().__init__()
-        self.drop_all = drop_all
-        self.rates: list[float] = []
-        self.attention_rates: list[float] = []
-        self.calls: list[float] = []  # both, in the order asked
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = dict(kwargs or {})
-        if func in _DROPOUTS:
-            x = args[0] if args else kwargs["input"]
-            p = _argument(args, kwargs, 1, "p", 0.5)
-            if p > 0 and _argument(args, kwargs, 2, "training", func not in _ALPHA):
-                self.rates.append(float(p))
-                self.calls.append(float(p))
-                if self.drop_all and func not in _ALPHA:
-                    return x.zero_() if _argument(args, kwargs, 3, "inplace", False) else torch.zeros_like(x)
-            return x
-        where = _DROPOUT_P.get(func)
-        if where is not None:
-            p = _argument(args, kwargs, where, "dropout_p", 0.0)
-            if p > 0 and (func is not F.multi_head_attention_forward or _argument(args, kwargs, 13, "training", True)):
-                self.attention_rates.append(float(p))
-                self.calls.append(float(p))
-            if len(args) > where:
-                args = args[:where] + (0.0,) + args[where + 1:]
-            else:
-                kwargs["dropout_p"] = 0.0
-        return func(*args, **kwargs)
-
-
-def _argument(args: tuple, kwargs: dict, at: int, name: str, default):
-    return args[at] if len(args) > at else kwargs.get(name, default)
-
-
-_DROPOUTS = frozenset({F.dropout, F.dropout1d, F.dropout2d, F.dropout3d, F.alpha_dropout, F.feature_alpha_dropout})
-_ALPHA = frozenset({F.alpha_dropout, F.feature_alpha_dropout})  # training defaults to False; never zeroed
-_DROPOUT_P = {F.scaled_dot_product_attention: 4, F.multi_head_attention_forward: 10}  # dropout_p's position
-
-
 def _clone(tree):
     """Arguments with every tensor detached and copied (a call may write into its inputs), containers kept."""
     return tree_map(lambda v: v.detach().clone() if isinstance(v, torch.Tensor) else v, tree)
@@ -138,9 +90,10 @@ def check_dropout(ctx: Context) -> Outcome:
     that the rate's zeroing makes deterministic), the mean over 64 training forwards of the innermost random module,
     its inputs fixed to an eval forward's, more than 0.2 of the spread over masks away from its eval output (an
     unscaled mask at p = 0.1: 0.33); names that module. Also: a dropout on the residual stream (with every dropout
-    dropping all, tr(J)/n below a quarter of eval's: the identity path cut), a rate that follows the dropout argument
-    but is not it (`nn.Dropout(1 - p)`), one mask for the whole batch (identical samples get identical, ever-new
-    outputs). Randomness that stays at dropout 0 (gating noise, router jitter) is not judged"""
+    dropping all, tr(J)/n below a quarter of eval's: the identity path cut), a rate that falls as the dropout argument
+    rises (`nn.Dropout(1 - p)`), one activation mask for the whole batch (identical samples get identical, ever-new
+    outputs; a draw without the batch axis). Randomness that stays at dropout 0 (gating noise, router jitter) is not
+    judged"""
     if (large := too_large(ctx)) is not None:
         return large
     with seeded(ctx.device):  # every call below reseeds: the caller's random state is put back after
@@ -270,7 +223,12 @@ def _stream(ctx: Context, run, module: nn.Module, x: torch.Tensor) -> Outcome | 
 
     def gain(train: bool) -> float:
         mode = (lambda: TorchDropoutOff(drop_all=True)) if train else (lambda: None)
-        up, down = (run(module, train, 0, mode(), x + s * eps * u) for s in (1, -1))
+        try:
+            up, down = (run(module, train, 0, mode(), x + s * eps * u) for s in (1, -1))
+        except Exception as e:  # noqa: BLE001 - a block that refuses everything dropped (a finiteness assert, a
+            if is_out_of_memory(e):  # sampled router over dropped probabilities): not judged
+                raise
+            return float("nan")
         if up.shape != x.shape:
             return float("nan")
         return ((f64(up) - f64(down)) * f64(u)).sum().item() / (2 * eps * n)
@@ -285,9 +243,10 @@ def _stream(ctx: Context, run, module: nn.Module, x: torch.Tensor) -> Outcome | 
 
 
 def _rates(ctx: Context, asked: TorchDropoutOff, x: torch.Tensor) -> Outcome | None:
-    """Rates that move with the block's dropout argument but are not it (`nn.Dropout(1 - dropout)`: the rate read
-    as a keep probability): the block built again through its constructor at another rate, and the rates its
-    dropouts are asked for in a training forward compared. A rate that stays (a hard-coded one) is not judged."""
+    """A rate that falls where the block's dropout argument rises (`nn.Dropout(1 - dropout)`: the rate read as a
+    keep probability): the block built again through its constructor at another rate, and the rates its dropouts
+    are asked for in a training forward compared. A rate that stays (a hard-coded one) or rises with the argument
+    (scaled by depth, warmed up) is not judged."""
     from tblock_cli.checks.structure import rebuilt_with_dropout
     from tblock_cli.subject.loading import ALIASES, constructed_arguments
 
@@ -306,13 +265,16 @@ def _rates(ctx: Context, asked: TorchDropoutOff, x: torch.Tensor) -> Outcome | N
         if is_out_of_memory(e):
             raise
         return None
-    if len(asked.calls) == len(other.calls):  # call by call: a rate that moved must be the argument at both
-        pairs = [(a, b) for a, b in zip(asked.calls, other.calls) if not _same(a, b)]
-        moved = [(a, b) for a, b in pairs if not (_same(a, p0) and _same(b, p1))]
+    # a rate that falls as the argument rises (1 - p): rates that follow it by a factor or a schedule (depth-scaled
+    # stochastic depth, a warm-up) rise with it, and a fixed one stays
+    rises = p1 > p0
+    if len(asked.calls) == len(other.calls):  # call by call
+        moved = [(a, b) for a, b in zip(asked.calls, other.calls) if not _same(a, b) and (b > a) != rises]
         ran, ran_other = sorted({a for a, _ in moved}), sorted({b for _, b in moved})
-    else:  # dropouts that run only at some rates: the rates seen at one and not the other
-        ran = sorted(a for a in set(asked.calls) - set(other.calls) if not _same(a, p0))
-        ran_other = sorted(b for b in set(other.calls) - set(asked.calls) if not _same(b, p1))
+    else:  # dropouts that run only at some rates: the one rate each side has alone, if it fell
+        alone, alone_other = set(asked.calls) - set(other.calls), set(other.calls) - set(asked.calls)
+        falls = len(alone) == len(alone_other) == 1 and (min(alone_other) > min(alone)) != rises
+        ran, ran_other = (sorted(alone), sorted(alone_other)) if falls else ([], [])
     if ran and ran_other:
         return failed("dropout.rate", ran[0], asked=p0, ran=ran, other=p1, other_ran=ran_other)
     return None
@@ -325,21 +287,48 @@ def _same(a: float, b: float) -> bool:
 def _shared(ctx: Context, run, module: nn.Module, x: torch.Tensor) -> Outcome | None:
     """One mask for the whole batch (a mask drawn (1, T, C) for batch-first tensors, as a sequence-first locked
     dropout draws it): on a batch of one sample repeated, every training forward gives every copy the same output,
-    and no two forwards the same. A copy that differs from the first clears it at once (masks drawn per sample); an
-    outcome seen before clears it too: a decision for the whole batch (LayerDrop, torchvision's batch-mode
-    stochastic depth) takes a few values, elementwise masks a new one every forward."""
-    if x.shape[0] < 2:
+    and no two forwards the same, and a random draw has the sequence's length among its sizes but not the batch's
+    first. A copy that differs from the first clears it at once (masks drawn per sample); an outcome seen before
+    clears it too (a decision per forward for the whole batch: LayerDrop, torchvision's batch-mode stochastic depth
+    take a few values); so does a mask drawn for a weight (DropConnect, Mixout: shared by the batch by design)."""
+    B, T = x.shape[0], x.shape[1] if x.ndim > 2 else 0
+    sizes = {d for p in module.parameters() for d in p.shape}
+    if B < 2 or T in (0, 1, B) or T in sizes:  # the sequence's length must tell an activation's mask from a weight's
         return None
     same = x[:1].expand_as(x).contiguous()
     outs: list[torch.Tensor] = []
+    draws = RandomDraws()
     for i in range(SHARED_RUNS):
-        out = run(module, True, 300 + i, None, same)
+        with draws if i == 0 else contextlib.nullcontext():
+            out = run(module, True, 300 + i, None, same)
         if out.shape[:1] != x.shape[:1] or any(rel_diff(out[b], out[0]) > ctx.tol for b in range(1, len(out))):
             return None
         if any(rel_diff(out[0], o) <= ctx.tol for o in outs):
             return None
         outs.append(out[0])
-    return failed("dropout.shared", SHARED_RUNS, forwards=SHARED_RUNS, batch=len(same))
+    masks = sorted({s for s in draws.shapes if T in s and s[0] != B})
+    if not masks:
+        return None
+    return failed("dropout.shared", SHARED_RUNS, forwards=SHARED_RUNS, batch=B, shapes=[list(s) for s in masks])
+
+
+class RandomDraws(TorchFunctionMode):
+    """Notes the shape of every tensor a random function makes or fills."""
+
+    def __init__(self):
+        super().__init__()
+        self.shapes: list[tuple[int, ...]] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func in _RANDOM and isinstance(out, torch.Tensor):
+            self.shapes.append(tuple(out.shape))
+        return out
+
+
+_RANDOM = frozenset({torch.rand, torch.rand_like, torch.randn, torch.randn_like, torch.randint, torch.randint_like,
+                     torch.bernoulli, torch.Tensor.bernoulli_, torch.Tensor.uniform_, torch.Tensor.normal_,
+                     torch.Tensor.random_, torch.Tensor.exponential_, torch.Tensor.geometric_})
 
 
 def _draws(outs: torch.Tensor) -> float:

@@ -26,21 +26,19 @@ def rebuilt_without_dropout(ctx: Context) -> nn.Module | None:
 
 
 def rebuilt_with_dropout(ctx: Context, p: float) -> nn.Module | None:
-    """The user's block built again through its constructor with dropout=p, holding the original's weights; None
-    where that is not possible (the built-in block, an hf: layer, a block built at dropout 0 or taking no dropout)."""
-    from dataclasses import replace
+    """The user's block built again through its constructor with dropout=p (its --kwargs kept), holding the
+    original's weights; None where that is not possible (the built-in block, an hf: layer, a block built at dropout 0
+    or taking no dropout, one handed over built)."""
+    from tblock_cli.subject.loading import ALIASES, constructor_kwargs, load_factory
 
-    from tblock_cli.subject.loading import ALIASES, construct, constructor_kwargs, load_factory
-
-    spec = ctx.subject.name
-    if ctx.subject.builtin or spec.startswith("hf:") or not ctx.cfg.dropout:
+    spec, rebuild = ctx.subject.name, ctx.subject.rebuild
+    if ctx.subject.builtin or spec.startswith("hf:") or not ctx.cfg.dropout or rebuild is None:
         return None
     try:
-        factory = load_factory(spec)
-        named, _ = constructor_kwargs(factory, ctx.cfg)
+        named, _ = constructor_kwargs(load_factory(spec), ctx.cfg)
         if not set(named) & set(ALIASES["dropout"]):
             return None
-        module = construct(spec, factory, replace(ctx.cfg, dropout=p), {})
+        module = rebuild(ctx.cfg.seed, "cpu", dropout=p)
         module.load_state_dict(ctx.subject.module.state_dict())
         return module.to(device=ctx.device, dtype=ctx.dtype)
     except Exception:  # noqa: BLE001 - any failure: fall back to zeroing the copy's dropout

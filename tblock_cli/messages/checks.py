@@ -313,6 +313,11 @@ MESSAGES.update({
                                               f"written in a training forward carries autograd history"
                                               + (f" ({names(f['held'])})" if f["held"] else "")
                                               + "; detach it, or write it under no_grad"),
+    "train_state.inference_state": lambda f: (f"after an eval forward under torch.inference_mode() (a validation pass) a training "
+                                              f"step fails ({f['error']}): state made then is an inference tensor, which "
+                                              f"autograd will not save and training may not write ({names(f['kept'])}); "
+                                              f"build it under torch.inference_mode(False), or clone it where training "
+                                              f"uses it"),
     "train_state.history": lambda f: (f"after a train forward the module keeps tensors with autograd history "
                                       f"({names(f['held'])}): module state carries autograd history (a cache written "
                                       f"in training?), which keeps every step's graph alive"),

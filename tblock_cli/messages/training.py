@@ -120,11 +120,11 @@ MESSAGES = {
                                  f"{f['eval_gain']:.2f} in eval (below {f['share']:g} of it): a dropout on the residual stream "
                                  f"(`x = drop(x + f(x))`), not on the branch (`x = x + drop(f(x))`)"),
     "dropout.rate": lambda f: (f"built with dropout={f['asked']:g}, its dropouts run at {names(f'{r:g}' for r in f['ran'])}; built with "
-                               f"{f['other']:g}, at {names(f'{r:g}' for r in f['other_ran'])}: a rate that follows the argument but is not it "
+                               f"{f['other']:g}, at {names(f'{r:g}' for r in f['other_ran'])}: a rate that falls as the argument rises "
                                f"(a keep probability passed as the drop rate?)"),
     "dropout.shared": lambda f: (f"on a batch of one sample repeated {f['batch']} times, each of {f['forwards']} training forwards "
                                  f"gives every copy the same output, and no two forwards the same: one dropout mask for the "
-                                 f"whole batch (a mask drawn (1, T, C)?)"),
+                                 f"whole batch (drawn {names(str(tuple(s)) for s in f['shapes'])}, no batch axis first)"),
     "dropout.rare_draws": lambda f: (f"two seeded training forwards agree and differ from eval ({f['diff']:.1e}), yet at dropout "
                                      f"{f['rate']:g} training is random: draws too rare at the block's rate to judge (a "
                                      f"decision per forward, as batch-mode stochastic depth makes)"),

@@ -66,10 +66,15 @@ def make_subject(
 
 
 def rebuilder(spec: str, factory: Callable, cfg: BlockConfig, extra: dict, dtype: torch.dtype) -> Callable[[int, str], nn.Module]:
-    """The block built anew from its factory at another seed, on the CPU or the meta device (Subject.rebuild)."""
-    def rebuild(seed: int, where: str) -> nn.Module:
+    """The block built anew from its factory at another seed, on the CPU or the meta device (Subject.rebuild); with
+    dropout, at that rate (the flag, and a dropout keyword among the user's --kwargs, set to it)."""
+    def rebuild(seed: int, where: str, dropout: float | None = None) -> nn.Module:
+        flags, kwargs = replace(cfg, seed=seed), extra
+        if dropout is not None:
+            flags = replace(flags, dropout=dropout)
+            kwargs = {k: dropout if k in ALIASES["dropout"] else v for k, v in extra.items()}
         with torch.device(where):
-            module = construct(spec, factory, replace(cfg, seed=seed), extra)
+            module = construct(spec, factory, flags, kwargs)
         return module.to(dtype=dtype)
     return rebuild
 
