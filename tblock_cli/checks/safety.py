@@ -13,6 +13,8 @@ from tblock_cli.checks.result import Outcome, failed, passed, warned
 from tblock_cli.errors import is_out_of_memory, one_line
 from tblock_cli.probes import state_key, tensors, train_mode
 
+# nn.Module's own bookkeeping in a module's __dict__ (parameters, buffers, submodules, hooks): not the block's state.
+_MODULE_STATE = frozenset(vars(nn.Module())) | {"_parameters", "_buffers", "_modules"}
 # Nodes walked up a held tensor's graph looking for the input; a block's graph has a few hundred.
 GRAPH_WALK_MAX = 20000
 
@@ -50,9 +52,10 @@ def check_train_state(ctx: Context) -> Outcome:
     The first step is the training backward the gradient checks ran, when nothing has run the block since.
 
     Catches: a second train forward + backward that fails (module state written in a training forward keeps the
-    first graph); a training step that fails after an eval forward under `torch.inference_mode()` (a validation
-    pass, as Lightning runs one before training: a cos/sin or mask cache built then is an inference tensor that
-    autograd refuses to save); tensors the module keeps that carry autograd history are a **warning**"""
+    first graph); a training step that fails after an eval forward under `torch.inference_mode()` (`trainer.validate()`
+    before `fit()`, an eval loop under `@torch.inference_mode()`: a cos/sin or mask cache built then is an inference
+    tensor that autograd refuses to save) and tensors the module keeps that carry autograd history are a
+    **warning**"""
     module = ctx.subject.module
     saved = {n: p.grad for n, p in module.named_parameters()}
     done = ctx.noted(TRAINING_BACKWARD)  # the gradient checks' training backward, if one ran
@@ -75,8 +78,8 @@ def check_train_state(ctx: Context) -> Outcome:
         for n, p in module.named_parameters():
             p.grad = saved[n]
     poisoned = after_inference(ctx)
-    if poisoned is not None:
-        return failed("train_state.inference_state", len(poisoned[0]), kept=poisoned[0], error=poisoned[1])
+    if poisoned is not None:  # a warning: Lightning's fit() validates under no_grad; validate() first, or one's own
+        return warned("train_state.inference_state", len(poisoned[0]), kept=poisoned[0], error=poisoned[1])
     held = held_with_history(module, inputs)
     if held:
         return warned("train_state.history", len(held), held=held)
@@ -84,51 +87,45 @@ def check_train_state(ctx: Context) -> Outcome:
 
 
 def after_inference(ctx: Context) -> tuple[list[str], str] | None:
-    """On a fresh instance (as a validation pass before training meets it: caches a forward builds lazily not yet
-    built; a copy of the block where it cannot be rebuilt): an eval forward under torch.inference_mode, then a
-    training forward + backward. Where the first left inference tensors in the module's state (buffers, attributes)
-    and the second raises on them: their names and the error. The step runs only where such tensors are kept, and
-    not above the training checks' size."""
-    from tblock_cli.checks.training import copied, too_large
+    """On a fresh instance (caches a forward builds lazily not yet built; a copy of the block where it was handed over
+    built): an eval forward under torch.inference_mode, then a training forward + backward. Where the second raises on
+    an inference tensor: the names of those the module keeps (buffers and attributes; a cache held elsewhere is not
+    named) and the error. Not above the training checks' size; the caller's random state is put back after."""
+    from tblock_cli.checks.training import copied, seeded, too_large
 
     if too_large(ctx) is not None:
         return None
-    try:
-        rebuild = ctx.subject.rebuild
-        twin = rebuild(ctx.cfg.seed + 1, "cpu").to(ctx.device) if rebuild is not None else copied(ctx.subject.module)
-    except Exception as e:  # noqa: BLE001 - a block that cannot be built again here is not this finding
-        if is_out_of_memory(e):
-            raise
-        return None
-    subject = ctx.subject.like(twin)
     x = ctx.standard()[0]
-    try:
-        with torch.inference_mode(), train_mode(twin, False):
-            subject(x.clone())
-    except Exception as e:  # noqa: BLE001 - a block that does not run under inference mode at all is not this finding
-        if is_out_of_memory(e):
-            raise
-        return None
-    kept = inference_state(twin)
-    if not kept:
-        return None
-    try:
-        with train_mode(twin, True), torch.enable_grad():
-            out = subject(x.clone().requires_grad_(True))
-            out.float().sum().backward()
-    except Exception as e:  # noqa: BLE001 - only autograd's refusal of an inference tensor is this finding
-        if is_out_of_memory(e):
-            raise
-        if "nference tensor" in str(e):
-            return kept, one_line(e)
+    with seeded(ctx.device):
+        try:
+            rebuild = ctx.subject.rebuild
+            twin = rebuild(ctx.cfg.seed + 1, "cpu").to(ctx.device) if rebuild is not None else copied(ctx.subject.module)
+            subject = ctx.subject.like(twin)
+            with torch.inference_mode(), train_mode(twin, False):
+                subject(x.clone())
+        except Exception as e:  # noqa: BLE001 - a block not built again, or not run under inference mode: not this
+            if is_out_of_memory(e):
+                raise
+            return None
+        try:
+            with train_mode(twin, True), torch.enable_grad():
+                out = subject(x.clone().requires_grad_(True))
+                out.float().sum().backward()
+        except Exception as e:  # noqa: BLE001 - only autograd's refusal of an inference tensor is this finding
+            if is_out_of_memory(e):
+                raise
+            if "nference tensor" in str(e):
+                return inference_state(twin), one_line(e)
     return None
 
 
 def inference_state(module: nn.Module) -> list[str]:
-    """Names of the tensors a module keeps (buffers, plain attributes, lists/dicts of them) made in inference mode."""
+    """Names of the tensors a module keeps (buffers, attributes, `_cos` too, lists/dicts of them) made in inference
+    mode."""
     kept = []
     for name, m in module.named_modules():
-        for key, value in list(m._buffers.items()) + [(k, v) for k, v in vars(m).items() if not k.startswith("_")]:
+        own = [(k, v) for k, v in vars(m).items() if k not in _MODULE_STATE]
+        for key, value in list(m._buffers.items()) + own:
             if any(t.is_inference() for t in tensors(value)):
                 kept.append(f"{name}.{key}" if name else key)
     return sorted(set(kept))

@@ -313,11 +313,13 @@ MESSAGES.update({
                                               f"written in a training forward carries autograd history"
                                               + (f" ({names(f['held'])})" if f["held"] else "")
                                               + "; detach it, or write it under no_grad"),
-    "train_state.inference_state": lambda f: (f"after an eval forward under torch.inference_mode() (a validation pass) a training "
-                                              f"step fails ({f['error']}): state made then is an inference tensor, which "
-                                              f"autograd will not save and training may not write ({names(f['kept'])}); "
-                                              f"build it under torch.inference_mode(False), or clone it where training "
-                                              f"uses it"),
+    "train_state.inference_state": lambda f: (f"after an eval forward under torch.inference_mode() (trainer.validate() before fit(), an "
+                                              f"eval loop under @torch.inference_mode()) a training step fails ({f['error']}): "
+                                              f"state made then is an inference tensor, which autograd will not save and "
+                                              f"training may not write"
+                                              + (f" ({names(f['kept'])})" if f["kept"] else "")
+                                              + "; build it under torch.inference_mode(False), or clone it where training "
+                                              "uses it"),
     "train_state.history": lambda f: (f"after a train forward the module keeps tensors with autograd history "
                                       f"({names(f['held'])}): module state carries autograd history (a cache written "
                                       f"in training?), which keeps every step's graph alive"),
