@@ -29,7 +29,7 @@ TOLERANCE = {torch.float64: 1e-10, torch.float32: 1e-5, torch.float16: 8e-3, tor
 
 # nn.Module's own bookkeeping (hook dicts, the non-persistent buffer names): no state a forward reads. Skipping
 # them makes the key 5x cheaper (0.6 -> 0.12 ms on a d_model 32 block; it is taken around every shared forward).
-_BOOKKEEPING = frozenset(vars(nn.Module())) - {"_parameters", "_buffers", "_modules", "training"}
+BOOKKEEPING = frozenset(vars(nn.Module())) - {"_parameters", "_buffers", "_modules", "training"}
 
 
 def tensors(obj):
@@ -55,7 +55,7 @@ def state_key(module: nn.Module) -> tuple:
             continue
         seen.add(id(m))
         for name, value in vars(m).items():
-            if name in _BOOKKEEPING:
+            if name in BOOKKEEPING:
                 continue
             if isinstance(value, nn.Module):
                 todo.append(value)

@@ -370,7 +370,7 @@ def _at_rate(ctx: Context, module: nn.Module, x: torch.Tensor, rate: float = 0.0
 @contextlib.contextmanager
 def _rates_named_p(module: nn.Module, rate: float = 0.0):
     """Float attributes named `p` strictly between 0 and 1 (a hand-written dropout's rate: `self.p`) at `rate` for a
-    while; yields how many. torch's dropout modules are _dropouts'."""
+    while; yields how many. torch's dropout modules are set_dropout's."""
     changed = []
     try:
         for m in all_modules(module):

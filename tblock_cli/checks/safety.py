@@ -11,10 +11,8 @@ from torch.overrides import TorchFunctionMode
 from tblock_cli.checks.context import TRAINING_BACKWARD, Context, eval_forward, projected
 from tblock_cli.checks.result import Outcome, failed, passed, warned
 from tblock_cli.errors import is_out_of_memory, one_line
-from tblock_cli.probes import state_key, tensors, train_mode
+from tblock_cli.probes import BOOKKEEPING, state_key, tensors, train_mode
 
-# nn.Module's own bookkeeping in a module's __dict__ (parameters, buffers, submodules, hooks): not the block's state.
-_MODULE_STATE = frozenset(vars(nn.Module())) | {"_parameters", "_buffers", "_modules"}
 # Nodes walked up a held tensor's graph looking for the input; a block's graph has a few hundred.
 GRAPH_WALK_MAX = 20000
 
@@ -124,7 +122,7 @@ def inference_state(module: nn.Module) -> list[str]:
     mode."""
     kept = []
     for name, m in module.named_modules():
-        own = [(k, v) for k, v in vars(m).items() if k not in _MODULE_STATE]
+        own = [(k, v) for k, v in vars(m).items() if k not in BOOKKEEPING and k not in ("_parameters", "_buffers", "_modules")]
         for key, value in list(m._buffers.items()) + own:
             if any(t.is_inference() for t in tensors(value)):
                 kept.append(f"{name}.{key}" if name else key)

@@ -19,16 +19,11 @@ OTHER_SHARE_MAX = 0.01
 REFERENCE_TOL = 1e-5
 
 
-def rebuilt_without_dropout(ctx: Context) -> nn.Module | None:
-    """The user's block built again through its constructor with dropout=0 (a functional dropout reading a plain
-    attribute cannot be zeroed from outside), holding the original's weights; None where that is not possible."""
-    return rebuilt_with_dropout(ctx, 0.0)
-
-
 def rebuilt_with_dropout(ctx: Context, p: float) -> nn.Module | None:
-    """The user's block built again through its constructor with dropout=p (its --kwargs kept), holding the
-    original's weights; None where that is not possible (the built-in block, an hf: layer, a block built at dropout 0
-    or taking no dropout, one handed over built)."""
+    """The user's block built again through its constructor with dropout=p (its --kwargs kept; at 0: a functional
+    dropout reading a plain attribute cannot be zeroed from outside), holding the original's weights; None where that
+    is not possible (the built-in block, an hf: layer, a block built at dropout 0 or taking no dropout, one handed
+    over built)."""
     from tblock_cli.subject.loading import ALIASES, constructor_kwargs, load_factory
 
     spec, rebuild = ctx.subject.name, ctx.subject.rebuild
@@ -87,7 +82,7 @@ def check_train_eval(ctx: Context) -> Outcome:
         unused, ev = [], None
     if unused:
         return failed("train_eval.eval_unused", len(unused), params=unused)
-    rebuilt = rebuilt_without_dropout(ctx)
+    rebuilt = rebuilt_with_dropout(ctx, 0.0)
     module = rebuilt if rebuilt is not None else ctx.subject.module
     twin = ctx.subject.like(module)
     batch_norms = [m for m in module.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
