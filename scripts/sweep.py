@@ -25,7 +25,9 @@ import zoo_claims  # noqa: E402
 import zoo_device  # noqa: E402
 import zoo_dropout  # noqa: E402
 import zoo_float_only  # noqa: E402
+import zoo_history  # noqa: E402
 import zoo_hooks  # noqa: E402
+import zoo_init  # noqa: E402
 import zoo_length  # noqa: E402
 import zoo_training  # noqa: E402
 
@@ -48,6 +50,8 @@ CORRECT.update({f"zoo_autocast.py:{k}": {} for k in zoo_autocast.CORRECT})  # mi
 CORRECT.update({f"zoo_claims.py:{k}": {"causal": True} for k in zoo_claims.CORRECT})  # what blocks say of themselves
 CORRECT.update({f"zoo_claims.py:{k}": {} for k in zoo_claims.SAID_CAUSAL_CORRECT})  # causal by their own word
 CORRECT.update({f"zoo_length.py:{k}": {"causal": True} for k in zoo_length.CORRECT})  # the length probes'
+CORRECT.update({f"zoo_init.py:{k}": {} for k in zoo_init.CORRECT})  # zero initialisations that train
+CORRECT.update({f"zoo_history.py:{k}": {} for k in zoo_history.CORRECT})  # caches that follow their inputs
 # Hugging Face layers, when transformers is installed: every family tblock drives, flags implied.
 HF = ["gpt2", "bert", "roberta", "llama", "mistral", "qwen2", "gemma", "phi3", "gpt_neox"]
 
@@ -101,7 +105,9 @@ def missed_bugs(sizes) -> int:
                **{f"zoo_autocast.py:{k}": (v, {}) for k, v in zoo_autocast.PLANTED.items()},
                **{f"zoo_claims.py:{k}": ("spec", {"causal": True}) for k in zoo_claims.PLANTED},
                **{f"zoo_claims.py:{k}": ("causal", {}) for k in zoo_claims.SAID_CAUSAL},
-               **{f"zoo_length.py:{k}": (check, {"causal": True}) for k, (check, _) in zoo_length.PLANTED.items()}}
+               **{f"zoo_length.py:{k}": (check, {"causal": True}) for k, (check, _) in zoo_length.PLANTED.items()},
+               **{f"zoo_init.py:{k}": (v, {}) for k, v in zoo_init.PLANTED.items()},
+               **{f"zoo_history.py:{k}": (v, {}) for k, v in zoo_history.PLANTED.items()}}
     missed = runs = 0
     for name, (check, flags) in planted.items():
         for size in sizes:

@@ -77,3 +77,19 @@ def test_a_reference_that_cannot_be_built_is_named_by_its_own_flags():
         tblock_cli.spec(d_model=32, n_heads=4, threads=1, like="hf:llama", like_kwargs={"bogus": 1})
     with pytest.raises(TBlockError, match="^--like hf:no_such_type: not a transformers model type"):
         tblock_cli.spec(d_model=32, n_heads=4, threads=1, like="hf:no_such_type")
+
+
+def test_parameters_the_reference_lacks_fail_though_the_function_agrees_once_they_are_zeroed():
+    r = like_llama("BiasedLlama")
+    assert (r.status.value, r.kind) == ("fail", "like_reference.params_differ") and r.value < 1e-5
+    assert sorted(r.facts["extra"]) == [f"self_attn.{p}_proj.bias" for p in "koqv"] and r.facts["lacking"] == []
+
+
+def test_eps_outside_the_square_root_is_read_as_another_eps_form_than_llamas():
+    report = tblock_cli.check(Z + "EpsOutsideLlama", like="hf:llama", like_kwargs={"num_key_value_heads": 2,
+                              "rms_norm_eps": 1e-6}, kwargs={"n_kv_heads": 2}, only="spec", **SIZES)
+    (spec,) = report.checks
+    assert spec.status.value == "fail", spec.detail
+    assert [(d["key"], d["measured"], d["claimed"]) for d in spec.facts["differs"]] == [("norm.eps_form", "std", "sqrt")]
+    card = tblock_cli.spec(Z + "ScratchLlama", d_model=32, n_heads=4, threads=1).card
+    assert (card.value("norm.eps_form"), card.value("norm.eps")) == ("sqrt", pytest.approx(1e-6, rel=1e-3))

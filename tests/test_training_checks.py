@@ -15,8 +15,9 @@ import tblock_cli
 from tblock_cli.checks import Status, precision, run_checks
 from tblock_cli.checks.checkpointing import recomputed
 from tblock_cli.checks.lifecycle import hidden_params, own_init, plain_tensors, roots
+from tblock_cli.checks.optimizer import adamw_first_step, broken_ties
 from tblock_cli.checks.precision import _token_error
-from tblock_cli.checks.training import adamw_first_step, broken_ties, has_dropout, seeded
+from tblock_cli.checks.training import has_dropout, seeded
 from tblock_cli.config import build_config
 from tblock_cli.subject.loading import make_subject
 

@@ -90,6 +90,32 @@ class ScratchLlama(nn.Module):
 # ----------------------------------------------------------------------------- planted porting bugs
 
 
+class BiasedLlama(ScratchLlama):
+    """Biases on q/k/v/o (nn.Linear's default) where Llama has none: the same function once they are zeroed, other
+    parameters to train, and a Llama checkpoint leaves them at their random init."""
+
+    def __init__(self, d_model=64, n_heads=4, d_ff=None, n_kv_heads=None, eps=1e-6, theta=10000.0):
+        super().__init__(d_model, n_heads, d_ff, n_kv_heads, eps, theta)
+        a = self.self_attn
+        for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            old = getattr(a, name)
+            setattr(a, name, nn.Linear(old.in_features, old.out_features))
+
+
+class StdEpsNorm(RMSNorm):
+    def forward(self, x):
+        h = x.float()
+        return self.weight * (h / (h.pow(2).mean(-1, keepdim=True).sqrt() + self.eps)).to(x.dtype)  # bug: eps outside
+
+
+class EpsOutsideLlama(ScratchLlama):
+    """RMSNorm dividing by rms + eps where Llama divides by sqrt(ms + eps): the same eps, another floor."""
+
+    def __init__(self, d_model=64, n_heads=4, d_ff=None, n_kv_heads=None, eps=1e-6, theta=10000.0):
+        super().__init__(d_model, n_heads, d_ff, n_kv_heads, eps, theta)
+        self.input_layernorm, self.post_attention_layernorm = StdEpsNorm(d_model, eps), StdEpsNorm(d_model, eps)
+
+
 class TiledAttention(Attention):
     def expand_kv(self, t):
         return t.repeat(1, self.n_heads // self.n_kv, 1, 1)  # bug: query head i reads kv head i % n_kv

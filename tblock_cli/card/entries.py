@@ -43,6 +43,7 @@ KEYS: dict[str, str] = {
     # norms
     "norm.kind": "layernorm or rmsnorm",
     "norm.eps": "the norms' variance floor eps",
+    "norm.eps_form": "where eps enters: sqrt (x / sqrt(var + eps)) or std (x / (std + eps))",
     "norm.offset": "a (1 + w) weight: the norm scales by 1 where its weight is 0",
     "norm.placement": "pre, post, sandwich or olmo2 (each sublayer's output normalised before the add)",
     # residual

@@ -64,7 +64,9 @@ def kind(m, v: torch.Tensor) -> tuple[str | None, str]:
     return None, f"neither: an offset moves the output ({moved:.1e}) and output/input varies by channel ({spread:.1e})"
 
 
-def eps(m, v: torch.Tensor) -> tuple[float | None, str]:
+def eps(m, v: torch.Tensor) -> tuple[float | None, str, str | None]:
+    """The floor eps, how it was read, and its form: "sqrt" (x / sqrt(var + eps)) or "std" (x / (std + eps)); no
+    floor (eps 0) has no form."""
     b = (_call(m, v) + _call(m, -v)) / 2
     big = _call(m, S_LARGE * v) - b
     live = big.abs() > 1e-6 * big.abs().max()
@@ -75,13 +77,14 @@ def eps(m, v: torch.Tensor) -> tuple[float | None, str]:
             sqrt_form.append(s * s * (1 / rho ** 2 - 1))
             std_form.append(s * (1 / rho - 1))
     if not sqrt_form:
-        return 0.0, f"no floor: out(s v) / out({S_LARGE:g} v) = 1 down to s = {S_SCAN[-1]:.0e}"
-    for est, form in ((sqrt_form, "sqrt(var + eps)"), (std_form, "(std + eps)")):
+        return 0.0, f"no floor: out(s v) / out({S_LARGE:g} v) = 1 down to s = {S_SCAN[-1]:.0e}", None
+    for est, form, word in ((sqrt_form, "sqrt(var + eps)", "sqrt"), (std_form, "(std + eps)", "std")):
         lo, hi = min(est), max(est)
         if hi - lo <= EPS_TOL / 4 * hi:
             mid = float(f"{sorted(est)[len(est) // 2]:.6g}")  # a float32 eps (1e-6 is 9.99999997e-7) shown as set
-            return mid, f"out(s v)/out({S_LARGE:g} v) = s/{form} at {len(est)} s (spread {(hi - lo) / hi:.0e})"
-    return None, f"the floor follows neither sqrt(var + eps) nor std + eps (estimates {min(sqrt_form):.2g}..{max(sqrt_form):.2g})"
+            return mid, f"out(s v)/out({S_LARGE:g} v) = s/{form} at {len(est)} s (spread {(hi - lo) / hi:.0e})", word
+    return (None, f"the floor follows neither sqrt(var + eps) nor std + eps (estimates {min(sqrt_form):.2g}.."
+                  f"{max(sqrt_form):.2g})", None)
 
 
 def offset(probe: Probe, name: str, m, v: torch.Tensor) -> tuple[bool | None, str]:
@@ -137,21 +140,24 @@ def placement(probe: Probe) -> tuple[str | None, str]:
 
 
 def read(probe: Probe) -> list[Entry]:
-    keys = ("norm.kind", "norm.eps", "norm.offset", "norm.placement")
+    keys = ("norm.kind", "norm.eps", "norm.eps_form", "norm.offset", "norm.placement")
     sub = sublayers(probe)
     if not sub.norms:  # a norm written inline in the block's own forward is neither a module nor a norm call
         why = "no norm module or norm call on the residual stream (a norm written out inline is not read)"
         return [skipped(k, why) for k in keys]
     v = _v(probe, probe.d)
-    kinds, epss, offs = [], [], []
+    kinds, epss, forms, offs = [], [], [], []
     for name in sub.norms:
         m = sub.norm(probe.module, name)
         kinds.append(kind(m, v))
-        epss.append(eps(m, v))
+        value, how, form = eps(m, v)
+        epss.append((value, how))
+        forms.append((form, how if form else "no floor (eps 0): no form to read" if value == 0.0 else how))
         offs.append(offset(probe, name, m, v))
     names = f"{len(sub.norms)} norms" if len(sub.norms) > 1 else sub.norms[0].rpartition(".")[2]
     out = []
-    for key, got, tol in (("norm.kind", kinds, 0.0), ("norm.eps", epss, EPS_TOL), ("norm.offset", offs, 0.0)):
+    for key, got, tol in (("norm.kind", kinds, 0.0), ("norm.eps", epss, EPS_TOL), ("norm.eps_form", forms, 0.0),
+                          ("norm.offset", offs, 0.0)):
         bad = [(n, why) for n, (val, why) in zip(sub.norms, got) if val is None]
         if bad:
             out.append(skipped(key, f"{bad[0][0]}: {bad[0][1]}"))

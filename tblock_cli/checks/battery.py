@@ -22,6 +22,7 @@ from tblock_cli.checks import (
     mixing,
     naming,
     norms,
+    optimizer,
     positions,
     precision,
     safety,
@@ -99,8 +100,9 @@ REGISTRY: tuple[Check, ...] = (
     Check("meta_init", lifecycle.check_meta_init, ("finite", "deterministic"), None, slow=True),
     Check("state_dict", lifecycle.check_state_dict, ("finite", "deterministic"), None, slow=True),
     Check("precision", precision.check_precision, ("finite", "deterministic"), None, slow=True),
-    Check("optimizer_step", training.check_optimizer_step, GRADS + ("train_safe", "copyable"), None, slow=True),
+    Check("optimizer_step", optimizer.check_optimizer_step, GRADS + ("train_safe", "copyable"), None, slow=True),
     Check("grad_accumulation", training.check_grad_accumulation, ("shape",) + GRADS + ("train_safe",), None, slow=True),
+    Check("history", lifecycle.check_history, ("finite", "deterministic"), None, slow=True),
     Check("device", device.check_device, ("shape",), None),
     Check("global_state", globalstate.check_global_state, (), None),
 )

@@ -147,4 +147,21 @@ def check_like_reference(ctx: Context) -> Outcome:
         return passed("like_reference.rotary_layout", facts["rel"], rotary=first.facts["rotary"], **facts)
     if not report.ok:
         return failed("like_reference.differs", facts["rel"], **facts)
+    # The same computation once one-sided parameters were set aside (a bias the other side lacks zeroed, a norm's
+    # weight left at ones against a weight-free norm): the block's parameters are not the reference's. It would
+    # train other parameters, and the reference's checkpoint leaves some of them at their initial values.
+    extra, lacking = _one_sided(report)
+    facts.update(extra=extra, lacking=lacking)
+    if extra or lacking:
+        return failed("like_reference.params_differ", facts["rel"], **facts)
     return passed("like_reference.same", facts["rel"], **facts)
+
+
+def _one_sided(report) -> tuple[list[str], list[str]]:
+    """Parameters of the block (A) the reference lacks, and the reference's (B) the block lacks, that the comparison
+    set aside (zeroed or left at their identity values)."""
+    sides = {"A": [], "B": []}
+    for f in report.findings:
+        if f.kind in ("mapping.bias_zeroed", "mapping.at_init"):
+            sides[f.facts["side"]].append(f.facts["param"])
+    return sides["A"], sides["B"]

@@ -269,3 +269,64 @@ def check_state_dict(ctx: Context) -> Outcome:
     if read_plain:
         return warned("state_dict.plain_tensors", f"{len(read_plain)} plain", **facts)
     return passed("state_dict.round_trip", diff, **facts)
+
+
+# ----------------------------------------------------------------------------- history
+
+
+def _buffers_carried(src: nn.Module, dst: nn.Module) -> None:
+    """Every buffer of src's (persistent or not, of whatever shape it has grown to) set on dst: registered state
+    is the block's declared state, the same on both sides; only what the module keeps elsewhere differs."""
+    mods = dict(dst.named_modules())
+    for name, b in src.named_buffers():
+        owner, _, leaf = name.rpartition(".")
+        m = mods.get(owner)
+        if m is not None and leaf in m._buffers and b is not None:
+            m._buffers[leaf] = b.detach().clone()
+
+
+def check_history(ctx: Context) -> Outcome:
+    """Catches: a forward whose output depends on the calls before it: the block (after the battery's calls) and a
+    fresh instance holding the same parameters and buffers, given the same inputs in another order (a padded batch
+    first, a longer sequence, the standard input), that disagree: a mask or table cached by shape and reused for
+    another padding mask, built at the first call's length, state kept outside the module's buffers"""
+    if (large := too_large(ctx)) is not None:
+        return large
+    if ctx.subject.rebuild is None:
+        return skipped("history.instance")
+    x, _ = ctx.standard()  # the block's own history: at least this forward came first
+    B, T = x.shape[0], x.shape[1]
+    probes = {"longer": (ctx.x(B, 2 * T), None)}
+    if ctx.subject.pad_keyword is not None:
+        from tblock_cli.checks.mixing import padding_mask
+
+        probes["padded"] = (x, padding_mask(ctx, B, T))
+    probes["standard"] = (x, None)
+    ctx.step("history: a fresh instance")
+    fresh = ctx.subject.rebuild(ctx.cfg.seed, "cpu").to(ctx.device)
+    for src, dst in zip(roots(ctx.subject.module), roots(fresh)):
+        dst.load_state_dict(src.state_dict(), strict=False)
+        _buffers_carried(src, dst)
+    other = ctx.subject.like(fresh)
+    # The block has run at least the standard input (its first call, with --only): it goes padded first, the fresh
+    # instance longer first, so a cache keyed by shape or built at the first length differs between the two
+    order = {"block": [k for k in ("padded", "longer") if k in probes] + ["standard"],
+             "fresh": [k for k in ("longer", "padded") if k in probes] + ["standard"]}
+    outs = {}
+    for side, subject in (("block", ctx.subject), ("fresh", other)):
+        outs[side] = {}
+        for name in order[side]:
+            xin, mask = probes[name]
+            try:
+                outs[side][name] = eval_forward(ctx, xin, mask, subject=subject)
+            except Exception as e:  # noqa: BLE001 - a length the block refuses (a maximum): not compared there
+                if is_out_of_memory(e):
+                    raise
+    diffs = {n: rel_diff(outs["block"][n], outs["fresh"][n]) for n in probes if n in outs["block"] and n in outs["fresh"]}
+    facts = {"diffs": diffs, "limit": ctx.tol, "order": order}
+    if not diffs:
+        return skipped("history.unrun", **facts)
+    worst = max(diffs, key=diffs.get)
+    if diffs[worst] > ctx.tol:
+        return failed("history.differs", diffs[worst], worst=worst, **facts)
+    return passed("history.same", diffs[worst], worst=worst, **facts)

@@ -48,6 +48,13 @@ MESSAGES.update({
     "like_reference.rotary_layout": lambda f: f"{f['like']}'s layer with its rotary pairs laid out the other way (here "
                                     f"{f['rotary']['a']}, there {f['rotary']['b']}): not compared beyond that weight layout; "
                                     f"the spec check reads the rest",
+    "like_reference.params_differ": lambda f: (
+        f"computes what {f['like']} computes only with parameters set aside: "
+        + "; ".join(part for part in (
+            f"the block has {', '.join(f['extra'])} that {f['like']} lacks" if f["extra"] else "",
+            f"{f['like']} has {', '.join(f['lacking'])} that the block lacks" if f["lacking"] else "") if part)
+        + " (zeroed or left at their identity values to compare: a checkpoint of one does not load into the other, "
+          "and training moves other parameters)"),
     "like_reference.differs": lambda f: f"differs from {f['like']} with the same weights ({', '.join(f['differ']) or 'a finding'}; max rel. diff "
                               f"{f['rel']:.2g})" + (f"; {f['first']}" if f.get("first") else "")
                               + ("" if f.get("first") or not f.get("findings") else f"; {f['findings'][0]}"),

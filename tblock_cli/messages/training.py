@@ -57,6 +57,14 @@ def _products(f: dict) -> str:
     return "; bfloat16 matmuls accumulated in float32, rounded once (this CPU has no bfloat16 GEMM)"
 
 
+_HISTORY = {"longer": "a sequence twice as long", "padded": "a padded batch", "standard": "the standard input"}
+
+
+def _through(f) -> str:
+    others = [n for n in f["stuck"] if n not in f["zeros"]]
+    return f"; held with them: {names(others)}" if others else ""
+
+
 def _optimizer_ok(f: dict) -> str:
     zero = f"; zero gradient, not moved (can be legitimate): {names(f['zero_grad'])}" if f["zero_grad"] else ""
     return (f"one AdamW step lowers the loss ({f['loss_before']:.4g} -> {f['loss_after']:.4g}) and moves every parameter "
@@ -100,6 +108,14 @@ MESSAGES = {
                                      f"(limit {f['limit']:g}): state that is not saved" + (f"; plain tensor attributes the forward "
                                      f"reads: {names(f['plain_tensors'])}" if f["plain_tensors"] else "")),
     "state_dict.plain_tensors": _state_plain,
+    "history.instance": "handed over as an instance: no fresh one to hold its calls' history against",
+    "history.unrun": "neither the block nor a fresh instance ran the probes",
+    "history.differs": lambda f: (f"the output depends on earlier calls: on {_HISTORY[f['worst']]} the block and a fresh instance "
+                                  f"with the same parameters and buffers differ by {f['diffs'][f['worst']]:.2g} (limit "
+                                  f"{f['limit']:.0e}) after other calls before it (a mask or table cached by shape and reused "
+                                  f"for another padding mask or length, state kept outside the module's buffers)"),
+    "history.same": lambda f: (f"outputs do not depend on earlier calls: the block and a fresh instance agree on "
+                               f"{', '.join(_HISTORY[n] for n in f['diffs'])} run in another order (max {f['diffs'][f['worst']]:.1e})"),
     "state_dict.round_trip": lambda f: f"a fresh instance loaded with its state_dict (strict) gives the same outputs (max {f['diff']:.1e})",
     "precision.device": lambda f: f"autocast to bfloat16 is not probed on {f['device']}",
     "precision.unsupported": lambda f: f"the block does not run in bfloat16: {f['error']}",
@@ -143,6 +159,9 @@ MESSAGES = {
     "optimizer_step.tie_broken": lambda f: ("distinct parameters hold the same random values (a tie broken by a copy: they "
                                             "train apart): " + "; ".join(" = ".join(p) for p in f["ties"])),
     "optimizer_step.unchanged": lambda f: f"one AdamW step leaves parameters with a gradient unchanged: {names(f['unchanged'])}",
+    "optimizer_step.stuck": lambda f: (f"parameters no step will ever move: {names(f['zeros'])} start at zero, where their "
+                                       f"gradient is exactly zero, at init and after a step (given random values, it comes "
+                                       f"alive: the zeros hold it)" + _through(f)),
     "optimizer_step.frozen": lambda f: (f"parameters with requires_grad=False (never trained; a norm weight frozen by mistake is a "
                                         f"bug): {names(f['frozen'])}"),
     "optimizer_step.ok": _optimizer_ok,

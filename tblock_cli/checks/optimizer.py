@@ -1,0 +1,169 @@
+"""One optimizer step does what it should: the loss falls, every parameter with a gradient moves, none is held at
+its initialisation for ever, no tie was broken by a copy."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from tblock_cli.checks.context import Context
+from tblock_cli.checks.result import Outcome, failed, passed, skipped, warned
+from tblock_cli.checks.training import PROBE_SEED, copied, seeded, too_large, trainable
+from tblock_cli.probes import train_mode
+
+# One AdamW step: lr 1e-4 moves every float32 parameter with a non-zero gradient (lr / |p| >> 2^-23 for |p| < 100) and
+# stays where the first-order decrease (lr * |g|_1) dominates; no weight decay, so only a gradient moves a parameter.
+STEP_LR = 1e-4
+# Two parameters are a broken tie only when their values look random: at least this many elements, mostly distinct
+# (a ones or zeros initialisation, or any constant, is shared by design and is not evidence).
+TIE_MIN_NUMEL = 16
+TIE_DISTINCT = 0.5
+# A parameter no step will ever move: its gradient exactly zero at init and still after the step, and alive once the
+# parameters stuck with it hold random values (the default init's scale: uniform +-1/sqrt(fan_in)), its largest entry
+# then above this share of the largest gradient entry of the block. Two zero factors of one product hold each other
+# at 0 (an FFN's up and down, v and o, q and k all zero): each one's gradient is the other. A key bias's gradient is
+# zero by the softmax's shift invariance, whatever the weights: its rounding (~1e-7 of the others) stays far below.
+STUCK_ALIVE = 1e-4
+
+
+def _random_looking(t: torch.Tensor) -> bool:
+    return t.numel() >= TIE_MIN_NUMEL and t.detach().flatten().unique().numel() >= TIE_DISTINCT * t.numel()
+
+
+def broken_ties(module: nn.Module) -> list[list[str]]:
+    """Pairs of distinct parameters (no shared storage) holding the same random-looking values."""
+    params = [(n, p) for n, p in module.named_parameters()]
+    pairs = []
+    for i, (n, p) in enumerate(params):
+        for m, q in params[i + 1:]:
+            if (p.shape == q.shape and p.dtype == q.dtype and p.data_ptr() != q.data_ptr()
+                    and torch.equal(p.detach(), q.detach()) and _random_looking(p)):
+                pairs.append([n, m])
+    return pairs
+
+
+def adamw_first_step(params: list[nn.Parameter], lr: float, eps: float = 1e-8) -> None:
+    """torch.optim.AdamW's first step (no weight decay), written out: from a fresh state its moments are (1 - b1) g
+    and (1 - b2) g^2, bias-corrected to g and g^2, so each parameter moves by lr * g / (|g| + eps). torch.optim's
+    first step imports torch._dynamo (1 s idle, several under load); a test holds the two equal."""
+    with torch.no_grad():
+        for p in params:
+            if p.grad is not None:
+                p.sub_(lr * p.grad / (p.grad.abs() + eps))
+
+
+def check_optimizer_step(ctx: Context) -> Outcome:
+    """Catches: one AdamW step (lr 1e-4) on a fixed regression target that does not lower the loss or leaves a
+    parameter with a gradient unchanged; parameters no step will ever move (zeros that hold each other's gradient at
+    exactly 0, at init and after the step, alive once given random values: an FFN or v and o zero-initialised
+    together); two distinct parameters holding the same random values (a tie broken by a copy); parameters with
+    `requires_grad=False` are a **warning** (a norm weight frozen by mistake)"""
+    if (large := too_large(ctx)) is not None:
+        return large
+    ties = broken_ties(ctx.subject.module)  # at build: the module has not been trained by any check
+    x = ctx.x()
+    target = torch.randn(x.shape, generator=ctx.gen)
+    step = _adamw_step(ctx, x, target, train=True)
+    if step is None:
+        return skipped("optimizer_step.no_params", frozen=[n for n, p in ctx.subject.module.named_parameters()
+                                                           if not p.requires_grad])
+    if not step["loss_after"] < step["loss_before"] and not step["repeatable"]:
+        # masks the seed does not fix (the block's own generator): the two losses saw other masks, so the step is
+        # judged in eval mode, where one forward is the same function before and after the step
+        step = _adamw_step(ctx, x, target, train=False)
+    first, second = step.pop("loss_before"), step.pop("loss_after")
+    unchanged, frozen = step["unchanged"], step["frozen"]
+    facts = {"loss_before": first, "loss_after": second, "lr": STEP_LR, "ties": ties, **step}
+    value = f"{first:.4g} -> {second:.4g}"
+    if not second < first:
+        return failed("optimizer_step.loss_not_lowered", value, **facts)
+    if ties:
+        return failed("optimizer_step.tie_broken", value, **facts)
+    if unchanged:
+        return failed("optimizer_step.unchanged", value, **facts)
+    if step["stuck"]:
+        return failed("optimizer_step.stuck", value, **facts)
+    if frozen:
+        return warned("optimizer_step.frozen", value, **facts)
+    return passed("optimizer_step.ok", value, **facts)
+
+
+def _adamw_step(ctx: Context, x: torch.Tensor, target: torch.Tensor, train: bool) -> dict | None:
+    """One AdamW step on a copy (float32 for a half-precision run): the loss before and after at the same seed, the
+    parameters it left unchanged, and whether the loss before repeats at that seed. None without trainable ones."""
+    module = copied(ctx.subject.module)
+    if ctx.dtype in (torch.float16, torch.bfloat16):
+        module = module.float()  # the step's size must show in every parameter: 1e-4 is below a half's resolution
+    subject = ctx.subject.like(module)
+    frozen = [n for n, p in module.named_parameters() if not p.requires_grad]
+    params = trainable(module)
+    if not params:
+        return None
+    x = x.to(next(iter(module.parameters())).dtype)
+    target = target.to(x)
+    before = {n: p.detach().clone() for n, p in params}
+
+    def loss() -> torch.Tensor:  # the input requires grad, as a layer's inside a model does
+        with seeded(ctx.device), train_mode(module, train):
+            return (subject(x.clone().requires_grad_(True)).double() - target.double()).pow(2).mean()
+
+    for p in module.parameters():
+        p.grad = None
+    with torch.enable_grad():
+        first = loss()
+        first.backward()
+    zero = [n for n, p in params if p.grad is not None and not p.grad.any()]
+    no_grad = [n for n, p in params if p.grad is None]
+    adamw_first_step([p for _, p in params], STEP_LR)
+    stuck, held = [], []
+    if zero:  # the step's loss and, once, gradients again: does any zero gradient come alive after it?
+        for p in module.parameters():
+            p.grad = None
+        with torch.enable_grad():
+            second = loss()
+            second.backward()
+        still = [n for n, p in params if n in zero and p.grad is not None and not p.grad.any()]
+        stuck, held = _stuck(params, still, loss) if still else ([], [])
+    else:
+        with torch.no_grad():
+            second = loss()
+    unchanged = [n for n, p in params if torch.equal(p.detach(), before[n]) and n not in zero and n not in no_grad]
+    repeatable = True
+    if not second.item() < first.item() and train:  # the copy is done with: back to its first weights, once more
+        with torch.no_grad():
+            for n, p in params:
+                p.copy_(before[n])
+            repeatable = loss().item() == first.item()
+    return {"loss_before": first.item(), "loss_after": second.item(), "frozen": frozen, "unchanged": unchanged,
+            "no_grad": no_grad, "zero_grad": zero, "stuck": stuck, "zeros": held,
+            "repeatable": repeatable, "train": train}
+
+
+def _stuck(params: list[tuple[str, nn.Parameter]], still: list[str], loss) -> tuple[list[str], list[str]]:
+    """Of the parameters whose gradient stayed exactly zero through a step (`still`), the all-zero ones given random
+    values of the default init's scale together: those (and the others of `still`) whose gradient then comes alive,
+    held at zero by each other's zeros, not by the block's structure. The zeros are put back after."""
+    zeros = [n for n, p in params if n in still and p.numel() and not p.detach().any()]
+    if not zeros:
+        return [], []
+    saved = {n: p.detach().clone() for n, p in params if n in zeros}
+    gen = torch.Generator().manual_seed(PROBE_SEED)
+    try:
+        with torch.no_grad():
+            for n, p in params:
+                if n in saved:
+                    bound = 1.0 / max(1, p.shape[-1] if p.dim() > 1 else p.numel()) ** 0.5
+                    p.copy_((torch.rand(p.shape, generator=gen, dtype=torch.float64) * 2 - 1).mul(bound).to(p))
+        for _, p in params:
+            p.grad = None
+        with torch.enable_grad():
+            loss().backward()
+        peak = max((p.grad.abs().max().item() for _, p in params if p.grad is not None and p.grad.numel()), default=0.0)
+        alive = [n for n, p in params if n in still and p.grad is not None and p.grad.numel()
+                 and p.grad.abs().max().item() > STUCK_ALIVE * peak > 0]
+        return alive, [n for n in zeros if n in alive]
+    finally:
+        with torch.no_grad():
+            for n, p in params:
+                if n in saved:
+                    p.copy_(saved[n])

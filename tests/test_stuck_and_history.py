@@ -1,0 +1,85 @@
+"""Two properties of a block across steps and calls: parameters an optimizer can move at all (optimizer_step's stuck
+parameters, tests/zoo_init.py), and outputs that depend on the input and the module's state only, not on the calls
+before (the history check, tests/zoo_history.py)."""
+
+import pytest
+import torch
+import torch.nn as nn
+import zoo_history
+import zoo_init
+
+from tblock_cli.checks import Status, run_checks
+from tblock_cli.checks.optimizer import _stuck
+from tblock_cli.config import build_config
+from tblock_cli.subject.loading import make_subject
+
+from conftest import TESTS
+
+CPU = torch.device("cpu")
+BAD = {Status.FAIL, Status.ERROR, Status.WARN}
+
+
+def run(spec, only, **flags):
+    cfg = build_config(**{"d_model": 32, "n_heads": 4, **flags})
+    subject = make_subject(cfg, CPU, torch.float32, f"{TESTS / spec}" if spec else None)
+    return {c.name: c for c in run_checks(subject, cfg, CPU, torch.float32, only=only).checks}
+
+
+ZEROS = {"ZeroGatedFFN": ["w1.weight", "w3.weight", "w2.weight"], "ZeroValueAndOutput": ["v_proj.weight", "o_proj.weight"],
+         "ZeroQueryAndKey": ["q_proj.weight", "k_proj.weight"], "ZeroGateZeroBranch": ["alpha", "w2.weight"]}
+
+
+@pytest.mark.parametrize("name", sorted(zoo_init.PLANTED))
+def test_zeros_that_hold_each_others_gradient_are_named(name):
+    c = run(f"zoo_init.py:{name}", ("optimizer_step",))["optimizer_step"]
+    assert (c.status, c.kind) == (Status.FAIL, "optimizer_step.stuck"), c
+    assert c.facts["zeros"] == ZEROS[name] and set(ZEROS[name]) <= set(c.facts["stuck"]), c.facts
+
+
+@pytest.mark.parametrize("name", zoo_init.CORRECT)
+def test_zero_initialisations_that_train_raise_no_alarm_in_the_whole_battery(name):
+    by = run(f"zoo_init.py:{name}", None)
+    assert not [c for c in by.values() if c.status in BAD], [(c.name, c.detail) for c in by.values() if c.status in BAD]
+    assert by["optimizer_step"].facts["stuck"] == []
+
+
+def test_rezero_lowers_the_loss_measurably():
+    # alpha = 0: one step of 1e-4 lowers the loss by ~1e-7 of it, under float32's resolution of a loss near 2; the
+    # loss is summed in float64, so the decrease shows (it read as 'not lowered' when summed in float32)
+    c = run("zoo_init.py:ReZero", ("optimizer_step",), d_model=64)["optimizer_step"]
+    assert c.status is Status.PASS and c.facts["loss_after"] < c.facts["loss_before"], c.facts
+    assert c.facts["loss_before"] - c.facts["loss_after"] < 1e-5 * c.facts["loss_before"]
+
+
+def test_stuck_wakes_factors_of_a_product_but_not_a_gradient_zero_by_structure():
+    a, b, k = (nn.Parameter(torch.zeros(4, 4)) for _ in range(3))
+    x, target = torch.randn(3, 4), torch.randn(3, 4)
+
+    def loss():  # x a b: each factor's gradient is the other; k times a constant 0: zero whatever k holds
+        return ((x @ a @ b + 0.0 * k.sum()) - target).pow(2).mean().double()
+
+    params = [("a", a), ("b", b), ("k", k)]
+    stuck, zeros = _stuck(params, ["a", "b", "k"], loss)
+    assert (sorted(stuck), sorted(zeros)) == (["a", "b"], ["a", "b"])
+    assert not a.any() and not b.any() and not k.any()  # put back
+
+
+@pytest.mark.parametrize("name", sorted(zoo_history.PLANTED))
+def test_an_output_that_depends_on_earlier_calls_fails_history(name):
+    by = run(f"zoo_history.py:{name}", ("history",))
+    c = by["history"]
+    assert (c.status, c.kind) == (Status.FAIL, "history.differs"), c
+    assert c.facts["diffs"][c.facts["worst"]] > c.facts["limit"]
+
+
+@pytest.mark.parametrize("name", zoo_history.CORRECT)
+def test_caches_that_follow_their_inputs_raise_no_alarm_in_the_whole_battery(name):
+    by = run(f"zoo_history.py:{name}", None)
+    assert not [c for c in by.values() if c.status in BAD], [(c.name, c.detail) for c in by.values() if c.status in BAD]
+    assert by["history"].status is Status.PASS and set(by["history"].facts["diffs"]) == {"longer", "padded", "standard"}
+
+
+def test_history_compares_every_probe_in_two_orders_on_the_built_in_block():
+    c = run(None, ("history",))["history"]
+    assert c.status is Status.PASS and c.value == 0.0, c
+    assert c.facts["order"]["block"][0] == "padded" and c.facts["order"]["fresh"][0] == "longer"
