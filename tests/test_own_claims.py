@@ -149,3 +149,39 @@ def test_causality_reading_rules():
     # an attention module's class name last
     assert "CausalSelfAttention" in own_causal([nn.Module(), CausalSelfAttention()])
     assert own_causal([NonCausalAttention()]) is None
+
+
+def test_head_counts_claim_their_ratio_not_the_counts():
+    """Differential attention doubles both counts in the product (8 query heads over 4 key heads for 4 over 2):
+    the ratio holds; a kept num_key_value_heads that never reached the projections does not."""
+    for name, heads in (("GroupedQuery", 4), ("DifferentialHeads", 8)):
+        card = tblock_cli.spec(f"{TESTS / 'zoo_claims.py'}:{name}", d_model=32, n_heads=4, threads=1).card
+        assert (card.value("attn.heads"), card.value("attn.group")) == (heads, 2.0), name
+        assert spec_check(name).status is Status.PASS
+    c = spec_check("KVHeadsIgnored")
+    (d,) = c.facts["differs"]
+    assert (d["claimed"], d["measured"]) == (2.0, 1.0) and "num_key_value_heads" in d["source"]
+
+
+def test_head_count_reading_rules():
+    @dataclass
+    class Config:
+        num_attention_heads: int = 8
+        num_kv_heads: int = 8
+        multi_query: bool = False
+
+    class Layer(nn.Module):
+        def __init__(self, config):
+            super().__init__()
+            self.config = config
+
+    def group(config, **kept):
+        layer = Layer(config)
+        vars(layer).update(kept)
+        return next((c.value for c in own_claims([layer], {}) if c.key == "attn.group"), None)
+
+    assert group(Config()) == 1.0 and group(Config(num_kv_heads=2)) == 4.0
+    assert group(Config(num_kv_heads=2, multi_query=True)) is None  # Falcon: multi_query overrides the kept count
+    assert group(Config(num_kv_heads=3)) is None  # not a whole ratio: claims nothing
+    assert group(None, n_heads=8, n_rep=2) == 2.0  # Meta's llama keeps the group size itself
+    assert group(None, n_heads=8, n_kv_heads=2, n_rep=2) is None  # 4 and 2: counts that disagree claim nothing

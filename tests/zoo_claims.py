@@ -282,14 +282,65 @@ class NamedBlockMasked(NamedBlock):
         super().__init__(d_model, n_heads, masked)
 
 
+class GroupedQuery(TrainBlock):
+    """Grouped-query attention asked for with num_key_value_heads: k/v projections of that many heads, each shared by
+    num_heads / num_key_value_heads query heads (repeat_interleave)."""
+
+    def __init__(self, d_model=64, n_heads=4, num_key_value_heads=2, expand=True):
+        super().__init__(d_model, n_heads, 0.0, True)
+        self.num_heads, self.num_key_value_heads, self.expand = n_heads, num_key_value_heads, expand
+        kv = (num_key_value_heads if expand else n_heads) * (d_model // n_heads)
+        self.k_proj, self.v_proj = nn.Linear(d_model, kv, bias=False), nn.Linear(d_model, kv, bias=False)
+
+    def attention(self, h):
+        B, T, _ = h.shape
+        q = heads(self.q_proj(h), self.n_heads)
+        k, v = (p(h).view(B, T, -1, q.shape[-1]).transpose(1, 2) for p in (self.k_proj, self.v_proj))
+        q, k = self.rotary(q), self.rotary(k)
+        group = self.n_heads // k.shape[1]
+        k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+        return self.o_proj(merge(F.scaled_dot_product_attention(q, k, v, is_causal=True)))
+
+
+class KVHeadsIgnored(GroupedQuery):
+    """num_key_value_heads taken and kept, and a full multi-head attention built (the count never reached the
+    projections): a checkpoint of the grouped layer does not load, and it trains another architecture."""
+
+    def __init__(self, d_model=64, n_heads=4, num_key_value_heads=2):
+        super().__init__(d_model, n_heads, num_key_value_heads, expand=False)
+
+
+class DifferentialHeads(TrainBlock):
+    """Differential attention (Ye et al. 2024): each of num_heads heads is two q.k products of half the width, their
+    softmaxes subtracted (lambda 0.8) before the values; num_kv_heads grouped the same way. Both counts double in the
+    product and the group stays num_heads / num_kv_heads."""
+
+    def __init__(self, d_model=64, n_heads=4, num_kv_heads=2):
+        super().__init__(d_model, n_heads, 0.0, True)
+        self.num_heads, self.num_kv_heads, self.hd = n_heads, num_kv_heads, d_model // n_heads // 2
+        self.k_proj = nn.Linear(d_model, 2 * num_kv_heads * self.hd, bias=False)
+        self.v_proj = nn.Linear(d_model, 2 * num_kv_heads * self.hd, bias=False)
+
+    def attention(self, h):
+        B, T, _ = h.shape
+        H, kv, hd = self.num_heads, self.num_kv_heads, self.hd
+        q = self.q_proj(h).view(B, T, 2 * H, hd).transpose(1, 2)
+        k = self.k_proj(h).view(B, T, 2 * kv, hd).transpose(1, 2).repeat_interleave(H // kv, 1)
+        v = self.v_proj(h).view(B, T, kv, 2 * hd).transpose(1, 2).repeat_interleave(H // kv, 1)
+        scores = (q @ k.transpose(-2, -1)) / math.sqrt(hd)
+        scores = scores.masked_fill(~torch.ones(T, T, dtype=torch.bool, device=h.device).tril(), float("-inf"))
+        w = scores.softmax(-1).view(B, H, 2, T, T)
+        return self.o_proj(merge((w[:, :, 0] - 0.8 * w[:, :, 1]) @ v))
+
+
 PLANTED = {"RotaryBaseIgnored": "rope.theta", "SoftcapIgnored": "attn.softcap",
            "ScaleAttributeContradicted": "attn.scale", "ActivationContradicted": "ffn.act", "NormEpsIgnored": "norm.eps",
            "PartialRotationIgnored": "rope.dims", "RotaryDropped": "pos.kind", "RotaryOnQueries": "pos.kind",
            "RopeScalingIgnored": ("rope.scaling", "rope.factor"), "ParallelResidualIgnored": "residual.form",
-           "RMSNormCentred": "norm.kind"}
+           "RMSNormCentred": "norm.kind", "KVHeadsIgnored": "attn.group"}
 CORRECT = ["RotaryBaseHonoured", "SoftcapApplied", "ScaleAttributeHonoured", "ActivationHonoured", "PartialRotationHonoured",
            "RotaryKeptUnused", "RopeScalingHonoured", "ParallelResidualHonoured", "LayerNormStreamRMSHeads",
-           "ZeroQueryInit"]
+           "ZeroQueryInit", "GroupedQuery", "DifferentialHeads"]
 # Run without --causal: what the block says of its causality is what the `causal` check holds it to.
 SAID_CAUSAL = ["MaskForgotten", "NamedBlock"]
 SAID_CAUSAL_CORRECT = ["TrainBlock", "NamedBlockMasked"]

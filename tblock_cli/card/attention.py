@@ -9,7 +9,7 @@ from tblock_cli.card.entries import Entry, skipped
 from tblock_cli.card.probe import Probe
 from tblock_cli.card.scores import Scores, capture_scores
 
-KEYS = ("attn.heads", "attn.kv_heads", "attn.head_dim", "attn.scale", "attn.softcap", "attn.window", "attn.qk_norm")
+KEYS = ("attn.heads", "attn.kv_heads", "attn.group", "attn.head_dim", "attn.scale", "attn.softcap", "attn.window", "attn.qk_norm")
 # Tokens of the random input the scores are read on: enough entries per head for the fits below.
 SCALE_SEQ = 16
 # The q operand is scaled so that the largest q.k part of the logits is this: the linear regime of any soft-cap of 5 or
@@ -220,6 +220,8 @@ def read(probe: Probe) -> list[Entry]:
         kv = k.shape[1]
     out += [Entry("attn.heads", H, f"q.k products per token ({call.kind})", judged=False),
             Entry("attn.kv_heads", kv, "distinct key heads in the product", judged=False),
+            Entry("attn.group", H / kv, f"{H} query heads over {kv} distinct key heads", judged=False) if kv
+            else skipped("attn.group", "no key heads read"),
             Entry("attn.head_dim", E, "channels of q in the product", judged=False)]
     z0 = perturbed(probe, x, call, 0.0) if call.ordinal >= 0 else None  # the bias and the mask alone
     scale, s = read_scale(probe, x, call, z0)

@@ -16,6 +16,7 @@ KEYS: dict[str, str] = {
     # attention
     "attn.heads": "query heads",
     "attn.kv_heads": "key/value heads (fewer than attn.heads: grouped-query)",
+    "attn.group": "query heads per key/value head (attn.heads / attn.kv_heads; 1 for multi-head attention)",
     "attn.head_dim": "channels per head in the q.k product",
     "attn.scale": "X in the score scale 1/sqrt(X) (the head dim for the usual scaling)",
     "attn.softcap": "the logit soft-cap c of c*tanh(s/c), or none",

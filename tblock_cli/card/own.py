@@ -36,6 +36,15 @@ FIELDS = {
     # a switch: True is the parallel form (attention and FFN read the same stream), False the sequential one
     "use_parallel_residual": "residual.form", "parallel_residual": "residual.form", "parallel_attn": "residual.form",
 }
+# Head counts, read together: a count of key/value heads (or of query heads per key/value head) beside a count of
+# query heads claims attn.group, their ratio. The ratio, not the counts: a layer that splits each head in two
+# (Differential Transformer's q1/q2, k1/k2) doubles both counts and keeps the ratio.
+HEADS = ("num_attention_heads", "num_heads", "n_heads", "n_head")
+KV_HEADS = ("num_key_value_heads", "num_kv_heads", "n_kv_heads", "n_kv_head", "n_query_groups", "multi_query_group_num")
+GROUPS = ("num_key_value_groups", "n_rep")
+# A multi-query switch set overrides a kv count that stays in the config (Falcon's `multi_query=True` beside its
+# `num_kv_heads`, used only with `new_decoder_architecture`): where one is True the counts claim nothing.
+MULTI_QUERY = ("multi_query", "multi_query_attention")
 # a rotary scaling as configs write it (HF's rope_scaling, transformers 5's rope_parameters): a dict whose type is
 # one of SCALED claims that scaling and its factor. "dynamic" is left out (it changes the table only past the
 # original length, which a probe does not reach), and so is anything else the card has no name for.
@@ -68,6 +77,10 @@ def own_claims(modules: list[nn.Module], arguments: dict | None = None) -> tuple
         for field, v, at in _fields(values, where):
             if field in FIELDS:
                 put(asked, FIELDS[field], _value(FIELDS[field], v), f"{at} `{field}`")
+            elif field in HEADS + KV_HEADS + GROUPS:
+                put(asked, f"count.{field}", _count(v), f"{at} `{field}`")
+            elif field in MULTI_QUERY and v is True:
+                put(asked, "count.multi_query", True, f"{at} `{field}`")
             elif field in SCALINGS and isinstance(v, dict):
                 for key, value in _scaling(v).items():
                     put(asked, key, value, f"{at} `{field}`")
@@ -80,6 +93,12 @@ def own_claims(modules: list[nn.Module], arguments: dict | None = None) -> tuple
                 continue
             if _is_config(value):
                 fields(_config_fields(value), f"{owner}.{name}'s")
+                continue
+            if name in HEADS + KV_HEADS + GROUPS:
+                put(kept, f"count.{name}", _count(value), f"{owner}.{name}")
+                continue
+            if name in MULTI_QUERY and value is True:
+                put(kept, "count.multi_query", True, f"{owner}.{name}")
                 continue
             if name in SCALINGS and isinstance(value, dict):
                 for key, v in _scaling(value).items():
@@ -95,6 +114,8 @@ def own_claims(modules: list[nn.Module], arguments: dict | None = None) -> tuple
     norms = [type(m).__name__ for m in modules if "norm" in type(m).__name__.lower()]
     if norms and all(is_rms_name(n) for n in norms):
         put(named, "norm.kind", "rmsnorm", f"class name `{norms[0]}` (every norm's class says RMSNorm)")
+    for tier in (asked, kept):
+        _group(tier)
     claims = []
     for key in {**named, **kept, **asked}:
         tier, values = next((t, v[key]) for t, v in (("asked", asked), ("kept", kept), ("named", named)) if v.get(key))
@@ -102,6 +123,34 @@ def own_claims(modules: list[nn.Module], arguments: dict | None = None) -> tuple
             (value, where), = values.items()
             claims.append(Claim(key, value, f"the block's own {where}", tier=tier))
     return tuple(claims)
+
+
+def _count(v) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
+
+
+def _group(tier: dict) -> None:
+    """Turn a tier's head counts (count.* keys, each with one value) into its attn.group claim, in place: query heads
+    over key/value heads, or a group size itself. Counts that disagree, or a ratio that is not whole, claim nothing."""
+    counts = {k.removeprefix("count."): v for k, v in tier.items() if k.startswith("count.")}
+    for k in list(tier):
+        if k.startswith("count."):
+            del tier[k]
+
+    def one(names) -> tuple[int, str] | None:
+        found = {value: where for n in names for value, where in counts.get(n, {}).items()}
+        return next(iter(found.items())) if len(found) == 1 else None
+
+    heads, kv, group = one(HEADS), one(KV_HEADS), one(GROUPS)
+    if "multi_query" in counts:
+        return
+    claimed = {}
+    if heads and kv and heads[0] % kv[0] == 0:
+        claimed[float(heads[0] // kv[0])] = f"{heads[1]} over {kv[1]}"
+    if group:
+        claimed.setdefault(float(group[0]), group[1])
+    if len(claimed) == 1:
+        tier["attn.group"] = claimed
 
 
 def _fields(values: dict, where: str):

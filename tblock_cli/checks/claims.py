@@ -14,7 +14,7 @@ def check_spec(ctx: Context) -> Outcome:
     scale, soft-cap, window, activation, eps, norm offset, q/k-norm axis, residual form and gains, MoE routing;
     [spec.md](spec.md)) that differs from the declaration, each named with both values; without a declaration, one
     that differs from what the block says of itself (a kept `rope_theta`, `softcap`, `rotary_dim`, an attention
-    module's `scale`, a config's `hidden_act` or `num_experts_per_tok`, a `rope_scaling`, a rotary module that runs
+    module's `scale`, a config's `hidden_act`, `num_experts_per_tok` or `num_key_value_heads`, a `rope_scaling`, a rotary module that runs
     while no rotation reaches the scores: [spec.md](spec.md)); skips when neither"""
     from tblock_cli.card.entries import Claim, judge
     from tblock_cli.card.own import FRACTION, own_claims, with_fraction
