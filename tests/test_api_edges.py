@@ -76,3 +76,32 @@ def test_a_frozen_config_with_a_dropout_field_is_left_alone():
     by = {c.name: c for c in tblock_cli.check(Block(), only="shape,finite,determinism,train_state,copy,train_eval", **S).checks}
     assert by["train_eval"].status.value == "pass", by["train_eval"].detail
     assert tblock_cli.compare(Block(), Block(), **S).ok
+
+
+class LazyBlock(nn.Module):
+    """A Pre-LN block whose linear layers are nn.LazyLinear: their shapes come from the first forward."""
+
+    def __init__(self, d_model=32, n_heads=4, d_ff=64):
+        super().__init__()
+        self.n_heads = n_heads
+        self.n1, self.n2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
+        self.qkv, self.o = nn.LazyLinear(3 * d_model), nn.LazyLinear(d_model)
+        self.up, self.down = nn.LazyLinear(d_ff), nn.LazyLinear(d_model)
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = (t.view(B, T, self.n_heads, -1).transpose(1, 2) for t in self.qkv(self.n1(x)).chunk(3, -1))
+        y = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+        x = x + self.o(y.transpose(1, 2).reshape(B, T, C))
+        return x + self.down(torch.nn.functional.gelu(self.up(self.n2(x))))
+
+
+def test_a_block_with_lazy_modules_is_materialised_by_one_forward():
+    """Before: a traceback counting an uninitialised parameter. Now a dry run gives the shapes, as a training
+    script's does, and the fresh instances the training checks build are materialised the same way."""
+    d, f = 32, 4 * 32  # tblock passes d_ff = 4 d_model by default
+    total = tblock_cli.params(LazyBlock, **S).to_dict()["total"]
+    assert total == 2 * 2 * d + (3 * d * d + 3 * d) + (d * d + d) + (d * f + f) + (f * d + d)
+    report = tblock_cli.check(LazyBlock, **S)
+    bad = [(c.name, c.detail) for c in report.checks if c.status.value in ("fail", "warn", "error")]
+    assert not bad, bad

@@ -82,6 +82,8 @@ def test_a_reference_that_cannot_be_built_is_named_by_its_own_flags():
 def test_parameters_the_reference_lacks_fail_though_the_function_agrees_once_they_are_zeroed():
     r = like_llama("BiasedLlama")
     assert (r.status.value, r.kind) == ("fail", "like_reference.params_differ") and r.value < 1e-5
+    # the key bias too: rotated with its key's position, it no longer moves every score of a row alike (without
+    # rotary it would, and softmax would ignore it: BERT's key bias, tested below)
     assert sorted(r.facts["extra"]) == [f"self_attn.{p}_proj.bias" for p in "koqv"] and r.facts["lacking"] == []
 
 
@@ -93,3 +95,12 @@ def test_eps_outside_the_square_root_is_read_as_another_eps_form_than_llamas():
     assert [(d["key"], d["measured"], d["claimed"]) for d in spec.facts["differs"]] == [("norm.eps_form", "std", "sqrt")]
     card = tblock_cli.spec(Z + "ScratchLlama", d_model=32, n_heads=4, threads=1).card
     assert (card.value("norm.eps_form"), card.value("norm.eps")) == ("sqrt", pytest.approx(1e-6, rel=1e-3))
+
+
+def test_a_one_sided_bias_that_changes_nothing_is_not_a_parameter_difference():
+    report = tblock_cli.check(Z + "BertNoKeyBias", like="hf:bert", only="like_reference", **SIZES)
+    (r,) = report.checks
+    assert (r.status.value, r.kind) == ("pass", "like_reference.same"), r.detail
+    compared = tblock_cli.compare(Z + "BertNoKeyBias", "hf:bert", **SIZES)
+    zeroed = [f.facts for f in compared.findings if f.kind == "mapping.bias_zeroed"]
+    assert zeroed == [{"side": "B", "param": "layers.0.attention.self.key.bias", "inert": True}], zeroed

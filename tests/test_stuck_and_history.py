@@ -76,10 +76,32 @@ def test_an_output_that_depends_on_earlier_calls_fails_history(name):
 def test_caches_that_follow_their_inputs_raise_no_alarm_in_the_whole_battery(name):
     by = run(f"zoo_history.py:{name}", None)
     assert not [c for c in by.values() if c.status in BAD], [(c.name, c.detail) for c in by.values() if c.status in BAD]
-    assert by["history"].status is Status.PASS and set(by["history"].facts["diffs"]) == {"longer", "padded", "standard"}
+    assert by["history"].status is Status.PASS and set(by["history"].facts["diffs"]) == {"shorter", "longer", "padded", "standard"}
 
 
 def test_history_compares_every_probe_in_two_orders_on_the_built_in_block():
     c = run(None, ("history",))["history"]
     assert c.status is Status.PASS and c.value == 0.0, c
-    assert c.facts["order"]["block"][0] == "padded" and c.facts["order"]["fresh"][0] == "longer"
+    assert c.facts["order"]["block"][0] == "padded" and c.facts["order"]["fresh"][0] == "shorter"
+
+
+class GrowingSavedTable(nn.Module):
+    """A cos/sin table in persistent buffers that grow with the longest call: a fresh instance cannot load them."""
+
+    def __init__(self, d_model=32, n_heads=4):
+        super().__init__()
+        self.proj = nn.Linear(d_model, d_model)
+        self.register_buffer("table", torch.zeros(0, d_model))
+
+    def forward(self, x):
+        T = x.shape[1]
+        if self.table.shape[0] < T:
+            self.table = torch.arange(T, dtype=x.dtype)[:, None].expand(T, x.shape[-1]).sin().clone()
+        return x + self.proj(x) * self.table[:T]
+
+
+def test_history_skips_where_a_fresh_instance_cannot_load_the_blocks_tensors():
+    import tblock_cli
+
+    (c,) = tblock_cli.check(GrowingSavedTable, d_model=32, n_heads=4, threads=1, only="history").checks
+    assert (c.status, c.kind) == (Status.SKIP, "history.unloadable") and "loading state_dict" in c.facts["error"], c

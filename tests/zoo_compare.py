@@ -229,3 +229,26 @@ class FusedQKV(SeparateQKV):
 
     def qkv(self, h):
         return self.c_attn(h).split(h.shape[-1], dim=-1)
+
+
+class BertNoKeyBias(nn.Module):
+    """A BERT layer (Post-LN, GELU, eps 1e-12) whose key projection has no bias (as Whisper and BEiT build theirs): a
+    key bias moves every score of a query's row by the same amount, which softmax ignores, so BERT's checkpoints
+    compute the same here with theirs dropped. Correct against hf:bert."""
+
+    def __init__(self, d_model=64, n_heads=4, d_ff=None, eps=1e-12):
+        super().__init__()
+        self.nh, d_ff = n_heads, d_ff or 4 * d_model
+        self.query, self.value = nn.Linear(d_model, d_model), nn.Linear(d_model, d_model)
+        self.key = nn.Linear(d_model, d_model, bias=False)
+        self.attn_dense, self.attn_ln = nn.Linear(d_model, d_model), nn.LayerNorm(d_model, eps=eps)
+        self.intermediate, self.out_dense = nn.Linear(d_model, d_ff), nn.Linear(d_ff, d_model)
+        self.out_ln = nn.LayerNorm(d_model, eps=eps)
+
+    def forward(self, x, pad_mask=None):
+        B, T, C = x.shape
+        q, k, v = (m(x).view(B, T, self.nh, -1).transpose(1, 2) for m in (self.query, self.key, self.value))
+        mask = None if pad_mask is None else ~pad_mask[:, None, None, :]
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        x = self.attn_ln(x + self.attn_dense(y.transpose(1, 2).reshape(B, T, C)))
+        return self.out_ln(x + self.out_dense(F.gelu(self.intermediate(x))))

@@ -159,9 +159,9 @@ def check_like_reference(ctx: Context) -> Outcome:
 
 def _one_sided(report) -> tuple[list[str], list[str]]:
     """Parameters of the block (A) the reference lacks, and the reference's (B) the block lacks, that the comparison
-    set aside (zeroed or left at their identity values)."""
+    set aside (zeroed or left at their identity values); a bias whose values change nothing (a key bias) is not one."""
     sides = {"A": [], "B": []}
     for f in report.findings:
-        if f.kind in ("mapping.bias_zeroed", "mapping.at_init"):
+        if f.kind in ("mapping.bias_zeroed", "mapping.at_init") and not f.facts.get("inert"):
             sides[f.facts["side"]].append(f.facts["param"])
     return sides["A"], sides["B"]

@@ -77,6 +77,7 @@ def run_compare(a, b, setup, *, options: dict, kwargs_a=None, kwargs_b=None, dty
             comparisons = compare_all(subject_a, subject_b, xa, xb, v, mapping, judge, train=cfg.dropout == 0)
             cap_a = capture(subject_a.module, subject_a, xa, slots_a)
             cap_b = capture(subject_b.module, subject_b, xb, relabelled(slots_b, slots_a, mapping))
+            inert = inert_biases(mapping.zeroed, {"a": (subject_a, xa), "b": (subject_b, xb)}, judge.component_tol, gen)
         except Exception as e:  # noqa: BLE001
             reraise_as_measure_error(e, "compare: running a side failed")
         names = (a if isinstance(a, str) else BUILTIN if a is None else type(a).__name__,
@@ -84,7 +85,7 @@ def run_compare(a, b, setup, *, options: dict, kwargs_a=None, kwargs_b=None, dty
         run = sa.run_info(None, a=names[0], b=names[1], kwargs_a=sa.kwargs, kwargs_b=sb.kwargs, dtype_b=dtype_name(sb.dtype),
                      atol=atol, rtol=rtol, map=map_file, followed=followed)
     diffs = component_diffs(cap_a, cap_b)
-    findings = mapping_findings(mapping, followed, is_builtin(a), is_builtin(b))
+    findings = mapping_findings(mapping, followed, is_builtin(a), is_builtin(b), inert)
     differ = [c for c in comparisons if not c.equal]
     if differ:
         first = explain(diffs, cap_a, cap_b, head_dim_of(flows[0]) or head_dim_of(flows[1]), judge.component_tol)
@@ -190,11 +191,34 @@ def beyond_one_forward(first, differ, sa, sb, xa, xb, mapping, slots_a, slots_b,
     return first
 
 
-def mapping_findings(mapping, followed: dict, a_builtin: bool, b_builtin: bool) -> list[Finding]:
+def inert_biases(zeroed, sides: dict, tol: float, gen: torch.Generator) -> set[tuple[str, str]]:
+    """Of the one-sided biases set to zero, those whose values change nothing: given random values on their side, the
+    eval output stays within tol (a key bias, which softmax ignores: every score of a row moves by the same amount)."""
+    inert = set()
+    for side, name in zeroed:
+        subject, x = sides[side]
+        p = dict(subject.module.named_parameters()).get(name)
+        if p is None:
+            continue
+        saved = p.detach().clone()
+        with torch.no_grad(), train_mode(subject.module, False):
+            base = subject(x)
+            try:
+                p.copy_(torch.randn(p.shape, generator=gen).to(p))
+                moved = subject(x)
+            finally:
+                p.copy_(saved)
+        if rel_diff(moved, base) <= tol:
+            inert.add((side, name))
+    return inert
+
+
+def mapping_findings(mapping, followed: dict, a_builtin: bool, b_builtin: bool, inert: set = frozenset()) -> list[Finding]:
     out = [Finding(Status.INFO, "mapping.carried", mapping.counts())]
     out += [Finding(Status.WARN, "mapping.name_role", {"a": an, "a_role": ar, "b": bn, "b_role": br})
             for an, ar, bn, br in mapping.disagreements]
-    out += [Finding(Status.INFO, "mapping.bias_zeroed", {"side": side.upper(), "param": p}) for side, p in mapping.zeroed]
+    out += [Finding(Status.INFO, "mapping.bias_zeroed", {"side": side.upper(), "param": p, "inert": (side, p) in inert})
+            for side, p in mapping.zeroed]
     out += [Finding(Status.INFO, "mapping.at_init", {"side": side.upper(), "param": p, "value": v})
             for side, p, v in mapping.at_init]
     if followed:

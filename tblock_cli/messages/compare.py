@@ -66,7 +66,8 @@ MESSAGES = {
     "mapping.carried": "weights carried A -> B: {name} by name, {role} by dataflow role, {map} by --map",
     "mapping.name_role": "A's {a} is {a_role} but B's {b} is {b_role}: the same name does a different job "
                          "(a checkpoint loaded by name would hit this)",
-    "mapping.bias_zeroed": "{side}'s {param} has no counterpart on the other side: set to zero for the comparison",
+    "mapping.bias_zeroed": lambda f: (f"{f['side']}'s {f['param']} has no counterpart on the other side: set to zero for the "
+                                      f"comparison" + (" (given random values, it changes nothing)" if f.get("inert") else "")),
     "mapping.at_init": "{side}'s {param} has no counterpart on the other side: left at its init ({value}, where it "
                        "computes the identity); the comparison holds for that value only",
     "compile.no_compiler": "no C++ compiler found (g++, clang++, cc): inductor cannot build CPU kernels; compared against "

@@ -57,7 +57,8 @@ def _products(f: dict) -> str:
     return "; bfloat16 matmuls accumulated in float32, rounded once (this CPU has no bfloat16 GEMM)"
 
 
-_HISTORY = {"longer": "a sequence twice as long", "padded": "a padded batch", "standard": "the standard input"}
+_HISTORY = {"shorter": "a sequence half as long", "longer": "a sequence twice as long", "padded": "a padded batch",
+            "standard": "the standard input"}
 
 
 def _through(f) -> str:
@@ -109,7 +110,8 @@ MESSAGES = {
                                      f"reads: {names(f['plain_tensors'])}" if f["plain_tensors"] else "")),
     "state_dict.plain_tensors": _state_plain,
     "history.instance": "handed over as an instance: no fresh one to hold its calls' history against",
-    "history.unrun": "neither the block nor a fresh instance ran the probes",
+    "history.unrun": "no input but the standard one ran on both (other lengths refused, no padding keyword): no other order to compare",
+    "history.unloadable": lambda f: f"a fresh instance does not load the block's state_dict: {f['error']}",
     "history.differs": lambda f: (f"the output depends on earlier calls: on {_HISTORY[f['worst']]} the block and a fresh instance "
                                   f"with the same parameters and buffers differ by {f['diffs'][f['worst']]:.2g} (limit "
                                   f"{f['limit']:.0e}) after other calls before it (a mask or table cached by shape and reused "

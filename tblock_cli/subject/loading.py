@@ -75,7 +75,10 @@ def rebuilder(spec: str, factory: Callable, cfg: BlockConfig, extra: dict, dtype
             kwargs = {k: dropout if k in ALIASES["dropout"] else v for k, v in extra.items()}
         with torch.device(where):
             module = construct(spec, factory, flags, kwargs)
-        return module.to(dtype=dtype)
+        module = module.to(dtype=dtype)
+        if where != "meta":
+            materialised(module, flags, torch.device(where), dtype)
+        return module
     return rebuild
 
 
@@ -344,3 +347,23 @@ def probe(subject: Subject, cfg: BlockConfig, device: torch.device, dtype: torch
             f"--block {subject.name}: output shape {tuple(out.shape)} differs from the input's {tuple(x.shape)}; "
             f"tblock needs a block that maps (batch, seq, d_model) to the same shape"
         )
+
+
+def materialised(module: nn.Module, cfg: BlockConfig, device: torch.device, dtype: torch.dtype) -> None:
+    """A block with lazy modules (nn.LazyLinear) gets its parameters' shapes from one forward, as its own training
+    script's dry run gives them: run here once (eval, no grad) on the standard input's shape, before anything counts
+    them. A forward that raises is the user's block refusing that input: one line."""
+    from torch.nn.parameter import is_lazy
+
+    if not any(is_lazy(p) for p in module.parameters()):
+        return
+    x = torch.randn(cfg.batch, cfg.seq, cfg.d_model, device=device, dtype=dtype)
+    was = module.training
+    try:
+        with torch.no_grad():
+            module.eval()(x)
+    except Exception as e:  # noqa: BLE001 - the block's own forward
+        raise LoadError(f"its lazy modules could not be materialised by one forward of shape {tuple(x.shape)}: "
+                        f"{type(e).__name__}: {e}".splitlines()[0]) from None
+    finally:
+        module.train(was)

@@ -16,7 +16,7 @@ from tblock_cli.config import BUILTIN_ONLY, BlockConfig, Flag, build_config, par
 from tblock_cli.errors import ConfigError, LoadError
 from tblock_cli.report import RunInfo
 from tblock_cli.subject import Subject
-from tblock_cli.subject.loading import ALIASES, builtin_subject, construct, user_subject
+from tblock_cli.subject.loading import ALIASES, builtin_subject, construct, materialised, user_subject
 
 # Flags that describe a user block's forward; the built-in block takes pad_mask, True = pad.
 USER_ONLY = ("pad_keyword", "pad_means")
@@ -87,6 +87,7 @@ class Setup:
             self.gate(estimate, what)
         builtin = builtin_subject(self.cfg, self.device, self.dtype) if self.source is None else None
         module = builtin.module if builtin is not None else self._module()
+        materialised(module, self.cfg, self.device, self.dtype)
         if estimate is not None:
             n = sum(p.numel() for p in module.parameters())
             # weights built here are allocated already; a caller's module is still to be copied
@@ -305,3 +306,4 @@ def layer_maker(s: Setup, block) -> Callable[[int], list[Subject]] | None:
             layers.append(first.like(module))
         return layers
     return copies
+
