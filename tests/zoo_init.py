@@ -119,3 +119,16 @@ class ZeroKeyBias(TrainBlock):
 PLANTED = {"ZeroGatedFFN": "optimizer_step", "ZeroValueAndOutput": "optimizer_step",
            "ZeroQueryAndKey": "optimizer_step", "ZeroGateZeroBranch": "optimizer_step"}
 CORRECT = ["ZeroOutputProjections", "ReZero", "LoRAValue", "ZeroQuery", "ZeroKeyBias"]
+
+
+class LoRAFrozenBase(LoRAValue):
+    """LoRA as it is trained: every base parameter frozen, only the adapter's A and B train (frozen by design, not
+    the slip of a norm weight left at requires_grad=False)."""
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True, rank=4):
+        super().__init__(d_model, n_heads, dropout, causal, rank)
+        for name, p in self.named_parameters():
+            p.requires_grad_(name.startswith("lora_"))
+
+
+CORRECT.append("LoRAFrozenBase")

@@ -24,6 +24,9 @@ TIE_DISTINCT = 0.5
 # at 0 (an FFN's up and down, v and o, q and k all zero): each one's gradient is the other. A key bias's gradient is
 # zero by the softmax's shift invariance, whatever the weights: its rounding (~1e-7 of the others) stays far below.
 STUCK_ALIVE = 1e-4
+# Frozen parameters are a slip (a norm weight left at requires_grad=False) where they are a small part of the block;
+# where they hold most of it, freezing is the design: adapters (LoRA, prefix tuning) train beside a frozen base.
+FROZEN_SHARE = 0.5
 
 
 def _random_looking(t: torch.Tensor) -> bool:
@@ -57,7 +60,8 @@ def check_optimizer_step(ctx: Context) -> Outcome:
     parameter with a gradient unchanged; parameters no step will ever move (zeros that hold each other's gradient at
     exactly 0, at init and after the step, alive once given random values: an FFN or v and o zero-initialised
     together); two distinct parameters holding the same random values (a tie broken by a copy); parameters with
-    `requires_grad=False` are a **warning** (a norm weight frozen by mistake)"""
+    `requires_grad=False` are a **warning** where they hold less than half the block's parameters (a norm weight
+    frozen by mistake; a frozen base under adapters is the design)"""
     if (large := too_large(ctx)) is not None:
         return large
     ties = broken_ties(ctx.subject.module)  # at build: the module has not been trained by any check
@@ -83,7 +87,7 @@ def check_optimizer_step(ctx: Context) -> Outcome:
         return failed("optimizer_step.unchanged", value, **facts)
     if step["stuck"]:
         return failed("optimizer_step.stuck", value, **facts)
-    if frozen:
+    if frozen and step["frozen_share"] < FROZEN_SHARE:
         return warned("optimizer_step.frozen", value, **facts)
     return passed("optimizer_step.ok", value, **facts)
 
@@ -96,6 +100,8 @@ def _adamw_step(ctx: Context, x: torch.Tensor, target: torch.Tensor, train: bool
         module = module.float()  # the step's size must show in every parameter: 1e-4 is below a half's resolution
     subject = ctx.subject.like(module)
     frozen = [n for n, p in module.named_parameters() if not p.requires_grad]
+    share = sum(p.numel() for p in module.parameters() if not p.requires_grad) / max(1, sum(
+        p.numel() for p in module.parameters()))
     params = trainable(module)
     if not params:
         return None
@@ -134,7 +140,8 @@ def _adamw_step(ctx: Context, x: torch.Tensor, target: torch.Tensor, train: bool
             for n, p in params:
                 p.copy_(before[n])
             repeatable = loss().item() == first.item()
-    return {"loss_before": first.item(), "loss_after": second.item(), "frozen": frozen, "unchanged": unchanged,
+    return {"loss_before": first.item(), "loss_after": second.item(), "frozen": frozen, "frozen_share": share,
+            "unchanged": unchanged,
             "no_grad": no_grad, "zero_grad": zero, "stuck": stuck, "zeros": held,
             "repeatable": repeatable, "train": train}
 

@@ -68,8 +68,10 @@ def _through(f) -> str:
 
 def _optimizer_ok(f: dict) -> str:
     zero = f"; zero gradient, not moved (can be legitimate): {names(f['zero_grad'])}" if f["zero_grad"] else ""
+    frozen = (f"; {f['frozen_share']:.0%} of the parameters frozen (requires_grad=False), a frozen base as adapters "
+              f"train beside: {len(f['frozen'])} tensors") if f.get("frozen") else ""
     return (f"one AdamW step lowers the loss ({f['loss_before']:.4g} -> {f['loss_after']:.4g}) and moves every parameter "
-            f"with a gradient{zero}{_eval_step(f)}")
+            f"with a gradient{zero}{frozen}{_eval_step(f)}")
 
 
 def _eval_step(f: dict) -> str:
