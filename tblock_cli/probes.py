@@ -202,6 +202,21 @@ def reseed(seed: int) -> None:
 
 
 @contextmanager
+def parameters_replaced(params: dict[str, torch.Tensor], names, fn):
+    """Parameters `names` of `params` (name -> parameter) set to fn(name, p) for a while; restored after, even on error."""
+    saved = {n: params[n].detach().clone() for n in names if n in params}
+    try:
+        with torch.no_grad():
+            for n in saved:
+                params[n].copy_(fn(n, params[n]))
+        yield
+    finally:
+        with torch.no_grad():
+            for n, v in saved.items():
+                params[n].copy_(v)
+
+
+@contextmanager
 def same_draws(device: torch.device, seed: int = 0):
     """torch's random stream (CPU, and the device's) seeded for a while and put back after: two forwards run under it
     draw the same dropout masks, and the caller's own stream is left where it was."""

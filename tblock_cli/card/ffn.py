@@ -10,7 +10,8 @@ import torch.nn.functional as F
 
 from tblock_cli.card.entries import Entry, skipped
 from tblock_cli.card.probe import Probe
-from tblock_cli.card.sublayers import changed, io_of, sublayers
+from tblock_cli.card.sublayers import io_of, sublayers
+from tblock_cli.probes import parameters_replaced
 
 # The curves tried, as the card names them (Hugging Face's gelu_new / gelu_pytorch_tanh / gelu_fast are gelu_tanh).
 ACTS = {
@@ -91,7 +92,7 @@ def read(probe: Probe) -> list[Entry]:
     peak = {n: sub.seen.proj_out[n].abs().max().item() for n in used}
     weights = [sub.params[n][0] for n in used if sub.params.get(n)]
     factor = {sub.params[n][0]: COVER / peak[n] for n in used if sub.params.get(n) and peak[n] > 0}
-    with changed(probe.module, weights, lambda n, p: p * factor.get(n, 1.0)):
+    with parameters_replaced(dict(probe.module.named_parameters()), weights, lambda n, p: p * factor.get(n, 1.0)):
         seen = io_of(probe, {n: sub.params.get(n, ()) for n in used + [down]}, (), sub.seen.x)
     h2 = seen.proj_in.get(down)
     cands2 = _candidates({n: seen.proj_out.get(n) for n in used}, width, rows) if h2 is not None else {}

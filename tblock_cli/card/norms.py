@@ -8,7 +8,8 @@ import torch.nn as nn
 
 from tblock_cli.card.entries import Entry, skipped
 from tblock_cli.card.probe import Probe
-from tblock_cli.card.sublayers import changed, same_tensor, sublayers
+from tblock_cli.card.sublayers import same_tensor, sublayers
+from tblock_cli.probes import parameters_replaced
 
 # LayerNorm ignores a constant added to every channel; RMSNorm does not. In float64 the change is 1e-16 for a
 # LayerNorm, 1e-7 where HF computes the norm in float32; an RMSNorm moves by O(1) under the offset used (3 x the rms).
@@ -93,7 +94,7 @@ def offset(probe: Probe, name: str, m, v: torch.Tensor) -> tuple[bool | None, st
     own = [f"{name}.{n}" if name else n for n, _ in m.named_parameters()]
     if not own:
         return None, "the norm has no weight"
-    with changed(probe.module, own, lambda _n, p: torch.zeros_like(p)):
+    with parameters_replaced(dict(probe.module.named_parameters()), own, lambda _n, p: torch.zeros_like(p)):
         out = _call(m, v)
     r = out.pow(2).mean().sqrt().item()
     if r >= OFFSET_LIVE:
@@ -152,7 +153,7 @@ def read(probe: Probe) -> list[Entry]:
         kinds.append(kind(m, v))
         value, how, form = eps(m, v)
         epss.append((value, how))
-        forms.append((form, how if form else "no floor (eps 0): no form to read" if value == 0.0 else how))
+        forms.append((form, "no floor (eps 0): no form to read" if value == 0.0 else how))
         offs.append(offset(probe, name, m, v))
     names = f"{len(sub.norms)} norms" if len(sub.norms) > 1 else sub.norms[0].rpartition(".")[2]
     out = []

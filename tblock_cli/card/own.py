@@ -141,9 +141,9 @@ def _group(tier: dict) -> None:
         found = {value: where for n in names for value, where in counts.get(n, {}).items()}
         return next(iter(found.items())) if len(found) == 1 else None
 
-    heads, kv, group = one(HEADS), one(KV_HEADS), one(GROUPS)
     if "multi_query" in counts:
         return
+    heads, kv, group = one(HEADS), one(KV_HEADS), one(GROUPS)
     claimed = {}
     if heads and kv and heads[0] % kv[0] == 0:
         claimed[float(heads[0] // kv[0])] = f"{heads[1]} over {kv[1]}"

@@ -8,7 +8,8 @@ import torch
 from tblock_cli.card.entries import Entry, skipped
 from tblock_cli.card.norms import placement
 from tblock_cli.card.probe import Probe
-from tblock_cli.card.sublayers import changed, io_of, same_tensor, sublayers
+from tblock_cli.card.sublayers import io_of, same_tensor, sublayers
+from tblock_cli.probes import parameters_replaced
 
 # The sum at an add is stream * alpha + branch * beta per channel: on correct blocks the least-squares fit leaves
 # 1e-15 (float64); a sum that is not such a mix (a gate that depends on the input, another term) leaves O(1).
@@ -33,7 +34,7 @@ def form(probe: Probe) -> tuple[str | None, str]:
         return None, "no FFN input projection seen"
     first = min(ffn_in, key=list(sub.seen.proj_in).index)
     zeroed = [p for n in attn_out for p in sub.params.get(n, ())]
-    with changed(probe.module, zeroed, lambda _n, p: torch.zeros_like(p)):
+    with parameters_replaced(dict(probe.module.named_parameters()), zeroed, lambda _n, p: torch.zeros_like(p)):
         again = io_of(probe, {first: sub.params[first]}, (), sub.seen.x)
     before, after = sub.seen.proj_in[first], again.proj_in.get(first)
     if after is None:

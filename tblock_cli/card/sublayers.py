@@ -4,7 +4,6 @@ order. Read once per probe (memoised on it); readers that change parameters read
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -193,19 +192,3 @@ def _read(probe: Probe) -> Sublayers:
     qk = tuple(n for n in full if any(same_tensor(seen.norm_in.get(n), o) for o in qk_outs))
     stream = tuple(sorted((n for n in full if n not in qk and n in order), key=order.get))
     return Sublayers(flow, roles, stream, qk, seen, projections)
-
-
-@contextmanager
-def changed(module: nn.Module, names, fn):
-    """Parameters `names` of `module` replaced by fn(name, parameter) for the duration, restored after (even on error)."""
-    params = dict(module.named_parameters())
-    saved = {n: params[n].detach().clone() for n in names if n in params}
-    try:
-        with torch.no_grad():
-            for n in saved:
-                params[n].copy_(fn(n, params[n]))
-        yield
-    finally:
-        with torch.no_grad():
-            for n, v in saved.items():
-                params[n].copy_(v)

@@ -9,7 +9,7 @@ import torch.nn as nn
 from tblock_cli.checks.context import Context
 from tblock_cli.checks.result import Outcome, failed, passed, skipped, warned
 from tblock_cli.checks.training import PROBE_SEED, copied, seeded, too_large, trainable
-from tblock_cli.probes import train_mode
+from tblock_cli.probes import parameters_replaced, train_mode
 
 # One AdamW step: lr 1e-4 moves every float32 parameter with a non-zero gradient (lr / |p| >> 2^-23 for |p| < 100) and
 # stays where the first-order decrease (lr * |g|_1) dominates; no weight decay, so only a gradient moves a parameter.
@@ -141,8 +141,7 @@ def _adamw_step(ctx: Context, x: torch.Tensor, target: torch.Tensor, train: bool
                 p.copy_(before[n])
             repeatable = loss().item() == first.item()
     return {"loss_before": first.item(), "loss_after": second.item(), "frozen": frozen, "frozen_share": share,
-            "unchanged": unchanged,
-            "no_grad": no_grad, "zero_grad": zero, "stuck": stuck, "zeros": held,
+            "unchanged": unchanged, "no_grad": no_grad, "zero_grad": zero, "stuck": stuck, "zeros": held,
             "repeatable": repeatable, "train": train}
 
 
@@ -153,24 +152,18 @@ def _stuck(params: list[tuple[str, nn.Parameter]], still: list[str], loss) -> tu
     zeros = [n for n, p in params if n in still and p.numel() and not p.detach().any()]
     if not zeros:
         return [], []
-    saved = {n: p.detach().clone() for n, p in params if n in zeros}
     gen = torch.Generator().manual_seed(PROBE_SEED)
-    try:
-        with torch.no_grad():
-            for n, p in params:
-                if n in saved:
-                    bound = 1.0 / max(1, p.shape[-1] if p.dim() > 1 else p.numel()) ** 0.5
-                    p.copy_((torch.rand(p.shape, generator=gen, dtype=torch.float64) * 2 - 1).mul(bound).to(p))
+
+    def drawn(_n, p):  # uniform +-1/sqrt(fan_in), nn.Linear's default scale
+        bound = 1.0 / max(1, p.shape[-1] if p.dim() > 1 else p.numel()) ** 0.5
+        return (torch.rand(p.shape, generator=gen, dtype=torch.float64) * 2 - 1).mul(bound).to(p)
+
+    with parameters_replaced(dict(params), zeros, drawn):
         for _, p in params:
             p.grad = None
         with torch.enable_grad():
             loss().backward()
-        peak = max((p.grad.abs().max().item() for _, p in params if p.grad is not None and p.grad.numel()), default=0.0)
-        alive = [n for n, p in params if n in still and p.grad is not None and p.grad.numel()
-                 and p.grad.abs().max().item() > STUCK_ALIVE * peak > 0]
-        return alive, [n for n in zeros if n in alive]
-    finally:
-        with torch.no_grad():
-            for n, p in params:
-                if n in saved:
-                    p.copy_(saved[n])
+    peak = max((p.grad.abs().max().item() for _, p in params if p.grad is not None and p.grad.numel()), default=0.0)
+    alive = [n for n, p in params if n in still and p.grad is not None and p.grad.numel()
+             and p.grad.abs().max().item() > STUCK_ALIVE * peak > 0]
+    return alive, [n for n in zeros if n in alive]

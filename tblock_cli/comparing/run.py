@@ -12,7 +12,7 @@ from tblock_cli.comparing.mapping import Slot, build_mapping, execution_order, r
 from tblock_cli.comparing.report import CompareReport, Comparison, Finding
 from tblock_cli.comparing.sides import BUILTIN, build_sides, is_builtin, spec_of
 from tblock_cli.errors import ConfigError, reraise_as_measure_error
-from tblock_cli.probes import TOLERANCE, f64, rel_diff, same_draws, train_mode, zero_dropout
+from tblock_cli.probes import TOLERANCE, f64, parameters_replaced, rel_diff, same_draws, train_mode, zero_dropout
 from tblock_cli.report import Status
 from tblock_cli.runtime import dtype_name, session
 from tblock_cli.subject.kvcache import decode_chunks, has_decode
@@ -194,21 +194,18 @@ def beyond_one_forward(first, differ, sa, sb, xa, xb, mapping, slots_a, slots_b,
 def inert_biases(zeroed, sides: dict, tol: float, gen: torch.Generator) -> set[tuple[str, str]]:
     """Of the one-sided biases set to zero, those whose values change nothing: given random values on their side, the
     eval output stays within tol (a key bias, which softmax ignores: every score of a row moves by the same amount)."""
-    inert = set()
+    inert, base = set(), {}
     for side, name in zeroed:
         subject, x = sides[side]
-        p = dict(subject.module.named_parameters()).get(name)
-        if p is None:
+        params = dict(subject.module.named_parameters())
+        if name not in params:
             continue
-        saved = p.detach().clone()
         with torch.no_grad(), train_mode(subject.module, False):
-            base = subject(x)
-            try:
-                p.copy_(torch.randn(p.shape, generator=gen).to(p))
+            if side not in base:
+                base[side] = subject(x)
+            with parameters_replaced(params, [name], lambda _n, p: torch.randn(p.shape, generator=gen).to(p)):
                 moved = subject(x)
-            finally:
-                p.copy_(saved)
-        if rel_diff(moved, base) <= tol:
+        if rel_diff(moved, base[side]) <= tol:
             inert.add((side, name))
     return inert
 

@@ -364,6 +364,6 @@ def materialised(module: nn.Module, cfg: BlockConfig, device: torch.device, dtyp
             module.eval()(x)
     except Exception as e:  # noqa: BLE001 - the block's own forward
         raise LoadError(f"its lazy modules could not be materialised by one forward of shape {tuple(x.shape)}: "
-                        f"{type(e).__name__}: {e}".splitlines()[0]) from None
+                        f"{one_line(e)}") from None
     finally:
         module.train(was)
