@@ -6,9 +6,9 @@ for bench, depth and params findings). An entry is a format string over the fact
 
 from __future__ import annotations
 
-from tblock_cli.messages import checks, compare, reports, spec, training
+from tblock_cli.messages import checks, compare, distributed, reports, spec, training
 
-MESSAGES = {**checks.MESSAGES, **reports.MESSAGES, **compare.MESSAGES, **spec.MESSAGES, **training.MESSAGES}
+MESSAGES = {**checks.MESSAGES, **distributed.MESSAGES, **reports.MESSAGES, **compare.MESSAGES, **spec.MESSAGES, **training.MESSAGES}
 
 
 def text(kind: str, facts: dict) -> str:
