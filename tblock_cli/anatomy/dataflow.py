@@ -21,7 +21,7 @@ import torch.nn as nn
 
 from tblock_cli.anatomy.attention import AttentionCall
 from tblock_cli.anatomy.norms import find_norms
-from tblock_cli.anatomy.provenance import NORM, Attn, owns_several_matrices, qualified
+from tblock_cli.anatomy.provenance import NORM, Attn, Marker, owns_several_matrices, qualified
 from tblock_cli.anatomy.roles import GROUPS, ModuleUse, assign_roles, mha_rows
 from tblock_cli.anatomy.tracer import Tracer
 from tblock_cli.probes import train_mode
@@ -67,12 +67,18 @@ def trace(module: nn.Module, call, x: torch.Tensor, d_model: int) -> Dataflow:
     """One eval-mode, grad-enabled forward of call(x) under the tracer (grad keeps MHA off its fused fast path)."""
     norms = find_norms(module, d_model, x.device, x.dtype)
     tr = Tracer(module, d_model)
-    hooks = []
+    hooks, reads = [], {}
+
+    def enter(name: str, args: tuple) -> None:  # the module running now, and where its first call's input comes from
+        tr.module_stack.append(name)
+        if args and isinstance(args[0], torch.Tensor):
+            reads.setdefault(name, tr.prov.get(args[0]))
+
     for name, m in module.named_modules():
         if norms.get(name) == d_model:  # a norm of the residual stream; per-head norms keep q as q
             tr.prov.stream_norms = True
             hooks.append(m.register_forward_hook(lambda _m, a, o: tr.prov.norm_out(a, o)))
-        hooks.append(m.register_forward_pre_hook(lambda _m, _a, _n=name: tr.module_stack.append(_n)))
+        hooks.append(m.register_forward_pre_hook(lambda _m, a, _n=name: enter(_n, a)))
         hooks.append(m.register_forward_hook(lambda _m, _a, o, _n=name: tr.leave(_n, o)))
     try:
         with train_mode(module, False), torch.enable_grad(), tr:
@@ -101,7 +107,7 @@ def trace(module: nn.Module, call, x: torch.Tensor, d_model: int) -> Dataflow:
             continue
         seen.update(id(p) for p in own)
         in_norm = any(name == n or name.startswith(n + ".") for n in norms)
-        r = "norm" if in_norm else "attn.out" if name in tr.attn.mha_out else role.get(name, "other")
+        r = "norm" if in_norm else "attn.out" if name in tr.attn.mha_out else role.get(name) or inner_role(name, reads, role)
         modules.append(ModuleUse(name or "(root)", r, sum(p.numel() for p in own), sum(p.numel() for p in own if p.ndim >= 2),
                                  tr.counts.out_shape.get(name), tr.counts.flops.get(name, 0)))
     total = sum(p.numel() for p in module.parameters())
@@ -120,6 +126,14 @@ def trace(module: nn.Module, call, x: torch.Tensor, d_model: int) -> Dataflow:
     return Dataflow(tuple(modules), tuple(tr.attn.calls), tuple(chains), tokens, total, *placement, norms=norms,
                     act_after_product=tuple(sorted(set(tr.prov.act_after_product))), slips=tr.slips,
                     slip_errors=tuple(tr.slip_errors))
+
+
+def inner_role(name: str, reads: dict, role: dict) -> str:
+    """attn.inner for a module with parameters that is no projection and reads only q, k or v projections' outputs
+    (Primer's depthwise convolutions after each of them, a per-head scale): part of attention; other otherwise."""
+    sources = {s for s in reads.get(name, {}) if not isinstance(s, Marker)}
+    inside = sources and all(role.get(s, "").startswith("attn.") and role[s] not in ("attn.out", "attn.gate") for s in sources)
+    return "attn.inner" if inside else "other"
 
 
 def sublayer_post(tr, role: dict, queries: list, ffn_ins: list, normed) -> bool:

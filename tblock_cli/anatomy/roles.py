@@ -9,7 +9,7 @@ import torch.nn as nn
 from tblock_cli.anatomy.provenance import ACT, Attn, Marker, qualified
 from tblock_cli.anatomy.tracer import Tracer
 
-ATTENTION_ROLES = ("attn.q", "attn.k", "attn.v", "attn.qk", "attn.kv", "attn.qkv", "attn.out", "attn.gate")
+ATTENTION_ROLES = ("attn.q", "attn.k", "attn.v", "attn.qk", "attn.kv", "attn.qkv", "attn.out", "attn.gate", "attn.inner")
 FFN_ROLES = ("ffn.in", "ffn.gate", "ffn.out")
 GROUPS = ("attention", "ffn", "norm", "other")
 
