@@ -3,9 +3,10 @@ rotary base taken as an argument that never reaches the frequencies, a soft-cap 
 module whose `scale` is 1/sqrt(d_head) while it divides by sqrt(d_model), a config's `hidden_act` that is not the
 activation used, norms that keep an eps they do not use, a partial rotation taken and not applied, a rotary scaling
 asked for and not applied, a parallel residual asked for and the sequential one computed, an RMSNorm that subtracts
-the mean, a rotary module that runs and never reaches the scores (its output dropped; q rotated, k not), a
+the mean, a rotary module that runs and never reaches the scores (its output dropped; q rotated, k not), an interleave
+switch the rotary pairing contradicts, a
 `causal=True` or a `CausalSelfAttention` that masks nothing (the `causal` check's, run without --causal); and the
-correct twins, each honouring what it says. Built on TrainBlock of tests/zoo_training.py."""
+correct twins, each honouring what it says (one permutes q's channels before a rotate-half, as HF's DeepSeek-V3). Built on TrainBlock of tests/zoo_training.py."""
 
 import math
 from dataclasses import dataclass
@@ -333,14 +334,62 @@ class DifferentialHeads(TrainBlock):
         return self.o_proj(merge((w[:, :, 0] - 0.8 * w[:, :, 1]) @ v))
 
 
+class HalfSplitRotary(Rotary):
+    """RoPE pairing channel i with i + dims/2 (GPT-NeoX's and Hugging Face's layout), where Rotary pairs 2i, 2i + 1."""
+
+    def forward(self, t):
+        freqs = self.angles(t.shape[-2], t.device)
+        cos, sin = freqs.cos().to(t.dtype), freqs.sin().to(t.dtype)
+        t1, t2 = t.chunk(2, dim=-1)
+        return torch.cat((t1 * cos - t2 * sin, t1 * sin + t2 * cos), dim=-1)
+
+
+class PairingContradicted(TrainBlock):
+    """`rope_interleaved=False` (half-split pairs, as checkpoints in Hugging Face's layout expect), rotating
+    interleaved pairs: a converted checkpoint's q and k come out scrambled."""
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True, rope_interleaved=False):
+        super().__init__(d_model, n_heads, dropout, causal)
+
+
+class PairingHonoured(PairingContradicted):
+    rotary_class = HalfSplitRotary
+
+
+class InterleavedSaid(TrainBlock):
+    """`rope_interleaved=True` over the interleaved Rotary (Meta's layout)."""
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True, rope_interleaved=True):
+        super().__init__(d_model, n_heads, dropout, causal)
+
+
+class DeinterleavedRotary(HalfSplitRotary):
+    """Hugging Face's DeepSeek-V3 with rope_interleave: the channels put in half-split order (2i to i, 2i + 1 to
+    i + dims/2), then rotated half-split: the pairs are (2i, 2i + 1) in the projection's channels, as the switch says."""
+
+    def forward(self, t):
+        *lead, d = t.shape
+        return super().forward(t.reshape(*lead, d // 2, 2).transpose(-1, -2).reshape(*lead, d))
+
+
+class InterleavedPermuted(TrainBlock):
+    """`rope_interleave=True` over DeinterleavedRotary: half-split at the product, interleaved in the weights' layout."""
+
+    rotary_class = DeinterleavedRotary
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True, rope_interleave=True):
+        super().__init__(d_model, n_heads, dropout, causal)
+
+
 PLANTED = {"RotaryBaseIgnored": "rope.theta", "SoftcapIgnored": "attn.softcap",
            "ScaleAttributeContradicted": "attn.scale", "ActivationContradicted": "ffn.act", "NormEpsIgnored": "norm.eps",
            "PartialRotationIgnored": "rope.dims", "RotaryDropped": "pos.kind", "RotaryOnQueries": "pos.kind",
            "RopeScalingIgnored": ("rope.scaling", "rope.factor"), "ParallelResidualIgnored": "residual.form",
-           "RMSNormCentred": "norm.kind", "KVHeadsIgnored": "attn.group"}
+           "RMSNormCentred": "norm.kind", "KVHeadsIgnored": "attn.group", "PairingContradicted": "rope.pairing"}
 CORRECT = ["RotaryBaseHonoured", "SoftcapApplied", "ScaleAttributeHonoured", "ActivationHonoured", "PartialRotationHonoured",
            "RotaryKeptUnused", "RopeScalingHonoured", "ParallelResidualHonoured", "LayerNormStreamRMSHeads",
-           "ZeroQueryInit", "GroupedQuery", "DifferentialHeads"]
+           "ZeroQueryInit", "GroupedQuery", "DifferentialHeads", "PairingHonoured", "InterleavedSaid",
+           "InterleavedPermuted"]
 # Run without --causal: what the block says of its causality is what the `causal` check holds it to.
 SAID_CAUSAL = ["MaskForgotten", "NamedBlock"]
 SAID_CAUSAL_CORRECT = ["TrainBlock", "NamedBlockMasked"]

@@ -44,6 +44,12 @@ CAUSAL_TOL = 1e-10
 # q/k-norm: the derivative of <q, r> along the q projection's own parameters (scaling them), relative to <q, r>: 1 for
 # q linear in them, 0 for a normalised q (eps moves it by eps / rms(q)^2: <= 1e-3 at init scales).
 NORM_RATIO = 0.5
+# A clamp that binds (clip_qkv below the projections' scale) is blind to the scale too, where it binds: OLMo's clip at
+# 0.5 on default-init projections measured 0.065. A norm is read below NORMED_RATIO (20x its eps's worst effect),
+# and where no share of q's entries sits at exactly its largest magnitude (a norm's outputs have no ties; clamped ones
+# do, before a rotation moves them).
+NORMED_RATIO = 0.02
+CLIPPED_SHARE = 0.01
 # A weight slice whose gradient is below this share of the largest slice's reaches no head of interest (exact 0).
 GRAD_FLOOR = 1e-9
 
@@ -188,6 +194,11 @@ def read_qk_norm(probe: Probe, x: torch.Tensor, call: Scores, index: int) -> Ent
         return Entry("attn.qk_norm", "none", how + ": q scales with its projection")
     if abs(ratio) >= NORM_RATIO:
         return skipped("attn.qk_norm", how + ": neither linear nor normalised")
+    qa = q.detach().abs()
+    tied = (qa == qa.max()).double().mean().item()
+    if abs(ratio) >= NORMED_RATIO or tied > CLIPPED_SHARE:
+        return skipped("attn.qk_norm", how + f": nearly blind to the scale, not exactly ({tied:.0%} of q's entries at "
+                                             f"its largest magnitude): a clamp that binds (clip_qkv), not a norm")
     H = q.shape[1]
     if H < 2:
         return skipped("attn.qk_norm", "one head: a norm per head and over the width are the same")

@@ -35,7 +35,12 @@ FIELDS = {
     "layernorm_epsilon": "norm.eps",
     # a switch: True is the parallel form (attention and FFN read the same stream), False the sequential one
     "use_parallel_residual": "residual.form", "parallel_residual": "residual.form", "parallel_attn": "residual.form",
+    # a switch: True pairs channels (2i, 2i + 1) (Meta's and DeepSeek-V3's layout), False (i, i + dims/2)
+    "rope_interleave": "rope.pairing", "rope_interleaved": "rope.pairing", "rotary_interleaved": "rope.pairing",
+    "interleaved_rope": "rope.pairing",
 }
+# the same switch the other way round: vLLM's is_neox_style (True: GPT-NeoX's half-split pairing)
+HALF_SPLIT = ("is_neox_style",)
 # Head counts, read together: a count of key/value heads (or of query heads per key/value head) beside a count of
 # query heads claims attn.group, their ratio. The ratio, not the counts: a layer that splits each head in two
 # (Differential Transformer's q1/q2, k1/k2) doubles both counts and keeps the ratio.
@@ -51,8 +56,18 @@ MULTI_QUERY = ("multi_query", "multi_query_attention")
 SCALINGS = ("rope_scaling", "rope_parameters")
 SCALED = ("linear", "llama3", "yarn")
 # read only on a module whose class name says it is one of these
-ON_ROTARY = {"base": "rope.theta", "theta": "rope.theta"}
+ON_ROTARY = {"base": "rope.theta", "theta": "rope.theta", "interleaved": "rope.pairing", "interleave": "rope.pairing"}
 ON_ATTENTION = {"scale": "attn.scale", "scaling": "attn.scale", "softmax_scale": "attn.scale"}
+# the unambiguous ones of those, read also on a module of another name that holds a query projection itself (a block
+# written as one module): a bare `scale` there may be anything
+ON_QUERY_HOLDER = {"scaling": "attn.scale", "softmax_scale": "attn.scale"}
+QUERY_CHILDREN = ("q_proj", "query", "wq", "to_q", "q_lin", "qkv", "qkv_proj", "c_attn", "Wqkv", "query_key_value",
+                  "in_proj", "att_proj", "W_pack")
+# a sliding window the block keeps or was built with: read from its constructor's own arguments and its modules'
+# attributes, never from a config (a config's window applies to some layers only: Gemma's, Qwen2's switch), and judged
+# only where it is shorter than the card's probe (see `with_window`); conventions differ by one (a query sees w keys, or
+# w + 1: HF's masks and flash-attention's), so one either way matches
+WINDOWS = ("sliding_window",)
 # read only on a norm module written outside torch (torch's own use the eps they keep, by construction)
 ON_NORM = {"eps": "norm.eps", "variance_epsilon": "norm.eps"}
 # activation names as configs write them -> the card's
@@ -84,6 +99,10 @@ def own_claims(modules: list[nn.Module], arguments: dict | None = None) -> tuple
             elif field in SCALINGS and isinstance(v, dict):
                 for key, value in _scaling(v).items():
                     put(asked, key, value, f"{at} `{field}`")
+            elif field in WINDOWS and at == "constructor argument":
+                put(asked, "attn.window", _count(v), f"{at} `{field}`")
+            elif field in HALF_SPLIT and isinstance(v, bool):
+                put(asked, "rope.pairing", _value("rope.pairing", not v), f"{at} `{field}`")
 
     fields(arguments or {}, "constructor argument")
     for m in modules:
@@ -104,12 +123,20 @@ def own_claims(modules: list[nn.Module], arguments: dict | None = None) -> tuple
                 for key, v in _scaling(value).items():
                     put(kept, key, v, f"{owner}.{name}")
                 continue
+            if name in WINDOWS:
+                put(kept, "attn.window", _count(value), f"{owner}.{name}")
+                continue
+            if name in HALF_SPLIT and isinstance(value, bool):
+                put(kept, "rope.pairing", _value("rope.pairing", not value), f"{owner}.{name}")
+                continue
             key = (FIELDS.get(name) or (ON_ROTARY.get(name) if is_rotary_name(owner) else None)
                    or (ON_NORM.get(name) if own_norm(m) else None))
             if key is not None:
                 put(kept, key, _value(key, value), f"{owner}.{name}")
             elif ("attn" in cls or "attention" in cls) and name in ON_ATTENTION:
                 put(kept, ON_ATTENTION[name], _scale_claim(value), f"{owner}.{name}")
+            elif name in ON_QUERY_HOLDER and any(c in m._modules for c in QUERY_CHILDREN):
+                put(kept, ON_QUERY_HOLDER[name], _scale_claim(value), f"{owner}.{name}")
     named = {}  # last: what class names say, where nothing else speaks
     norms = [type(m).__name__ for m in modules if "norm" in type(m).__name__.lower()]
     if norms and all(is_rms_name(n) for n in norms):
@@ -194,6 +221,8 @@ def _value(key: str, v):
         return v if isinstance(v, bool) else None
     if key == "residual.form":
         return ("parallel" if v else "sequential") if isinstance(v, bool) else None
+    if key == "rope.pairing":
+        return ("interleaved" if v else "half") if isinstance(v, bool) else None
     if key == "moe.router":
         return v.lower() if isinstance(v, str) and v.lower() in ("softmax", "sigmoid") else None
     if key == FRACTION and isinstance(v, (int, float)) and not 0 < v <= 1:
@@ -234,6 +263,19 @@ def with_fraction(claims: tuple[Claim, ...], head_dim) -> tuple[Claim, ...]:
     if fraction is None or not head_dim or any(c.key == "rope.dims" for c in out):
         return out
     return out + (Claim("rope.dims", float(int(fraction.value * head_dim)), fraction.source),)
+
+
+def with_window(claims: tuple[Claim, ...], seq: int) -> tuple[Claim, ...]:
+    """An attn.window claim judged within one token either way, and only where the window (and one more) is shorter
+    than the card's probe of `seq` tokens, which reads any longer window as none; dropped otherwise."""
+    out = []
+    for c in claims:
+        if c.key == "attn.window" and c.source.startswith("the block's own"):
+            if not isinstance(c.value, (int, float)) or c.value + 1 >= seq:
+                continue
+            c = dataclasses.replace(c, value=float(c.value), tol=max(c.tol, 1.0 / c.value))
+        out.append(c)
+    return tuple(out)
 
 
 # A block's own word that its queries ignore later keys: a switch of one of these names set to True

@@ -50,6 +50,10 @@ RATIO_TOL = 1e-3
 RAMP_TOL = 1e-3
 # The scaling's factor, relative (measured: exact to the table's float32 rounding).
 FACTOR_TOL = 0.02
+# q's rotating channels at position 0 (not yet turned) are found among a projection's outputs where their sorted values,
+# standardised, match a window of that output's to this (one affine map per head: a scale, a norm over the head; float32
+# probes match to ~1e-6; random windows of four values or more miss by far more).
+LAYOUT_TOL = 1e-4
 # Tokens the additive bias is read over: relative buckets at distances up to 47 each way.
 BIAS_SEQ = 48
 # The relative-bias curve is shown to this distance each way.
@@ -168,13 +172,78 @@ def scaling_reading(freqs: list[float], dims: int, tol: float = RATIO_TOL) -> di
     return {"theta": theta, "scaling": kind, "factor": factor, "wavelens": wavelens}
 
 
+def layout_pairing(probe: Probe, x: torch.Tensor, call: Scores, rot: dict) -> str | None:
+    """The pairing in the channels q's projection writes: q may reach the product permuted (HF's DeepSeek-V3
+    de-interleaves q before a rotate-half: interleaved in the weights, half at the product). At position 0 q has not
+    turned, so each head's rotating channels are a window of a projection's output up to an affine map (a scale, a norm
+    over the head), found by their sorted values; their order there maps each product pair back to the projection's
+    channels. None where no window matches in every head read, values tie, or the pairs map to neither layout."""
+    modules = dict(probe.module.named_modules())
+    names = [n for n in call.sources if n in modules]
+    if not names:
+        return None
+    outs: dict[str, torch.Tensor] = {}
+
+    def keep(name):
+        def hook(_m, _i, out):
+            if name not in outs and isinstance(out, torch.Tensor) and out.ndim >= 2:
+                outs[name] = out.detach()
+        return hook
+
+    handles = [modules[n].register_forward_hook(keep(n)) for n in names]
+    try:
+        probe.forward(x)
+    except Exception:  # noqa: BLE001 - a block that refuses a second call: the layout is not read
+        return None
+    finally:
+        for h in handles:
+            h.remove()
+    rows = [o.reshape(-1, o.shape[-1])[0].double() for o in outs.values()]  # position 0 of the first sequence
+    S, n = rot["channels"], rot["dims"]
+    pairs = ([(i, i + n // 2) for i in range(n // 2)] if rot["pairing"] == "half"
+             else [(2 * i, 2 * i + 1) for i in range(n // 2)])
+    z = lambda t: (t - t.mean(-1, keepdim=True)) / t.std(-1, keepdim=True).clamp_min(1e-300)
+    found = set()
+    for v in call.q[0, :4, 0, S].detach().double():  # up to four heads, each (n,)
+        sv, order_v = torch.sort(v)
+        if not bool((sv.diff() > 0).all()):  # equal values: their places cannot be told apart
+            return None
+        at = None
+        for u in rows:
+            if u.numel() < n:
+                continue
+            su, order_u = torch.sort(u.unfold(0, n, 1), dim=-1)  # every window of n channels, sorted
+            err = (z(su) - z(sv)).abs().amax(-1)
+            best = int(err.argmin())
+            if float(err[best]) <= LAYOUT_TOL:
+                at = torch.empty(n, dtype=torch.long)
+                at[order_v] = order_u[best]  # each rotating channel's place in the projection's window
+                break
+        if at is None:
+            return None
+        mapped = {tuple(sorted((int(at[a]), int(at[b])))) for a, b in pairs}
+        half = {(i, i + n // 2) for i in range(n // 2)}
+        found.add("half" if mapped == half else "interleaved" if mapped == {(2 * i, 2 * i + 1) for i in range(n // 2)}
+                  else None)
+    return found.pop() if len(found) == 1 else None
+
+
 def rope_entries(rot: dict, tol: float = RATIO_TOL) -> list[Entry]:
     how = (f"q on identical tokens: {rot['dims']} channels rotate (each pair's radius and advance per position constant "
            f"to {rot['error']:.1g})")
+    layout = rot.get("layout")
+    if not rot["pairing"]:
+        pairing = skipped("rope.pairing", "one rotating pair: half-split and interleaved coincide")
+    elif layout is None:
+        pairing = skipped("rope.pairing", f"q rotates in {rot['pairing']} pairs at the product; its channels were not "
+                                          "found among its projection's outputs (the weights' layout)")
+    else:
+        moved = "" if layout == rot["pairing"] else f" ({rot['pairing']} at the product: q's channels are permuted)"
+        pairing = Entry("rope.pairing", layout, "the pairing under which q rotates, in the channels its projection "
+                                                f"writes{moved}", judged=False)
     out = [Entry("pos.kind", "rotary", how),
            Entry("rope.dims", rot["dims"], f"channels of q that vary with position: {rot['channels'][:4]}..."),
-           Entry("rope.pairing", rot["pairing"], "the pairing under which q rotates", judged=False)
-           if rot["pairing"] else skipped("rope.pairing", "one rotating pair: half-split and interleaved coincide"),
+           pairing,
            Entry("rope.freqs", tuple(round(f, 12) for f in rot["freqs"]),
                  "the mean angle each pair advances per position, radians", FREQ_TOL)]
     sc = scaling_reading(rot["freqs"], rot["dims"], tol)
@@ -306,6 +375,8 @@ def read(probe: Probe) -> list[Entry]:
     if apart is not None:
         return [Entry("pos.kind", "other", apart)] + [skipped(k, apart) for k in ROPE_KEYS]
     if rot is not None:
+        if rot["pairing"] and not zero_q:
+            rot["layout"] = layout_pairing(probe, x, call, rot)
         out = rope_entries(rot, ratio_tol(probe.cfg.dtype))
     else:
         Tb = min(BIAS_SEQ, T)

@@ -4,7 +4,6 @@ off the dataflow instead of off names or source text."""
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass, field
 
 import torch
@@ -12,7 +11,7 @@ import torch.nn as nn
 from torch.overrides import TorchFunctionMode
 
 from tblock_cli.config import BlockConfig
-from tblock_cli.probes import train_mode
+from tblock_cli.probes import module_copy, train_mode
 
 
 @dataclass(frozen=True)
@@ -150,7 +149,7 @@ class Probe:
 
 def float64_probe(subject, cfg: BlockConfig, device: torch.device) -> Probe:
     """A Probe around a float64 copy of the subject (on the CPU where the device has no float64)."""
-    module = copy.deepcopy(subject.module)
+    module = module_copy(subject.module)
     where = torch.device("cpu") if device.type == "mps" else device
     module = module.to(device=where, dtype=torch.float64)
     return Probe(subject.like(module), cfg, where, cfg.seed)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from tblock_cli.checks.context import Context
 from tblock_cli.checks.result import Outcome, failed, passed, skipped
+from tblock_cli.probes import module_copy
 
 
 def check_spec(ctx: Context) -> Outcome:
@@ -14,10 +15,12 @@ def check_spec(ctx: Context) -> Outcome:
     scale, soft-cap, window, activation, eps, norm offset, q/k-norm axis, residual form and gains, MoE routing;
     [spec.md](spec.md)) that differs from the declaration, each named with both values; without a declaration, one
     that differs from what the block says of itself (a kept `rope_theta`, `softcap`, `rotary_dim`, an attention
-    module's `scale`, a config's `hidden_act`, `num_experts_per_tok` or `num_key_value_heads`, a `rope_scaling`, a rotary module that runs
+    module's `scale`, a config's `hidden_act`, `num_experts_per_tok` or `num_key_value_heads`, a `rope_scaling`, a kept
+    `sliding_window` shorter than the probe (within one token), a rotary module that runs
     while no rotation reaches the scores: [spec.md](spec.md)); skips when neither"""
+    from tblock_cli.card.attention import SCALE_SEQ
     from tblock_cli.card.entries import Claim, judge
-    from tblock_cli.card.own import FRACTION, own_claims, with_fraction
+    from tblock_cli.card.own import FRACTION, own_claims, with_fraction, with_window
     from tblock_cli.card.read import read_card
     from tblock_cli.checks.training import all_modules, too_large
     from tblock_cli.subject.loading import constructed_arguments
@@ -40,7 +43,7 @@ def check_spec(ctx: Context) -> Outcome:
     keys = tuple(c.key for c in claims if c.key != FRACTION) + (("moe.experts",) if routing else ())
     keys += ("attn.head_dim", "rope.dims") if any(c.key == FRACTION for c in claims) else ()
     card = read_card(ctx.subject, ctx.cfg, ctx.device, progress=ctx.step, keys=keys if own else None)
-    claims = with_fraction(claims, card.value("attn.head_dim"))
+    claims = with_window(with_fraction(claims, card.value("attn.head_dim")), SCALE_SEQ)
     if routing and not card.value("moe.experts"):  # a config's routing says nothing of a dense layer (DeepSeek's first)
         claims = tuple(c for c in claims if not c.key.startswith("moe."))
     if own:
@@ -72,8 +75,6 @@ def _norm_module_contradicts(ctx: Context, claim) -> bool:
     """Whether a norm module of the block written outside torch, read alone on a float64 copy at its own width, does
     not do what it says: one whose class name says RMSNorm subtracting the mean (norm.kind), one computing with
     another floor than the eps it keeps (norm.eps)."""
-    import copy
-
     import torch
 
     from tblock_cli.card.norms import EPS_TOL, eps, kind, unit_tokens
@@ -88,7 +89,7 @@ def _norm_module_contradicts(ctx: Context, claim) -> bool:
         if (claim.key == "norm.kind" and not is_rms_name(type(m).__name__)) or (claim.key == "norm.eps" and not kept):
             continue
         try:
-            twin = copy.deepcopy(m).to(dtype=torch.float64)
+            twin = module_copy(m).to(dtype=torch.float64)
             v = torch.randn(1, 4, w.shape[0], generator=torch.Generator().manual_seed(0), dtype=torch.float64)
             v = unit_tokens(v).to(w.device)
             if claim.key == "norm.kind" and kind(twin, v)[0] == "layernorm":
