@@ -29,6 +29,7 @@ import zoo_history  # noqa: E402
 import zoo_hooks  # noqa: E402
 import zoo_init  # noqa: E402
 import zoo_length  # noqa: E402
+import zoo_numerics  # noqa: E402
 import zoo_training  # noqa: E402
 
 import tblock_cli  # noqa: E402
@@ -53,6 +54,7 @@ CORRECT.update({f"zoo_claims.py:{k}": {} for k in zoo_claims.SAID_CAUSAL_CORRECT
 CORRECT.update({f"zoo_length.py:{k}": {"causal": True} for k in zoo_length.CORRECT})  # the length probes'
 CORRECT.update({f"zoo_init.py:{k}": {} for k in zoo_init.CORRECT})  # zero initialisations that train
 CORRECT.update({f"zoo_history.py:{k}": {} for k in zoo_history.CORRECT})  # caches that follow their inputs
+CORRECT.update({f"zoo_numerics.py:{k}": {} for k in zoo_numerics.CORRECT})  # numerics and construction that train
 # Hugging Face layers, when transformers is installed: every family tblock drives, flags implied.
 HF = ["gpt2", "bert", "roberta", "llama", "mistral", "qwen2", "gemma", "phi3", "gpt_neox"]
 
@@ -110,7 +112,8 @@ def missed_bugs(sizes) -> int:
                **{f"zoo_claims.py:{k}": ("causal", {}) for k in zoo_claims.SAID_CAUSAL},
                **{f"zoo_length.py:{k}": (check, {"causal": True}) for k, (check, _) in zoo_length.PLANTED.items()},
                **{f"zoo_init.py:{k}": (v, {}) for k, v in zoo_init.PLANTED.items()},
-               **{f"zoo_history.py:{k}": (v, {}) for k, v in zoo_history.PLANTED.items()}}
+               **{f"zoo_history.py:{k}": (v, {}) for k, v in zoo_history.PLANTED.items()},
+               **{f"zoo_numerics.py:{k}": (check, {}) for k, (check, _) in zoo_numerics.PLANTED.items()}}
     missed = runs = 0
     for name, (check, flags) in planted.items():
         for size in sizes:

@@ -44,6 +44,21 @@ def tensors(obj):
             yield from tensors(o)
 
 
+def module_copy(module: nn.Module, memo: dict | None = None) -> nn.Module:
+    """copy.deepcopy(module) (with memo), where tensors its modules keep that carry autograd history (an auxiliary
+    loss kept from the last training forward, as fairseq's and DeepSpeed's MoE layers keep `l_aux`), which deepcopy
+    refuses, are copied detached."""
+    import copy
+
+    memo = dict(memo or {})
+    for m in module.modules():
+        for v in list(m._buffers.values()) + [v for k, v in vars(m).items() if not k.startswith("_")]:
+            for t in tensors(v):
+                if t.grad_fn is not None and id(t) not in memo:
+                    memo[id(t)] = t.detach().clone()
+    return copy.deepcopy(module, memo)
+
+
 def state_key(module: nn.Module) -> tuple:
     """What a forward could read besides its input: every parameter's, buffer's and tensor attribute's identity and
     version, and plain scalar attributes, of the module and of modules it keeps as attributes (an HF layer's model).
@@ -348,26 +363,6 @@ def float64_streamed(module: nn.Module, device: torch.device):
             h.remove()
         for m, k, t in originals.values():
             (m._parameters if k in m._parameters else m._buffers)[k] = t
-
-
-@contextmanager
-def plain_bool_checks():
-    """torch._check_with short-circuited for a plain True: torch imports sympy (through
-    torch.fx.experimental.symbolic_shapes, ~1 s, a third of check's run at its defaults) on its first call,
-    only to evaluate symbolic conditions. nn.MultiheadAttention makes that call for a key_padding_mask
-    whenever grad is on. A symbolic or false condition goes to torch's own function; restored on exit."""
-    original = torch._check_with
-
-    def check_with(error_type, cond, message=None):
-        if cond is True:
-            return None
-        return original(error_type, cond, message)
-
-    torch._check_with = check_with
-    try:
-        yield
-    finally:
-        torch._check_with = original
 
 
 class HandlerMode(TorchDispatchMode):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from tblock_cli.checks.context import Context, eval_forwards
+from tblock_cli.checks.context import Context, eval_forwards, nonfinite_kind
 from tblock_cli.checks.result import Outcome, failed, passed, skipped, warned
 from tblock_cli.probes import rel_diff, train_mode
 
@@ -16,6 +16,18 @@ UNSCALED_RATIO = 2.0
 # (0.5 at 4 heads, 0.35 at 8), the scale applied twice 1/sqrt(d_head) (0.25 at d_head 16). Correct
 # blocks measured 0.91 or more. (muP's deliberate 1/d_head scale lands here too: the warning says so.)
 OVERSCALED_RATIO = 0.6
+# Attention saturated as built: every query's weight on one key (mean row entropy below this share of uniform's and
+# mean largest weight above SATURATED_MAX_P), so the softmax passes almost no gradient and no head can learn where to
+# look. Measured at init: correct blocks of the zoo and the 89 driven hf types 0.8 or more, unscaled scores 0.42;
+# q/k projections drawn with std 1 (an init meant for embeddings) 0.02.
+SATURATED_ENTROPY = 0.1
+SATURATED_MAX_P = 0.9
+# A softmax is the same function of s and of s - max(s): PyTorch's own, and a hand-written one that subtracts the row
+# maximum, are finite at any logit. One written as exp(s) / sum(exp(s)) overflows once a logit passes 88.7 (float32),
+# 11.1 (float16): inf / inf = NaN, as soon as training grows the logits. Probed where the block computes its own
+# softmax (not SDPA's or nn.MultiheadAttention's): its q operand scaled so the largest |logit| reaches OVERFLOW_LOGIT
+# (the product still fits float16), and the output must stay finite.
+OVERFLOW_LOGIT = 1e3
 # The scale is judged only where a head has enough channels for the ratio to mean something.
 MIN_HEAD_DIM = 4
 # Positions decoded by kv_cache: enough that a window or an off-by-one shows, small enough to be quick.
@@ -35,9 +47,11 @@ def check_attention(ctx: Context) -> Outcome:
     """Per attention call: logit std, entropy relative to uniform, mean max probability; unscaled scores warned.
 
     Catches: per attention call: logit std, entropy relative to uniform, mean max probability; fails on a softmax
-    over the query axis; **warns** when the scores look unscaled or scaled more than 1/sqrt(d_head), when no token
-    attends to itself (a masked diagonal), and when a q.k product weights the values with no softmax (a softmax
-    written out by hand, rows non-negative and summing to 1, counts as one)"""
+    over the query axis, and on a softmax of the block's own that overflows to NaN once its logits reach 1e3 (exp(s) /
+    sum(exp(s)) without the row maximum subtracted); **warns** when the scores look unscaled or scaled more than 1/sqrt(d_head), when no token
+    attends to itself (a masked diagonal), when a q.k product weights the values with no softmax (a softmax
+    written out by hand, rows non-negative and summing to 1, counts as one), and when attention is saturated as built
+    (entropy below 0.1 of uniform, each query on one key: q/k weights initialised far too large)"""
     flow = ctx.dataflow()
     slipped = {"tracing_slips": flow.slips, "slip_errors": list(flow.slip_errors)} if flow.slips else {}
     if not flow.attention:
@@ -49,6 +63,9 @@ def check_attention(ctx: Context) -> Outcome:
     wrong_axis = next((c for c in flow.attention if not c.key_axis), None)
     if wrong_axis is not None:
         return failed("attention.query_axis", value, where=wrong_axis.where or "root", calls=calls)
+    overflow = softmax_overflows(ctx, flow)
+    if overflow is not None:
+        return failed("attention.overflows", value, got=overflow, logit=OVERFLOW_LOGIT, calls=calls)
     raw = next((c for c in flow.attention if not c.normalised), None)
     if raw is not None:
         return warned("attention.no_softmax", value, where=raw.where or "root", calls=calls)
@@ -62,7 +79,43 @@ def check_attention(ctx: Context) -> Outcome:
     if worst is not None and worst.scale_ratio >= UNSCALED_RATIO and worst.head_dim >= MIN_HEAD_DIM:
         return warned("attention.unscaled", value, where=worst.where or "root", ratio=worst.scale_ratio, note=worst.scale_note.text,
                       head_dim=worst.head_dim, limit=UNSCALED_RATIO, calls=calls)
+    hot = min(flow.attention, key=lambda c: c.entropy)
+    if hot.entropy < SATURATED_ENTROPY and hot.max_prob > SATURATED_MAX_P:
+        return warned("attention.saturated", round(hot.entropy, 3), where=hot.where or "root", entropy=hot.entropy,
+                      max_prob=hot.max_prob, logit_std=hot.logit_std, calls=calls)
     return passed("attention.stats", value, calls=calls)
+
+
+def softmax_overflows(ctx: Context, flow) -> str | None:
+    """What the output holds (NaN, inf) once the logits of the block's own softmax (a product of q and k, not SDPA or
+    nn.MultiheadAttention) are driven to OVERFLOW_LOGIT by scaling q, where it is finite before; None otherwise."""
+    if all(c.kind in ("nn.MultiheadAttention", "scaled_dot_product_attention") for c in flow.attention):
+        return None
+    from tblock_cli.anatomy.mha import MASKED_LOGIT
+    from tblock_cli.card.scores import ScoreTracer
+
+    module, x = ctx.subject.module, ctx.x()
+
+    def run(targets=frozenset(), factor=1.0):
+        tr = ScoreTracer(module, ctx.cfg.d_model, targets, factor)
+        with train_mode(module, False), torch.no_grad(), tr:
+            out = ctx.subject(x.clone())
+        return tr, out
+
+    tr, out = run()
+    peaks = {}
+    for i, (kind, ordinal, *_rest) in tr.calls.items():
+        got = tr.attn.captured.get(i)
+        if kind in ("sdpa", "mha") or got is None:
+            continue
+        z = got.logits
+        live = z[torch.isfinite(z) & (z > MASKED_LOGIT)]
+        if live.numel() and live.abs().max() > 0:
+            peaks[ordinal] = live.abs().max().item()
+    if not peaks or not torch.isfinite(out).all():
+        return None
+    _, driven = run(frozenset(peaks), OVERFLOW_LOGIT / min(peaks.values()))
+    return None if torch.isfinite(driven).all() else nonfinite_kind(driven)
 
 
 def decoded_off(got: torch.Tensor, full: torch.Tensor, label: str) -> tuple[Outcome | None, list[float]]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable
 
@@ -35,7 +36,6 @@ from tblock_cli.checks.result import CheckReport, CheckResult, Outcome
 from tblock_cli.checks.sharded import check_fsdp, check_tensor_parallel
 from tblock_cli.config import BlockConfig
 from tblock_cli.errors import USER_ERRORS, ConfigError, is_out_of_memory, one_line
-from tblock_cli.probes import plain_bool_checks
 from tblock_cli.report import RunInfo, Status
 from tblock_cli.subject import Subject
 
@@ -107,6 +107,26 @@ REGISTRY: tuple[Check, ...] = (
     Check("global_state", globalstate.check_global_state, (), None),
 )
 CHECK_NAMES = tuple(c.name for c in REGISTRY)
+
+
+@contextmanager
+def plain_bool_checks():
+    """torch._check_with short-circuited for a plain True: torch imports sympy (through
+    torch.fx.experimental.symbolic_shapes, ~1 s, a third of check's run at its defaults) on its first call,
+    only to evaluate symbolic conditions. nn.MultiheadAttention makes that call for a key_padding_mask
+    whenever grad is on. A symbolic or false condition goes to torch's own function; restored on exit."""
+    original = torch._check_with
+
+    def check_with(error_type, cond, message=None):
+        if cond is True:
+            return None
+        return original(error_type, cond, message)
+
+    torch._check_with = check_with
+    try:
+        yield
+    finally:
+        torch._check_with = original
 
 
 def docs_table() -> str:

@@ -133,7 +133,7 @@ def check_checkpointing(ctx: Context) -> Outcome:
     """Catches: non-reentrant activation checkpointing (as `torch.utils.checkpoint(use_reentrant=False)` does it)
     around the block, and the block's own switch (Hugging Face's, a
     `use_checkpoint`/`checkpoint`/`grad_checkpointing` flag or keyword), that change outputs, input or parameter
-    gradients with dropout active and the same seed; parameters that get no gradient when the input does not require
+    gradients with dropout active and the same seed, on a padded batch too (a padding mask its own path drops); parameters that get no gradient when the input does not require
     one (reentrant checkpointing inside)"""
     if (large := too_large(ctx)) is not None:
         return large
@@ -147,10 +147,14 @@ def check_checkpointing(ctx: Context) -> Outcome:
     plain = _grads(ctx, lambda t: subject(t), x, w)
     probes = {}
     probes["non-reentrant checkpoint"] = _differs(plain, _grads(ctx, lambda t: recomputed(subject, t, ctx.device), x, w))
+    padded = _padded_plain(ctx, x, w) if _has_switch(module) else None
     with _switched_on(module) as how:
         if how is not None:
             ctx.step("the block's own checkpointing")
             probes[how] = _differs(plain, _grads(ctx, lambda t: subject(t), x, w))
+            if padded is not None:  # its own path must pass every argument on: a padding mask it drops shows here
+                mask, wm, ref = padded
+                probes[how + " on a padded batch"] = _differs(ref, _grads(ctx, lambda t: subject(t, mask), x, wm))
     kwarg = _switch_keyword(module)
     if kwarg is not None:
         from tblock_cli.subject.loading import first_tensor
@@ -170,6 +174,25 @@ def check_checkpointing(ctx: Context) -> Outcome:
     if diff > ctx.tol:
         return failed("checkpointing.differs", diff, how=name, where=where, diff=diff, **facts)
     return passed("checkpointing.same", diff, switches=[k for k in probes if k != "non-reentrant checkpoint"], **facts)
+
+
+def _has_switch(module: nn.Module) -> bool:
+    with _switched_on(module) as how:
+        return how is not None
+
+
+def _padded_plain(ctx: Context, x: torch.Tensor, w: torch.Tensor):
+    """(mask, the loss weights, the plain run's output and gradients) of x right-padded, loss on real positions: for a block that takes
+    a padding mask, where that run is finite (nn.MultiheadAttention's NaN rows are padding's to report)."""
+    from tblock_cli.checks.mixing import padding_mask
+
+    if ctx.subject.pad_keyword is None:
+        return None
+    mask = padding_mask(ctx, x.shape[0], x.shape[1])
+    w = w.masked_fill(mask[..., None], 0.0)
+    ref = _grads(ctx, lambda t: ctx.subject(t, mask), x, w)
+    finite = torch.isfinite(ref[0]).all() and all(g is None or torch.isfinite(g).all() for g in (ref[1], *ref[2].values()))
+    return (mask, w, ref) if finite else None
 
 
 def _switch_keyword(module: nn.Module) -> str | None:

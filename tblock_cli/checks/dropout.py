@@ -12,7 +12,6 @@ rescaled, or rescaled twice."""
 from __future__ import annotations
 
 import contextlib
-import copy
 import math
 
 import torch
@@ -25,7 +24,7 @@ from tblock_cli.checks.gradients import RESIDUAL_MIN
 from tblock_cli.checks.result import Outcome, failed, passed, skipped
 from tblock_cli.checks.training import all_modules, seeded, too_large
 from tblock_cli.errors import is_out_of_memory, one_line
-from tblock_cli.probes import TorchDropoutOff, f64, rel_diff, reseed, set_dropout, train_mode
+from tblock_cli.probes import TorchDropoutOff, f64, module_copy, rel_diff, reseed, set_dropout, train_mode
 from tblock_cli.subject import first_tensor
 
 # Training forwards per judged module. The mean's own noise is the spread / sqrt(MASKS) and is subtracted (the bias
@@ -101,7 +100,7 @@ def check_dropout(ctx: Context) -> Outcome:
 
 
 def _check(ctx: Context) -> Outcome:
-    module = copy.deepcopy(ctx.subject.module)  # modules are called alone, many times, in train mode: a copy's state
+    module = module_copy(ctx.subject.module)  # modules are called alone, many times, in train mode: a copy's state
     subject = ctx.subject.like(module)
     x = ctx.x(batch=max(ctx.cfg.batch, BATCH))  # a mask per sample (stochastic depth) needs samples to average over
     calls: dict[int, tuple] = {}

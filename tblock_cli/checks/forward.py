@@ -3,7 +3,6 @@ need_weights off, and agreement with a float64 copy."""
 
 from __future__ import annotations
 
-import copy
 from dataclasses import replace
 
 import torch
@@ -14,7 +13,7 @@ from tblock_cli.anatomy.norms import find_norms, with_eps
 from tblock_cli.checks.context import TRAINING_INPUT, Context, eval_forward, forward_together, nonfinite_kind
 from tblock_cli.checks.result import Outcome, failed, passed, skipped, warned
 from tblock_cli.errors import is_out_of_memory, one_line
-from tblock_cli.probes import changed, f64, float64_streamed, rel_diff, state_key, tensors, train_mode
+from tblock_cli.probes import changed, f64, float64_streamed, module_copy, rel_diff, state_key, tensors, train_mode
 from tblock_cli.report import Status
 from tblock_cli.runtime import dtype_name
 
@@ -260,7 +259,7 @@ def float64_reference(ctx: Context, x: torch.Tensor, device: torch.device) -> to
             return ctx.subject(x64.clone())
     except Exception:  # noqa: BLE001 - a tensor read where its module is not called: the whole copy runs it
         pass
-    ref_module = copy.deepcopy(module).to(device=device, dtype=torch.float64)
+    ref_module = module_copy(module).to(device=device, dtype=torch.float64)
     with train_mode(ref_module, False), torch.no_grad():
         return ctx.subject.like(ref_module)(x64)
 

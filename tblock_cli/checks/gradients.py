@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -11,7 +12,7 @@ import torch.nn as nn
 
 from tblock_cli.checks.context import TRAINING_BACKWARD, TRAINING_INPUT, Context, eval_forward, nonfinite_kind
 from tblock_cli.checks.result import Outcome, failed, passed
-from tblock_cli.probes import changed, f64, rel_diff, residual_gain, residual_probes, state_key, train_mode
+from tblock_cli.probes import changed, f64, rel_diff, residual_gain, residual_probes, state_key, tensors, train_mode
 from tblock_cli.report import Status
 
 # tr(J)/n of input -> output. An identity residual contributes exactly 1; the branches' own
@@ -21,6 +22,13 @@ from tblock_cli.report import Status
 RESIDUAL_MIN = 0.5
 # A gain near 2 counts the identity twice (x + x + f(x)); no correct block measured above 1.01.
 RESIDUAL_MAX = 1.5
+# A block whose every output token has the same norm (nGPT: hidden states on the unit sphere, the output a
+# normalisation) fixes its output's scale whatever the input's: tr(J)/n then carries the gain |y|/|x| (1/sqrt(d) for
+# unit-norm tokens out of RMS-1 ones in), and the identity path is judged on tr(J)/n / gain. Measured at d 64: nGPT
+# 0.977 (raw 0.122), Pre-LN 0.979, no residual 0.002 with its output unit-normalised or not. Equal norms: within 1e-3.
+SPHERE_SPREAD = 1e-3
+# A tensor a module keeps under such a name is a loss for the trainer to add (a load-balancing or router z-loss).
+KEPT_LOSS = re.compile(r"loss|l_aux", re.I)
 
 
 def grad_state(g: torch.Tensor | None) -> str:
@@ -59,6 +67,7 @@ class TrainingBackward:
     states: dict
     x: torch.Tensor
     key: tuple
+    detached_losses: list = field(default_factory=list)
 
 
 def training_backward(ctx: Context) -> TrainingBackward:
@@ -71,9 +80,16 @@ def training_backward(ctx: Context) -> TrainingBackward:
         for p in module.parameters():
             p.grad = None
         try:
+            before = kept_losses(module)
+            raw: list = []
+            hook = module.register_forward_hook(lambda _m, _a, o: raw.append(o))
             with train_mode(module, True), torch.enable_grad():
                 xin = x.clone()
-                out = ctx.subject(xin)
+                try:
+                    out = ctx.subject(xin)
+                finally:
+                    hook.remove()
+                detached = detached_losses(module, before, raw)
                 ctx.note(TRAINING_INPUT, changed(xin, x))  # input_unchanged reads it, even if the backward raises
                 # a random projection: out.sum() would see nothing through a final LayerNorm
                 w = torch.randn(out.shape, generator=ctx.gen).to(out.device)
@@ -83,8 +99,31 @@ def training_backward(ctx: Context) -> TrainingBackward:
         finally:
             for n, p in module.named_parameters():
                 p.grad = saved[n]
-        return TrainingBackward(x.grad, states, x, state_key(module))
+        return TrainingBackward(x.grad, states, x, state_key(module), detached)
     return ctx.probe(TRAINING_BACKWARD, compute)
+
+
+def kept_losses(module: nn.Module) -> dict[str, torch.Tensor]:
+    """Single-element float tensors the block's modules keep under a loss's name (KEPT_LOSS): `self.aux_loss`."""
+    out = {}
+    for name, m in module.named_modules():
+        for k, v in vars(m).items():
+            if isinstance(v, torch.Tensor) and KEPT_LOSS.search(k) and v.is_floating_point() and v.numel() == 1:
+                out[f"{name}.{k}" if name else k] = v
+    return out
+
+
+def detached_losses(module: nn.Module, before: dict, raw: list) -> list[str]:
+    """Losses a training forward kept (new objects, non-zero) without a graph, where no other loss it kept or
+    returned beside its output has one: an auxiliary loss computed under no_grad or detached never trains the router
+    it is for. A loss kept detached for logging beside a live one (kept or returned) is not counted."""
+    if not any(p.requires_grad for p in module.parameters()):
+        return []
+    new = {n: t for n, t in kept_losses(module).items() if before.get(n) is not t}
+    extra = [t for o in raw if isinstance(o, (tuple, list)) for t in tensors(o[1:])]
+    if any(t.requires_grad for t in list(new.values()) + extra):
+        return []
+    return sorted(n for n, t in new.items() if t.detach().abs().item() != 0)
 
 
 def check_grad_input(ctx: Context) -> Outcome:
@@ -101,8 +140,10 @@ def check_grad_input(ctx: Context) -> Outcome:
 
 
 def check_grad_params(ctx: Context) -> Outcome:
-    """Catches: a parameter with no gradient (unused, under `no_grad`, detached); zero gradients are a note (a key bias
-    can legitimately get one)"""
+    """Catches: a parameter with no gradient (unused, under `no_grad`, detached); a loss the training forward keeps for
+    the trainer to add (`self.aux_loss`, a load-balancing or z-loss) with no graph, where no kept or returned loss has
+    one (computed under `no_grad` or detached: it trains nothing); zero gradients are a note (a key bias can
+    legitimately get one)"""
     _, states = train_backward(ctx)
     if not states:
         return Outcome(Status.SKIP, "grad_params.no_params", 0)
@@ -114,6 +155,9 @@ def check_grad_params(ctx: Context) -> Outcome:
         return failed("grad_params.missing", value, params=missing)
     if nonfinite:
         return failed("grad_params.nonfinite", value, params=nonfinite)
+    detached = training_backward(ctx).detached_losses
+    if detached:
+        return failed("grad_params.loss_detached", value, losses=detached)
     return passed("grad_params.ok", value, zero=zero)
 
 
@@ -129,8 +173,20 @@ def layer_inputs(layers: list[nn.Module], run: Callable[[], object]) -> list[tor
     return seen
 
 
+def on_sphere(y: torch.Tensor) -> bool:
+    """Every token of y (..., d) has the same norm, within SPHERE_SPREAD: an output that is a normalisation."""
+    norms = f64(y.detach()).norm(dim=-1).flatten()
+    return norms.numel() > 1 and bool(norms.min() > 0) and bool((norms.max() - norms.min()) <= SPHERE_SPREAD * norms.max())
+
+
+def gain_of(x: torch.Tensor, y: torch.Tensor) -> float:
+    """RMS(y) / RMS(x)."""
+    return (f64(y.detach()).square().mean().sqrt() / f64(x.detach()).square().mean().sqrt().clamp_min(1e-300)).item()
+
+
 def check_residual(ctx: Context) -> Outcome:
     """Catches: no identity path: tr(J)/n < 0.5 (Pre-LN ~1.0, Post-LN ~0.9, none ~0), per layer for built-in stacks;
+    where every output token has one norm (nGPT's unit sphere), tr(J)/n per unit of the output's gain RMS(y)/RMS(x);
     the identity counted twice (> 1.5); a residual taken after the norm (doubling the input leaves the output
     unchanged)"""
     module, x = ctx.subject.module, ctx.standard()[0]
@@ -147,8 +203,14 @@ def check_residual(ctx: Context) -> Outcome:
             gains = [residual_gain(ctx.subject, x, ctx.gen)]
     worst = min(range(len(gains)), key=gains.__getitem__)
     layer = lambda i: i if len(gains) > 1 else None  # noqa: E731 - a layer index only for a stack
+    sphere = on_sphere(ctx.standard()[1])
     if not gains[worst] >= RESIDUAL_MIN:
-        return failed("residual.missing", round(gains[worst], 4), layer=layer(worst), gain=gains[worst], limit=RESIDUAL_MIN)
+        per_gain = gains[worst] / gain_of(x, ctx.standard()[1]) if sphere and not layers else None
+        if per_gain is None or not per_gain >= RESIDUAL_MIN:
+            return failed("residual.missing", round(gains[worst], 4), layer=layer(worst), gain=gains[worst], limit=RESIDUAL_MIN,
+                          per_gain=per_gain)
+        return passed("residual.sphere", round(per_gain, 4), gain=gains[worst], per_gain=per_gain,
+                      scale=gain_of(x, ctx.standard()[1]))
     top = max(range(len(gains)), key=gains.__getitem__)
     if gains[top] > RESIDUAL_MAX:
         return failed("residual.doubled", round(gains[top], 4), layer=layer(top), gain=gains[top], limit=RESIDUAL_MAX)
@@ -156,6 +218,6 @@ def check_residual(ctx: Context) -> Outcome:
     # input's scale survives: doubling the input leaves the output unchanged. Not asked of a block whose
     # output comes from a norm (Post-LN): with small branches at init it is nearly scale-invariant by design.
     doubled = rel_diff(eval_forward(ctx, 2 * x), ctx.standard()[1])
-    if doubled <= ctx.tol and not ctx.dataflow().output_normed:
+    if doubled <= ctx.tol and not ctx.dataflow().output_normed and not sphere:
         return failed("residual.after_norm", round(gains[worst], 4), change=doubled)
     return passed("residual.present", round(gains[worst], 4), gains=gains)

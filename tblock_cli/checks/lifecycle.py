@@ -3,7 +3,6 @@ fresh instance."""
 
 from __future__ import annotations
 
-import copy
 import inspect
 
 import torch
@@ -15,7 +14,7 @@ from tblock_cli.checks.context import Context, eval_forward
 from tblock_cli.checks.result import Outcome, failed, passed, skipped, warned
 from tblock_cli.checks.training import all_modules, seeded, too_large
 from tblock_cli.errors import is_out_of_memory, one_line
-from tblock_cli.probes import rel_diff, reseed, train_mode
+from tblock_cli.probes import module_copy, rel_diff, reseed, train_mode
 
 # A buffer rebuilt by the block's own init equals the normal build's up to the run dtype's rounding of the same
 # computation (ctx.tol); left untouched after to_empty() it holds the NaN tblock wrote there, or garbage.
@@ -241,7 +240,7 @@ def check_state_dict(ctx: Context) -> Outcome:
     if ctx.subject.rebuild is not None:
         fresh, how = ctx.subject.rebuild(ctx.cfg.seed + 1, "cpu").to(ctx.device), "rebuilt"
     else:  # handed over as an instance: a copy whose saved tensors are all overwritten with other values
-        fresh, how = copy.deepcopy(module), "copy"
+        fresh, how = module_copy(module), "copy"
         with torch.no_grad():
             for root in roots(fresh):
                 for t in root.state_dict(keep_vars=True).values():

@@ -19,7 +19,7 @@ from tblock_cli.checks.context import (
 )
 from tblock_cli.checks.result import Outcome, failed, passed, skipped, warned
 from tblock_cli.errors import one_line
-from tblock_cli.probes import f64, rel_diff
+from tblock_cli.probes import f64, rel_diff, train_mode
 
 # Names that mark position machinery inside a block; token order then matters by design.
 POSITIONAL_NAMES = re.compile(r"rotary|rope|alibi|rel_?pos|relative|pos_?emb|position|inv_freq|sinusoid|wpe|(^|[._])pos([._]|$)", re.I)
@@ -125,7 +125,9 @@ def fully_padded(ctx: Context, x: torch.Tensor, T: int) -> dict:
 def check_padding(ctx: Context) -> Outcome:
     """Catches: padded inputs that reach real outputs (values in eval, gradients in train); and the real positions of a
     padded batch that differ from the same tokens run alone, with right padding, and with left padding for causal
-    blocks (declared or causal by themselves) without positions inside"""
+    blocks (declared or causal by themselves) without positions inside; there, a training backward of the
+    left-padded batch's real outputs with non-finite gradients while its forward is finite (a -inf mask's NaN rows
+    hidden by `nan_to_num`)"""
     if ctx.subject.pad_keyword is None:  # an hf: layer whose model takes no mask (vision, audio): --pad-keyword is no help
         return skipped("padding.hf_no_mask" if ctx.subject.name.startswith("hf:") else "padding.no_keyword")
     B, T = max(2, ctx.cfg.batch), max(ctx.cfg.seq, 3)
@@ -182,7 +184,32 @@ def check_padding(ctx: Context) -> Outcome:
             nonfinite.append({"side": side, "got": spread, "twice": True})
     if nonfinite and not mha:
         return failed("padding.nan_spreads", None, side=nonfinite[0]["side"], got=nonfinite[0]["got"], **full)
+    if "left" in sides and not nonfinite:
+        ctx.step("a training backward through left padding")
+        bad = nonfinite_grads(ctx, x_left, left_mask)
+        if bad:
+            return failed("padding.grad_nonfinite", None, side="left", params=bad, **full)
     return passed("padding.respected", worst, sides=sides, diff=worst, nonfinite=nonfinite, **full)
+
+
+def nonfinite_grads(ctx: Context, x: torch.Tensor, mask: torch.Tensor) -> list[str]:
+    """The parameters (and `input`) whose gradient is non-finite after a train forward of the padded batch x and a
+    backward of a loss on its real positions only; [] where the forward itself is not finite everywhere (its NaN
+    rows are then what is reported). A causal block's first left-padded rows see no real key: a -inf fill turns them
+    to NaN, and a `nan_to_num` after the softmax hides it from the forward but not from the backward (0 * NaN)."""
+    module = ctx.subject.module
+    params = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+    x = x.detach().clone().requires_grad_(True)
+    with train_mode(module, True), torch.enable_grad():
+        out = ctx.subject(x.clone(), mask)
+        if not torch.isfinite(out).all():
+            return []
+        loss = projected(ctx, out[~mask])
+        if not loss.requires_grad:
+            return []
+        grads = torch.autograd.grad(loss, [x] + [p for _, p in params], allow_unused=True)
+    names = ["input"] + [n for n, _ in params]
+    return [n for n, g in zip(names, grads) if g is not None and not bool(torch.isfinite(g).all())]
 
 
 def spread_through_twice(ctx: Context, once: torch.Tensor, mask: torch.Tensor) -> str | None:

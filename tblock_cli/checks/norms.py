@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import copy
-
 import torch
 
 from tblock_cli.checks.context import Context
 from tblock_cli.checks.result import Outcome, failed, passed, skipped
-from tblock_cli.probes import f64
+from tblock_cli.probes import f64, module_copy
 from tblock_cli.runtime import dtype_name
 
 # Input RMS for the large-magnitude probe: above 256, where an fp16 square overflows (256^2 > 65504), and far from
@@ -21,6 +19,12 @@ NORM_ERROR = {torch.float64: 1e-9, torch.float32: 1e-4, torch.float16: 0.1, torc
 # Output RMS at init of a (1 + w) norm (one whose output is not zero with its parameters zeroed), on unit-RMS
 # input: 1.0 with w = 0 at init (Gemma); 2.0 with w initialised to 1, as a plain norm's weight is. 1.5 between.
 OFFSET_GAIN_MAX = 1.5
+# A norm's per-channel gain at init is a constant (ones, Gemma's 1 + 0, timm's ResPostBlock init_values 1e-5): positive
+# in every channel. Its sign per channel is read as that of sum_t (N(x_t) - N(-x_t))_c x_tc (a norm is odd in its
+# input: the difference is twice the gain times the normalised input). A share of negative channels above this is a
+# gain drawn at random (an init loop `normal_(p, 0, 0.02)` over every parameter reached the norms: half the channels
+# negative, the output ~50x too small: 42 % and 52 % measured on two LayerNorms of width 64).
+RANDOM_GAIN_SHARE = 0.25
 
 
 def rms(t: torch.Tensor) -> float:
@@ -30,12 +34,13 @@ def rms(t: torch.Tensor) -> float:
 def check_norms(ctx: Context) -> Outcome:
     """Catches: each norm alone: relative RMS error against its float64 copy at input RMS 1e3 (an fp16 RMSNorm squaring
     before it upcasts returns 0: error 1.0; limit 0.1 half, 1e-4 float32); a `(1 + w)` norm whose output RMS at init
-    exceeds 1.5 (w initialised to 1 doubles it)"""
+    exceeds 1.5 (w initialised to 1 doubles it); a norm whose gain has random signs at init (over a quarter of its
+    channels negative: an init loop meant for the projections drew its weight from N(0, 0.02))"""
     norms = ctx.dataflow().norms
     if not norms:
         return skipped("norms.none")
     mods = dict(ctx.subject.module.named_modules())
-    large, offset, seen, errors = [], [], [], []
+    large, offset, random_gain, seen, errors = [], [], [], [], []
     for name, width in norms.items():
         m = mods[name]
         x = torch.randn(2, 8, width, generator=ctx.gen, dtype=torch.float64)
@@ -43,12 +48,13 @@ def check_norms(ctx: Context) -> Outcome:
             try:
                 big = x * LARGE_RMS
                 got = m(big.to(device=ctx.device, dtype=ctx.dtype))
-                ref = copy.deepcopy(m).to(dtype=torch.float64)(big.to(ctx.device))
+                ref = module_copy(m).to(dtype=torch.float64)(big.to(ctx.device))
                 unit = m(x.to(device=ctx.device, dtype=ctx.dtype))
-                zeroed = copy.deepcopy(m)
+                zeroed = module_copy(m)
                 for p in zeroed.parameters():
                     p.zero_()
                 bare = zeroed(x.to(device=ctx.device, dtype=ctx.dtype))
+                odd = f64(unit) - f64(m((-x).to(device=ctx.device, dtype=ctx.dtype)))
             except Exception:  # noqa: BLE001 - a norm that needs more than a tensor: find_norms called it, but be safe
                 continue
         if not isinstance(got, torch.Tensor) or got.shape != big.shape:
@@ -62,6 +68,9 @@ def check_norms(ctx: Context) -> Outcome:
             gain = rms(unit)
             if gain > OFFSET_GAIN_MAX:
                 offset.append({"name": name, "gain": gain})
+        signs = (odd * x.to(odd)).flatten(0, -2).sum(0)
+        if any(True for _ in m.parameters()) and signs.numel() > 1 and (signs < 0).double().mean() > RANDOM_GAIN_SHARE:
+            random_gain.append({"name": name, "negative": (signs < 0).double().mean().item(), "gain": rms(odd) / 2})
     facts = {"norms": seen, "dtype": dtype_name(ctx.dtype), "scale": LARGE_RMS}
     if large:
         worst = max(large, key=lambda n: n["error"])
@@ -69,6 +78,9 @@ def check_norms(ctx: Context) -> Outcome:
     if offset:
         return failed("norms.offset_init", round(max(o["gain"] for o in offset), 3), offset=offset, limit=OFFSET_GAIN_MAX,
                       **facts)
+    if random_gain:
+        return failed("norms.random_gain", round(max(r["negative"] for r in random_gain), 3), random_gain=random_gain,
+                      limit=RANDOM_GAIN_SHARE, **facts)
     if not seen:
         return skipped("norms.none")
     return passed("norms.ok", len(seen), worst=max(errors), **facts)

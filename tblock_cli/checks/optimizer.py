@@ -45,6 +45,34 @@ def broken_ties(module: nn.Module) -> list[list[str]]:
     return pairs
 
 
+def aliased(module: nn.Module) -> list[list[str]]:
+    """Groups of distinct parameters whose memory overlaps (`b.weight.data = a.weight.data`, `nn.Parameter(a.weight)`):
+    two Parameters, each with its own gradient and optimizer state, on one storage, so every step updates it once per
+    name and weight decay shrinks it as often. A tie made as a tie (`b.weight = a.weight`) is one Parameter, listed
+    once by named_parameters, and is not seen here."""
+    spans = []
+    for n, p in module.named_parameters():
+        try:
+            if type(p.data) is not torch.Tensor or p.device.type == "meta" or p.numel() == 0:
+                continue
+            size = p.element_size()
+            start = p.data_ptr()
+            end = start + size * (1 + sum((s - 1) * abs(st) for s, st in zip(p.shape, p.stride())))
+            spans.append((p.untyped_storage().data_ptr(), start, end, n))
+        except (RuntimeError, NotImplementedError):  # a tensor subclass without plain storage (DTensor, quantised)
+            continue
+    groups: list[list[str]] = []
+    spans.sort()
+    for i, (base, _start, end, n) in enumerate(spans):
+        overlapping = [m for base2, start2, _end, m in spans[i + 1:] if base2 == base and start2 < end]
+        if overlapping:
+            group = next((g for g in groups if n in g), None)
+            if group is None:
+                groups.append(group := [n])
+            group.extend(m for m in overlapping if m not in group)
+    return groups
+
+
 def adamw_first_step(params: list[nn.Parameter], lr: float, eps: float = 1e-8) -> None:
     """torch.optim.AdamW's first step (no weight decay), written out: from a fresh state its moments are (1 - b1) g
     and (1 - b2) g^2, bias-corrected to g and g^2, so each parameter moves by lr * g / (|g| + eps). torch.optim's
@@ -59,12 +87,14 @@ def check_optimizer_step(ctx: Context) -> Outcome:
     """Catches: one AdamW step (lr 1e-4) on a fixed regression target that does not lower the loss or leaves a
     parameter with a gradient unchanged; parameters no step will ever move (zeros that hold each other's gradient at
     exactly 0, at init and after the step, alive once given random values: an FFN or v and o zero-initialised
-    together); two distinct parameters holding the same random values (a tie broken by a copy); parameters with
+    together); two distinct parameters holding the same random values (a tie broken by a copy), or sharing one
+    storage (`b.weight.data = a.weight.data`: each step updates it twice); parameters with
     `requires_grad=False` are a **warning** where they hold less than half the block's parameters (a norm weight
     frozen by mistake; a frozen base under adapters is the design)"""
     if (large := too_large(ctx)) is not None:
         return large
     ties = broken_ties(ctx.subject.module)  # at build: the module has not been trained by any check
+    aliases = aliased(ctx.subject.module)
     x = ctx.x()
     target = torch.randn(x.shape, generator=ctx.gen)
     step = _adamw_step(ctx, x, target, train=True)
@@ -77,12 +107,14 @@ def check_optimizer_step(ctx: Context) -> Outcome:
         step = _adamw_step(ctx, x, target, train=False)
     first, second = step.pop("loss_before"), step.pop("loss_after")
     unchanged, frozen = step["unchanged"], step["frozen"]
-    facts = {"loss_before": first, "loss_after": second, "lr": STEP_LR, "ties": ties, **step}
+    facts = {"loss_before": first, "loss_after": second, "lr": STEP_LR, "ties": ties, "aliases": aliases, **step}
     value = f"{first:.4g} -> {second:.4g}"
     if not second < first:
         return failed("optimizer_step.loss_not_lowered", value, **facts)
     if ties:
         return failed("optimizer_step.tie_broken", value, **facts)
+    if aliases:
+        return failed("optimizer_step.aliased", value, **facts)
     if unchanged:
         return failed("optimizer_step.unchanged", value, **facts)
     if step["stuck"]:

@@ -4,7 +4,6 @@ the first component whose error jumps."""
 from __future__ import annotations
 
 import contextlib
-import copy
 import functools
 import re
 
@@ -16,7 +15,7 @@ from tblock_cli.checks.context import Context
 from tblock_cli.checks.result import Outcome, failed, passed, skipped
 from tblock_cli.checks.training import all_modules, too_large
 from tblock_cli.errors import is_out_of_memory, one_line
-from tblock_cli.probes import dispatch_mode, train_mode
+from tblock_cli.probes import dispatch_mode, module_copy, train_mode
 from tblock_cli.subject.loading import first_tensor
 
 HALF = torch.bfloat16
@@ -170,8 +169,8 @@ def _half_runs(ctx: Context, module: nn.Module, ref32: nn.Module, ref, ref_parts
         raise HalfRaised(AUTOCAST, witness.first) from e
     results = {"autocast": ([("output", ref)] + ref_parts, [("output", got)] + parts)}
     ctx.step(".to(bfloat16)")
-    half = copy.deepcopy(module).to(HALF)
-    rounded = copy.deepcopy(half).float()  # float32 computing with the bfloat16-rounded weights and buffers
+    half = module_copy(module).to(HALF)
+    rounded = module_copy(half).float()  # float32 computing with the bfloat16-rounded weights and buffers
     xh = x.to(HALF)
     ref_r, parts_r = _outputs(rounded, ctx.subject.like(rounded), xh.float(), False, ctx.device)
     with _emulated(emulate):
@@ -254,7 +253,7 @@ def check_precision(ctx: Context) -> Outcome:
     if ctx.device.type not in ("cpu", "cuda"):
         return skipped("precision.device", device=ctx.device.type)
     module = ctx.subject.module
-    ref32 = copy.deepcopy(module).float()
+    ref32 = module_copy(module).float()
     seq = max(ctx.cfg.seq, PRECISION_SEQ)
     x = torch.randn(1, seq, ctx.cfg.d_model, generator=ctx.gen).to(ctx.device)
     try:

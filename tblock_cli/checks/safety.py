@@ -11,7 +11,7 @@ from torch.overrides import TorchFunctionMode
 from tblock_cli.checks.context import TRAINING_BACKWARD, Context, eval_forward, projected
 from tblock_cli.checks.result import Outcome, failed, passed, warned
 from tblock_cli.errors import is_out_of_memory, one_line
-from tblock_cli.probes import BOOKKEEPING, state_key, tensors, train_mode
+from tblock_cli.probes import BOOKKEEPING, module_copy, state_key, tensors, train_mode
 
 # Nodes walked up a held tensor's graph looking for the input; a block's graph has a few hundred.
 GRAPH_WALK_MAX = 20000
@@ -160,12 +160,23 @@ def check_copy(ctx: Context) -> Outcome:
     """A deepcopy is a faithful copy: its forward touches none of the original's modules, parameters or buffers.
 
     Catches: a `deepcopy` that is not faithful: the copy's forward calls the original's modules or reads its
-    parameters (a closure or a lambda capturing a submodule), or the copy raises"""
+    parameters (a closure or a lambda capturing a submodule), or the copy raises. A tensor kept from the last training
+    forward with its graph (an auxiliary loss, as fairseq's and DeepSpeed's MoE layers keep `l_aux`), which deepcopy
+    refuses until the next forward, is copied detached and named, not failed"""
     module = ctx.subject.module
+    held: list[str] = []
     try:
         twin = copy.deepcopy(module, storage_sharing_memo(module))
     except Exception as e:  # noqa: BLE001 - the copy itself fails: say why
-        return failed("copy.raises", None, error=one_line(e))
+        held = [f"{n}.{k}" if n else k for n, m in module.named_modules()
+                for k, v in [*m._buffers.items(), *((k, v) for k, v in vars(m).items() if not k.startswith("_"))]
+                if any(t.grad_fn is not None for t in tensors(v))]
+        try:
+            if not held:
+                raise
+            twin = module_copy(module, storage_sharing_memo(module))
+        except Exception:  # noqa: BLE001
+            return failed("copy.raises", None, error=one_line(e))
     called: list[str] = []
     hooks = [m.register_forward_pre_hook(lambda _m, _a, _n=n: called.append(_n or "(root)"))
              for n, m in module.named_modules()]
@@ -180,4 +191,4 @@ def check_copy(ctx: Context) -> Outcome:
     shared = sorted(set(called) | use.touched)
     if shared:
         return failed("copy.unfaithful", len(shared), shared=shared)
-    return passed("copy.faithful", 0, shape=list(got.shape))
+    return passed("copy.faithful_held" if held else "copy.faithful", 0, shape=list(got.shape), held=held)

@@ -3,14 +3,12 @@ and equality with PyTorch's own layer for the built-in block."""
 
 from __future__ import annotations
 
-import copy
-
 import torch
 import torch.nn as nn
 
 from tblock_cli.checks.context import Context, eval_forward
 from tblock_cli.checks.result import Outcome, failed, passed, skipped, warned
-from tblock_cli.probes import raise_dropout, rel_diff, train_mode, zero_dropout  # noqa: F401 - raise_dropout: part of this room's vocabulary
+from tblock_cli.probes import module_copy, raise_dropout, rel_diff, train_mode, zero_dropout  # noqa: F401 - raise_dropout: part of this room's vocabulary
 
 # The FFN-share check warns when parameters outside attention, FFN and norms exceed this share:
 # in a standard block only biases could land there, and they are attributed to their layers.
@@ -107,19 +105,35 @@ def check_train_eval(ctx: Context) -> Outcome:
     return passed("train_eval.agree", diff, rebuilt=rebuilt is not None)
 
 
+def shared_norms(module, norms) -> list[list[str]]:
+    """Stream norms with parameters registered under more than one name (`self.ln2 = self.ln1`): one set of gains for
+    two places where the block means two."""
+    names: dict[int, list[str]] = {}
+    for name, m in module.named_modules(remove_duplicate=False):
+        names.setdefault(id(m), []).append(name)
+    mods = dict(module.named_modules(remove_duplicate=False))
+    shared = {id(mods[n]): names[id(mods[n])] for n in norms if n in mods and len(names[id(mods[n])]) > 1
+              and any(True for _ in mods[n].parameters())}
+    return list(shared.values())
+
+
 def check_norm_placement(ctx: Context) -> Outcome:
     """A block with norms of its residual stream uses them one way: every sublayer reads a normalised stream
     (Pre-LN), or the stream is normalised after each residual add (Post-LN).
 
     Catches: in a block with norms of its residual stream: an FFN that reads the stream with no norm before it,
     attention that does while no norm follows the add (a missing norm, or Pre- and Post-LN mixed in one block),
-    keys/values that skip the norm the queries get: **warnings**; every sublayer reading the raw stream with its
-    output normalised before the add (OLMo-2's placement) passes"""
+    keys/values that skip the norm the queries get, one norm module registered under two names (`self.ln2 = self.ln1`:
+    one set of gains for both sublayers): **warnings**; every sublayer reading the raw stream with its output
+    normalised before the add (OLMo-2's placement) passes"""
     flow = ctx.dataflow()
     if not flow.stream_norms:
         return skipped("norm_placement.no_norms")
     if not flow.attention and not flow.found["ffn"]:
         return skipped("norm_placement.no_sublayers")
+    shared = shared_norms(ctx.subject.module, [n for n, w in flow.norms.items() if w == ctx.cfg.d_model])
+    if shared:
+        return warned("norm_placement.shared", ", ".join(" = ".join(g) for g in shared), shared=shared)
     if flow.sublayer_post and not flow.split_kv:
         return passed("norm_placement.sublayer_post")
     if flow.unnormed_ffn:
@@ -163,7 +177,7 @@ def check_reference(ctx: Context) -> Outcome:
     from tblock_cli.subject.reference import reference_output
 
     x = ctx.x().float()
-    module = copy.deepcopy(ctx.subject.module).float()
+    module = module_copy(ctx.subject.module).float()
     with train_mode(module, False), torch.no_grad():
         ours = ctx.subject.like(module)(x)
         theirs = reference_output(module, ctx.cfg, x)

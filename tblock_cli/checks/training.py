@@ -3,7 +3,6 @@ training-time checks share (the seeded RNG, the size gate, the modules a block k
 
 from __future__ import annotations
 
-import copy
 from contextlib import contextmanager
 
 import torch
@@ -12,7 +11,7 @@ import torch.nn as nn
 from tblock_cli.checks.context import Context
 from tblock_cli.checks.result import Outcome, failed, passed, skipped
 from tblock_cli.errors import is_out_of_memory, one_line
-from tblock_cli.probes import f64, reseed, train_mode
+from tblock_cli.probes import f64, module_copy, reseed, train_mode
 
 # The seed every evaluation of the block starts from (dropout draws the same masks in each).
 PROBE_SEED = 1234
@@ -78,7 +77,7 @@ def has_dropout(module: nn.Module) -> bool:
 def copied(module: nn.Module) -> nn.Module:
     """A deep copy whose parameters keep the gradient hooks the original's carry (`p.register_hook`: a deep copy
     drops them), so that what a copy's backward leaves in .grad is what the block's own would."""
-    twin = copy.deepcopy(module)
+    twin = module_copy(module)
     for (_, a), (_, b) in zip(module.named_parameters(remove_duplicate=False), twin.named_parameters(remove_duplicate=False)):
         hooks = getattr(a, "_backward_hooks", None)
         if hooks and b.requires_grad and not getattr(b, "_backward_hooks", None):

@@ -3,7 +3,6 @@ recompilation when the sequence length changes."""
 
 from __future__ import annotations
 
-import copy
 import logging
 import shutil
 from contextlib import ExitStack, contextmanager
@@ -12,7 +11,7 @@ from pathlib import Path
 import torch
 
 from tblock_cli.errors import one_line
-from tblock_cli.probes import rel_diff, same_draws, train_mode, zero_dropout
+from tblock_cli.probes import module_copy, rel_diff, same_draws, train_mode, zero_dropout
 
 # Inductor's CPU kernels are C++ built at run time; without a compiler it cannot run there.
 CXX = ("g++", "c++", "clang++", "gcc", "cc")
@@ -94,7 +93,7 @@ def compile_and_compare(subject, x: torch.Tensor, v: torch.Tensor, backend: str 
         # The block's own dropout, zeroed in both (put back in the caller's after): eager and compiled kernels draw
         # different masks from one seed, so with dropout on the gradients could never agree.
         stack.enter_context(zero_dropout(subject.module))
-        twin = subject.like(copy.deepcopy(subject.module))
+        twin = subject.like(module_copy(subject.module))
         compiled = torch.compile(twin.module, backend=backend)
         fast = subject.like(compiled)
         with train_mode(subject.module, False), train_mode(compiled, False), torch.no_grad():

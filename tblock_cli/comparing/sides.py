@@ -3,13 +3,13 @@
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 
 import torch.nn as nn
 import torch.nn.functional as F
 
 from tblock_cli.errors import ConfigError
+from tblock_cli.probes import module_copy
 
 BUILTIN = "builtin"
 # Flags that shape only the built-in block: given to a user side they would only earn it a warning.
@@ -25,7 +25,7 @@ def spec_of(side) -> object:
     if side is None or (isinstance(side, str) and side == BUILTIN):
         return None
     if isinstance(side, nn.Module):
-        return copy.deepcopy(side)  # A's weights are written into B: never into the caller's module
+        return module_copy(side)  # A's weights are written into B: never into the caller's module
     if isinstance(side, str) and not side.strip():
         raise ConfigError("compare: a side is empty; give a SPEC (file.py:NAME, pkg.mod:NAME, hf:TYPE) or builtin")
     return side

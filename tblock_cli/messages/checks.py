@@ -115,12 +115,17 @@ MESSAGES = {
     "grad_params.no_params": "the block has no trainable parameters",
     "grad_params.missing": lambda f: f"no gradient (defined but unused, or run under no_grad): {names(f['params'])}",
     "grad_params.nonfinite": lambda f: f"non-finite gradient: {names(f['params'])}",
+    "grad_params.loss_detached": lambda f: (f"the training forward keeps {names(f['losses'])} without a graph (computed "
+                                            "under no_grad or detached), and no loss it keeps or returns has one: "
+                                            "added to the training loss, it trains nothing"),
     "grad_params.ok": _grad_params_ok,
     # residual
     "residual.present": lambda f: (f"tr(J)/n = {', '.join(f'{g:.3f}' for g in f['gains'])}: identity path present "
                                    f"(Pre-LN ~1, Post-LN ~0.9, none ~0)"),
     "residual.missing": lambda f: (f"{layer_prefix(f['layer'])}tr(J)/n = {f['gain']:.3f} < {f['limit']}: no identity path from "
                                    f"input to output (missing x + ...?)"),
+    "residual.sphere": lambda f: (f"tr(J)/n = {f['gain']:.3f} at an output gain of {f['scale']:.3f} (every output token of one "
+                                  f"norm): {f['per_gain']:.3f} per unit of gain, identity path present"),
     "residual.doubled": lambda f: (f"{layer_prefix(f['layer'])}tr(J)/n = {f['gain']:.3f} > {f['limit']}: the identity path is "
                                    f"counted more than once (x + x + f(x)?)"),
     "residual.after_norm": ("doubling the input changes the output by {change:.1e} only: every path from the input starts at "
@@ -177,6 +182,14 @@ MESSAGES = {
                                        f"non-negative summing to 1; linear attention does this by design); {_calls(f)}"),
     "attention.self_masked": lambda f: (f"no token attends to itself in {f['where']}: the diagonal of the scores is masked (a "
                                         f"causal mask from triu(0) instead of triu(1)?); {_calls(f)}"),
+    "attention.overflows": lambda f: (f"with its logits driven to {f['logit']:g} (q scaled) the block's own softmax gives "
+                                      f"{f['got']}: it exponentiates without subtracting the row maximum (exp(s) / "
+                                      f"sum(exp(s)) overflows past 88 in float32, 11 in float16; use torch.softmax or "
+                                      f"s - s.amax(-1, keepdim=True))"),
+    "attention.saturated": lambda f: (f"attention saturated as built in {f['where']}: entropy {f['entropy']:.2f} of uniform, "
+                                      f"largest weight {f['max_prob']:.2f} on average, logit std {f['logit_std']:.3g}: each "
+                                      f"query sits on one key, so the softmax passes almost no gradient (q/k weights "
+                                      f"initialised far too large, std 1 where ~1/sqrt(d_model) was meant?)"),
     "attention.overscaled": lambda f: (f"scores scaled more than 1/sqrt(d_head) in {f['where']}: logit std is {f['ratio']:.2f}x "
                                        f"what q.k/sqrt(d_head) predicts (1/sqrt(d_model) gives 1/sqrt(n_heads); the scale applied "
                                        f"twice gives 1/sqrt(d_head); muP's 1/d_head is deliberate); {_calls(f)}"),
@@ -200,6 +213,9 @@ MESSAGES = {
                                      "residual add (OLMo-2's placement); the stream itself is not normalised"),
     "norm_placement.no_norms": "no norm of the residual stream found: nothing to place",
     "norm_placement.no_sublayers": "no attention and no FFN found",
+    "norm_placement.shared": lambda f: ("one norm module is registered under several names, so the sublayers it serves "
+                                        "share one set of gains where the block means one each (`self.ln2 = self.ln1`?): "
+                                        + "; ".join(" = ".join(g) for g in f["shared"])),
     "norm_placement.ffn_unnormed": lambda f: (f"the FFN ({names(f['modules'])}) reads the residual stream with no norm before it, "
                                               f"though the block has norms (a Pre-LN block missing its second norm, or a Post-LN "
                                               f"block missing its first)"),
@@ -243,48 +259,6 @@ MESSAGES = {
 }
 
 
-# ----------------------------------------------------------------------------- past one device (distributed/)
-def _tp_where(f: dict) -> str:
-    first = f.get("first_module")
-    if not first:
-        return ""
-    if f.get("role") == "attn.out":
-        return (f"; the first module whose output differs is `{first}` (attn.out): the attention feeding it computes "
-                f"something else on each rank's heads: heads split with the global head count (view(B, T, n_heads, -1)) "
-                f"instead of view(B, T, -1, head_dim), or a norm over the full q/k width applied to each rank's slice")
-    if f.get("role") == "ffn.out":
-        return (f"; the first module whose output differs is `{first}` (ffn.out): something between the FFN's "
-                f"column-sharded projections and it needs all the hidden units (a norm or sum over the hidden width?)")
-    return f"; the first module whose output differs is `{first}`" + (f" ({f['role']})" if f.get("role") else "")
-
-
-def _tp_raised(f: dict) -> str:
-    where = f"`{f['where']}`" + (f" ({f['role']})" if f.get("role") else "") if f.get("where") else "the forward"
-    return (f"rank {f['rank']}: {where} raised under --tp {f['ranks']}: {f['error']}; a module that needs the full "
-            f"width of a column-sharded activation (a norm over q's full width, a reshape to the global width?)")
-
-
-_DIST = {
-    "tensor_parallel.off": "run with --tp N to check the block tensor-parallel",
-    "tensor_parallel.equal": lambda f: (f"--tp {f['ranks']} ({len(f['colwise'])} colwise, {len(f['rowwise'])} rowwise): outputs, "
-                                        f"input and parameter gradients equal the unsharded block's (max relative diff, limit {f['limit']:g})"),
-    "tensor_parallel.differs": lambda f: (f"--tp {f['ranks']}: the sharded block differs from the unsharded one with the same weights: "
-                                          f"output {f['output']:.2e}, input grad {f['input_grad']:.2e}, parameter grad "
-                                          f"{f['param_grad']:.2e} (worst {f['worst_param']}; limit {f['limit']:g}){_tp_where(f)}"),
-    "tensor_parallel.raised": _tp_raised,
-    "fsdp.off": "run with --fsdp N to check the block under FSDP2",
-    "fsdp.equal": lambda f: (f"--fsdp {f['ranks']}: per-rank micro-batches give the whole batch's averaged gradients and the same "
-                             f"parameters after an SGD step (max relative diff, limit {f['limit']:g})"),
-    "fsdp.differs": lambda f: (f"--fsdp {f['ranks']}: differs from one process on the whole batch of {f['batch']}: output "
-                               f"{f['output']:.2e}, input grad {f['input_grad']:.2e}, parameter grad {f['param_grad']:.2e} "
-                               f"(worst {f['worst_param']}), after a step {f['step']:.2e} (limit {f['limit']:g})"
-                               + ("" if f["param_grad"] != float("inf") else
-                                  f"; `{f['worst_param']}` gets no gradient under fully_shard: the forward uses a reference "
-                                  f"to it kept outside the module (a list, a closure), not the parameter FSDP gathers")),
-    "fsdp.raised": lambda f: (f"rank {f['rank']}: " + (f"`{f['where']}` " if f.get("where") else "the forward ")
-                              + f"raised under fully_shard: {f['error']}"),
-}
-MESSAGES.update(_DIST)
 
 
 def _relative(f: dict) -> str:
@@ -307,6 +281,11 @@ MESSAGES.update({
                                       f"through the block gives {f['got']} at real positions: fully masked rows filled "
                                       f"with -inf give NaN, and two such layers in a row spread it (fill with "
                                       f"finfo.min, or zero those rows); {_fully_padded(f)}"),
+    "padding.grad_nonfinite": lambda f: (f"with {f['side']} padding the training forward is finite but a backward of the "
+                                         f"real outputs gives non-finite gradients at {names(f['params'])}: rows that see "
+                                         f"no real key were filled with -inf and their NaN hidden after the softmax "
+                                         f"(nan_to_num, masked_fill): 0 * NaN in the backward (fill with finfo.min); "
+                                         f"{_fully_padded(f)}"),
     # train_state
     "train_state.clean": "two train forwards + backwards in a row run; no module state keeps an autograd graph",
     "train_state.second_backward": lambda f: (f"train forward + backward number {f['step']} fails ({f['error']}): module state "
@@ -329,6 +308,9 @@ MESSAGES.update({
                                   f"(a lambda or closure capturing a submodule?); float64 copies, EMA and per-device "
                                   f"copies would all compute with the original's weights"),
     "copy.raises": "deepcopy of the block raises: {error}",
+    "copy.faithful_held": lambda f: ("a deepcopy's forward touches none of the original's modules, parameters or buffers; "
+                                     f"{names(f['held'])} kept with the last training forward's graph: a deepcopy taken "
+                                     "before the next forward raises on it (copied detached here)"),
     # determinism, third generation
     "determinism.writes_state": lambda f: ("an eval forward repeated on the same input writes module state again, its "
                                             "output unchanged: " + "; ".join(x for x in (
@@ -353,12 +335,20 @@ MESSAGES.update({
     "norms.offset_init": lambda f: "; ".join(
         f"{o['name']} is a (1 + w) norm whose output RMS at init is {o['gain']:.2f} (> {f['limit']:g}): its w is "
         f"initialised to 1, as a plain norm's weight would be, so it doubles its input" for o in f["offset"]),
+    "norms.random_gain": lambda f: "; ".join(
+        f"{r['name']}'s gain at init is negative in {r['negative']:.0%} of its channels (RMS {r['gain']:.3g}): drawn at "
+        f"random, not a constant (an init loop over every parameter, `normal_(p, 0, 0.02)`, reached the norms; a norm's "
+        f"weight starts at ones)" for r in f["random_gain"]),
     # relative
     "relative.no_attention": "no attention computation seen",
     "relative.absolute": "no attention call whose q and k projections read position-free inputs (absolute positions enter "
                          "before them): not a relative scheme",
     "relative.toeplitz": lambda f: (f"with every token identical the scores depend on i - j only (max deviation "
                                     f"{f['error']:.1e}, limit {f['limit']:g}; {_relative(f)})"),
+    "relative.edge": lambda f: (f"with every token identical the scores depend on i - j only from position {f['start']} on "
+                                f"(deviation {f['tail']:.1e}, limit {f['limit']:g}); the first positions differ by "
+                                f"{f['error']:.1e}: zero padding of something translation-equivariant (a causal "
+                                f"convolution), not a position scheme ({_relative(f)})"),
     "relative.not_toeplitz": lambda f: (f"with every token identical the scores are not a function of i - j (deviation "
                                         f"{f['error']:.2e} > {f['limit']:g}, {_relative(f)}): the relative scheme is "
                                         f"broken (rotary cos/sin laid out for interleaved pairs but a half-split "

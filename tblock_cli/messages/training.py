@@ -162,6 +162,10 @@ MESSAGES = {
                                                   f"{f['loss_before']:.6g} -> {f['loss_after']:.6g}{_eval_step(f)}"),
     "optimizer_step.tie_broken": lambda f: ("distinct parameters hold the same random values (a tie broken by a copy: they "
                                             "train apart): " + "; ".join(" = ".join(p) for p in f["ties"])),
+    "optimizer_step.aliased": lambda f: ("distinct parameters share one storage (`.data` assigned, or a Parameter made of "
+                                         "another's tensor), so each optimizer step updates it once per name and weight "
+                                         "decay shrinks it as often; tie them as one Parameter (b.weight = a.weight): "
+                                         + "; ".join(" = ".join(p) for p in f["aliases"])),
     "optimizer_step.unchanged": lambda f: f"one AdamW step leaves parameters with a gradient unchanged: {names(f['unchanged'])}",
     "optimizer_step.stuck": lambda f: (f"parameters no step will ever move: {names(f['zeros'])} start at zero, where their "
                                        f"gradient is exactly zero, at init and after a step (given random values, it comes "

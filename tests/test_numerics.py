@@ -1,0 +1,109 @@
+"""Numerics and construction only training shows (tests/zoo_numerics.py): each planted bug caught by the check that
+names it, each correct twin (and the designs earlier versions mistook for bugs) clean in the whole battery; and the
+properties the new probes read, tested on their own."""
+
+import pytest
+import torch
+import torch.nn as nn
+import zoo_numerics
+
+from tblock_cli.checks import Status, run_checks
+from tblock_cli.checks.gradients import gain_of, on_sphere
+from tblock_cli.checks.optimizer import aliased
+from tblock_cli.checks.structure import shared_norms
+from tblock_cli.config import build_config
+from tblock_cli.probes import module_copy
+from tblock_cli.subject.loading import make_subject
+
+from conftest import TESTS
+
+CPU = torch.device("cpu")
+BAD = {Status.FAIL, Status.ERROR, Status.WARN}
+WARNINGS = {"attention.saturated", "norm_placement.shared"}
+
+
+def run(spec, only, **flags):
+    cfg = build_config(**{"d_model": 32, "n_heads": 4, **flags})
+    subject = make_subject(cfg, CPU, torch.float32, f"{TESTS / spec}")
+    return {c.name: c for c in run_checks(subject, cfg, CPU, torch.float32, only=only).checks}
+
+
+@pytest.mark.parametrize("name", sorted(zoo_numerics.PLANTED))
+def test_each_planted_bug_is_caught_by_the_check_that_names_it(name):
+    check, kind = zoo_numerics.PLANTED[name]
+    c = run(f"zoo_numerics.py:{name}", (check,))[check]
+    assert c.kind == kind and c.status is (Status.WARN if kind in WARNINGS else Status.FAIL), (c.status, c.kind, c.detail)
+
+
+@pytest.mark.parametrize("name", zoo_numerics.CORRECT)
+def test_correct_twins_raise_no_alarm_in_the_whole_battery(name):
+    by = run(f"zoo_numerics.py:{name}", None)
+    assert not [c for c in by.values() if c.status in BAD], [(c.name, c.detail) for c in by.values() if c.status in BAD]
+
+
+def test_nan_gradients_name_the_projections_they_reach():
+    c = run("zoo_numerics.py:NaNHiddenByNanToNum", ("padding",))["padding"]
+    # the NaN rows' scores come from q and k; v and the FFN see only the zeroed weights
+    assert {"q_proj.weight", "k_proj.weight"} <= set(c.facts["params"]) and "w2.weight" not in c.facts["params"], c.facts
+
+
+def test_an_overflowing_softmax_passes_once_it_subtracts_its_maximum():
+    bad = run("zoo_numerics.py:NaiveSoftmax", ("attention",))["attention"]
+    good = run("zoo_numerics.py:StableHandSoftmax", ("attention",))["attention"]
+    assert bad.status is Status.FAIL and good.status is Status.PASS, (bad.detail, good.detail)
+
+
+def test_aliased_finds_overlapping_storage_but_not_a_tie_or_separate_copies():
+    a, b, c = nn.Linear(4, 4), nn.Linear(4, 4), nn.Linear(4, 4)
+    m = nn.ModuleDict({"a": a, "b": b, "c": c})
+    assert aliased(m) == []
+    b.weight = a.weight  # a tie: one Parameter
+    assert aliased(m) == []
+    c.weight.data = a.weight.data  # a second Parameter on the same storage
+    assert aliased(m) == [["a.weight", "c.weight"]]
+    half = nn.Module()
+    half.whole = nn.Parameter(torch.randn(8))
+    half.tail = nn.Parameter(half.whole.data[4:])  # a view: overlapping, not equal spans
+    half.copy = nn.Parameter(half.whole.data[4:].clone())
+    assert aliased(half) == [["whole", "tail"]]
+
+
+def test_on_sphere_reads_one_norm_per_token():
+    y = torch.randn(2, 5, 16, dtype=torch.float64)
+    assert on_sphere(torch.nn.functional.normalize(y, dim=-1) * 3)
+    assert not on_sphere(y)
+    assert not on_sphere(torch.zeros(2, 5, 16))  # all zero: no sphere
+    assert gain_of(y, 2 * y) == pytest.approx(2.0)
+
+
+def test_shared_norms_lists_every_name_of_one_module():
+    block = zoo_numerics.SharedNorm(32, 4)
+    assert shared_norms(block, ["attn_norm", "ffn_norm"]) == [["attn_norm", "ffn_norm"]]
+    assert shared_norms(zoo_numerics.TrainBlock(32, 4), ["attn_norm", "ffn_norm"]) == []
+
+
+def test_parameters_between_the_projections_and_the_scores_count_as_attention():
+    from tblock_cli.anatomy import trace
+
+    block = zoo_numerics.ConvolvedQKV(32, 4)
+    flow = trace(block, block, torch.randn(2, 6, 32), 32)
+    roles = {m.name: m.role for m in flow.modules}
+    assert [roles[f"convs.{i}"] for i in range(3)] == ["attn.inner"] * 3 and roles["q_proj"] == "attn.q"
+    groups = flow.group_params()
+    convs = sum(p.numel() for p in block.convs.parameters())
+    assert groups["other"] == 0 and groups["attention"] == 4 * 32 * 32 + convs
+    # a module reading the stream (the FFN's input norm's output) stays where the dataflow puts it
+    assert roles["w1"] == "ffn.gate" and roles["attn_norm"] == "norm"
+
+
+def test_a_loss_kept_with_its_graph_is_copied_detached_where_deepcopy_refuses_it():
+    import copy
+
+    block = zoo_numerics.SwitchAuxKept(32, 4)
+    block(torch.randn(2, 5, 32)).sum()
+    assert block.aux_loss.grad_fn is not None
+    with pytest.raises(RuntimeError):
+        copy.deepcopy(block)
+    twin = module_copy(block)
+    assert twin.aux_loss.grad_fn is None and torch.equal(twin.aux_loss, block.aux_loss.detach())
+    assert twin.router.weight is not block.router.weight and torch.equal(twin.router.weight, block.router.weight)
