@@ -18,8 +18,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from hf_sweep import POPULAR  # noqa: E402
 
+from tblock_cli.card.attention import SCALE_SEQ  # noqa: E402
 from tblock_cli.card.entries import judge  # noqa: E402
-from tblock_cli.card.own import FRACTION, own_claims, with_fraction  # noqa: E402
+from tblock_cli.card.own import FRACTION, own_claims, with_fraction, with_window  # noqa: E402
 from tblock_cli.card.read import read_card  # noqa: E402
 from tblock_cli.checks.training import all_modules  # noqa: E402
 from tblock_cli.subject.setup import setup  # noqa: E402
@@ -38,7 +39,7 @@ def main() -> int:
                 continue
             keys = tuple(c.key for c in claims if c.key != FRACTION) + ("moe.experts", "attn.head_dim", "rope.dims")
             card = read_card(subject, s.cfg, s.device, keys=keys)
-            claims = with_fraction(claims, card.value("attn.head_dim"))
+            claims = with_window(with_fraction(claims, card.value("attn.head_dim")), SCALE_SEQ)  # as the check does
             if not card.value("moe.experts"):
                 claims = tuple(c for c in claims if not c.key.startswith("moe."))
             verdicts = judge(card, claims)

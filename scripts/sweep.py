@@ -22,6 +22,7 @@ sys.path.insert(0, str(TESTS))
 
 import zoo_autocast  # noqa: E402
 import zoo_claims  # noqa: E402
+import zoo_designs  # noqa: E402
 import zoo_device  # noqa: E402
 import zoo_dropout  # noqa: E402
 import zoo_float_only  # noqa: E402
@@ -55,6 +56,7 @@ CORRECT.update({f"zoo_length.py:{k}": {"causal": True} for k in zoo_length.CORRE
 CORRECT.update({f"zoo_init.py:{k}": {} for k in zoo_init.CORRECT})  # zero initialisations that train
 CORRECT.update({f"zoo_history.py:{k}": {} for k in zoo_history.CORRECT})  # caches that follow their inputs
 CORRECT.update({f"zoo_numerics.py:{k}": {} for k in zoo_numerics.CORRECT})  # numerics and construction that train
+CORRECT.update({f"zoo_designs.py:{k}": {"causal": True} for k in zoo_designs.CORRECT})  # libraries' designs
 # Hugging Face layers, when transformers is installed: every family tblock drives, flags implied.
 HF = ["gpt2", "bert", "roberta", "llama", "mistral", "qwen2", "gemma", "phi3", "gpt_neox"]
 

@@ -74,6 +74,9 @@ def test_on_sphere_reads_one_norm_per_token():
     assert not on_sphere(y)
     assert not on_sphere(torch.zeros(2, 5, 16))  # all zero: no sphere
     assert gain_of(y, 2 * y) == pytest.approx(2.0)
+    for dtype in (torch.float16, torch.bfloat16):  # unit vectors rounded to half precision still read as a sphere
+        y = torch.randn(4, 64, 64)
+        assert on_sphere(torch.nn.functional.normalize(y, dim=-1).to(dtype)) and not on_sphere(y.to(dtype))
 
 
 def test_shared_norms_lists_every_name_of_one_module():

@@ -55,6 +55,19 @@ LLAMA3 = {"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_facto
 
 
 @HF
+@pytest.mark.parametrize("interleave", [True, False])
+def test_the_pairing_is_read_in_the_projections_channels(interleave):
+    """HF's DeepSeek-V3 with rope_interleave de-interleaves q before a rotate-half: half-split pairs at the product,
+    (2i, 2i + 1) in q_b_proj's channels. The card reads the pairing in the weights' layout: its config's switch."""
+    pytest.importorskip("transformers")
+    c, _ = card("hf:deepseek_v3", {"rope_interleave": interleave})
+    assert config_of(c, "hf:deepseek_v3", {"rope_interleave": interleave}).rope_interleave is interleave
+    e = c.get("rope.pairing")
+    assert e.value == ("interleaved" if interleave else "half"), e
+    assert ("permuted" in e.how) is interleave, e.how
+
+
+@HF
 @pytest.mark.parametrize("kwargs", [None, LLAMA3], ids=["plain", "llama3"])
 def test_llama_rotary_and_scale_equal_config(kwargs):
     pytest.importorskip("transformers")

@@ -287,9 +287,10 @@ class UnitSphere(TrainBlock):
         self.alpha_ffn = nn.Parameter(torch.full((d_model,), 0.05))
 
     def forward(self, x):
-        h = F.normalize(x, dim=-1)
-        h = F.normalize(h + self.alpha_attn * (F.normalize(self.attention(h), dim=-1) - h), dim=-1)
-        return F.normalize(h + self.alpha_ffn * (F.normalize(self.ffn(h), dim=-1) - h), dim=-1)
+        n = lambda t: F.normalize(t, dim=-1, eps=1e-6)  # noqa: E731 - the default eps, 1e-12, is 0 in float16
+        h = n(x)
+        h = n(h + self.alpha_attn * (n(self.attention(h)) - h))
+        return n(h + self.alpha_ffn * (n(self.ffn(h)) - h))
 
 
 class ConvolvedQKV(TrainBlock):

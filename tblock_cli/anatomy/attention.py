@@ -17,7 +17,7 @@ WEIGHT_SUM_TOL = 1e-2
 class ScaleNote:
     """Where an attention call's scale came from, as data; `messages` writes its sentence (`text`)."""
 
-    kind: str  # qk (q and k as they reach the product) | zero (q or k is zero) | no_softmax | mha
+    kind: str  # qk (q and k as they reach the product) | zero (q or k is zero) | cosine (unit rows) | no_softmax | mha
     folded: float = 1.0  # a scalar factor applied to q or k on their way to the product
     sdpa: bool = False  # F.scaled_dot_product_attention scaled it
     passed: float | None = None  # the scale sdpa was passed (None: its default 1/sqrt(E))
@@ -67,6 +67,22 @@ class Captured:
 
 def rms(t: torch.Tensor) -> float:
     return t.detach().double().pow(2).mean().sqrt().item()
+
+
+# q and k rows of L2 norm 1 to this (relative): cosine attention (x-transformers' attn_qk_norm, Swin v2), whose scores are
+# scaled by a temperature (10, learned), not 1/sqrt(d_head); F.normalize gives 1 to 1e-7. An RMS-normed q (Qwen3,
+# OLMo-2) has rows of norm sqrt(d_head) and stays judged.
+UNIT_TOL = 0.01
+
+
+def unit_rows(q: torch.Tensor, k: torch.Tensor) -> bool:
+    """Whether every query (q's last axis) and every key (k's last axis, or its columns: the operand of q @ k^T) has
+    L2 norm 1: the q and k of cosine attention."""
+    def unit(t, dim):
+        n = t.detach().double().norm(dim=dim)
+        return n.numel() > 0 and bool(((n - 1).abs() <= UNIT_TOL).all())
+
+    return q.ndim >= 1 and k.ndim >= 2 and unit(q, -1) and (unit(k, -1) or unit(k, -2))
 
 
 def self_masked(logits: torch.Tensor) -> bool:

@@ -23,6 +23,7 @@ from tblock_cli.anatomy.attention import (
     sdpa_signature,
     self_masked,
     uniform_rows,
+    unit_rows,
 )
 from tblock_cli.anatomy.counts import Counts
 from tblock_cli.anatomy.mha import MHACall
@@ -68,6 +69,8 @@ class AttentionRecorder:
         rq, rk = rms(q), rms(k)
         if rq == 0 or rk == 0:
             return None, ScaleNote("zero")
+        if unit_rows(q, k):  # cosine attention: its scale is a temperature
+            return None, ScaleNote("cosine")
         folded = self.prov.folded(q, k)
         return logit_std * folded / (rq * rk), ScaleNote("qk", folded)
 

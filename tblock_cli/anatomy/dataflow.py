@@ -99,7 +99,8 @@ def trace(module: nn.Module, call, x: torch.Tensor, d_model: int) -> Dataflow:
                     continue
                 seen.add(id(p))
                 key = qualified(name, pn)
-                modules.append(ModuleUse(key, role.get(key, "other"), p.numel(), p.numel() if p.ndim >= 2 else 0,
+                r = role.get(key) or ("attn.inner" if attention_owner(name, m, role) else "other")
+                modules.append(ModuleUse(key, r, p.numel(), p.numel() if p.ndim >= 2 else 0,
                                          tr.counts.out_shape.get(key), tr.counts.flops.get(key, 0)))
             continue
         own = [p for p in m.parameters(recurse=False) if id(p) not in seen]
@@ -108,6 +109,8 @@ def trace(module: nn.Module, call, x: torch.Tensor, d_model: int) -> Dataflow:
         seen.update(id(p) for p in own)
         in_norm = any(name == n or name.startswith(n + ".") for n in norms)
         r = "norm" if in_norm else "attn.out" if name in tr.attn.mha_out else role.get(name) or inner_role(name, reads, role)
+        if r == "other" and attention_owner(name, m, role):
+            r = "attn.inner"
         modules.append(ModuleUse(name or "(root)", r, sum(p.numel() for p in own), sum(p.numel() for p in own if p.ndim >= 2),
                                  tr.counts.out_shape.get(name), tr.counts.flops.get(name, 0)))
     total = sum(p.numel() for p in module.parameters())
@@ -120,7 +123,12 @@ def trace(module: nn.Module, call, x: torch.Tensor, d_model: int) -> Dataflow:
     ffn_ins = sorted(n for n, r in role.items() if r in ("ffn.in", "ffn.gate"))
     split_kv = sorted({n for c in tr.attn.calls if c.q and all(normed(q) for q in c.q if q in tr.prov.linear_in)
                        for n in c.k + c.v if n in tr.prov.linear_in and not normed(n)})
-    placement = (tr.prov.stream_norms, tuple(q for q in queries if not normed(q)), tuple(n for n in ffn_ins if not normed(n)),
+    mods = dict(module.named_modules())
+    # a chain reading no tensor of the stream's width is not the block's FFN (x-transformers' dynamic position bias: an
+    # MLP over distances, width 1 in)
+    stream_width = lambda n: getattr(mods.get(n), "in_features", d_model) == d_model  # noqa: E731
+    placement = (tr.prov.stream_norms, tuple(q for q in queries if not normed(q)),
+                 tuple(n for n in ffn_ins if not normed(n) and stream_width(n)),
                  tuple(split_kv + tr.prov.split_streams), tr.prov.get(out) == {NORM: 0})
     placement += (sublayer_post(tr, role, queries, ffn_ins, normed),)
     return Dataflow(tuple(modules), tuple(tr.attn.calls), tuple(chains), tokens, total, *placement, norms=norms,
@@ -134,6 +142,17 @@ def inner_role(name: str, reads: dict, role: dict) -> str:
     sources = {s for s in reads.get(name, {}) if not isinstance(s, Marker)}
     inside = sources and all(role.get(s, "").startswith("attn.") and role[s] not in ("attn.out", "attn.gate") for s in sources)
     return "attn.inner" if inside else "other"
+
+
+def attention_owner(name: str, m: nn.Module, role: dict) -> bool:
+    """Whether m is an attention module: not the root, some of its own projections (children or bare matrices) have
+    attention roles and none an FFN role. Parameters it holds beside them belong to attention (x-transformers' memory
+    keys and values, concatenated to k and v; per-head scales and sinks)."""
+    if not name:
+        return False
+    own = [qualified(name, c) for c in m._modules] + [qualified(name, p) for p, _ in m.named_parameters(recurse=False)]
+    roles = [role[n] for n in own if n in role]
+    return any(r.startswith("attn.") for r in roles) and not any(r.startswith("ffn.") for r in roles)
 
 
 def sublayer_post(tr, role: dict, queries: list, ffn_ins: list, normed) -> bool:

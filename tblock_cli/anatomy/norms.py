@@ -32,6 +32,8 @@ def find_norms(module: nn.Module, d_model: int, device, dtype) -> dict[str, int]
         if len(sizes) != 1 or len(own) > 2 or -1 in sizes:
             continue
         width = sizes.pop()
+        if width == 1:  # one scalar gain (ScaleNorm: g * sqrt(d) x / |x|) says nothing of the width it normalises
+            width = d_model
         x = torch.randn(2, 3, width, generator=gen, dtype=torch.float64)
         s = torch.rand(2, 3, 1, generator=gen, dtype=torch.float64) * 4 + 0.5
         try:

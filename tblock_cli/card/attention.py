@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from tblock_cli.anatomy.attention import unit_rows
 from tblock_cli.card.entries import Entry, skipped
 from tblock_cli.card.probe import Probe
 from tblock_cli.card.scores import Scores, capture_scores
@@ -20,6 +21,14 @@ LINEAR_LOGIT = 0.1
 # zoo: <= 1e-5 off the config's value. The smallest real bug: gemma2-27b's query_pre_attn_scalar 144 read as head_dim
 # 128 (12.5%); 1/sqrt(d/h) against 1/sqrt(head_dim) where they differ: >= 25%.
 SCALE_TOL = 0.03
+# Said of a scale read where q and k reach the product as unit vectors: a bare `scale` attribute beside them claims
+# nothing (x-transformers keeps dim_head ** -0.5 and scales cosine scores by qk_norm_scale).
+COSINE = "; q and k reach it as unit vectors (cosine attention: the scale is a temperature)"
+# The logits' change, as q is scaled, is one multiple of q.k to this (relative RMS). Measured: 17 HF layers and 5 zoo
+# and x-transformers blocks <= 1.8e-6 (a soft-cap's tanh; mpt's float32 ALiBi 1.2e-6); talking heads (a learned map over heads before the
+# softmax, randomly initialised) 0.84. x-transformers' own start as the identity added to the scores: no mixing to see,
+# the logits read twice the scale.
+FIT_TOL = 0.05
 # Logits are driven to this size (the q.k part), and to ten times it: a soft-cap holds them (c * tanh saturates at c),
 # an unbounded block grows tenfold. Caps up to ~1e3 are read exactly (tanh(10) = 1 - 4e-9); a larger one reads as none.
 CAP_LOGIT = 1e3
@@ -62,6 +71,15 @@ def self_calls(probe: Probe, T: int) -> tuple[torch.Tensor, list[tuple[int, Scor
     return x, [(i, c) for i, c in enumerate(capture_scores(probe, x)) if c.square and c.logits.shape[-1] == T]
 
 
+def misfit(z: torch.Tensor, fit: torch.Tensor, valid: torch.Tensor) -> float:
+    """Relative RMS of z - fit over valid entries, each row centred first."""
+    def centred(t):
+        n = valid.sum(-1, keepdim=True).clamp_min(1)
+        return (t.masked_fill(~valid, 0) - t.masked_fill(~valid, 0).sum(-1, keepdim=True) / n)[valid]
+    zc = centred(z)
+    return ((zc - centred(fit)).norm() / zc.norm().clamp_min(1e-300)).item()
+
+
 def fitted(z: torch.Tensor, p: torch.Tensor, valid: torch.Tensor) -> float:
     """Least-squares s of z = s * p over valid entries, each row centred first (a row offset is invisible to softmax)."""
     n = valid.sum(-1, keepdim=True).clamp_min(1)
@@ -92,8 +110,13 @@ def read_scale(probe: Probe, x: torch.Tensor, call: Scores, z0: torch.Tensor | N
     s = fitted(zf - z0, f * p, valid)
     if not s > 0:
         return skipped("attn.scale", f"the scores fall with q.k (slope {s:.3g})"), None
+    off = misfit(zf - z0, s * f * p, valid)
+    if off > FIT_TOL:
+        return skipped("attn.scale", f"the logits are no one multiple of each head's q.k (off by {off:.2g}): heads mixed "
+                                     f"before the softmax (talking heads)"), None
     how = (f"slope of the logits on q.k ({call.kind}), q scaled to keep logits near {LINEAR_LOGIT}, minus the "
-           f"logits at q = 0" + (f"; a factor {call.fold:.4g} folded into q, k undone" if call.fold != 1 else ""))
+           f"logits at q = 0" + (f"; a factor {call.fold:.4g} folded into q, k undone" if call.fold != 1 else "")
+           + (COSINE if unit_rows(call.q, call.k) else ""))
     return Entry("attn.scale", round(1 / s**2, 6), how, SCALE_TOL), s
 
 

@@ -18,7 +18,7 @@ def check_spec(ctx: Context) -> Outcome:
     module's `scale`, a config's `hidden_act`, `num_experts_per_tok` or `num_key_value_heads`, a `rope_scaling`, a kept
     `sliding_window` shorter than the probe (within one token), a rotary module that runs
     while no rotation reaches the scores: [spec.md](spec.md)); skips when neither"""
-    from tblock_cli.card.attention import SCALE_SEQ
+    from tblock_cli.card.attention import COSINE, SCALE_SEQ
     from tblock_cli.card.entries import Claim, judge
     from tblock_cli.card.own import FRACTION, own_claims, with_fraction, with_window
     from tblock_cli.card.read import read_card
@@ -52,6 +52,9 @@ def check_spec(ctx: Context) -> Outcome:
         # card only where one of those modules itself does not do what it says
         claims = tuple(c for c in claims if c.key not in ("norm.eps", "norm.kind") or c.tier == "asked"
                        or judge(card, (c,))[0].status != "differs" or _norm_module_contradicts(ctx, c))
+    scale = card.get("attn.scale")
+    if own and scale is not None and COSINE in scale.how:  # a temperature scales cosine scores: a bare `scale` kept
+        claims = tuple(c for c in claims if not (c.key == "attn.scale" and c.source.endswith(".scale")))
     if own and any(c.key.startswith("rope.") for c in claims) and card.value("pos.kind") in ("none", "other"):
         ran = _rotary_that_runs(ctx)
         if ran is not None:  # a rotary module that runs, and no rotation in the scores: it never reaches them

@@ -23,6 +23,8 @@ def scale_note(note) -> str:
     """An attention call's ScaleNote as the attention check's facts carry it."""
     if note.kind == "zero":
         return "q or k is zero"
+    if note.kind == "cosine":
+        return "q and k reach the product as unit vectors (cosine attention: its scale is a temperature, not judged)"
     if note.kind == "no_softmax":
         return "no softmax: the raw scores weight the values"
     if note.kind == "mha":

@@ -1,0 +1,101 @@
+"""Correct designs of popular libraries that earlier versions raised alarms on (tests/zoo_designs.py): each clean in the
+whole battery, and the property each reading now rests on tested on its own, against a planted bug it must still
+catch."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+import zoo_designs
+
+from tblock_cli.anatomy.attention import unit_rows
+from tblock_cli.anatomy.dataflow import trace
+from tblock_cli.anatomy.norms import find_norms
+from tblock_cli.api import spec
+from tblock_cli.card.attention import COSINE
+from tblock_cli.card.own import own_claims
+from tblock_cli.checks import Status, run_checks
+from tblock_cli.config import build_config
+from tblock_cli.subject.loading import make_subject
+
+from conftest import TESTS
+
+CPU = torch.device("cpu")
+BAD = {Status.FAIL, Status.ERROR, Status.WARN}
+
+
+def run(name, only=None, **flags):
+    cfg = build_config(**{"d_model": 32, "n_heads": 4, "causal": True, **flags})
+    subject = make_subject(cfg, CPU, torch.float32, f"{TESTS / 'zoo_designs.py'}:{name}")
+    return {c.name: c for c in run_checks(subject, cfg, CPU, torch.float32, only=only).checks}
+
+
+@pytest.mark.parametrize("name", zoo_designs.CORRECT)
+def test_each_design_raises_no_alarm_in_the_whole_battery(name):
+    by = run(name)
+    assert not [c for c in by.values() if c.status in BAD], [(c.name, c.detail) for c in by.values() if c.status in BAD]
+
+
+def test_unit_rows_tells_cosine_attention_from_an_rms_normed_one():
+    q, k = torch.randn(2, 4, 8, 16), torch.randn(2, 4, 8, 16)
+    assert unit_rows(F.normalize(q, dim=-1), F.normalize(k, dim=-1))
+    assert unit_rows(F.normalize(q, dim=-1), F.normalize(k, dim=-1).transpose(-2, -1))  # q @ k^T's operand
+    rms = lambda t: t / t.pow(2).mean(-1, keepdim=True).sqrt()  # noqa: E731 - rows of norm sqrt(16) = 4
+    assert not unit_rows(rms(q), rms(k)) and not unit_rows(q, k)
+
+
+def test_an_rms_normed_qk_without_its_scale_is_still_warned():
+    """The planted bug cosine attention must not hide: q and k RMS-normed (rows of norm sqrt(d_head)), no 1/sqrt(d)."""
+
+    class Unscaled(zoo_designs.CosineAttention):
+        def forward(self, h):
+            q, k, v = (zoo_designs.heads(p(h), self.n_heads) for p in (self.to_q, self.to_k, self.to_v))
+            q, k = (F.rms_norm(t, (t.shape[-1],)) for t in (q, k))
+            return self.to_out(zoo_designs.merge(zoo_designs.causal_softmax(q @ k.transpose(-2, -1)) @ v))
+
+    m = Unscaled(64, 2)  # head width 32: unscaled scores are sqrt(32) = 5.7x too large
+    flow = trace(m, m, torch.randn(2, 12, 64), 64)
+    (call,) = flow.attention
+    assert call.scale_ratio == pytest.approx(math.sqrt(32), rel=0.05) and call.scale_note.kind == "qk"
+
+
+def test_cosine_scores_read_their_temperature_and_a_bare_scale_beside_them_claims_nothing():
+    r = spec(f"{TESTS / 'zoo_designs.py'}:CosineAttentionBlock", d_model=32, n_heads=4, threads=1)
+    e = r.card.get("attn.scale")
+    assert e.value == pytest.approx(1 / 10**2, rel=1e-3) and COSINE in e.how  # logits = 10 q.k: 1/sqrt(X) = 10
+    said = [c for c in own_claims(list(zoo_designs.CosineAttentionBlock(32, 4).modules())) if c.key == "attn.scale"]
+    assert [c.value for c in said] == [pytest.approx(8.0)]  # CosineAttention.scale = 1/sqrt(8): read, set aside
+    c = run("CosineAttentionBlock", ("spec",))["spec"]
+    assert c.status is Status.PASS and c.facts["matched"] >= 1, (c.kind, c.detail)
+
+
+def test_talking_heads_leave_the_scale_unread():
+    r = spec(f"{TESTS / 'zoo_designs.py'}:TalkingHeadsBlock", d_model=32, n_heads=4, threads=1)
+    e = r.card.get("attn.scale")
+    assert not e.read and "talking heads" in e.skip, e
+
+
+def test_a_scalar_gain_norm_is_read_at_the_streams_width():
+    m = zoo_designs.ScaleNormBlock(32, 4)
+    assert find_norms(m, 32, CPU, torch.float32) == {"attn_norm": 32, "ffn_norm": 32}
+
+
+def test_an_mlp_over_distances_is_no_unnormed_ffn_while_a_missing_norm_still_is():
+    m = zoo_designs.DistanceBiasBlock(32, 4).eval()
+    assert trace(m, m, torch.randn(2, 12, 32), 32).unnormed_ffn == ()
+
+    class NoFFNNorm(zoo_designs.DistanceBiasBlock):
+        def forward(self, x):
+            x = x + self.attention(self.attn_norm(x))
+            return x + self.ffn(x)
+
+    m = NoFFNNorm(32, 4).eval()
+    assert set(trace(m, m, torch.randn(2, 12, 32), 32).unnormed_ffn) == {"w1", "w3"}
+
+
+def test_memory_keys_and_values_count_as_attention():
+    m = zoo_designs.MemoryKVBlock(32, 4).eval()
+    roles = {u.name: u.role for u in trace(m, m, torch.randn(2, 12, 32), 32).modules}
+    assert roles["attn.mem_k"] == roles["attn.mem_v"] == "attn.inner", roles
+    assert roles["attn.to_q"] == "attn.q" and roles["w2"] == "ffn.out", roles
