@@ -57,6 +57,8 @@ CORRECT.update({f"zoo_init.py:{k}": {} for k in zoo_init.CORRECT})  # zero initi
 CORRECT.update({f"zoo_history.py:{k}": {} for k in zoo_history.CORRECT})  # caches that follow their inputs
 CORRECT.update({f"zoo_numerics.py:{k}": {} for k in zoo_numerics.CORRECT})  # numerics and construction that train
 CORRECT.update({f"zoo_designs.py:{k}": {"causal": True} for k in zoo_designs.CORRECT})  # libraries' designs
+# logits doubled at init by talking heads started as the identity: told from unscaled ones with heads of 64 or more
+CORRECT["zoo_designs.py:AddedTalkingHeadsBlock"] = {"causal": True, "n_heads": 1}
 # Hugging Face layers, when transformers is installed: every family tblock drives, flags implied.
 HF = ["gpt2", "bert", "roberta", "llama", "mistral", "qwen2", "gemma", "phi3", "gpt_neox"]
 
@@ -85,7 +87,9 @@ def false_alarms(dtypes, widths, seqs, only=None) -> int:
                 for seq in seqs:
                     block = None if name.startswith("built-in") else name if name.startswith("hf:") else spec(name)
                     try:
-                        r = tblock_cli.check(block, d_model=d, n_heads=8 if d >= 512 else 4, seq=seq, dtype=dtype, **flags)
+                        heads = flags.get("n_heads", 8 if d >= 512 else 4)
+                        rest = {k: v for k, v in flags.items() if k != "n_heads"}
+                        r = tblock_cli.check(block, d_model=d, n_heads=heads, seq=seq, dtype=dtype, **rest)
                     except LoadError as e:  # a block written for float32 that cannot run in this dtype: exit 2, one line
                         refused += 1
                         print(f"  {name} {dtype} d_model {d} seq {seq}: refused ({str(e)[-100:]})", flush=True)

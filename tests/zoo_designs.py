@@ -3,7 +3,8 @@ on: cosine attention (q and k L2-normalised, the scores times a temperature of 1
 unused), ScaleNorm (one scalar gain, so no parameter says the width it normalises), a position bias computed by an MLP
 over distances (a chain of projections that reads no tensor of the stream's width), learned memory keys and values
 concatenated to k and v (parameters of the attention module that are no projection), and talking heads (a learned
-map over heads before the softmax, whose score scale cannot be read as one multiple of each head's q.k). Each is
+map over heads before the softmax, whose score scale cannot be read as one multiple of each head's q.k; or, started as
+the identity added to the scores, moves with the map's weights). Each is
 `TrainBlock` of tests/zoo_training.py with one thing changed; constructors take tblock's keywords."""
 
 import math
@@ -147,4 +148,26 @@ class TalkingHeadsBlock(TrainBlock):
         return self.attn(h)
 
 
-CORRECT = ["CosineAttentionBlock", "ScaleNormBlock", "DistanceBiasBlock", "MemoryKVBlock", "TalkingHeadsBlock"]
+class AddedTalkingHeads(TalkingHeadsAttention):
+    """x-transformers' talking heads: the map added to the scores (`sim + conv(sim)`) and initialised as the identity,
+    so the logits start at twice the `scale` the module keeps, with no mixing between heads until it trains."""
+
+    def __init__(self, d_model, n_heads):
+        super().__init__(d_model, n_heads)
+        self.mix = nn.Parameter(torch.eye(n_heads))
+
+    def forward(self, h):
+        q, k, v = (heads(p(h), self.n_heads) for p in (self.to_q, self.to_k, self.to_v))
+        s = (q @ k.transpose(-2, -1)) * self.scale
+        s = s + torch.einsum("gh,bhij->bgij", self.mix, s)
+        return self.to_out(merge(causal_softmax(s) @ v))
+
+
+class AddedTalkingHeadsBlock(TalkingHeadsBlock):
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
+        super().__init__(d_model, n_heads, dropout, causal)
+        self.attn = AddedTalkingHeads(d_model, n_heads)
+
+
+CORRECT = ["CosineAttentionBlock", "ScaleNormBlock", "DistanceBiasBlock", "MemoryKVBlock", "TalkingHeadsBlock",
+           "AddedTalkingHeadsBlock"]

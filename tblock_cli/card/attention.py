@@ -9,6 +9,7 @@ from tblock_cli.anatomy.attention import unit_rows
 from tblock_cli.card.entries import Entry, skipped
 from tblock_cli.card.probe import Probe
 from tblock_cli.card.scores import Scores, capture_scores
+from tblock_cli.probes import parameters_replaced
 
 KEYS = ("attn.heads", "attn.kv_heads", "attn.group", "attn.head_dim", "attn.scale", "attn.softcap", "attn.window", "attn.qk_norm")
 # Tokens of the random input the scores are read on: enough entries per head for the fits below.
@@ -21,13 +22,17 @@ LINEAR_LOGIT = 0.1
 # zoo: <= 1e-5 off the config's value. The smallest real bug: gemma2-27b's query_pre_attn_scalar 144 read as head_dim
 # 128 (12.5%); 1/sqrt(d/h) against 1/sqrt(head_dim) where they differ: >= 25%.
 SCALE_TOL = 0.03
+# The slope's relative change with every parameter scaled by ~10 % above which the scale is learned. Measured: 21 HF
+# layers and 7 zoo and x-transformers blocks with a fixed scale <= 1.6e-7 (a soft-cap's tanh; most 0 to 3e-16);
+# x-transformers' talking heads (identity-initialised, added to the scores) 0.016.
+LEARNED_TOL = 1e-3
 # Said of a scale read where q and k reach the product as unit vectors: a bare `scale` attribute beside them claims
 # nothing (x-transformers keeps dim_head ** -0.5 and scales cosine scores by qk_norm_scale).
 COSINE = "; q and k reach it as unit vectors (cosine attention: the scale is a temperature)"
 # The logits' change, as q is scaled, is one multiple of q.k to this (relative RMS). Measured: 17 HF layers and 5 zoo
 # and x-transformers blocks <= 1.8e-6 (a soft-cap's tanh; mpt's float32 ALiBi 1.2e-6); talking heads (a learned map over heads before the
-# softmax, randomly initialised) 0.84. x-transformers' own start as the identity added to the scores: no mixing to see,
-# the logits read twice the scale.
+# softmax, randomly initialised) 0.84. x-transformers' own start as the identity added to the scores: no mixing to see
+# (the logits read twice the scale), but the slope moves with their weights (LEARNED_TOL).
 FIT_TOL = 0.05
 # Logits are driven to this size (the q.k part), and to ten times it: a soft-cap holds them (c * tanh saturates at c),
 # an unbounded block grows tenfold. Caps up to ~1e3 are read exactly (tanh(10) = 1 - 4e-9); a larger one reads as none.
@@ -80,6 +85,23 @@ def misfit(z: torch.Tensor, fit: torch.Tensor, valid: torch.Tensor) -> float:
     return ((zc - centred(fit)).norm() / zc.norm().clamp_min(1e-300)).item()
 
 
+def slope_moved(probe: Probe, x: torch.Tensor, call: Scores, f: float, s: float) -> float | None:
+    """The slope's relative change when every parameter is scaled by 1 + 0.1 N(0, 1), element by element (restored
+    after): whatever acts on q and k before the product only changes q.k, so a fixed scale keeps its slope; a learned
+    one (a temperature, talking heads that start as the identity) moves. None where the call is not found again."""
+    params = dict(probe.module.named_parameters())
+    names = [n for n, q in params.items() if q.dtype.is_floating_point]
+    gen = torch.Generator().manual_seed(11)
+    noise = {n: 1 + 0.1 * torch.randn(params[n].shape, generator=gen, dtype=torch.float64) for n in names}
+    with parameters_replaced(params, names, lambda n, q: q * noise[n].to(device=q.device, dtype=q.dtype)):
+        plain = [c for c in capture_scores(probe, x) if c.ordinal == call.ordinal]
+        z0, zf = perturbed(probe, x, call, 0.0), perturbed(probe, x, call, f)
+    if not plain or z0 is None or zf is None or plain[0].logits.shape != call.logits.shape:
+        return None
+    moved = fitted(zf - z0, f * plain[0].product(), plain[0].valid)
+    return abs(moved - s) / s
+
+
 def fitted(z: torch.Tensor, p: torch.Tensor, valid: torch.Tensor) -> float:
     """Least-squares s of z = s * p over valid entries, each row centred first (a row offset is invisible to softmax)."""
     n = valid.sum(-1, keepdim=True).clamp_min(1)
@@ -114,6 +136,11 @@ def read_scale(probe: Probe, x: torch.Tensor, call: Scores, z0: torch.Tensor | N
     if off > FIT_TOL:
         return skipped("attn.scale", f"the logits are no one multiple of each head's q.k (off by {off:.2g}): heads mixed "
                                      f"before the softmax (talking heads)"), None
+    moved = slope_moved(probe, x, call, f, s)
+    if moved is not None and moved > LEARNED_TOL:
+        return skipped("attn.scale", f"the slope moves with the block's parameters ({moved:.2g} when each is scaled by "
+                                     f"about 10 %): a learned temperature or map over the scores (talking heads) sets "
+                                     f"it"), None
     how = (f"slope of the logits on q.k ({call.kind}), q scaled to keep logits near {LINEAR_LOGIT}, minus the "
            f"logits at q = 0" + (f"; a factor {call.fold:.4g} folded into q, k undone" if call.fold != 1 else "")
            + (COSINE if unit_rows(call.q, call.k) else ""))

@@ -10,8 +10,15 @@ from tblock_cli.probes import rel_diff, train_mode
 
 # Attention logits' std against what q.k/sqrt(d_head) predicts from the projections' outputs:
 # ~1 when scaled (measured 0.96-1.07 on every correct block of the sweep), sqrt(d_head) when the
-# 1/sqrt(d_head) is missing (4 at d_head 16, 8 at d_head 64). 2 sits between them on a log scale.
+# 1/sqrt(d_head) is missing (4 at d_head 16, 8 at d_head 64). The limit sits between them on a log scale:
+# d_head^(1/4), and at least 2 (2 at d_head 16, 2.83 at d_head 64), so logits a learned map doubles at init
+# (x-transformers' talking heads, `sim + conv(sim)`) are not read as unscaled where heads are wide enough to tell.
 UNSCALED_RATIO = 2.0
+
+
+def unscaled_limit(head_dim: int) -> float:
+    return max(UNSCALED_RATIO, head_dim**0.25)
+
 # Below this the scores are scaled more than 1/sqrt(d_head): 1/sqrt(d_model) gives 1/sqrt(n_heads)
 # (0.5 at 4 heads, 0.35 at 8), the scale applied twice 1/sqrt(d_head) (0.25 at d_head 16). Correct
 # blocks measured 0.91 or more. (muP's deliberate 1/d_head scale lands here too: the warning says so.)
@@ -76,9 +83,11 @@ def check_attention(ctx: Context) -> Outcome:
     if low is not None and low.scale_ratio <= OVERSCALED_RATIO and low.head_dim >= MIN_HEAD_DIM:
         return warned("attention.overscaled", round(low.scale_ratio, 3), where=low.where or "root", ratio=low.scale_ratio,
                       limit=OVERSCALED_RATIO, calls=calls)
-    if worst is not None and worst.scale_ratio >= UNSCALED_RATIO and worst.head_dim >= MIN_HEAD_DIM:
-        return warned("attention.unscaled", value, where=worst.where or "root", ratio=worst.scale_ratio, note=worst.scale_note.text,
-                      head_dim=worst.head_dim, limit=UNSCALED_RATIO, calls=calls)
+    over = [c for c in scaled if c.scale_ratio >= unscaled_limit(c.head_dim) and c.head_dim >= MIN_HEAD_DIM]
+    if over:
+        worst = max(over, key=lambda c: c.scale_ratio)
+        return warned("attention.unscaled", round(worst.scale_ratio, 3), where=worst.where or "root", ratio=worst.scale_ratio,
+                      note=worst.scale_note.text, head_dim=worst.head_dim, limit=unscaled_limit(worst.head_dim), calls=calls)
     hot = min(flow.attention, key=lambda c: c.entropy)
     if hot.entropy < SATURATED_ENTROPY and hot.max_prob > SATURATED_MAX_P:
         return warned("attention.saturated", round(hot.entropy, 3), where=hot.where or "root", entropy=hot.entropy,
