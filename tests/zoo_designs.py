@@ -14,7 +14,6 @@ import torch.nn as nn
 import torch.nn.functional as F
 from zoo_training import TrainBlock, heads, merge
 
-
 # F.normalize's default eps, 1e-12, is 0 in float16: a zero token would give 0/0 (the `finite` check's zero input)
 EPS = 1e-6
 
