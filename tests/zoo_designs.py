@@ -23,6 +23,20 @@ def causal_softmax(s):
     return s.masked_fill(~torch.ones(T, T, dtype=torch.bool, device=s.device).tril(), float("-inf")).softmax(-1)
 
 
+class ModuleAttentionBlock(TrainBlock):
+    """TrainBlock with its attention replaced by a module of `attention_class`, built at (d_model, n_heads)."""
+
+    attention_class: type
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
+        super().__init__(d_model, n_heads, dropout, causal)
+        del self.q_proj, self.k_proj, self.v_proj, self.o_proj
+        self.attn = self.attention_class(d_model, n_heads)
+
+    def attention(self, h):
+        return self.attn(h)
+
+
 class CosineAttention(nn.Module):
     """q and k L2-normalised per head, their product times a fixed temperature (x-transformers' attn_qk_norm with
     qk_norm_scale 10, Swin v2): `scale` holds 1/sqrt(d_head), as the module keeps it for its other mode, unused."""
@@ -39,14 +53,8 @@ class CosineAttention(nn.Module):
         return self.to_out(merge(causal_softmax((q @ k.transpose(-2, -1)) * self.temperature) @ v))
 
 
-class CosineAttentionBlock(TrainBlock):
-    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
-        super().__init__(d_model, n_heads, dropout, causal)
-        del self.q_proj, self.k_proj, self.v_proj, self.o_proj
-        self.attn = CosineAttention(d_model, n_heads)
-
-    def attention(self, h):
-        return self.attn(h)
+class CosineAttentionBlock(ModuleAttentionBlock):
+    attention_class = CosineAttention
 
 
 class ScaleNorm(nn.Module):
@@ -111,14 +119,8 @@ class MemoryAttention(nn.Module):
         return self.to_out(merge(s.masked_fill(~allowed, float("-inf")).softmax(-1) @ v))
 
 
-class MemoryKVBlock(TrainBlock):
-    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
-        super().__init__(d_model, n_heads, dropout, causal)
-        del self.q_proj, self.k_proj, self.v_proj, self.o_proj
-        self.attn = MemoryAttention(d_model, n_heads)
-
-    def attention(self, h):
-        return self.attn(h)
+class MemoryKVBlock(ModuleAttentionBlock):
+    attention_class = MemoryAttention
 
 
 class TalkingHeadsAttention(nn.Module):
@@ -137,14 +139,8 @@ class TalkingHeadsAttention(nn.Module):
         return self.to_out(merge(causal_softmax(s) @ v))
 
 
-class TalkingHeadsBlock(TrainBlock):
-    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
-        super().__init__(d_model, n_heads, dropout, causal)
-        del self.q_proj, self.k_proj, self.v_proj, self.o_proj
-        self.attn = TalkingHeadsAttention(d_model, n_heads)
-
-    def attention(self, h):
-        return self.attn(h)
+class TalkingHeadsBlock(ModuleAttentionBlock):
+    attention_class = TalkingHeadsAttention
 
 
 class AddedTalkingHeads(TalkingHeadsAttention):
@@ -162,10 +158,8 @@ class AddedTalkingHeads(TalkingHeadsAttention):
         return self.to_out(merge(causal_softmax(s) @ v))
 
 
-class AddedTalkingHeadsBlock(TalkingHeadsBlock):
-    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
-        super().__init__(d_model, n_heads, dropout, causal)
-        self.attn = AddedTalkingHeads(d_model, n_heads)
+class AddedTalkingHeadsBlock(ModuleAttentionBlock):
+    attention_class = AddedTalkingHeads
 
 
 CORRECT = ["CosineAttentionBlock", "ScaleNormBlock", "DistanceBiasBlock", "MemoryKVBlock", "TalkingHeadsBlock",
