@@ -86,6 +86,16 @@ def test_reading_rules():
     # a residual switch names the form either way
     assert claims([], {"use_parallel_residual": False}) == {"residual.form": "sequential"}
     assert claims([], {"parallel_attn": True}) == {"residual.form": "parallel"}
+    # a renormalisation asked for claims it; False, many configs' default (litgpt's for Mixtral, whose router
+    # renormalises by construction), claims nothing
+    assert claims([], {"norm_topk_prob": True}) == {"moe.renorm": True} and claims([], {"norm_topk_prob": False}) == {}
+
+    @dataclass
+    class TwoBases:  # Gemma-3: sliding layers rotate at 10000, global ones at 1e6
+        rope_theta: float = 1e6
+        rope_local_base_freq: float = 1e4
+
+    assert claims([], {"config": TwoBases()}) == {} and claims([], {"config": Config()})["rope.theta"] == 1e6
 
 
 def test_a_rotating_fraction_becomes_rope_dims_of_the_measured_head():

@@ -232,6 +232,8 @@ def test_token_error_is_a_quantile_over_positions():
     got[0, :4] += 0.5  # half the positions off by 0.5 (relative): the 75th percentile lands among them
     assert _token_error(got, ref, 8) == pytest.approx(0.5)
     assert _token_error(got, ref, 5) is None  # no axis of the probe's length
+    # an expert's (routed tokens, hidden) output whose hidden width equals the probe's length: features, not positions
+    assert _token_error(got[0, :5], ref[0, :5], 4) is None and _token_error(got[0], ref[0], 8) == pytest.approx(0.5)
 
 
 def test_has_dropout_sees_modules_and_rates_attention_reads():

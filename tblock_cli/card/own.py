@@ -39,6 +39,8 @@ FIELDS = {
     "rope_interleave": "rope.pairing", "rope_interleaved": "rope.pairing", "rotary_interleaved": "rope.pairing",
     "interleaved_rope": "rope.pairing",
 }
+# a second rotary base for some layers (sliding-window ones): the config's base then speaks for the others only
+LOCAL_BASES = ("rope_local_base_freq", "local_rope_theta", "rope_local_theta", "local_rope_base", "rope_local_base")
 # the same switch the other way round: vLLM's is_neox_style (True: GPT-NeoX's half-split pairing)
 HALF_SPLIT = ("is_neox_style",)
 # Head counts, read together: a count of key/value heads (or of query heads per key/value head) beside a count of
@@ -205,11 +207,15 @@ def _is_config(value) -> bool:
 
 
 def _config_fields(config) -> dict:
-    """A config's fields; transformers 5 keeps the rotary base in `rope_parameters`."""
+    """A config's fields; transformers 5 keeps the rotary base in `rope_parameters`. A config that also holds a local
+    layers' base (Gemma-3's sliding layers rotate at 10000, its global ones at 1e6) claims neither: a layer's base
+    depends on its index."""
     fields = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else dict(vars(config))
     rope = fields.get("rope_parameters")
     if isinstance(rope, dict) and "rope_theta" in rope and "rope_theta" not in fields:
         fields["rope_theta"] = rope["rope_theta"]
+    if any(fields.get(f) is not None for f in LOCAL_BASES):
+        fields = {f: v for f, v in fields.items() if FIELDS.get(f) != "rope.theta"}
     return fields
 
 
@@ -218,7 +224,10 @@ def _value(key: str, v):
     if key == "ffn.act":
         return ACTS.get(v.lower()) if isinstance(v, str) else None
     if key == "moe.renorm":
-        return v if isinstance(v, bool) else None
+        # only True asks for something: False is many configs' default, kept by layers whose router renormalises by
+        # construction (litgpt declares it False for every model, Mixtral's included, and takes the softmax after
+        # the top-k, which renormalises)
+        return True if v is True else None
     if key == "residual.form":
         return ("parallel" if v else "sequential") if isinstance(v, bool) else None
     if key == "rope.pairing":

@@ -182,8 +182,9 @@ def _half_runs(ctx: Context, module: nn.Module, ref32: nn.Module, ref, ref_parts
 def _token_error(got: torch.Tensor, ref: torch.Tensor, seq: int) -> float | None:
     """The 75th percentile over token positions of each position's relative error: a router that sends a few tokens
     to other experts moves a few positions, lost positions or an unscaled softmax move most. None for an output
-    with no axis of the probe's length (an expert's own batch of routed tokens)."""
-    axis = next((i for i, n in enumerate(ref.shape) if n == seq), None)
+    with no axis of the probe's length (an expert's own batch of routed tokens) but the last, which holds features (an
+    expert's hidden width can equal the probe's length: litgpt's Qwen3-30B-A3B, 768)."""
+    axis = next((i for i, n in enumerate(ref.shape[:-1]) if n == seq), None)
     if axis is None or got.shape != ref.shape or not ref.numel():
         return None
     got, ref = got.float(), ref.float()  # errors of 1e-3 and up: float32 measures them, at half float64's cost
