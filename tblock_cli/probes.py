@@ -44,19 +44,23 @@ def tensors(obj):
             yield from tensors(o)
 
 
+def held_tensors(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """(where, tensor) for each tensor the block's modules keep (buffers, public attributes) that carries autograd
+    history: an auxiliary loss kept from the last training forward, as fairseq's and DeepSpeed's MoE layers keep
+    `l_aux`. deepcopy refuses such a tensor until the next forward."""
+    out = []
+    for name, m in module.named_modules():
+        for k, v in [*m._buffers.items(), *((k, v) for k, v in vars(m).items() if not k.startswith("_"))]:
+            out += [(f"{name}.{k}" if name else k, t) for t in tensors(v) if t.grad_fn is not None]
+    return out
+
+
 def module_copy(module: nn.Module, memo: dict | None = None) -> nn.Module:
-    """copy.deepcopy(module) (with memo), where tensors its modules keep that carry autograd history (an auxiliary
-    loss kept from the last training forward, as fairseq's and DeepSpeed's MoE layers keep `l_aux`), which deepcopy
-    refuses, are copied detached."""
+    """copy.deepcopy(module) (with memo), the tensors it keeps with autograd history (`held_tensors`) copied detached."""
     import copy
 
-    memo = dict(memo or {})
-    for m in module.modules():
-        for v in list(m._buffers.values()) + [v for k, v in vars(m).items() if not k.startswith("_")]:
-            for t in tensors(v):
-                if t.grad_fn is not None and id(t) not in memo:
-                    memo[id(t)] = t.detach().clone()
-    return copy.deepcopy(module, memo)
+    held = {id(t): t.detach().clone() for _, t in held_tensors(module)}
+    return copy.deepcopy(module, {**held, **(memo or {})})
 
 
 def state_key(module: nn.Module) -> tuple:

@@ -108,9 +108,7 @@ def trace(module: nn.Module, call, x: torch.Tensor, d_model: int) -> Dataflow:
             continue
         seen.update(id(p) for p in own)
         in_norm = any(name == n or name.startswith(n + ".") for n in norms)
-        r = "norm" if in_norm else "attn.out" if name in tr.attn.mha_out else role.get(name) or inner_role(name, reads, role)
-        if r == "other" and attention_owner(name, m, role):
-            r = "attn.inner"
+        r = "norm" if in_norm else "attn.out" if name in tr.attn.mha_out else role.get(name) or inner_role(name, m, reads, role)
         modules.append(ModuleUse(name or "(root)", r, sum(p.numel() for p in own), sum(p.numel() for p in own if p.ndim >= 2),
                                  tr.counts.out_shape.get(name), tr.counts.flops.get(name, 0)))
     total = sum(p.numel() for p in module.parameters())
@@ -136,12 +134,13 @@ def trace(module: nn.Module, call, x: torch.Tensor, d_model: int) -> Dataflow:
                     slip_errors=tuple(tr.slip_errors))
 
 
-def inner_role(name: str, reads: dict, role: dict) -> str:
+def inner_role(name: str, m: nn.Module, reads: dict, role: dict) -> str:
     """attn.inner for a module with parameters that is no projection and reads only q, k or v projections' outputs
-    (Primer's depthwise convolutions after each of them, a per-head scale): part of attention; other otherwise."""
+    (Primer's depthwise convolutions after each of them, a per-head scale), or that is an attention module itself
+    (`attention_owner`): part of attention; other otherwise."""
     sources = {s for s in reads.get(name, {}) if not isinstance(s, Marker)}
     inside = sources and all(role.get(s, "").startswith("attn.") and role[s] not in ("attn.out", "attn.gate") for s in sources)
-    return "attn.inner" if inside else "other"
+    return "attn.inner" if inside or attention_owner(name, m, role) else "other"
 
 
 def attention_owner(name: str, m: nn.Module, role: dict) -> bool:

@@ -76,13 +76,16 @@ def self_calls(probe: Probe, T: int) -> tuple[torch.Tensor, list[tuple[int, Scor
     return x, [(i, c) for i, c in enumerate(capture_scores(probe, x)) if c.square and c.logits.shape[-1] == T]
 
 
+def centred(t: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """The valid entries of t, each row centred on its valid entries' mean (a row offset is invisible to softmax)."""
+    n = valid.sum(-1, keepdim=True).clamp_min(1)
+    return (t.masked_fill(~valid, 0) - t.masked_fill(~valid, 0).sum(-1, keepdim=True) / n)[valid]
+
+
 def misfit(z: torch.Tensor, fit: torch.Tensor, valid: torch.Tensor) -> float:
     """Relative RMS of z - fit over valid entries, each row centred first."""
-    def centred(t):
-        n = valid.sum(-1, keepdim=True).clamp_min(1)
-        return (t.masked_fill(~valid, 0) - t.masked_fill(~valid, 0).sum(-1, keepdim=True) / n)[valid]
-    zc = centred(z)
-    return ((zc - centred(fit)).norm() / zc.norm().clamp_min(1e-300)).item()
+    zc = centred(z, valid)
+    return ((zc - centred(fit, valid)).norm() / zc.norm().clamp_min(1e-300)).item()
 
 
 def slope_moved(probe: Probe, x: torch.Tensor, call: Scores, f: float, s: float) -> float | None:
@@ -104,9 +107,7 @@ def slope_moved(probe: Probe, x: torch.Tensor, call: Scores, f: float, s: float)
 
 def fitted(z: torch.Tensor, p: torch.Tensor, valid: torch.Tensor) -> float:
     """Least-squares s of z = s * p over valid entries, each row centred first (a row offset is invisible to softmax)."""
-    n = valid.sum(-1, keepdim=True).clamp_min(1)
-    zc = (z.masked_fill(~valid, 0) - z.masked_fill(~valid, 0).sum(-1, keepdim=True) / n)[valid]
-    pc = (p.masked_fill(~valid, 0) - p.masked_fill(~valid, 0).sum(-1, keepdim=True) / n)[valid]
+    zc, pc = centred(z, valid), centred(p, valid)
     return ((zc * pc).sum() / (pc * pc).sum().clamp_min(1e-300)).item()
 
 

@@ -64,6 +64,12 @@ STEP_TOL = 1e-6
 SLOPE_TOL = 0.01
 
 
+def pairings(n: int) -> dict[str, list[tuple[int, int]]]:
+    """The two ways n rotating channels pair up, by their index among them: half-split (i, i + n/2), interleaved
+    (2i, 2i + 1)."""
+    return {"half": [(i, i + n // 2) for i in range(n // 2)], "interleaved": [(2 * i, 2 * i + 1) for i in range(n // 2)]}
+
+
 def rotary_reading(q: torch.Tensor) -> dict | None:
     """(B, H, T, E) q on identical tokens: the rotating channels, their pairing and each pair's frequency; None where q
     does not vary with position; {"other": why} where it varies but no pairing of the varying channels rotates."""
@@ -76,9 +82,8 @@ def rotary_reading(q: torch.Tensor) -> dict | None:
     if n % 2:
         return {"other": f"{n} channels vary with position: an odd count cannot rotate in pairs"}
     best = None
-    for pairing, pairs in (("half", [(S[i], S[i + n // 2]) for i in range(n // 2)]),
-                           ("interleaved", [(S[2 * i], S[2 * i + 1]) for i in range(n // 2)])):
-        z = torch.complex(q[:, :, [a for a, _ in pairs]], q[:, :, [b for _, b in pairs]])  # (H, T, pairs)
+    for pairing, pairs in pairings(n).items():
+        z = torch.complex(q[:, :, [S[a] for a, _ in pairs]], q[:, :, [S[b] for _, b in pairs]])  # (H, T, pairs)
         r = z.abs()
         radius = ((r - r.mean(1, keepdim=True)).abs().amax(1) / r.mean(1).clamp_min(1e-300)).max().item()
         step = torch.angle(z[:, 1:] * z[:, :-1].conj())  # (H, T-1, pairs), each advance in (-pi, pi]
@@ -200,8 +205,7 @@ def layout_pairing(probe: Probe, x: torch.Tensor, call: Scores, rot: dict) -> st
             h.remove()
     rows = [o.reshape(-1, o.shape[-1])[0].double() for o in outs.values()]  # position 0 of the first sequence
     S, n = rot["channels"], rot["dims"]
-    pairs = ([(i, i + n // 2) for i in range(n // 2)] if rot["pairing"] == "half"
-             else [(2 * i, 2 * i + 1) for i in range(n // 2)])
+    layouts = {k: set(v) for k, v in pairings(n).items()}
     z = lambda t: (t - t.mean(-1, keepdim=True)) / t.std(-1, keepdim=True).clamp_min(1e-300)
     found = set()
     for v in call.q[0, :4, 0, S].detach().double():  # up to four heads, each (n,)
@@ -221,10 +225,8 @@ def layout_pairing(probe: Probe, x: torch.Tensor, call: Scores, rot: dict) -> st
                 break
         if at is None:
             return None
-        mapped = {tuple(sorted((int(at[a]), int(at[b])))) for a, b in pairs}
-        half = {(i, i + n // 2) for i in range(n // 2)}
-        found.add("half" if mapped == half else "interleaved" if mapped == {(2 * i, 2 * i + 1) for i in range(n // 2)}
-                  else None)
+        mapped = {tuple(sorted((int(at[a]), int(at[b])))) for a, b in layouts[rot["pairing"]]}
+        found.add(next((k for k, pairs in layouts.items() if mapped == pairs), None))
     return found.pop() if len(found) == 1 else None
 
 

@@ -11,7 +11,7 @@ from torch.overrides import TorchFunctionMode
 from tblock_cli.checks.context import TRAINING_BACKWARD, Context, eval_forward, projected
 from tblock_cli.checks.result import Outcome, failed, passed, warned
 from tblock_cli.errors import is_out_of_memory, one_line
-from tblock_cli.probes import BOOKKEEPING, module_copy, state_key, tensors, train_mode
+from tblock_cli.probes import BOOKKEEPING, held_tensors, module_copy, state_key, tensors, train_mode
 
 # Nodes walked up a held tensor's graph looking for the input; a block's graph has a few hundred.
 GRAPH_WALK_MAX = 20000
@@ -34,15 +34,7 @@ def reaches(grad_fn, inputs: set[int]) -> bool:
 
 def held_with_history(module: nn.Module, inputs: set[int]) -> list[str]:
     """Tensors the module keeps (buffers, plain attributes, lists/dicts of them) whose graph reaches the input."""
-    held = []
-    for name, m in module.named_modules():
-        params = {id(p) for p in m.parameters(recurse=False)}
-        for key, value in list(m._buffers.items()) + [(k, v) for k, v in vars(m).items() if not k.startswith("_")]:
-            for t in tensors(value):
-                if id(t) not in params and t.grad_fn is not None and reaches(t.grad_fn, inputs):
-                    held.append(f"{name}.{key}" if name else key)
-                    break
-    return sorted(set(held))
+    return sorted({where for where, t in held_tensors(module) if reaches(t.grad_fn, inputs)})
 
 
 def check_train_state(ctx: Context) -> Outcome:
@@ -168,9 +160,7 @@ def check_copy(ctx: Context) -> Outcome:
     try:
         twin = copy.deepcopy(module, storage_sharing_memo(module))
     except Exception as e:  # noqa: BLE001 - the copy itself fails: say why
-        held = [f"{n}.{k}" if n else k for n, m in module.named_modules()
-                for k, v in [*m._buffers.items(), *((k, v) for k, v in vars(m).items() if not k.startswith("_"))]
-                if any(t.grad_fn is not None for t in tensors(v))]
+        held = list(dict.fromkeys(where for where, _ in held_tensors(module)))
         try:
             if not held:
                 raise
