@@ -56,7 +56,7 @@ CORRECT.update({f"zoo_length.py:{k}": {"causal": True} for k in zoo_length.CORRE
 CORRECT.update({f"zoo_init.py:{k}": {} for k in zoo_init.CORRECT})  # zero initialisations that train
 CORRECT.update({f"zoo_history.py:{k}": {} for k in zoo_history.CORRECT})  # caches that follow their inputs
 CORRECT.update({f"zoo_numerics.py:{k}": {} for k in zoo_numerics.CORRECT})  # numerics and construction that train
-CORRECT.update({f"zoo_designs.py:{k}": {"causal": True} for k in zoo_designs.CORRECT})  # libraries' designs
+CORRECT.update({f"zoo_designs.py:{k}": {"causal": k not in zoo_designs.BIDIRECTIONAL} for k in zoo_designs.CORRECT})  # libraries' designs
 # logits doubled at init by talking heads started as the identity: told from unscaled ones with heads of 64 or more
 CORRECT["zoo_designs.py:AddedTalkingHeadsBlock"] = {"causal": True, "n_heads": 1}
 # Hugging Face layers, when transformers is installed: every family tblock drives, flags implied.

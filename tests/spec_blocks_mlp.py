@@ -28,13 +28,26 @@ class RMSNorm(nn.Module):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * w
 
 
+class LayerScale(nn.Module):
+    """timm's LayerScale: x * gamma, one 1-D parameter of the stream's width (a module a norm finder must not take)."""
+
+    def __init__(self, d, init):
+        super().__init__()
+        self.gamma = nn.Parameter(torch.full((d,), float(init)))
+
+    def forward(self, x):
+        return x * self.gamma
+
+
 class Block(nn.Module):
     """A causal block: norm "rms" or "ln"; placement "pre", "post" or "sandwich"; a gated or plain FFN (act(gate * up)
     inside one activation with product_inside); a parallel residual; alpha on the stream (DeepNorm) or, wrongly, on the
-    branch; a per-channel LayerScale of value `layerscale` on both branches."""
+    branch; a per-channel LayerScale of value `layerscale` on both branches (as timm's LayerScale modules with
+    ls_modules); both branches' output projections zero at init with zero_out (modded-nanogpt)."""
 
     def __init__(self, d_model=64, n_heads=4, d_ff=128, norm="rms", eps=1e-6, offset=False, act="silu", gated=True,
-                 product_inside=False, parallel=False, placement="pre", alpha=1.0, alpha_on="stream", layerscale=None):
+                 product_inside=False, parallel=False, placement="pre", alpha=1.0, alpha_on="stream", layerscale=None,
+                 ls_modules=False, zero_out=False):
         super().__init__()
         self.h, self.placement, self.parallel = n_heads, placement, parallel
         self.act, self.gated, self.product_inside = ACTS[act], gated, product_inside
@@ -47,17 +60,28 @@ class Block(nn.Module):
         self.up = nn.Linear(d_model, d_ff, bias=False)
         self.gate = nn.Linear(d_model, d_ff, bias=False) if gated else None
         self.down = nn.Linear(d_ff, d_model, bias=False)
-        if layerscale is not None:
+        if layerscale is not None and ls_modules:
+            self.g_attn, self.g_ffn = LayerScale(d_model, layerscale), LayerScale(d_model, layerscale)
+        elif layerscale is not None:
             self.g_attn = nn.Parameter(torch.full((d_model,), float(layerscale)))
             self.g_ffn = nn.Parameter(torch.full((d_model,), float(layerscale)))
-        self.layerscale = layerscale
+        self.layerscale, self.ls_modules = layerscale, ls_modules
+        if zero_out:
+            nn.init.zeros_(self.o.weight)
+            nn.init.zeros_(self.down.weight)
+
+    def scaled(self, y, name):
+        if self.layerscale is None:
+            return y
+        g = getattr(self, name)
+        return g(y) if self.ls_modules else y * g
 
     def attention(self, x):
         B, T, C = x.shape
         q, k, v = (p(x).view(B, T, self.h, C // self.h).transpose(1, 2) for p in (self.q, self.k, self.v))
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         y = self.o(y.transpose(1, 2).reshape(B, T, C))
-        return y * self.g_attn if self.layerscale is not None else y
+        return self.scaled(y, "g_attn")
 
     def ffn(self, x):
         if not self.gated:
@@ -66,7 +90,7 @@ class Block(nn.Module):
             y = self.down(self.act(self.gate(x) * self.up(x)))
         else:
             y = self.down(self.act(self.gate(x)) * self.up(x))
-        return y * self.g_ffn if self.layerscale is not None else y
+        return self.scaled(y, "g_ffn")
 
     def add(self, x, branch):
         return self.alpha * x + branch if self.alpha_on == "stream" else x + self.alpha * branch

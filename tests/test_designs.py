@@ -12,7 +12,7 @@ import zoo_designs
 from tblock_cli.anatomy.attention import unit_rows
 from tblock_cli.anatomy.dataflow import trace
 from tblock_cli.anatomy.norms import find_norms
-from tblock_cli.api import spec
+from tblock_cli.api import check, spec
 from tblock_cli.card.attention import COSINE
 from tblock_cli.card.own import own_claims
 from tblock_cli.checks import Status, run_checks
@@ -35,7 +35,8 @@ def run(name, only=None, **flags):
 def test_each_design_raises_no_alarm_in_the_whole_battery(name):
     # heads of 64 channels, as x-transformers' default: logits doubled at init (AddedTalkingHeads) are not unscaled
     # ones there (sqrt(64) = 8x); at 8 channels they could not be told apart (2.8x)
-    by = run(name, d_model=128, n_heads=2) if name == "AddedTalkingHeadsBlock" else run(name)
+    flags = {"causal": False} if name in zoo_designs.BIDIRECTIONAL else {}
+    by = run(name, d_model=128, n_heads=2) if name == "AddedTalkingHeadsBlock" else run(name, **flags)
     assert not [c for c in by.values() if c.status in BAD], [(c.name, c.detail) for c in by.values() if c.status in BAD]
 
 
@@ -115,3 +116,29 @@ def test_memory_keys_and_values_count_as_attention():
     roles = {u.name: u.role for u in trace(m, m, torch.randn(2, 12, 32), 32).modules}
     assert roles["attn.mem_k"] == roles["attn.mem_v"] == "attn.inner", roles
     assert roles["attn.to_q"] == "attn.q" and roles["w2"] == "ffn.out", roles
+
+
+def test_hyper_connections_mix_streams_not_tokens():
+    """Products of two activations over the streams axis are no attention: the attention check reads the one real
+    call, and the norms each branch reads are found (before: two weight products read as attention without softmax,
+    and norm_placement warned)."""
+    by = run("HyperConnectionsBlock", only=("attention", "norm_placement", "residual", "grad_params", "batch", "causal"))
+    assert by["attention"].status == Status.PASS and len(by["attention"].facts["calls"]) == 1, by["attention"].facts
+    assert not [c for c in by.values() if c.status in BAD], [(c.name, c.detail) for c in by.values() if c.status in BAD]
+
+
+def test_linear_attention_is_no_forgotten_softmax_while_raw_scores_still_are():
+    by = run("LinearAttentionBlock", only=("attention",), causal=False)
+    assert by["attention"].status == Status.SKIP, by["attention"]
+
+    class RawScores(zoo_designs.LinearAttention):  # the token x token scores weight the values with no softmax
+        def forward(self, h):
+            q, k, v = (zoo_designs.heads(p(h), self.n_heads) for p in (self.to_q, self.to_k, self.to_v))
+            return self.to_out(zoo_designs.merge((q @ k.transpose(-2, -1)) * self.scale @ v))
+
+    class RawBlock(zoo_designs.ModuleAttentionBlock):
+        attention_class = RawScores
+
+    report = check(RawBlock(32, 4, causal=False), only=["attention"], d_model=32, n_heads=4, threads=1)
+    (c,) = report.checks
+    assert c.status == Status.WARN and c.kind == "attention.no_softmax", c

@@ -141,6 +141,44 @@ def test_layerscale_is_read_per_channel():
     assert card.value("residual.ffn_gain") == pytest.approx(block.g_ffn.double().mean().item(), rel=1e-9)
 
 
+def _card(block):
+    from tblock_cli.card.read import read_card
+    from tblock_cli.subject.setup import setup
+
+    s = setup(block, dict(SIZES), trains=False)
+    with s.session():
+        return read_card(s.make(), s.cfg, s.device)
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+def test_layerscale_modules_at_their_init_are_gains_not_norms(parallel):
+    """timm's LayerScale (x * gamma, gamma 1e-5 at init) is a module with one 1-D parameter of the stream's width: it
+    scales with its input, so it is no norm, and with it the FFN's input still moves when attention's output does."""
+    torch.manual_seed(0)
+    card = _card(Block(layerscale=1e-5, ls_modules=True, parallel=parallel))
+    assert card.value("norm.placement") == "pre"
+    assert card.value("norm.kind") == "rmsnorm" and card.value("norm.eps") == pytest.approx(1e-6, rel=1e-3)
+    assert card.value("residual.form") == ("parallel" if parallel else "sequential")
+    assert card.value("residual.attn_gain") == pytest.approx(1e-5, rel=1e-6)
+    assert card.value("residual.ffn_gain") == pytest.approx(1e-5, rel=1e-6)
+    assert card.value("residual.stream_gain") == pytest.approx(1.0, rel=1e-9)
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+def test_zero_initialised_output_projections_keep_the_form_and_leave_the_gains_unread(parallel):
+    """modded-nanogpt zeroes each branch's output projection at init: the branches add nothing yet, which says
+    neither that the FFN ignores attention (parallel) nor that the gains are 0."""
+    torch.manual_seed(0)
+    card = _card(Block(zero_out=True, parallel=parallel))
+    assert card.value("residual.form") == ("parallel" if parallel else "sequential")
+    assert card.value("residual.stream_gain") == pytest.approx(1.0, rel=1e-9)
+    for key in ("residual.attn_gain", "residual.ffn_gain"):
+        e = card.get(key)
+        assert e.value is None and "zero" in e.skip, e
+    caught = _spec(Block(zero_out=True), ["residual.form=sequential", "residual.attn_gain=1"])
+    assert caught.status == Status.PASS, caught.facts
+
+
 def test_fit_names_each_curve_and_the_mistaken_product():
     """The fit against curves computed here: each activation, gated either way, and act(gate * up)."""
     g = torch.linspace(-4, 4, 400, dtype=torch.float64).unsqueeze(0)

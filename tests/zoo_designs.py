@@ -4,7 +4,10 @@ unused), ScaleNorm (one scalar gain, so no parameter says the width it normalise
 over distances (a chain of projections that reads no tensor of the stream's width), learned memory keys and values
 concatenated to k and v (parameters of the attention module that are no projection), and talking heads (a learned
 map over heads before the softmax, whose score scale cannot be read as one multiple of each head's q.k; or, started as
-the identity added to the scores, moves with the map's weights). Each is
+the identity added to the scores, moves with the map's weights), and CaiT's layer (talking heads with a bias before the
+softmax, whose gradient is rounding, and LayerScale modules at 1e-5), and Locality Self-Attention (each token's own
+score masked in bidirectional scores), linear attention (no token x token matrix), and hyper-connections (products
+of activations over a streams axis). Each is
 `TrainBlock` of tests/zoo_training.py with one thing changed; constructors take tblock's keywords."""
 
 import math
@@ -162,5 +165,125 @@ class AddedTalkingHeadsBlock(ModuleAttentionBlock):
     attention_class = AddedTalkingHeads
 
 
+class LayerScale(nn.Module):
+    """timm's LayerScale: x * gamma, gamma a constant `init` per channel at build (1e-5 in CaiT and DeiT-3)."""
+
+    def __init__(self, d_model, init=1e-5):
+        super().__init__()
+        self.gamma = nn.Parameter(init * torch.ones(d_model))
+
+    def forward(self, x):
+        return x * self.gamma
+
+
+class CaiTAttention(TalkingHeadsAttention):
+    """timm's CaiT talking heads: heads x heads linear maps with biases, one on the logits (proj_l, before the softmax:
+    its bias adds a constant to every logit of a row, so its gradient is rounding) and one on the probabilities."""
+
+    def __init__(self, d_model, n_heads):
+        super().__init__(d_model, n_heads)
+        del self.mix
+        self.proj_l, self.proj_w = nn.Linear(n_heads, n_heads), nn.Linear(n_heads, n_heads)
+
+    def forward(self, h):
+        q, k, v = (heads(p(h), self.n_heads) for p in (self.to_q, self.to_k, self.to_v))
+        s = self.proj_l(((q * self.scale) @ k.transpose(-2, -1)).permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+        w = self.proj_w(causal_softmax(s).permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+        T = w.shape[-1]  # CaiT attends both ways; here causal: proj_w's bias would reach the future, so it is cut again
+        return self.to_out(merge(w.masked_fill(~torch.ones(T, T, dtype=torch.bool, device=w.device).tril(), 0.0) @ v))
+
+
+class CaiTBlock(ModuleAttentionBlock):
+    """CaiT's layer: its talking heads, and each branch through a LayerScale module at 1e-5 (so at build both add
+    1e-5 of their output: a module with one 1-D parameter of the stream's width that is no norm)."""
+
+    attention_class = CaiTAttention
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
+        super().__init__(d_model, n_heads, dropout, causal)
+        self.ls1, self.ls2 = LayerScale(d_model), LayerScale(d_model)
+
+    def forward(self, x):
+        x = x + self.ls1(self.drop(self.attention(self.attn_norm(x))))
+        return x + self.ls2(self.ffn(self.ffn_norm(x)))
+
+
+class LocalitySelfAttention(TalkingHeadsAttention):
+    """Locality Self-Attention (Lee et al. 2021, vit-pytorch's vit_for_small_dataset): bidirectional scores with each
+    token's own masked on purpose, and a learned temperature started at 1/sqrt(d_head)."""
+
+    def __init__(self, d_model, n_heads):
+        super().__init__(d_model, n_heads)
+        del self.mix
+        self.temperature = nn.Parameter(torch.log(torch.tensor(self.scale)))
+
+    def forward(self, h):
+        q, k, v = (heads(p(h), self.n_heads) for p in (self.to_q, self.to_k, self.to_v))
+        s = (q @ k.transpose(-2, -1)) * self.temperature.exp()
+        T = s.shape[-1]
+        s = s.masked_fill(torch.eye(T, dtype=torch.bool, device=s.device), -torch.finfo(s.dtype).max)
+        return self.to_out(merge(s.softmax(-1) @ v))
+
+
+class LocalitySelfAttentionBlock(ModuleAttentionBlock):
+    attention_class = LocalitySelfAttention
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=False):
+        super().__init__(d_model, n_heads, dropout, causal=False)  # bidirectional by design
+
+
+class LinearAttention(TalkingHeadsAttention):
+    """Linear attention (Katharopoulos et al. 2020): phi(q) (phi(k)^T v) / (phi(q) . sum phi(k)), phi = elu + 1, with
+    no token x token matrix at all (k^T v is heads x d x d); causal blocks are out of its scope, so it is bidirectional."""
+
+    def __init__(self, d_model, n_heads):
+        super().__init__(d_model, n_heads)
+        del self.mix
+
+    def forward(self, h):
+        q, k, v = (heads(p(h), self.n_heads) for p in (self.to_q, self.to_k, self.to_v))
+        q, k = F.elu(q) + 1, F.elu(k) + 1
+        z = 1 / (q @ k.sum(-2, keepdim=True).transpose(-2, -1))
+        return self.to_out(merge((q @ (k.transpose(-2, -1) @ v)) * z))
+
+
+class LinearAttentionBlock(ModuleAttentionBlock):
+    attention_class = LinearAttention
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=False):
+        super().__init__(d_model, n_heads, dropout, causal=False)
+
+
+class HyperConnectionsBlock(TrainBlock):
+    """Hyper-connections (Zhu et al. 2024, as vit-pytorch writes them): the stream widened to `streams` copies; before
+    each branch a learned mix over the copies (static, plus a tanh of the normed copies) makes the branch's input
+    and the copies kept, and the branch's output is added to each copy with its own weight. The mixes are products of
+    two activations over the streams axis, not over tokens: no attention."""
+
+    streams = 2
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
+        super().__init__(d_model, n_heads, dropout, causal)
+        e = self.streams
+        self.hc_norm = nn.ModuleList(nn.LayerNorm(d_model, bias=False) for _ in range(2))
+        self.static_alpha = nn.ParameterList(nn.Parameter(torch.cat([torch.eye(e)[:, :1], torch.eye(e)], 1))
+                                             for _ in range(2))
+        self.dynamic_alpha = nn.ParameterList(nn.Parameter(0.02 * torch.randn(d_model, e + 1)) for _ in range(2))
+        self.static_beta = nn.ParameterList(nn.Parameter(torch.ones(e)) for _ in range(2))
+
+    def around(self, i, x, branch):
+        alpha = (self.hc_norm[i](x) @ self.dynamic_alpha[i]).tanh() * 0.01 + self.static_alpha[i]  # (B, T, e, e + 1)
+        mixed = torch.einsum("btef,bted->btfd", alpha, x)
+        return torch.einsum("btd,e->bted", branch(mixed[:, :, 0]), self.static_beta[i]) + mixed[:, :, 1:]
+
+    def forward(self, x):
+        x = x.unsqueeze(2).expand(-1, -1, self.streams, -1)
+        x = self.around(0, x, lambda h: self.drop(self.attention(self.attn_norm(h))))
+        x = self.around(1, x, lambda h: self.ffn(self.ffn_norm(h)))
+        return x.mean(2)  # a model sums the copies once, after its last layer (then a norm); one block averages them
+
+
 CORRECT = ["CosineAttentionBlock", "ScaleNormBlock", "DistanceBiasBlock", "MemoryKVBlock", "TalkingHeadsBlock",
-           "AddedTalkingHeadsBlock"]
+           "AddedTalkingHeadsBlock", "CaiTBlock", "LocalitySelfAttentionBlock", "LinearAttentionBlock"]
+# bidirectional by design: checked without --causal (the others with it)
+BIDIRECTIONAL = ["LocalitySelfAttentionBlock", "LinearAttentionBlock"]

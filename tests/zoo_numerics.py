@@ -1,7 +1,7 @@
 """Numerics and construction that only training shows: a softmax that overflows once logits grow, NaN gradients from
 rows that see no key, norm gains drawn at random by an init loop, attention saturated as built, two Parameters on
 one storage, a norm module registered twice, a checkpointing path that drops the padding mask, a window or scale the
-block keeps but does not apply, an auxiliary loss kept detached. Each planted bug has a correct twin; and designs that looked like bugs to earlier
+block keeps but does not apply, an auxiliary loss kept detached, a gain reset at every forward. Each planted bug has a correct twin; and designs that looked like bugs to earlier
 versions (nGPT's unit-sphere stream, Primer's convolutions on q/k/v, a binding clip_qkv). Each is `TrainBlock` of
 tests/zoo_training.py with one thing changed; constructors take tblock's keywords."""
 
@@ -198,6 +198,16 @@ class SwitchAuxDetached(TrainBlock):
         return self.drop(out)
 
 
+class GainResetInForward(TrainBlock):
+    """The FFN norm's gain written back to ones at every forward (an init done in forward): each step's update is
+    undone by the next call, so the gain never trains."""
+
+    def forward(self, x):
+        with torch.no_grad():
+            self.ffn_norm.weight.fill_(1.0)
+        return super().forward(x)
+
+
 PLANTED = {"NaNHiddenByNanToNum": ("padding", "padding.grad_nonfinite"),
            "NaiveSoftmax": ("attention", "attention.overflows"),
            "RandomNormGains": ("norms", "norms.random_gain"),
@@ -207,7 +217,8 @@ PLANTED = {"NaNHiddenByNanToNum": ("padding", "padding.grad_nonfinite"),
            "CheckpointDropsMask": ("checkpointing", "checkpointing.differs"),
            "WindowKeptNotApplied": ("spec", "spec.not_like"),
            "ScalingKeptWrong": ("spec", "spec.not_like"),
-           "SwitchAuxDetached": ("grad_params", "grad_params.loss_detached")}
+           "SwitchAuxDetached": ("grad_params", "grad_params.loss_detached"),
+           "GainResetInForward": ("optimizer_step", "optimizer_step.unchanged")}
 
 
 # ----------------------------------------------------------------------------- correct twins

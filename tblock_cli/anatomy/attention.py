@@ -18,6 +18,7 @@ class ScaleNote:
     """Where an attention call's scale came from, as data; `messages` writes its sentence (`text`)."""
 
     kind: str  # qk (q and k as they reach the product) | zero (q or k is zero) | cosine (unit rows) | no_softmax | mha
+    # | mixed (each head's scores mix other heads' products: talking heads)
     folded: float = 1.0  # a scalar factor applied to q or k on their way to the product
     sdpa: bool = False  # F.scaled_dot_product_attention scaled it
     passed: float | None = None  # the scale sdpa was passed (None: its default 1/sqrt(E))
@@ -86,20 +87,33 @@ def unit_rows(q: torch.Tensor, k: torch.Tensor) -> bool:
 
 
 def self_masked(logits: torch.Tensor) -> bool:
-    """Square scores whose diagonal is masked everywhere (a causal mask built with triu(0) instead of triu(1))."""
+    """Square scores whose diagonal is masked everywhere, with one triangle beside it: a causal mask built with triu(0)
+    instead of triu(1). The diagonal alone masked, keys open on both sides, is a design: Locality Self-Attention
+    (Lee et al. 2021, "Vision Transformer for Small-Size Datasets") masks each token's own score on purpose."""
     if logits.ndim < 2 or logits.shape[-1] != logits.shape[-2] or logits.shape[-1] < 2:
         return False
-    diag = logits.detach().double().diagonal(dim1=-2, dim2=-1)
-    return bool((~(torch.isfinite(diag) & (diag > MASKED_LOGIT))).all())
+    s = logits.detach().double()
+    masked = ~(torch.isfinite(s) & (s > MASKED_LOGIT))
+    if not masked.diagonal(dim1=-2, dim2=-1).all():
+        return False
+    upper = torch.ones(s.shape[-1], s.shape[-1], dtype=torch.bool, device=s.device).triu(1)
+    return bool(masked[..., upper].all() or masked[..., upper.T].all())
 
 
-def qk_std(logits: torch.Tensor, product: torch.Tensor) -> float:
+# Where two samples' scores differ by one multiple of their q.k products' difference (per call), the misfit is rounding
+# (1e-8 in float32); talking heads (a learned map over heads before the softmax, CaiT's randn(h, h)) mix the other
+# heads' products into each head's scores and leave O(1): no one slope is the scale, and none is judged.
+QK_FIT_TOL = 0.05
+
+
+def qk_std(logits: torch.Tensor, product: torch.Tensor) -> float | None:
     """The std of the part of the scores that the q.k product explains: the scores regressed on the product over the
     unmasked entries. An additive bias (ALiBi, a relative bias) is uncorrelated with a random input's product and
     drops out; with no bias this is the std of the scores themselves. Where the scores lead with two samples, the
     slope comes from their difference, in which an input-independent bias cancels exactly: over the few hundred
     entries of 10 tokens, a large learned bias's chance correlation with the product moves the plain regression's
-    slope by up to 3x (x-transformers' relative bias, 7.7x the q.k part's std)."""
+    slope by up to 3x (x-transformers' relative bias, 7.7x the q.k part's std). None where that difference is no one
+    multiple of the products' (misfit above QK_FIT_TOL): the heads' scores are mixed, and no slope is the scale."""
     z = logits.detach().double()
     valid = torch.isfinite(z) & (z > MASKED_LOGIT)
     zv = z[valid]
@@ -116,9 +130,21 @@ def qk_std(logits: torch.Tensor, product: torch.Tensor) -> float:
         dz, dp = (z[0] - z[1])[both], (p[0] - p[1])[both]
         if dz.numel() > 1 and (dp * dp).sum() > 0:
             slope = (dz * dp).sum() / (dp * dp).sum()
+            if (dz - slope * dp).norm() > QK_FIT_TOL * dz.norm():
+                return None
     if slope is None:
         slope = ((zv - zv.mean()) * (pv - pv.mean())).mean() / pv.var(unbiased=False)
     return (slope.abs() * pv.std()).item()
+
+
+def row_centred(product: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """The q.k product less its mean over each row's valid entries: what the logits read back from written-out
+    weights (log W, centred the same way) are a multiple of. A product laid out otherwise is returned as it is."""
+    try:
+        p = product.detach().double().to(valid.device).expand(valid.shape)
+    except RuntimeError:
+        return product
+    return p - p.masked_fill(~valid, 0).sum(-1, keepdim=True) / valid.sum(-1, keepdim=True).clamp_min(1)
 
 
 def uniform_rows(t: torch.Tensor) -> bool:

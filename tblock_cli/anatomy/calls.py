@@ -19,6 +19,7 @@ from tblock_cli.anatomy.attention import (
     apply_masks,
     qk_std,
     rms,
+    row_centred,
     score_stats,
     sdpa_signature,
     self_masked,
@@ -45,6 +46,8 @@ class AttentionRecorder:
         self.capture = capture
         self.captured: dict[int, Captured] = {}  # index of the attention call (recorded just before it) -> its scores
         self.uniform_in: dict[str, bool] = {}  # identical tokens: False where positions entered before the projection
+        # the probe input's tokens, where known: weights over something else (hyper-connections' streams) attend to none
+        self.tokens: int | None = None
 
     def projection_input(self, proj: str, x) -> None:
         if self.capture and isinstance(x, torch.Tensor) and x.ndim >= 2:
@@ -61,7 +64,10 @@ class AttentionRecorder:
 
     def qk_ratio(self, logits: torch.Tensor, product: torch.Tensor, q, k) -> tuple[float | None, ScaleNote, float]:
         """The scale judged on q.k alone (an additive position bias does not count): (ratio, note, std of the q.k part)."""
-        return (*self.scale_ratio(std := qk_std(logits, product), q, k), std)
+        std = qk_std(logits, product)
+        if std is None:  # the heads' products mixed before the softmax (talking heads): no one scale to judge
+            return None, ScaleNote("mixed"), score_stats(logits)[0]
+        return (*self.scale_ratio(std, q, k), std)
 
     def scale_ratio(self, logit_std: float, q: torch.Tensor, k: torch.Tensor) -> tuple[float | None, ScaleNote]:
         """logit std / (rms(q) rms(k)) for q and k as they reach the product, with any scalar factor applied to
@@ -200,6 +206,10 @@ class AttentionRecorder:
         """Attention whose weights came from a q.k product by other means than softmax: a softmax written out
         (rows non-negative, summing to 1), or none at all (raw scores times values)."""
         q, k, product = self.scores[marker]
+        if self.tokens is not None and w.ndim >= 2 and self.tokens not in w.shape[-2:]:
+            # weights over no token axis: a mix of residual streams (hyper-connections), k^T v of linear attention
+            self.prov.put(out, self.prov.union((self.prov.get(w), self.prov.get(values)), NONLINEAR))
+            return
         W = w.detach().double()
         rows = W.sum(-1)
         live = rows.abs() > 1e-6  # fully masked rows, zeroed, carry no weight
@@ -210,7 +220,7 @@ class AttentionRecorder:
             valid = torch.isfinite(logits)
             centred = logits - (logits.masked_fill(~valid, 0).sum(-1, keepdim=True) / valid.sum(-1, keepdim=True).clamp_min(1))
             std, ent, mp = score_stats(centred.masked_fill(~valid, float("-inf")))
-            ratio, note, _ = self.qk_ratio(centred.masked_fill(~valid, float("-inf")), product, q, k) \
+            ratio, note, _ = self.qk_ratio(centred.masked_fill(~valid, float("-inf")), row_centred(product, valid), q, k) \
                 if product.shape[-2:] == W.shape[-2:] else (*self.scale_ratio(std, q, k), std)
             self.keep_scores(centred.masked_fill(~valid, float("-inf")), product)
         else:

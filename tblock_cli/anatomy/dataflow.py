@@ -67,6 +67,7 @@ def trace(module: nn.Module, call, x: torch.Tensor, d_model: int) -> Dataflow:
     """One eval-mode, grad-enabled forward of call(x) under the tracer (grad keeps MHA off its fused fast path)."""
     norms = find_norms(module, d_model, x.device, x.dtype)
     tr = Tracer(module, d_model)
+    tr.attn.tokens = x.shape[-2] if x.ndim >= 2 else None
     hooks, reads = [], {}
 
     def enter(name: str, args: tuple) -> None:  # the module running now, and where its first call's input comes from

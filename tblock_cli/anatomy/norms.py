@@ -47,7 +47,9 @@ def find_norms(module: nn.Module, d_model: int, device, dtype) -> dict[str, int]
         a64, b64 = a.double().cpu(), b.double().cpu()
         if not torch.isfinite(a64).all() or a64.abs().max() == 0:
             continue
-        if (a64 - b64).abs().max().item() <= tol * max(1.0, a64.abs().max().item()):
+        # relative to the output's own size: a LayerScale at its init (x * 1e-5) moves by 1e-5 x (s - 1), far below an
+        # absolute floor, yet by (s - 1) ~ 1 relative to what it returns
+        if (a64 - b64).abs().max().item() <= tol * a64.abs().max().item():
             found[name] = width
     return {n: w for n, w in found.items() if not any(n != o and n.startswith(o + ".") for o in found)}  # outermost only
 

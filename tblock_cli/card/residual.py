@@ -20,10 +20,16 @@ CHANNEL_TOL = 1e-6
 # alpha (2N)^(1/4) = 1.41 for two layers, LayerScale's init 1e-5..0.1, granite's residual_multiplier 0.22. 1 % lets a
 # declaration give three digits (alpha = 1.86 for (2 x 6)^(1/4) = 1.8612).
 GAIN_TOL = 1e-2
+# form() replaces attention's output projection with random weights this many times a unit-variance map, not zeros:
+# zeroing moves the FFN's input by nothing where the projection is zero at init (modded-nanogpt's c_proj, adaLN-zero)
+# and by the branch's gain where a LayerScale (1e-5 at init) follows it, both within SAME_TENSOR_TOL of "unchanged".
+REPLACED_GAIN = 1e3
+# A branch whose output is this small next to the sum adds nothing: its gain is not defined (least squares would read 0).
+SILENT_TOL = 1e-12
 
 
 def form(probe: Probe) -> tuple[str | None, str]:
-    """parallel when zeroing attention's output projection leaves what the FFN reads unchanged."""
+    """parallel when replacing attention's output projection leaves what the FFN reads unchanged."""
     sub = sublayers(probe)
     attn_out = sub.roles.get("attn.out", ())
     ffn_in = [n for r in ("ffn.in", "ffn.gate") for n in sub.roles.get(r, ())]
@@ -33,15 +39,21 @@ def form(probe: Probe) -> tuple[str | None, str]:
     if not ffn_in:
         return None, "no FFN input projection seen"
     first = min(ffn_in, key=list(sub.seen.proj_in).index)
-    zeroed = [p for n in attn_out for p in sub.params.get(n, ())]
-    with parameters_replaced(dict(probe.module.named_parameters()), zeroed, lambda _n, p: torch.zeros_like(p)):
+    replaced = [p for n in attn_out for p in sub.params.get(n, ())]
+    gen = torch.Generator().manual_seed(0)
+
+    def loud(_n, p):  # random, REPLACED_GAIN times a unit-variance output: neither zero nor near what it was
+        fan_in = p.shape[-1] if p.ndim >= 2 else 1
+        return (torch.randn(p.shape, generator=gen, dtype=torch.float64) * REPLACED_GAIN / fan_in ** 0.5).to(p)
+
+    with parameters_replaced(dict(probe.module.named_parameters()), replaced, loud):
         again = io_of(probe, {first: sub.params[first]}, (), sub.seen.x)
     before, after = sub.seen.proj_in[first], again.proj_in.get(first)
     if after is None:
         return None, "the FFN's input was not seen again"
     if same_tensor(before, after):
-        return "parallel", f"attention's output zeroed: {first.rpartition('.')[2]} reads the same input"
-    return "sequential", f"attention's output zeroed: {first.rpartition('.')[2]} reads another input"
+        return "parallel", f"attention's output replaced: {first.rpartition('.')[2]} reads the same input"
+    return "sequential", f"attention's output replaced: {first.rpartition('.')[2]} reads another input"
 
 
 def mix(target: torch.Tensor, parts: list[torch.Tensor]) -> tuple[torch.Tensor, float] | None:
@@ -119,11 +131,14 @@ def read(probe: Probe) -> list[Entry]:
     if isinstance(found, str):
         return out + [skipped(k, found) for k in keys]
     gains: dict[str, list] = {"stream": [], "attn": [], "ffn": []}
+    silent: set[str] = set()  # branches whose output is zero as built: any gain fits them
     for what, total, parts, names in found:
         fitted = mix(total, parts)
         if fitted is None:
             return out + [skipped(k, f"{what}: the sum and its parts differ in shape") for k in keys]
         coef, resid = fitted
+        scale = max(total.abs().max().item(), 1e-300)
+        silent.update(n for n, part in zip(names, parts) if part.abs().max().item() <= SILENT_TOL * scale)
         if not resid <= MIX_TOL:
             return out + [skipped(k, f"{what} is not stream x alpha + branch x beta (off by {resid:.1e})") for k in keys]
         read_ = [gain(coef[:, i]) for i in range(len(names))]
@@ -136,6 +151,10 @@ def read(probe: Probe) -> list[Entry]:
             gains[n].append(g)
     note = " (post-norm: as a ratio to the branch's)" if where == "post" else ""
     for key, n in zip(keys, ("stream", "attn", "ffn")):
+        if n in silent:
+            out.append(skipped(key, f"the {n} branch adds zero as built (its output projection is zero at init): "
+                                    "any gain fits it"))
+            continue
         vals = gains[n]
         per = any(p for _, p in vals)
         nums = [v for v, _ in vals]

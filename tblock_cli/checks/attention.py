@@ -56,7 +56,8 @@ def check_attention(ctx: Context) -> Outcome:
     Catches: per attention call: logit std, entropy relative to uniform, mean max probability; fails on a softmax
     over the query axis, and on a softmax of the block's own that overflows to NaN once its logits reach 1e3 (exp(s) /
     sum(exp(s)) without the row maximum subtracted); **warns** when the scores look unscaled or scaled more than 1/sqrt(d_head), when no token
-    attends to itself (a masked diagonal), when a q.k product weights the values with no softmax (a softmax
+    attends to itself (a causal mask that masks the diagonal too; the diagonal alone masked
+    in bidirectional scores is Locality Self-Attention's design), when a q.k product weights the values with no softmax (a softmax
     written out by hand, rows non-negative and summing to 1, counts as one), and when attention is saturated as built
     (entropy below 0.1 of uniform, each query on one key: q/k weights initialised far too large)"""
     flow = ctx.dataflow()

@@ -83,6 +83,15 @@ def adamw_first_step(params: list[nn.Parameter], lr: float, eps: float = 1e-8) -
                 p.sub_(lr * p.grad / (p.grad.abs() + eps))
 
 
+def _resolvable(p: nn.Parameter, lr: float, eps: float = 1e-8) -> bool:
+    """Whether AdamW's first step, lr * g / (|g| + eps), is above one unit in the last place of some element of p: a
+    gradient of pure rounding (a pre-softmax bias's, ~1e-16 by the softmax's shift invariance: CaiT's talking heads)
+    moves nothing, and must not read as a step that failed to move it."""
+    g = p.grad.detach().abs().double()
+    step = lr * g / (g + eps)
+    return bool((step > torch.finfo(p.dtype).eps * p.detach().abs().double()).any())
+
+
 def check_optimizer_step(ctx: Context) -> Outcome:
     """Catches: one AdamW step (lr 1e-4) on a fixed regression target that does not lower the loss or leaves a
     parameter with a gradient unchanged; parameters no step will ever move (zeros that hold each other's gradient at
@@ -152,6 +161,7 @@ def _adamw_step(ctx: Context, x: torch.Tensor, target: torch.Tensor, train: bool
         first.backward()
     zero = [n for n, p in params if p.grad is not None and not p.grad.any()]
     no_grad = [n for n, p in params if p.grad is None]
+    below = [n for n, p in params if n not in zero and p.grad is not None and not _resolvable(p, STEP_LR)]
     adamw_first_step([p for _, p in params], STEP_LR)
     stuck, held = [], []
     if zero:  # the step's loss and, once, gradients again: does any zero gradient come alive after it?
@@ -165,7 +175,8 @@ def _adamw_step(ctx: Context, x: torch.Tensor, target: torch.Tensor, train: bool
     else:
         with torch.no_grad():
             second = loss()
-    unchanged = [n for n, p in params if torch.equal(p.detach(), before[n]) and n not in zero and n not in no_grad]
+    unchanged = [n for n, p in params
+                 if torch.equal(p.detach(), before[n]) and n not in zero and n not in no_grad and n not in below]
     repeatable = True
     if not second.item() < first.item() and train:  # the copy is done with: back to its first weights, once more
         with torch.no_grad():
@@ -173,7 +184,8 @@ def _adamw_step(ctx: Context, x: torch.Tensor, target: torch.Tensor, train: bool
                 p.copy_(before[n])
             repeatable = loss().item() == first.item()
     return {"loss_before": first.item(), "loss_after": second.item(), "frozen": frozen, "frozen_share": share,
-            "unchanged": unchanged, "no_grad": no_grad, "zero_grad": zero, "stuck": stuck, "zeros": held,
+            "unchanged": unchanged, "no_grad": no_grad, "zero_grad": zero, "below_resolution": below,
+            "stuck": stuck, "zeros": held,
             "repeatable": repeatable, "train": train}
 
 

@@ -68,6 +68,9 @@ def _through(f) -> str:
 
 def _optimizer_ok(f: dict) -> str:
     zero = f"; zero gradient, not moved (can be legitimate): {names(f['zero_grad'])}" if f["zero_grad"] else ""
+    if f.get("below_resolution"):
+        zero += (f"; a gradient of rounding size, too small for one step to move (a pre-softmax bias's, by the "
+                 f"softmax's shift invariance): {names(f['below_resolution'])}")
     frozen = (f"; {f['frozen_share']:.0%} of the parameters frozen (requires_grad=False), a frozen base as adapters "
               f"train beside: {len(f['frozen'])} tensors") if f.get("frozen") else ""
     return (f"one AdamW step lowers the loss ({f['loss_before']:.4g} -> {f['loss_after']:.4g}) and moves every parameter "

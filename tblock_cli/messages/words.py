@@ -27,6 +27,8 @@ def scale_note(note) -> str:
         return "q and k reach the product as unit vectors (cosine attention: its scale is a temperature, not judged)"
     if note.kind == "no_softmax":
         return "no softmax: the raw scores weight the values"
+    if note.kind == "mixed":
+        return "each head's scores mix other heads' q.k products (talking heads): no one scale, not judged"
     if note.kind == "mha":
         return "scale 1/sqrt(d_head), built into nn.MultiheadAttention"
     text = "the q and k that reach the product" + (f" (a factor {note.folded:.4g} folded into them)"
