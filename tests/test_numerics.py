@@ -110,3 +110,39 @@ def test_a_loss_kept_with_its_graph_is_copied_detached_where_deepcopy_refuses_it
     twin = module_copy(block)
     assert twin.aux_loss.grad_fn is None and torch.equal(twin.aux_loss, block.aux_loss.detach())
     assert twin.router.weight is not block.router.weight and torch.equal(twin.router.weight, block.router.weight)
+
+
+def test_a_norm_is_held_to_its_class_name_only_where_it_does_not_normalise():
+    """named_but_not_norms: a LayerNorm or RMSNorm by class whose output moves with its input's scale is named; norms
+    of other axis groupings, a large eps, modules that need a second input and modules named otherwise are not."""
+    from tblock_cli.anatomy.norms import named_but_not_norms
+
+    class LayerNormAll(nn.Module):  # over each sample's tokens and channels together: not per token, still a norm
+        def __init__(self, d):
+            super().__init__()
+            self.weight = nn.Parameter(torch.ones(d))
+
+        def forward(self, x):
+            return nn.functional.layer_norm(x, x.shape[1:]) * self.weight
+
+    class AdaLayerNorm(nn.Module):  # conditional: needs the conditioning too
+        def __init__(self, d):
+            super().__init__()
+            self.weight = nn.Parameter(torch.ones(d))
+
+        def forward(self, x, cond):
+            return nn.functional.layer_norm(x, x.shape[-1:]) * (1 + cond) * self.weight
+
+    class Gain(nn.Module):  # scales with its input and says nothing of norms
+        def __init__(self, d):
+            super().__init__()
+            self.weight = nn.Parameter(torch.ones(d))
+
+        def forward(self, x):
+            return x * self.weight
+
+    m = nn.ModuleDict({"bad": zoo_numerics.RMSNormNoSqrt(16), "wide_eps": nn.LayerNorm(16, eps=0.5),
+                       "grid": LayerNormAll(16), "ada": AdaLayerNorm(16), "gain": Gain(16)})
+    got = named_but_not_norms(m, {}, 16, torch.device("cpu"))
+    assert [g["name"] for g in got] == ["bad"], got
+    assert got[0]["ratio"] == pytest.approx(0.1, rel=1e-3)  # 1 / the input's 10x

@@ -7,7 +7,7 @@ map over heads before the softmax, whose score scale cannot be read as one multi
 the identity added to the scores, moves with the map's weights), and CaiT's layer (talking heads with a bias before the
 softmax, whose gradient is rounding, and LayerScale modules at 1e-5), and Locality Self-Attention (each token's own
 score masked in bidirectional scores), linear attention (no token x token matrix), and hyper-connections (products
-of activations over a streams axis). Each is
+of activations over a streams axis), and sigmoid attention (weights in [0, 1] that no softmax normalises). Each is
 `TrainBlock` of tests/zoo_training.py with one thing changed; constructors take tblock's keywords."""
 
 import math
@@ -254,6 +254,26 @@ class LinearAttentionBlock(ModuleAttentionBlock):
         super().__init__(d_model, n_heads, dropout, causal=False)
 
 
+class SigmoidAttention(TalkingHeadsAttention):
+    """Sigmoid attention (Ramapuram et al. 2024): each key's weight sigmoid(q.k / sqrt(d) + b), b = -log n for the
+    training context n (a constant: 64 here), no normalisation over the keys (weights in [0, 1], rows not summing to
+    1), the future's weights zeroed."""
+
+    def __init__(self, d_model, n_heads):
+        super().__init__(d_model, n_heads)
+        del self.mix
+
+    def forward(self, h):
+        q, k, v = (heads(p(h), self.n_heads) for p in (self.to_q, self.to_k, self.to_v))
+        T = q.shape[-2]
+        w = torch.sigmoid((q @ k.transpose(-2, -1)) * self.scale - math.log(64))
+        return self.to_out(merge(w.masked_fill(~torch.ones(T, T, dtype=torch.bool, device=w.device).tril(), 0.0) @ v))
+
+
+class SigmoidAttentionBlock(ModuleAttentionBlock):
+    attention_class = SigmoidAttention
+
+
 class HyperConnectionsBlock(TrainBlock):
     """Hyper-connections (Zhu et al. 2024, as vit-pytorch writes them): the stream widened to `streams` copies; before
     each branch a learned mix over the copies (static, plus a tanh of the normed copies) makes the branch's input
@@ -284,6 +304,7 @@ class HyperConnectionsBlock(TrainBlock):
 
 
 CORRECT = ["CosineAttentionBlock", "ScaleNormBlock", "DistanceBiasBlock", "MemoryKVBlock", "TalkingHeadsBlock",
-           "AddedTalkingHeadsBlock", "CaiTBlock", "LocalitySelfAttentionBlock", "LinearAttentionBlock"]
+           "AddedTalkingHeadsBlock", "CaiTBlock", "LocalitySelfAttentionBlock", "LinearAttentionBlock",
+           "SigmoidAttentionBlock"]
 # bidirectional by design: checked without --causal (the others with it)
 BIDIRECTIONAL = ["LocalitySelfAttentionBlock", "LinearAttentionBlock"]

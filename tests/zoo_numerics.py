@@ -1,7 +1,8 @@
 """Numerics and construction that only training shows: a softmax that overflows once logits grow, NaN gradients from
 rows that see no key, norm gains drawn at random by an init loop, attention saturated as built, two Parameters on
 one storage, a norm module registered twice, a checkpointing path that drops the padding mask, a window or scale the
-block keeps but does not apply, an auxiliary loss kept detached, a gain reset at every forward. Each planted bug has a correct twin; and designs that looked like bugs to earlier
+block keeps but does not apply, an auxiliary loss kept detached, a gain reset at every forward, an RMSNorm without its
+square root, an activation on the residual stream. Each planted bug has a correct twin; and designs that looked like bugs to earlier
 versions (nGPT's unit-sphere stream, Primer's convolutions on q/k/v, a binding clip_qkv). Each is `TrainBlock` of
 tests/zoo_training.py with one thing changed; constructors take tblock's keywords."""
 
@@ -208,6 +209,30 @@ class GainResetInForward(TrainBlock):
         return super().forward(x)
 
 
+class RMSNormNoSqrt(nn.Module):
+    def __init__(self, d, eps=1e-6):
+        super().__init__()
+        self.eps, self.weight = eps, nn.Parameter(torch.ones(d))
+
+    def forward(self, x):
+        return x / (x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight  # bug: no square root
+
+
+class NormWithoutSqrt(TrainBlock):
+    """An RMSNorm class that divides by the mean square, not its root: its output scales as 1 / the input's."""
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
+        super().__init__(d_model, n_heads, dropout, causal)
+        self.attn_norm, self.ffn_norm = RMSNormNoSqrt(d_model), RMSNormNoSqrt(d_model)
+
+
+class ActOnStream(TrainBlock):
+    """A GELU on the residual stream after the FFN's add: the identity path bends (gelu(S x) / S -> relu(x))."""
+
+    def forward(self, x):
+        return F.gelu(super().forward(x))
+
+
 PLANTED = {"NaNHiddenByNanToNum": ("padding", "padding.grad_nonfinite"),
            "NaiveSoftmax": ("attention", "attention.overflows"),
            "RandomNormGains": ("norms", "norms.random_gain"),
@@ -218,7 +243,9 @@ PLANTED = {"NaNHiddenByNanToNum": ("padding", "padding.grad_nonfinite"),
            "WindowKeptNotApplied": ("spec", "spec.not_like"),
            "ScalingKeptWrong": ("spec", "spec.not_like"),
            "SwitchAuxDetached": ("grad_params", "grad_params.loss_detached"),
-           "GainResetInForward": ("optimizer_step", "optimizer_step.unchanged")}
+           "GainResetInForward": ("optimizer_step", "optimizer_step.unchanged"),
+           "NormWithoutSqrt": ("norms", "norms.not_invariant"),
+           "ActOnStream": ("residual", "residual.not_linear")}
 
 
 # ----------------------------------------------------------------------------- correct twins

@@ -54,6 +54,7 @@ class AttentionCall:
     key_axis: bool = True  # the softmax normalises over the keys (the last axis), as attention must
     self_masked: bool = False  # L == S and every query's own position is masked: no token attends to itself
     normalised: bool = True  # the weights multiplied into the values are non-negative and each row sums to 1
+    gated: bool = False  # not normalised, but each weight in [0, 1]: a sigmoid per key (sigmoid attention), by design
 
 
 

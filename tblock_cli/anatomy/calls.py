@@ -238,7 +238,8 @@ class AttentionRecorder:
             kind="weights written out" if normalised else "no softmax", where=self.stack[-1], q=sources(q),
             k=sources(k), v=sources(values), heads=heads, head_dim=e, batch=batch, q_len=L, k_len=S,
             logit_std=std, entropy=ent, max_prob=mp, scale_ratio=ratio, scale_note=note, flops=flops, kv_width=kv,
-            key_axis=True, self_masked=self_masked(W.log() if normalised else W), normalised=normalised), out)
+            key_axis=True, self_masked=self_masked(W.log() if normalised else W), normalised=normalised,
+            gated=not normalised and bool(((W >= -1e-6) & (W <= 1 + 1e-6)).all())), out)
 
     def softmax(self, args, kwargs, out, ins) -> None:
         """A softmax: over scores, a call's weights (its values come with the next product); otherwise a nonlinearity."""

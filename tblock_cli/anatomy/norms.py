@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import torch
 import torch.nn as nn
 
@@ -58,3 +60,47 @@ def with_eps(module: nn.Module, norms: dict[str, int]) -> list[tuple[str, nn.Mod
     """The norms found that floor their variance with an `eps` attribute (LayerNorm, RMSNorm and look-alikes)."""
     mods = dict(module.named_modules())
     return [(n, mods[n]) for n in norms if isinstance(getattr(mods[n], "eps", None), (int, float))]
+
+
+# Class names that say LayerNorm or RMSNorm (T5LayerNorm, LlamaRMSNorm, LayerNorm2d, rms_norm): a claim of the one
+# property both have, that scaling the input leaves the output as it is.
+NORM_CLASS = re.compile(r"(layer|rms)_?norm", re.I)
+# The claim is judged between the input scaled by these two factors: large, so that any eps up to ~1 is negligible
+# against the variance (1e4 and 1e6) and a norm of any axis grouping (LayerNorm2d over channels) is invariant too.
+CLAIM_SCALES = (100.0, 1000.0)
+# Relative change allowed between the two: correct norms differ by rounding (float64: 1e-15; a float32 upcast: 1e-7);
+# a "norm" without its square root (x / (mean x^2 + eps)) scales its output 10x.
+CLAIM_TOL = 1e-3
+
+
+def named_but_not_norms(module: nn.Module, found: dict[str, int], d_model: int, device) -> list[dict]:
+    """Modules whose class name says LayerNorm or RMSNorm, with at most two 1-D parameters of one size, whose output
+    moves when the whole input is scaled (CLAIM_SCALES, in a float64 copy): a norm that does not normalise (the square
+    root forgotten, the variance multiplied in). Modules that need more than one tensor, or change its shape, say
+    nothing. [{name, cls, ratio}]: ratio = rms(out at the larger scale) / rms(out at the smaller)."""
+    from tblock_cli.probes import module_copy
+
+    out = []
+    gen = torch.Generator().manual_seed(0)
+    for name, m in module.named_modules():
+        if name in found or not NORM_CLASS.search(type(m).__name__):
+            continue
+        own = list(m.parameters())
+        if len(own) > 2 or any(p.ndim != 1 for p in own) or len({p.shape[0] for p in own}) > 1:
+            continue
+        width = own[0].shape[0] if own else d_model
+        x = torch.randn(2, 3, width, generator=gen, dtype=torch.float64)
+        try:
+            copy = module_copy(m).to(dtype=torch.float64)
+            with torch.no_grad():
+                a, b = (copy((x * s).to(device)) for s in CLAIM_SCALES)
+        except Exception:  # noqa: BLE001 - a conditional norm (AdaLN) or one that needs its own dtype: no claim judged
+            continue
+        if not isinstance(a, torch.Tensor) or a.shape != x.shape or not torch.isfinite(a).all() or not torch.isfinite(b).all():
+            continue
+        a, b = a.double().cpu(), b.double().cpu()
+        scale = max(a.abs().max().item(), b.abs().max().item())
+        if scale > 0 and (a - b).abs().max().item() > CLAIM_TOL * scale:
+            ratio = (b.pow(2).mean().sqrt() / a.pow(2).mean().sqrt().clamp_min(1e-300)).item()
+            out.append({"name": name, "cls": type(m).__name__, "ratio": ratio})
+    return out

@@ -58,7 +58,8 @@ def check_attention(ctx: Context) -> Outcome:
     sum(exp(s)) without the row maximum subtracted); **warns** when the scores look unscaled or scaled more than 1/sqrt(d_head), when no token
     attends to itself (a causal mask that masks the diagonal too; the diagonal alone masked
     in bidirectional scores is Locality Self-Attention's design), when a q.k product weights the values with no softmax (a softmax
-    written out by hand, rows non-negative and summing to 1, counts as one), and when attention is saturated as built
+    written out by hand, rows non-negative and summing to 1, counts as one; weights each in [0, 1], a sigmoid per key as
+    sigmoid attention has, are its design), and when attention is saturated as built
     (entropy below 0.1 of uniform, each query on one key: q/k weights initialised far too large)"""
     flow = ctx.dataflow()
     slipped = {"tracing_slips": flow.slips, "slip_errors": list(flow.slip_errors)} if flow.slips else {}
@@ -74,7 +75,7 @@ def check_attention(ctx: Context) -> Outcome:
     overflow = softmax_overflows(ctx, flow)
     if overflow is not None:
         return failed("attention.overflows", value, got=overflow, logit=OVERFLOW_LOGIT, calls=calls)
-    raw = next((c for c in flow.attention if not c.normalised), None)
+    raw = next((c for c in flow.attention if not c.normalised and not c.gated), None)
     if raw is not None:
         return warned("attention.no_softmax", value, where=raw.where or "root", calls=calls)
     blind = next((c for c in flow.attention if c.self_masked), None)

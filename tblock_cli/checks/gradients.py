@@ -27,6 +27,13 @@ RESIDUAL_MAX = 1.5
 # unit-norm tokens out of RMS-1 ones in), and the identity path is judged on tr(J)/n / gain. Measured at d 64: nGPT
 # 0.977 (raw 0.122), Pre-LN 0.979, no residual 0.002 with its output unit-normalised or not. Equal norms: within 1e-3.
 SPHERE_SPREAD = 1e-3
+# The identity path at large input scale: in a block whose every sublayer reads a normalised stream (Pre-LN), the
+# branches' outputs stay bounded as the input grows, so out(S x) / S tends to a linear map of x (x itself, or alpha x
+# with a gain on the stream) with a remainder ~|branch| / S. Measured misfits at S = 1e3: correct Pre-LN blocks
+# ~1e-3 (float32) to ~1e-2 (bfloat16 rounding); an activation on the stream (gelu(x + ffn(x))) leaves gelu(S x) / S ->
+# relu(x), a misfit of ~0.6 against any alpha x.
+LARGE_INPUT = 1e3
+LINEAR_MISFIT = 0.1
 # A tensor a module keeps under such a name is a loss for the trainer to add (a load-balancing or router z-loss).
 KEPT_LOSS = re.compile(r"loss|l_aux", re.I)
 
@@ -191,7 +198,8 @@ def check_residual(ctx: Context) -> Outcome:
     """Catches: no identity path: tr(J)/n < 0.5 (Pre-LN ~1.0, Post-LN ~0.9, none ~0), per layer for built-in stacks;
     where every output token has one norm (nGPT's unit sphere), tr(J)/n per unit of the output's gain RMS(y)/RMS(x);
     the identity counted twice (> 1.5); a residual taken after the norm (doubling the input leaves the output
-    unchanged)"""
+    unchanged); in a Pre-LN block, an identity path that is not linear at large input scale (an activation applied to
+    the residual stream: gelu(x + ffn(x)))"""
     module, x = ctx.subject.module, ctx.standard()[0]
     with train_mode(module, False):
         layers = list(getattr(module, "layers", [])) if ctx.subject.builtin else []
@@ -223,4 +231,23 @@ def check_residual(ctx: Context) -> Outcome:
     doubled = rel_diff(eval_forward(ctx, 2 * x), ctx.standard()[1])
     if doubled <= ctx.tol and not ctx.dataflow().output_normed and not sphere:
         return failed("residual.after_norm", round(gains[worst], 4), change=doubled)
+    bent = None if sphere or layers else identity_misfit(ctx, x)
+    if bent is not None and bent > LINEAR_MISFIT:
+        return failed("residual.not_linear", round(bent, 4), misfit=bent, limit=LINEAR_MISFIT, scale=LARGE_INPUT)
     return passed("residual.present", round(gains[worst], 4), gains=gains)
+
+
+def identity_misfit(ctx: Context, x: torch.Tensor) -> float | None:
+    """|out(S x) / S - alpha x| / |out(S x) / S| at S = LARGE_INPUT, alpha fitted: how far the identity path is from
+    a linear map of the input, where every sublayer of the block reads a normalised stream and the output is no norm's
+    (None elsewhere: a sublayer reading the raw stream grows with it, and a Post-LN output stays bounded)."""
+    flow = ctx.dataflow()
+    if (not flow.stream_norms or flow.unnormed_ffn or flow.unnormed_attention or flow.split_kv or flow.output_normed
+            or flow.sublayer_post or not (flow.attention or flow.found["ffn"])):
+        return None
+    y = f64(eval_forward(ctx, LARGE_INPUT * x)) / LARGE_INPUT
+    x64 = f64(x)
+    if y.shape != x64.shape or not torch.isfinite(y).all() or not y.norm() > 0:
+        return None
+    alpha = (y * x64).sum() / (x64 * x64).sum()
+    return ((y - alpha * x64).norm() / y.norm()).item()

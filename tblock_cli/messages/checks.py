@@ -120,6 +120,10 @@ MESSAGES = {
                                             "added to the training loss, it trains nothing"),
     "grad_params.ok": _grad_params_ok,
     # residual
+    "residual.not_linear": lambda f: (f"at {f['scale']:g}x the input the output is not a multiple of it (misfit "
+                                      f"{f['misfit']:.2g}, limit {f['limit']:g}) though every sublayer reads a normalised "
+                                      f"stream: something nonlinear acts on the residual stream itself (an activation "
+                                      f"after the add?)"),
     "residual.present": lambda f: (f"tr(J)/n = {', '.join(f'{g:.3f}' for g in f['gains'])}: identity path present "
                                    f"(Pre-LN ~1, Post-LN ~0.9, none ~0)"),
     "residual.missing": lambda f: (f"{layer_prefix(f['layer'])}tr(J)/n = {f['gain']:.3f} < {f['limit']}: no identity path from "
@@ -326,6 +330,10 @@ MESSAGES.update({
                                          f"in eval?)"),
     # norms
     "norms.none": "no norm found (a module invariant to scaling each token)",
+    "norms.not_invariant": lambda f: "; ".join(
+        f"{m['name']} ({m['cls']}) is named a norm but does not normalise: its input scaled {f['scales'][1] / f['scales'][0]:g}x "
+        f"moves its output {m['ratio']:.3g}x (a LayerNorm or RMSNorm leaves it; the square root forgotten gives "
+        f"1/{f['scales'][1] / f['scales'][0]:g})" for m in f["modules"]),
     "norms.ok": lambda f: (f"{len(f['norms'])} norm(s) alone agree with float64 at input RMS {f['scale']:g} in "
                            f"{f['dtype']}; none doubles its input at init"),
     "norms.large": lambda f: "; ".join(
