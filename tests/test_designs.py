@@ -142,3 +142,39 @@ def test_linear_attention_is_no_forgotten_softmax_while_raw_scores_still_are():
     report = check(RawBlock(32, 4, causal=False), only=["attention"], d_model=32, n_heads=4, threads=1)
     (c,) = report.checks
     assert c.status == Status.WARN and c.kind == "attention.no_softmax", c
+
+
+def test_sigmoid_weights_are_told_from_a_softmax_gone_wrong():
+    """sigmoid_of: a sigmoid of an affine map of q.k per head is sigmoid attention; weights in [0, 1] that are an
+    exp(s - max) without its division, or a softmax over the queries, are not."""
+    from tblock_cli.anatomy.attention import sigmoid_of
+
+    torch.manual_seed(0)
+    s = torch.randn(2, 4, 10, 10) * 0.3
+    assert sigmoid_of(torch.sigmoid(2.0 * s - math.log(10)), s)
+    causal = torch.ones(10, 10, dtype=torch.bool).tril()
+    assert sigmoid_of(torch.sigmoid(s).masked_fill(~causal, 0.0), s)  # the future's weights zeroed
+    assert not sigmoid_of((s - s.amax(-1, keepdim=True)).exp(), s)
+    e = s.exp()
+    assert not sigmoid_of(e / e.sum(-2, keepdim=True), s)
+    assert not sigmoid_of(s, s)  # raw scores: negative entries
+
+
+def test_square_weights_over_windows_stay_attention():
+    """Weights over no token axis are dropped only where they are not square (a mix of streams) or sum over the tokens
+    (linear attention's k^T v): a softmax written out over windows of 5 of the 10 tokens is still an attention call."""
+
+    class Windowed(zoo_designs.LinearAttention):
+        def forward(self, h):
+            q, k, v = (zoo_designs.heads(p(h), self.n_heads) for p in (self.to_q, self.to_k, self.to_v))
+            B, H, T, E = q.shape
+            q, k, v = (t.reshape(B, H, T // 5, 5, E) for t in (q, k, v))
+            s = (q @ k.transpose(-2, -1)) * self.scale
+            e = (s - s.amax(-1, keepdim=True)).exp()
+            return self.to_out(zoo_designs.merge(((e / e.sum(-1, keepdim=True)) @ v).reshape(B, H, T, E)))
+
+    class WindowedBlock(zoo_designs.ModuleAttentionBlock):
+        attention_class = Windowed
+
+    (c,) = check(WindowedBlock(32, 4, causal=False), only=["attention"], d_model=32, n_heads=4, threads=1).checks
+    assert c.status == Status.PASS and len(c.facts["calls"]) == 1 and c.facts["calls"][0]["kind"] == "weights written out", c

@@ -7,7 +7,8 @@ map over heads before the softmax, whose score scale cannot be read as one multi
 the identity added to the scores, moves with the map's weights), and CaiT's layer (talking heads with a bias before the
 softmax, whose gradient is rounding, and LayerScale modules at 1e-5), and Locality Self-Attention (each token's own
 score masked in bidirectional scores), linear attention (no token x token matrix), and hyper-connections (products
-of activations over a streams axis), and sigmoid attention (weights in [0, 1] that no softmax normalises). Each is
+of activations over a streams axis), sigmoid attention (weights in [0, 1] that no softmax normalises), and a gain per channel on the stream (NormFormer's,
+trained). Each is
 `TrainBlock` of tests/zoo_training.py with one thing changed; constructors take tblock's keywords."""
 
 import math
@@ -274,6 +275,19 @@ class SigmoidAttentionBlock(ModuleAttentionBlock):
     attention_class = SigmoidAttention
 
 
+class StreamGainBlock(TrainBlock):
+    """NormFormer's residual scaling, as trained: the stream multiplied by a gain per channel (1 + 0.3 N(0, 1)) at
+    each add. A linear identity path, though no one multiple of the input."""
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
+        super().__init__(d_model, n_heads, dropout, causal)
+        self.resid_gain = nn.Parameter(1 + 0.3 * torch.randn(d_model))
+
+    def forward(self, x):
+        x = x * self.resid_gain + self.drop(self.attention(self.attn_norm(x)))
+        return x * self.resid_gain + self.ffn(self.ffn_norm(x))
+
+
 class HyperConnectionsBlock(TrainBlock):
     """Hyper-connections (Zhu et al. 2024, as vit-pytorch writes them): the stream widened to `streams` copies; before
     each branch a learned mix over the copies (static, plus a tanh of the normed copies) makes the branch's input
@@ -305,6 +319,6 @@ class HyperConnectionsBlock(TrainBlock):
 
 CORRECT = ["CosineAttentionBlock", "ScaleNormBlock", "DistanceBiasBlock", "MemoryKVBlock", "TalkingHeadsBlock",
            "AddedTalkingHeadsBlock", "CaiTBlock", "LocalitySelfAttentionBlock", "LinearAttentionBlock",
-           "SigmoidAttentionBlock"]
+           "SigmoidAttentionBlock", "StreamGainBlock"]
 # bidirectional by design: checked without --causal (the others with it)
 BIDIRECTIONAL = ["LocalitySelfAttentionBlock", "LinearAttentionBlock"]

@@ -54,7 +54,7 @@ class AttentionCall:
     key_axis: bool = True  # the softmax normalises over the keys (the last axis), as attention must
     self_masked: bool = False  # L == S and every query's own position is masked: no token attends to itself
     normalised: bool = True  # the weights multiplied into the values are non-negative and each row sums to 1
-    gated: bool = False  # not normalised, but each weight in [0, 1]: a sigmoid per key (sigmoid attention), by design
+    gated: bool = False  # not normalised: a sigmoid of the q.k product per key (sigmoid attention), by design
 
 
 
@@ -146,6 +146,31 @@ def row_centred(product: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     except RuntimeError:
         return product
     return p - p.masked_fill(~valid, 0).sum(-1, keepdim=True) / valid.sum(-1, keepdim=True).clamp_min(1)
+
+
+def sigmoid_of(W: torch.Tensor, product: torch.Tensor) -> bool:
+    """Whether weights W (..., L, S) are a sigmoid of an affine map of the q.k product, per leading slice (sigmoid
+    attention: logit(W) = a q.k + b to QK_FIT_TOL over the entries in (0, 1); masked ones, 0, left out). Weights that
+    merely lie in [0, 1] are not: an exp(s - max) whose division was forgotten (each row's largest weight 1), a softmax
+    over the queries (one offset per key), a mask applied after a softmax."""
+    W = W.detach().double()
+    if W.ndim < 2 or not bool(((W >= -1e-6) & (W <= 1 + 1e-6)).all()):
+        return False
+    try:
+        p = product.detach().double().to(W.device).expand(W.shape)
+    except RuntimeError:
+        return False
+    inside = (W > 1e-9) & (W < 1 - 1e-9)
+    z = torch.log(W.clamp(1e-300, 1)) - torch.log1p(-W.clamp(0, 1 - 1e-16))
+    for zs, ps, ms in zip(z.reshape(-1, *W.shape[-2:]), p.reshape(-1, *W.shape[-2:]), inside.reshape(-1, *W.shape[-2:])):
+        zv, pv = zs[ms], ps[ms]
+        if zv.numel() < 3 or pv.var() == 0:
+            return False
+        A = torch.stack((pv, torch.ones_like(pv)), 1)
+        fit = A @ torch.linalg.lstsq(A, zv[:, None]).solution[:, 0]
+        if (zv - fit).norm() > QK_FIT_TOL * (zv - zv.mean()).norm().clamp_min(1e-300):
+            return False
+    return True
 
 
 def uniform_rows(t: torch.Tensor) -> bool:

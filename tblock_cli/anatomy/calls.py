@@ -23,6 +23,7 @@ from tblock_cli.anatomy.attention import (
     score_stats,
     sdpa_signature,
     self_masked,
+    sigmoid_of,
     uniform_rows,
     unit_rows,
 )
@@ -48,6 +49,7 @@ class AttentionRecorder:
         self.uniform_in: dict[str, bool] = {}  # identical tokens: False where positions entered before the projection
         # the probe input's tokens, where known: weights over something else (hyper-connections' streams) attend to none
         self.tokens: int | None = None
+        self.contracted: dict[Product, int | None] = {}  # a product's contracted axis size, where laid out as a matmul
 
     def projection_input(self, proj: str, x) -> None:
         if self.capture and isinstance(x, torch.Tensor) and x.ndim >= 2:
@@ -200,14 +202,19 @@ class AttentionRecorder:
             return
         marker = Product(len(self.scores))
         self.scores[marker] = (a, b, out if product is None else product)
+        matmul_like = a.ndim >= 2 and b.ndim >= 2 and a.shape[-1] == b.shape[-2] and isinstance(out, torch.Tensor) \
+            and tuple(out.shape[-2:]) == (a.shape[-2], b.shape[-1])
+        self.contracted[marker] = a.shape[-1] if matmul_like else None
         prov.put(out, {**prov.union((prov.get(a), prov.get(b)), NONLINEAR), marker: 0})
 
     def weights_call(self, w: torch.Tensor, values: torch.Tensor, marker: Product, out) -> None:
         """Attention whose weights came from a q.k product by other means than softmax: a softmax written out
         (rows non-negative, summing to 1), or none at all (raw scores times values)."""
         q, k, product = self.scores[marker]
-        if self.tokens is not None and w.ndim >= 2 and self.tokens not in w.shape[-2:]:
-            # weights over no token axis: a mix of residual streams (hyper-connections), k^T v of linear attention
+        if self.tokens is not None and w.ndim >= 2 and self.tokens not in w.shape[-2:] \
+                and (w.shape[-1] != w.shape[-2] or self.contracted.get(marker) == self.tokens):
+            # weights over no token axis: a mix of residual streams (hyper-connections, not square), k^T v of linear
+            # attention (a sum over the tokens). Square weights of another length stay: windows, tokens beside registers
             self.prov.put(out, self.prov.union((self.prov.get(w), self.prov.get(values)), NONLINEAR))
             return
         W = w.detach().double()
@@ -239,7 +246,7 @@ class AttentionRecorder:
             k=sources(k), v=sources(values), heads=heads, head_dim=e, batch=batch, q_len=L, k_len=S,
             logit_std=std, entropy=ent, max_prob=mp, scale_ratio=ratio, scale_note=note, flops=flops, kv_width=kv,
             key_axis=True, self_masked=self_masked(W.log() if normalised else W), normalised=normalised,
-            gated=not normalised and bool(((W >= -1e-6) & (W <= 1 + 1e-6)).all())), out)
+            gated=not normalised and sigmoid_of(W, product)), out)
 
     def softmax(self, args, kwargs, out, ins) -> None:
         """A softmax: over scores, a call's weights (its values come with the next product); otherwise a nonlinearity."""

@@ -26,6 +26,11 @@ from tblock_cli.anatomy.roles import GROUPS, ModuleUse, assign_roles, mha_rows
 from tblock_cli.anatomy.tracer import Tracer
 from tblock_cli.probes import train_mode
 
+# Parameters outside attention, FFN and norms above this share of the block: in a standard block only biases could land
+# there, and they are attributed to their layers. The FFN-share check warns of them; residual's large-input probe
+# leaves such a block unjudged (a gate or mixer of its own may bend the stream by design).
+OTHER_SHARE_MAX = 0.01
+
 
 @dataclass(frozen=True)
 class Dataflow:

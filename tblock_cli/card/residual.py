@@ -133,22 +133,27 @@ def read(probe: Probe) -> list[Entry]:
     gains: dict[str, list] = {"stream": [], "attn": [], "ffn": []}
     silent: set[str] = set()  # branches whose output is zero as built: any gain fits them
     for what, total, parts, names in found:
-        fitted = mix(total, parts)
+        scale = max(total.abs().max().item(), 1e-300) if total is not None else 1.0
+        quiet = [n for n, part in zip(names, parts) if part is not None and part.abs().max().item() <= SILENT_TOL * scale]
+        silent.update(quiet)
+        if where == "post" and names[-1] in quiet:  # through the norm only the ratio to the branch's gain counts
+            return out + [skipped(k, f"{what}: the branch adds zero as built: no ratio to it") for k in keys]
+        # a zero column makes the least squares rank-deficient (CUDA's solver then returns NaN): fitted without it
+        kept = [i for i, n in enumerate(names) if n not in quiet]
+        fitted = mix(total, [parts[i] for i in kept])
         if fitted is None:
             return out + [skipped(k, f"{what}: the sum and its parts differ in shape") for k in keys]
         coef, resid = fitted
-        scale = max(total.abs().max().item(), 1e-300)
-        silent.update(n for n, part in zip(names, parts) if part.abs().max().item() <= SILENT_TOL * scale)
         if not resid <= MIX_TOL:
             return out + [skipped(k, f"{what} is not stream x alpha + branch x beta (off by {resid:.1e})") for k in keys]
-        read_ = [gain(coef[:, i]) for i in range(len(names))]
+        read_ = [gain(coef[:, j]) for j in range(len(kept))]
         if where == "post":  # through the norm only the ratio counts: the branch's gain is 1
             b = read_[-1][0]
             if abs(b) < 1e-12:
                 return out + [skipped(k, f"{what}: the branch adds nothing (gain {b:.1e})") for k in keys]
             read_ = [(float(f"{g / b:.10g}"), per) for g, per in read_]
-        for n, g in zip(names, read_):
-            gains[n].append(g)
+        for j, g in zip(kept, read_):
+            gains[names[j]].append(g)
     note = " (post-norm: as a ratio to the branch's)" if where == "post" else ""
     for key, n in zip(keys, ("stream", "attn", "ffn")):
         if n in silent:

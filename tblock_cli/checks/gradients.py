@@ -10,6 +10,7 @@ from typing import Callable
 import torch
 import torch.nn as nn
 
+from tblock_cli.anatomy.dataflow import OTHER_SHARE_MAX
 from tblock_cli.checks.context import TRAINING_BACKWARD, TRAINING_INPUT, Context, eval_forward, nonfinite_kind
 from tblock_cli.checks.result import Outcome, failed, passed
 from tblock_cli.probes import changed, f64, rel_diff, residual_gain, residual_probes, state_key, tensors, train_mode
@@ -238,16 +239,19 @@ def check_residual(ctx: Context) -> Outcome:
 
 
 def identity_misfit(ctx: Context, x: torch.Tensor) -> float | None:
-    """|out(S x) / S - alpha x| / |out(S x) / S| at S = LARGE_INPUT, alpha fitted: how far the identity path is from
-    a linear map of the input, where every sublayer of the block reads a normalised stream and the output is no norm's
-    (None elsewhere: a sublayer reading the raw stream grows with it, and a Post-LN output stays bounded)."""
+    """|out(S x) / S - alpha x| / |out(S x) / S| at S = LARGE_INPUT, alpha fitted per channel: how far the identity
+    path is from a linear map of the input, where every sublayer of the block reads a normalised stream, the output is
+    no norm's and parameters outside attention, FFN and norms are few (None elsewhere: a sublayer or gate reading the
+    raw stream grows or saturates with it, and a Post-LN output stays bounded)."""
     flow = ctx.dataflow()
     if (not flow.stream_norms or flow.unnormed_ffn or flow.unnormed_attention or flow.split_kv or flow.output_normed
-            or flow.sublayer_post or not (flow.attention or flow.found["ffn"])):
-        return None
+            or flow.sublayer_post or not flow.attention or not flow.found["ffn"]
+            or flow.group_params()["other"] > OTHER_SHARE_MAX * flow.total):
+        return None  # a gate or mixer of its own (GTrXL's GRU on the stream) may bend the stream by design
     y = f64(eval_forward(ctx, LARGE_INPUT * x)) / LARGE_INPUT
     x64 = f64(x)
     if y.shape != x64.shape or not torch.isfinite(y).all() or not y.norm() > 0:
         return None
-    alpha = (y * x64).sum() / (x64 * x64).sum()
-    return ((y - alpha * x64).norm() / y.norm()).item()
+    y2, x2 = y.reshape(-1, y.shape[-1]), x64.reshape(-1, x64.shape[-1])  # one gain per channel (NormFormer's)
+    alpha = (y2 * x2).sum(0) / (x2 * x2).sum(0).clamp_min(1e-300)
+    return ((y2 - alpha * x2).norm() / y2.norm()).item()

@@ -6,13 +6,11 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from tblock_cli.anatomy.dataflow import OTHER_SHARE_MAX
 from tblock_cli.checks.context import Context, eval_forward
 from tblock_cli.checks.result import Outcome, failed, passed, skipped, warned
 from tblock_cli.probes import module_copy, raise_dropout, rel_diff, train_mode, zero_dropout  # noqa: F401 - raise_dropout: part of this room's vocabulary
 
-# The FFN-share check warns when parameters outside attention, FFN and norms exceed this share:
-# in a standard block only biases could land there, and they are attributed to their layers.
-OTHER_SHARE_MAX = 0.01
 # The reference check's tolerance: issue #2's, float32 max |diff| against nn.TransformerEncoderLayer.
 REFERENCE_TOL = 1e-5
 
