@@ -139,8 +139,9 @@ def qk_std(logits: torch.Tensor, product: torch.Tensor) -> float | None:
 
 
 def row_centred(product: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    """The q.k product less its mean over each row's valid entries: what the logits read back from written-out
-    weights (log W, centred the same way) are a multiple of. A product laid out otherwise is returned as it is."""
+    """A tensor of scores (the q.k product, or the logits read back from written-out weights as log W) less its mean
+    over each row's valid entries: log W is the logits up to a constant per row, and the product centred the same way
+    is what they are a multiple of. A tensor laid out otherwise is returned as it is."""
     try:
         p = product.detach().double().to(valid.device).expand(valid.shape)
     except RuntimeError:

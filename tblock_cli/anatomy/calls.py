@@ -64,12 +64,12 @@ class AttentionRecorder:
         if self.capture:
             self.captured[len(self.calls)] = Captured(logits.detach().double().cpu(), product)
 
-    def qk_ratio(self, logits: torch.Tensor, product: torch.Tensor, q, k) -> tuple[float | None, ScaleNote, float]:
-        """The scale judged on q.k alone (an additive position bias does not count): (ratio, note, std of the q.k part)."""
+    def qk_ratio(self, logits: torch.Tensor, product: torch.Tensor, q, k) -> tuple[float | None, ScaleNote]:
+        """The scale judged on q.k alone (an additive position bias does not count): (ratio, note)."""
         std = qk_std(logits, product)
         if std is None:  # the heads' products mixed before the softmax (talking heads): no one scale to judge
-            return None, ScaleNote("mixed"), score_stats(logits)[0]
-        return (*self.scale_ratio(std, q, k), std)
+            return None, ScaleNote("mixed")
+        return self.scale_ratio(std, q, k)
 
     def scale_ratio(self, logit_std: float, q: torch.Tensor, k: torch.Tensor) -> tuple[float | None, ScaleNote]:
         """logit std / (rms(q) rms(k)) for q and k as they reach the product, with any scalar factor applied to
@@ -106,7 +106,7 @@ class AttentionRecorder:
         product = (q.detach().double() @ k.detach().double().transpose(-2, -1)) * scale
         logits = apply_masks(product, a["attn_mask"], a["is_causal"])
         std, ent, mp = score_stats(logits)
-        ratio, note, _ = self.qk_ratio(logits, product, q, k)
+        ratio, note = self.qk_ratio(logits, product, q, k)
         self.keep_scores(logits, product)
         note = replace(note, sdpa=True, passed=a["scale"])
         L, S = q.shape[-2], k.shape[-2]
@@ -225,11 +225,11 @@ class AttentionRecorder:
         if normalised:
             logits = torch.log(W).masked_fill(W <= 0, float("-inf"))
             valid = torch.isfinite(logits)
-            centred = logits - (logits.masked_fill(~valid, 0).sum(-1, keepdim=True) / valid.sum(-1, keepdim=True).clamp_min(1))
-            std, ent, mp = score_stats(centred.masked_fill(~valid, float("-inf")))
-            ratio, note, _ = self.qk_ratio(centred.masked_fill(~valid, float("-inf")), row_centred(product, valid), q, k) \
-                if product.shape[-2:] == W.shape[-2:] else (*self.scale_ratio(std, q, k), std)
-            self.keep_scores(centred.masked_fill(~valid, float("-inf")), product)
+            centred = row_centred(logits, valid).masked_fill(~valid, float("-inf"))  # log W is the logits up to a row's constant
+            std, ent, mp = score_stats(centred)
+            ratio, note = self.qk_ratio(centred, row_centred(product, valid), q, k) \
+                if product.shape[-2:] == W.shape[-2:] else self.scale_ratio(std, q, k)
+            self.keep_scores(centred, product)
         else:
             std, ent, mp = score_stats(W)
             ratio, note = None, ScaleNote("no_softmax")
@@ -261,7 +261,7 @@ class AttentionRecorder:
         heads = x.shape[1] if x.ndim == 4 else 1
         std, ent, mp = score_stats(x)
         if isinstance(product, torch.Tensor) and product.shape[-2:] == x.shape[-2:]:
-            ratio, note, _ = self.qk_ratio(x, product, a, b)
+            ratio, note = self.qk_ratio(x, product, a, b)
         else:
             ratio, note = self.scale_ratio(std, a, b)
         self.keep_scores(x, product if isinstance(product, torch.Tensor) else None)

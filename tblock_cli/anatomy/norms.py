@@ -27,14 +27,10 @@ def find_norms(module: nn.Module, d_model: int, device, dtype) -> dict[str, int]
     for name, m in module.named_modules():
         if isinstance(m, (nn.Linear, nn.Embedding, nn.MultiheadAttention)):
             continue
-        own = list(m.parameters(recurse=True))
-        if not own and "norm" not in type(m).__name__.lower():
+        width = gains_width(m)
+        if width is None or (width == 0 and "norm" not in type(m).__name__.lower()):
             continue
-        sizes = {p.shape[0] if p.ndim == 1 else -1 for p in own} or {d_model}
-        if len(sizes) != 1 or len(own) > 2 or -1 in sizes:
-            continue
-        width = sizes.pop()
-        if width == 1:  # one scalar gain (ScaleNorm: g * sqrt(d) x / |x|) says nothing of the width it normalises
+        if width in (0, 1):  # none, or one scalar gain (ScaleNorm: g * sqrt(d) x / |x|): d_model, not its own size
             width = d_model
         x = torch.randn(2, 3, width, generator=gen, dtype=torch.float64)
         s = torch.rand(2, 3, 1, generator=gen, dtype=torch.float64) * 4 + 0.5
@@ -54,6 +50,15 @@ def find_norms(module: nn.Module, d_model: int, device, dtype) -> dict[str, int]
         if (a64 - b64).abs().max().item() <= tol * a64.abs().max().item():
             found[name] = width
     return {n: w for n, w in found.items() if not any(n != o and n.startswith(o + ".") for o in found)}  # outermost only
+
+
+def gains_width(m: nn.Module) -> int | None:
+    """The size of m's parameters where it owns at most two, all 1-D and of one size (a norm's gain and bias); 0 where
+    it owns none; None otherwise (a projection, or more than a norm holds)."""
+    own = list(m.parameters())
+    if len(own) > 2 or any(p.ndim != 1 for p in own) or len({p.shape[0] for p in own}) > 1:
+        return None
+    return own[0].shape[0] if own else 0
 
 
 def with_eps(module: nn.Module, norms: dict[str, int]) -> list[tuple[str, nn.Module]]:
@@ -85,10 +90,10 @@ def named_but_not_norms(module: nn.Module, found: dict[str, int], d_model: int, 
     for name, m in module.named_modules():
         if name in found or not NORM_CLASS.search(type(m).__name__):
             continue
-        own = list(m.parameters())
-        if len(own) > 2 or any(p.ndim != 1 for p in own) or len({p.shape[0] for p in own}) > 1:
+        width = gains_width(m)
+        if width is None:
             continue
-        width = own[0].shape[0] if own else d_model
+        width = width or d_model
         x = torch.randn(2, 3, width, generator=gen, dtype=torch.float64)
         try:
             copy = module_copy(m).to(dtype=torch.float64)

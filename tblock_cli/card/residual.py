@@ -133,8 +133,8 @@ def read(probe: Probe) -> list[Entry]:
     gains: dict[str, list] = {"stream": [], "attn": [], "ffn": []}
     silent: set[str] = set()  # branches whose output is zero as built: any gain fits them
     for what, total, parts, names in found:
-        scale = max(total.abs().max().item(), 1e-300) if total is not None else 1.0
-        quiet = [n for n, part in zip(names, parts) if part is not None and part.abs().max().item() <= SILENT_TOL * scale]
+        scale = max(total.abs().max().item(), 1e-300)
+        quiet = [n for n, part in zip(names, parts) if part.abs().max().item() <= SILENT_TOL * scale]
         silent.update(quiet)
         if where == "post" and names[-1] in quiet:  # through the norm only the ratio to the branch's gain counts
             return out + [skipped(k, f"{what}: the branch adds zero as built: no ratio to it") for k in keys]

@@ -80,15 +80,19 @@ def adamw_first_step(params: list[nn.Parameter], lr: float, eps: float = 1e-8) -
     with torch.no_grad():
         for p in params:
             if p.grad is not None:
-                p.sub_(lr * p.grad / (p.grad.abs() + eps))
+                p.sub_(first_update(p.grad, lr, eps))
+
+
+def first_update(g: torch.Tensor, lr: float, eps: float = 1e-8) -> torch.Tensor:
+    """AdamW's first step from a fresh state, bias-corrected: lr * g / (|g| + eps)."""
+    return lr * g / (g.abs() + eps)
 
 
 def _resolvable(p: nn.Parameter, lr: float, eps: float = 1e-8) -> bool:
     """Whether AdamW's first step, lr * g / (|g| + eps), is above one unit in the last place of some element of p: a
     gradient of pure rounding (a pre-softmax bias's, ~1e-16 by the softmax's shift invariance: CaiT's talking heads)
     moves nothing, and must not read as a step that failed to move it."""
-    g = p.grad.detach().abs().double()
-    step = lr * g / (g + eps)
+    step = first_update(p.grad.detach().double(), lr, eps).abs()
     return bool((step > torch.finfo(p.dtype).eps * p.detach().abs().double()).any())
 
 
