@@ -166,7 +166,8 @@ def ffn_share_of(flow) -> tuple[float | None, Finding]:
     """The FFN's share from the traced roles; omitted, with the reason, when attention or FFN was not found."""
     if not flow.found["attention"]:
         return None, Finding(Status.INFO, "params.no_attention")
-    return ffn_share_finding(flow.group_params(), flow.group_params(matrices_only=True), flow.total, None)
+    cond = flow.total and (flow.group_params()["other"] - flow.stray) / flow.total
+    return ffn_share_finding(flow.group_params(), flow.group_params(matrices_only=True), flow.total, None, cond)
 
 
 def decodes(subject: Subject) -> bool:
@@ -185,8 +186,10 @@ def kv_cache_bytes(cfg: BlockConfig, dtype: torch.dtype, flow) -> dict | None:
     return {"bytes_per_token": per_token, "bytes_at_seq": per_token * cfg.batch * cfg.seq, "batch": cfg.batch, "seq": cfg.seq}
 
 
-def ffn_share_finding(groups: dict, mats: dict, total: int, cfg: BlockConfig | None) -> tuple[float | None, Finding]:
-    """The FFN's share and what moves it off the 2/3 rule: a d_ff other than 4 d_model, other matrix sizes, biases and norms."""
+def ffn_share_finding(groups: dict, mats: dict, total: int, cfg: BlockConfig | None,
+                      cond: float = 0.0) -> tuple[float | None, Finding]:
+    """The FFN's share and what moves it off the 2/3 rule: a d_ff other than 4 d_model, other matrix sizes, biases and
+    norms, and conditioning (cond: the share of projections that read no input, adaLN's)."""
     if not groups.get("ffn") or not total:
         return None, Finding(Status.INFO, "params.no_ffn")
     share = groups["ffn"] / total
@@ -195,7 +198,7 @@ def ffn_share_finding(groups: dict, mats: dict, total: int, cfg: BlockConfig | N
     off_rule = d_ff_ratio is None and abs(predicted - 2 / 3) > RULE_TOLERANCE
     return share, Finding(Status.INFO, "params.ffn_share", {
         "share": share, "predicted": predicted, "d_ff_ratio": d_ff_ratio,
-        "matrix_ratio": mats["ffn"] / max(1, mats["attention"]) if off_rule else None})
+        "matrix_ratio": mats["ffn"] / max(1, mats["attention"]) if off_rule else None, "cond": cond})
 
 
 def user_report(subject: Subject, cfg: BlockConfig, dtype: torch.dtype, tree_depth: int | None = None,

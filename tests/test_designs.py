@@ -178,3 +178,63 @@ def test_square_weights_over_windows_stay_attention():
 
     (c,) = check(WindowedBlock(32, 4, causal=False), only=["attention"], d_model=32, n_heads=4, threads=1).checks
     assert c.status == Status.PASS and len(c.facts["calls"]) == 1 and c.facts["calls"][0]["kind"] == "weights written out", c
+
+
+def test_keys_and_values_over_a_constant_read_no_stream_but_over_the_raw_stream_they_do():
+    """Cross-attention over a learned context has no norm to miss; the same projections fed the raw stream (the norm
+    applied to the queries only) still read as split_kv, and an FFN over a constant is no unnormed FFN."""
+
+    class RawCross(zoo_designs.CrossAttentionBlock):
+        def __init__(self, d_model=32, n_heads=4):
+            super().__init__(d_model, n_heads)
+            self.cross_k, self.cross_v = (torch.nn.Linear(d_model, d_model, bias=False) for _ in range(2))
+
+        def forward(self, x):
+            q = zoo_designs.heads(self.cross_q(self.cross_norm(x)), self.n_heads)
+            k, v = (zoo_designs.heads(p(x), self.n_heads) for p in (self.cross_k, self.cross_v))
+            return x + self.cross_o(zoo_designs.merge(F.scaled_dot_product_attention(q, k, v)))
+
+    x = torch.randn(2, 10, 32)
+    for m, split in ((zoo_designs.CrossAttentionBlock(32, 4).eval(), ()), (RawCross().eval(), ("cross_k", "cross_v"))):
+        flow = trace(m, m, x, 32)
+        assert flow.split_kv == split and not flow.unnormed_ffn and not flow.unnormed_attention
+    flow = trace(m := zoo_designs.ClassConditionedBlock(32, 4).eval(), m, x, 32)
+    assert not flow.unnormed_ffn and not flow.split_kv
+
+
+def test_a_condition_replaced_by_a_learned_value_is_no_dropout_mask_but_a_zeroing_mask_is():
+    from tblock_cli.checks.draws import replaced_by_constant as _replaced
+
+    ref = torch.randn(8, 16) + 3
+    null = torch.randn(16)
+    gen = torch.Generator().manual_seed(0)
+    keep = [torch.rand(8, 1, generator=gen) >= 0.1 for _ in range(64)]
+    assert _replaced(torch.stack([torch.where(k, ref, null) for k in keep]), ref)  # classifier-free guidance
+    assert not _replaced(torch.stack([ref * k for k in keep]), ref)  # rows dropped to zero, kept ones not rescaled
+    assert not _replaced(torch.stack([ref * k / 0.9 for k in keep]), ref)  # inverted dropout of whole rows
+    elem = [torch.rand(8, 16, generator=gen) >= 0.1 for _ in range(64)]
+    assert not _replaced(torch.stack([torch.where(k, ref, null) for k in elem]), ref)  # per element: no row is null
+    seq = torch.randn(8, 5, 16)  # a caption swapped for a learned null sequence (PixArt's)
+    null_seq = torch.randn(5, 16)
+    assert _replaced(torch.stack([torch.where(k[:, :, None], seq, null_seq) for k in keep]), seq)
+
+
+def test_scores_that_vary_with_position_excuse_order_only_with_the_structure_of_positions():
+    """Rotary tables computed in the forward (scores of identical tokens a function of i - j) skip `order`; heads
+    split without their transpose also make identical tokens' scores vary, with no i - j structure: still warned."""
+    from zoo_mixing import HeadsNoTranspose
+    from zoo_training import merge
+
+    class SplitNoTranspose(HeadsNoTranspose):
+        def forward(self, x):
+            B, T, C = x.shape
+            h = self.n1(x)
+            q, k, v = (p(h).reshape(B, self.n, T, C // self.n) for p in (self.w_a, self.w_b, self.w_c))
+            x = x + self.w_d(merge(F.scaled_dot_product_attention(q, k, v)))
+            return x + self.g(F.gelu(self.f(self.n2(x))))
+
+    flags = {"d_model": 32, "n_heads": 4, "threads": 1, "only": "order"}
+    (bug,) = check(lambda: SplitNoTranspose(32, 4), **flags).checks
+    assert bug.status is Status.WARN and bug.kind == "order.scrambled", (bug.kind, bug.detail)
+    (ok,) = check(f"{TESTS / 'zoo_designs.py'}:TablesInForwardBlock", **flags).checks
+    assert ok.kind == "order.positional" and ok.facts["scores"], (ok.kind, ok.detail)

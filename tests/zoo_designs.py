@@ -7,8 +7,10 @@ map over heads before the softmax, whose score scale cannot be read as one multi
 the identity added to the scores, moves with the map's weights), and CaiT's layer (talking heads with a bias before the
 softmax, whose gradient is rounding, and LayerScale modules at 1e-5), and Locality Self-Attention (each token's own
 score masked in bidirectional scores), linear attention (no token x token matrix), and hyper-connections (products
-of activations over a streams axis), sigmoid attention (weights in [0, 1] that no softmax normalises), and a gain per channel on the stream (NormFormer's,
-trained). Each is
+of activations over a streams axis), sigmoid attention (weights in [0, 1] that no softmax normalises), a gain per channel on the stream (NormFormer's,
+trained), Stable Diffusion's cross-attention over a context (keys and values that read no stream) and DiT's class
+conditioning (adaLN over a label that classifier-free guidance drops in training), rotary tables computed in the forward
+with no name saying so. Each is
 `TrainBlock` of tests/zoo_training.py with one thing changed; constructors take tblock's keywords."""
 
 import math
@@ -317,8 +319,80 @@ class HyperConnectionsBlock(TrainBlock):
         return x.mean(2)  # a model sums the copies once, after its last layer (then a norm); one block averages them
 
 
+class CrossAttentionBlock(TrainBlock):
+    """Stable Diffusion's transformer block (diffusers' BasicTransformerBlock): self-attention, then cross-attention
+    whose keys and values read a context (here learned, 6 tokens of width d/2) and no norm, then the FFN. The
+    cross-attention's keys and values read no residual stream: no norm is missing before them."""
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
+        super().__init__(d_model, n_heads, dropout, causal)
+        self.context = nn.Parameter(torch.randn(6, d_model // 2))
+        self.cross_norm = nn.LayerNorm(d_model)
+        self.cross_q, self.cross_o = nn.Linear(d_model, d_model, bias=False), nn.Linear(d_model, d_model, bias=False)
+        self.cross_k, self.cross_v = (nn.Linear(d_model // 2, d_model, bias=False) for _ in range(2))
+
+    def cross(self, h):
+        ctx = self.context.expand(h.shape[0], -1, -1)
+        q, k, v = heads(self.cross_q(h), self.n_heads), heads(self.cross_k(ctx), self.n_heads), heads(self.cross_v(ctx), self.n_heads)
+        return self.cross_o(merge(F.scaled_dot_product_attention(q, k, v, dropout_p=self.p if self.training else 0.0)))
+
+    def forward(self, x):
+        x = x + self.drop(self.attention(self.attn_norm(x)))
+        x = x + self.drop(self.cross(self.cross_norm(x)))
+        return x + self.ffn(self.ffn_norm(x))
+
+
+class LabelEmbedding(nn.Module):
+    """DiT's class embedding: in training each label is replaced by a learned null class with probability
+    class_dropout_prob, so that the model learns the unconditional prediction classifier-free guidance needs."""
+
+    def __init__(self, classes, d_model, class_dropout_prob=0.1):
+        super().__init__()
+        self.classes, self.class_dropout_prob = classes, class_dropout_prob
+        self.table = nn.Embedding(classes + 1, d_model)
+
+    def forward(self, labels):
+        if self.training and self.class_dropout_prob > 0:
+            drop = torch.rand(labels.shape, device=labels.device) < self.class_dropout_prob
+            labels = torch.where(drop, self.classes, labels)
+        return self.table(labels)
+
+
+class ClassConditionedBlock(TrainBlock):
+    """DiT's adaLN conditioning at one fixed class: the class embedding (null class in training at 10 %) through SiLU
+    and a linear map gives a shift, a scale and a gate per sublayer. The modulation reads a constant, no stream."""
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
+        super().__init__(d_model, n_heads, dropout, causal)
+        self.label = LabelEmbedding(2, d_model)
+        self.modulation = nn.Linear(d_model, 6 * d_model)
+        nn.init.normal_(self.modulation.weight, std=0.02)
+
+    def forward(self, x):
+        c = self.label(torch.full(x.shape[:1], 1, dtype=torch.long, device=x.device))
+        s1, b1, g1, s2, b2, g2 = self.modulation(F.silu(c))[:, None].chunk(6, -1)
+        x = x + g1 * self.drop(self.attention(self.attn_norm(x) * (1 + s1) + b1))
+        return x + g2 * self.ffn(self.ffn_norm(x) * (1 + s2) + b2)
+
+
+class TablesInForwardBlock(TrainBlock):
+    """Rotary tables computed in the forward from the head width alone, as diffusers' blocks get them from their model:
+    no module, buffer or parameter is named for positions (bidirectional: token order matters by design)."""
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=False):
+        super().__init__(d_model, n_heads, dropout, causal)
+        del self.rotary
+
+    def rotary(self, t):
+        half = torch.arange(t.shape[-1] // 2, device=t.device, dtype=torch.float32) * 2 / t.shape[-1]
+        a = torch.outer(torch.arange(t.shape[-2], device=t.device, dtype=torch.float32), 10000.0 ** -half)
+        t1, t2 = t[..., 0::2], t[..., 1::2]
+        return torch.stack([t1 * a.cos() - t2 * a.sin(), t1 * a.sin() + t2 * a.cos()], -1).flatten(-2).to(t.dtype)
+
+
 CORRECT = ["CosineAttentionBlock", "ScaleNormBlock", "DistanceBiasBlock", "MemoryKVBlock", "TalkingHeadsBlock",
            "AddedTalkingHeadsBlock", "CaiTBlock", "LocalitySelfAttentionBlock", "LinearAttentionBlock",
-           "SigmoidAttentionBlock", "StreamGainBlock"]
+           "SigmoidAttentionBlock", "StreamGainBlock", "CrossAttentionBlock", "ClassConditionedBlock",
+           "TablesInForwardBlock"]
 # bidirectional by design: checked without --causal (the others with it)
-BIDIRECTIONAL = ["LocalitySelfAttentionBlock", "LinearAttentionBlock"]
+BIDIRECTIONAL = ["LocalitySelfAttentionBlock", "LinearAttentionBlock", "TablesInForwardBlock"]

@@ -176,7 +176,9 @@ class AttentionRecorder:
         prov.linear_in[out_name] = {Attn(len(self.calls) - 1): 0}
         if owner:  # the in-projection reads the query (and key, value) stream
             prov.linear_in.setdefault(owner, prov.union(prov.get(t) for t in (query, key, a["value"])))
-        if NORM in prov.get(query) and not all(NORM in prov.get(t) for t in (key, a["value"])):
+        # keys and values over a constant (a learned context) read no stream, unless the input was not followed at all
+        kv = [t for t in (key, a["value"]) if prov.is_live(t) or not prov.is_live(query)]
+        if NORM in prov.get(query) and not all(NORM in prov.get(t) for t in kv):
             prov.split_streams.append(mha_name or "(root)")
         prov.put(out, {out_name: 0})
 

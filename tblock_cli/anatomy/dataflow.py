@@ -22,7 +22,7 @@ import torch.nn as nn
 from tblock_cli.anatomy.attention import AttentionCall
 from tblock_cli.anatomy.norms import find_norms
 from tblock_cli.anatomy.provenance import NORM, Attn, Marker, owns_several_matrices, qualified
-from tblock_cli.anatomy.roles import GROUPS, ModuleUse, assign_roles, mha_rows
+from tblock_cli.anatomy.roles import COND, GROUPS, ModuleUse, assign_roles, mha_rows
 from tblock_cli.anatomy.tracer import Tracer
 from tblock_cli.probes import train_mode
 
@@ -51,6 +51,11 @@ class Dataflow:
     slips: int = 0  # torch calls the tracer could not record (the forward went on): what it saw may be incomplete
     slip_errors: tuple[str, ...] = ()  # the first few of their errors
 
+    @property
+    def stray(self) -> int:
+        """Parameters outside attention, FFN and norms that condition nothing (COND's are adaLN's, by design)."""
+        return sum(m.params for m in self.modules if m.group == "other" and m.role != COND)
+
     def group_params(self, matrices_only: bool = False) -> dict[str, int]:
         out = dict.fromkeys(GROUPS, 0)
         for m in self.modules:
@@ -73,6 +78,7 @@ def trace(module: nn.Module, call, x: torch.Tensor, d_model: int) -> Dataflow:
     norms = find_norms(module, d_model, x.device, x.dtype)
     tr = Tracer(module, d_model)
     tr.attn.tokens = x.shape[-2] if x.ndim >= 2 else None
+    tr.prov.watch(x)
     hooks, reads = [], {}
 
     def enter(name: str, args: tuple) -> None:  # the module running now, and where its first call's input comes from
@@ -123,10 +129,13 @@ def trace(module: nn.Module, call, x: torch.Tensor, d_model: int) -> Dataflow:
     def normed(n: str, depth: int = 0) -> bool:  # a low-rank chain reads what its first projection reads
         src = tr.prov.linear_in.get(n, {})
         return NORM in src or (depth < 3 and any(normed(s, depth + 1) for s in src if s in tr.prov.linear_in and s != n))
-    queries = sorted({q for c in tr.attn.calls for q in c.q if q in tr.prov.linear_in})
-    ffn_ins = sorted(n for n, r in role.items() if r in ("ffn.in", "ffn.gate"))
+    # placement is judged on projections that read the stream: one reading only constants (cross-attention's keys and
+    # values over a learned context, adaLN's modulation of a timestep embedding) has no norm to miss
+    stream = lambda n: n in tr.prov.linear_in and not tr.prov.reads_constant(n)  # noqa: E731
+    queries = sorted({q for c in tr.attn.calls for q in c.q if stream(q)})
+    ffn_ins = sorted(n for n, r in role.items() if r in ("ffn.in", "ffn.gate") and not tr.prov.reads_constant(n))
     split_kv = sorted({n for c in tr.attn.calls if c.q and all(normed(q) for q in c.q if q in tr.prov.linear_in)
-                       for n in c.k + c.v if n in tr.prov.linear_in and not normed(n)})
+                       for n in c.k + c.v if stream(n) and not normed(n)})
     mods = dict(module.named_modules())
     # a chain reading no tensor of the stream's width is not the block's FFN (x-transformers' dynamic position bias: an
     # MLP over distances, width 1 in)

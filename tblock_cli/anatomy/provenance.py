@@ -88,6 +88,26 @@ class Provenance:
         self.products: dict[int, tuple[str, str]] = {}  # id(a * b) of two projections' outputs -> their names
         self.act_after_product: list[tuple[str, ...]] = []  # projections multiplied together before an activation
         self.normed_outputs: set[str | Marker] = set()  # projections (and calls' Attn) whose output a full-width norm reads
+        # tensors whose values depend on the block's input, and the projections seen reading one or only others: a
+        # projection that never reads one reads a constant (a learned cross-attention context, a timestep's embedding)
+        self.live: set[int] = set()
+        self.reads_input: set[str] = set()
+        self.reads_other: set[str] = set()
+
+    def watch(self, t) -> None:
+        """t depends on the block's input (the input itself, or a tensor computed from it)."""
+        for o in tensors(t):
+            self.keep.append(o)
+            self.live.add(id(o))
+
+    def is_live(self, t) -> bool:
+        return isinstance(t, torch.Tensor) and id(t) in self.live
+
+    def reads_constant(self, proj: str) -> bool:
+        """Whether projection proj was seen reading only tensors that do not depend on the block's input (a projection
+        recorded otherwise, as nn.MultiheadAttention's, is not). Where no projection read the input at all, the input
+        was not followed (a model that copies it outside torch's calls): none is."""
+        return bool(self.reads_input) and proj in self.reads_other and proj not in self.reads_input
 
     def get(self, t) -> Prov:
         return self.of.get(id(t), {}) if isinstance(t, torch.Tensor) else {}
@@ -131,6 +151,7 @@ class Provenance:
     def reads(self, proj: str, acts, weight) -> None:
         """Projection proj reads acts: what they came from is its input's provenance."""
         self.linear_in[proj] = self.union(self.get(t) for t in acts if t is not weight)
+        (self.reads_input if any(self.is_live(t) for t in acts if t is not weight) else self.reads_other).add(proj)
 
     def projection(self, proj: str, out) -> None:
         """out is projection proj's output: a provenance of its own."""

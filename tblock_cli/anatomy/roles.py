@@ -12,6 +12,9 @@ from tblock_cli.anatomy.tracer import Tracer
 ATTENTION_ROLES = ("attn.q", "attn.k", "attn.v", "attn.qk", "attn.kv", "attn.qkv", "attn.out", "attn.gate", "attn.inner")
 FFN_ROLES = ("ffn.in", "ffn.gate", "ffn.out")
 GROUPS = ("attention", "ffn", "norm", "other")
+# A projection that reads only constants of the block (a timestep's or a class's embedding; adaLN's modulation): not
+# the stream's, counted with "other" but not among the parameters the FFN-share check calls stray.
+COND = "other.cond"
 
 
 @dataclass(frozen=True)
@@ -19,7 +22,7 @@ class ModuleUse:
     """A module that owns parameters, with the role the dataflow gave it."""
 
     name: str
-    role: str  # attn.q ... attn.out, ffn.in / ffn.gate / ffn.out, norm, other
+    role: str  # attn.q ... attn.out, ffn.in / ffn.gate / ffn.out, norm, other, other.cond (COND)
     params: int  # its own parameters not already counted for another module
     matrix_params: int  # of which weight matrices (ndim >= 2)
     out_shape: tuple[int, ...] | None  # on the probe input
@@ -67,12 +70,16 @@ def assign_roles(tr: Tracer) -> tuple[dict[str, str], list[tuple[str, str]]]:
                 # MLA's kv_a_proj feeds kv_b_proj (k and v) and, copied into the keys, the rotary part of k: both
                 role[src[0]] = attn_role(set(role[src[0]][5:]) | set(role[n][5:]), role[src[0]])
     # FFN: a projection that consumes another (non-attention) projection's output.
+    # Projections that read no tensor of the block's input (adaLN's modulation of a timestep embedding, its MLP) are
+    # conditioning, in no chain of the FFN's.
     chains = []
     consumed: dict[str, list[tuple[str, int]]] = {}
+    cond = tr.prov.reads_constant
     for n, p in tr.prov.linear_in.items():
-        if n in role:
+        if n in role or cond(n):
             continue
-        preds = [(s, f) for s, f in p.items() if not isinstance(s, Marker) and s in tr.prov.linear_in and s not in role]
+        preds = [(s, f) for s, f in p.items()
+                 if not isinstance(s, Marker) and s in tr.prov.linear_in and s not in role and not cond(s)]
         if preds:
             consumed[n] = preds
     for out_name, preds in consumed.items():
@@ -91,7 +98,10 @@ def assign_roles(tr: Tracer) -> tuple[dict[str, str], list[tuple[str, str]]]:
     for n in tr.prov.linear_in:
         parent = n.rpartition(".")[0]
         if n not in role and parent and any(p == parent or p.startswith(parent + ".") for p in ffn_parents):
-            role[n] = "ffn.gate"
+            role[n] = "ffn.gate" if not cond(n) else COND
+    for n in tr.prov.linear_in:
+        if n not in role and cond(n):
+            role[n] = COND
     return role, chains
 
 

@@ -46,6 +46,10 @@ class Tracer(TorchFunctionMode):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         name = getattr(func, "__name__", "")
+        if self.prov.live and any(self.prov.is_live(t) for t in tensors((args, kwargs))):
+            if name in WRITES and args and isinstance(args[0], torch.Tensor):
+                self.prov.watch([args[0]] + ([args[0]._base] if args[0]._base is not None else []))
+            self.prov.watch(out)
         if name == "__get__" and isinstance(out, torch.Tensor):
             self.prov.follow_weight(args, out)  # W.T, W.mT: still the module's weight
             return out

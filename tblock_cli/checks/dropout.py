@@ -20,6 +20,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_map
 
 from tblock_cli.checks.context import Context
+from tblock_cli.checks.draws import distinct_draws, replaced_by_constant
 from tblock_cli.checks.gradients import RESIDUAL_MIN
 from tblock_cli.checks.result import Outcome, failed, passed, skipped
 from tblock_cli.checks.training import all_modules, seeded, too_large
@@ -173,7 +174,7 @@ def _check(ctx: Context) -> Outcome:
     judged = [m for m in all_modules(module)
               if random.get(id(m)) and not any(random.get(id(c)) for c in all_modules(m) if c is not m)]
     worst, masks = (0.0, None, 0.0), MASKS
-    seen = []
+    seen, replaced = [], []
     for m in judged:
         name = names.get(id(m)) or type(m).__name__
         ctx.step(name)
@@ -182,13 +183,16 @@ def _check(ctx: Context) -> Outcome:
             outs = torch.stack([run(m, True, 100 + i) for i in range(MASKS)])
             if outs.shape[1:] != ref.shape or not torch.isfinite(outs).all():
                 continue
-            if _draws(outs) < FEW:
+            if distinct_draws(outs) < FEW:
                 outs = torch.cat([outs, torch.stack([run(m, True, 100 + i) for i in range(MASKS, MORE_MASKS)])])
         except Exception as e:  # noqa: BLE001 - a module whose calls alone stop working (state it advances): not judged
             if is_out_of_memory(e):
                 raise
             continue
-        if _draws(outs) < MIN_DRAWS:
+        if distinct_draws(outs) < MIN_DRAWS:
+            continue
+        if replaced_by_constant(outs, ref):
+            replaced.append(name)
             continue
         mean, var = outs.mean(0), outs.var(0)
         spread = var.sum()
@@ -199,10 +203,10 @@ def _check(ctx: Context) -> Outcome:
             worst = (bias2.item(), name, direction.item())
             masks = len(outs)
     if not seen:
-        return skipped("dropout.unjudged")
+        return skipped("dropout.unjudged", replaced=replaced)
     bias2, name, direction = worst
     facts = {"module": name, "bias": max(bias2, 0.0) ** 0.5, "limit": LIMIT ** 0.5, "masks": masks, "judged": seen,
-             "shrinks": direction < 0}
+             "shrinks": direction < 0, "replaced": replaced}
     if bias2 > LIMIT:
         return failed("dropout.biased", round(facts["bias"], 3), **facts)
     return passed("dropout.unbiased", round(facts["bias"], 3), **facts)
@@ -328,17 +332,6 @@ class RandomDraws(TorchFunctionMode):
 _RANDOM = frozenset({torch.rand, torch.rand_like, torch.randn, torch.randn_like, torch.randint, torch.randint_like,
                      torch.bernoulli, torch.Tensor.bernoulli_, torch.Tensor.uniform_, torch.Tensor.normal_,
                      torch.Tensor.random_, torch.Tensor.exponential_, torch.Tensor.geometric_})
-
-
-def _draws(outs: torch.Tensor) -> float:
-    """How many independent random draws the samples' spread reflects: the participation ratio tr(G)^2 / |G|^2 of
-    the Gram matrix of the centred samples (elementwise masks: about the number of samples; one mask per batch
-    element: about the batch)."""
-    flat = outs.flatten(1).double()
-    flat = flat - flat.mean(0)
-    gram = flat @ flat.T
-    norm = gram.pow(2).sum()
-    return (gram.trace() ** 2 / norm).item() if norm > 0 else 0.0
 
 
 def _at_rate(ctx: Context, module: nn.Module, x: torch.Tensor, rate: float = 0.0):

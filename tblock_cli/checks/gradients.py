@@ -246,7 +246,7 @@ def identity_misfit(ctx: Context, x: torch.Tensor) -> float | None:
     flow = ctx.dataflow()
     if (not flow.stream_norms or flow.unnormed_ffn or flow.unnormed_attention or flow.split_kv or flow.output_normed
             or flow.sublayer_post or not flow.attention or not flow.found["ffn"]
-            or flow.group_params()["other"] > OTHER_SHARE_MAX * flow.total):
+            or flow.stray > OTHER_SHARE_MAX * flow.total):
         return None  # a gate or mixer of its own (GTrXL's GRU on the stream) may bend the stream by design
     y = f64(eval_forward(ctx, LARGE_INPUT * x)) / LARGE_INPUT
     x64 = f64(x)

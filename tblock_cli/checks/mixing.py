@@ -327,5 +327,8 @@ def check_order(ctx: Context) -> Outcome:
     perm = perm.to(ctx.device)
     diff = rel_diff(eval_forward(ctx, x[:, perm]), eval_forward(ctx, x)[:, perm])
     if diff > ctx.tol:
+        from tblock_cli.checks.positions import positions_in_scores  # the identical-token probe relative shares
+        if (where := positions_in_scores(ctx)) is not None:
+            return skipped("order.positional", scores=where, diff=diff)
         return warned("order.scrambled", diff, diff=diff)
     return passed("order.equivariant", diff)

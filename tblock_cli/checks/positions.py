@@ -103,6 +103,33 @@ def identical_length(ctx: Context) -> int:
     return max(ctx.cfg.seq, 8)
 
 
+def positions_in_scores(ctx: Context) -> str | None:
+    """Where attention's scores on identical tokens vary along a row beyond the run dtype's rounding (TOEPLITZ_LIMIT,
+    relative to max(1, |score|)) as positions make them: a function of i - j where q and k are projected from the
+    identical rows (rotary tables computed in the forward), anyhow where positions entered before the projections (an
+    embedding added inside). Whatever the machinery is called. Tokens merged or shifted in the wrong order leave
+    identical tokens' scores flat; heads split without their transpose make them vary, but with no i - j structure.
+    None where no call shows it, or the probe cannot run."""
+    try:
+        seen = identical_scores(ctx)
+    except Exception as e:  # noqa: BLE001 - a block the tracer cannot follow: no evidence either way
+        if is_out_of_memory(e):
+            raise
+        return None
+    limit = TOEPLITZ_LIMIT.get(ctx.dtype, 1e-4)
+    for c, got in seen.calls:
+        if got is None or got.logits.shape[-1] != got.logits.shape[-2]:
+            continue
+        z = got.logits
+        rows, live = centred_rows(z)
+        if not live.any() or rows.abs().max().item() <= limit * max(1.0, z[live].abs().max().item()):
+            continue
+        sources = [n for n in c.q + c.k if n in seen.uniform_in]
+        if not (sources and all(seen.uniform_in[n] for n in sources)) or toeplitz_error(z) <= limit:
+            return c.where or "root"
+    return None
+
+
 def relative_calls(ctx: Context, T: int) -> list[dict]:
     """Per square attention call whose q and k projections read identical rows: its Toeplitz error at length T."""
     out = []

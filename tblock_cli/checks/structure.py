@@ -162,7 +162,7 @@ def check_ffn_share(ctx: Context) -> Outcome:
     facts = {"share": share, "predicted": predicted, "matrix_ratio": mats["ffn"] / mats["attention"] if mats["attention"] else None}
     if flow.linear_chains:
         return warned("ffn_share.linear", round(share, 4), chains=[list(c) for c in flow.linear_chains], **facts)
-    other = groups["other"] / flow.total
+    other = flow.stray / flow.total
     if other > OTHER_SHARE_MAX:
         return warned("ffn_share.other", round(share, 4), other=other, **facts)
     return passed("ffn_share.measured", round(share, 4), **facts)

@@ -55,6 +55,9 @@ def _ffn_share(f: dict) -> str:
     elif f["matrix_ratio"] is not None:
         reasons.append(f"FFN matrices are {f['matrix_ratio']:.2f}x the attention's, not 2x: they predict {f['predicted']:.1%}")
     extra = f["share"] - f["predicted"]
+    if f.get("cond", 0) >= SHARE_SHOWN:  # conditioning's parameters dilute every share
+        reasons.append(f"conditioning (projections that read no input: adaLN's) holds {f['cond']:.1%}")
+        extra = f["share"] / (1 - f["cond"]) - f["predicted"]
     if abs(extra) >= SHARE_SHOWN:
         reasons.append(f"biases and norms move it {extra * 100:+.1f} points")
     why = "; ".join(reasons) if reasons else "as the rule says (biases and norms move it by less than 0.05 points)"

@@ -153,13 +153,18 @@ MESSAGES = {
                                      f"decision per forward, as batch-mode stochastic depth makes)"),
     "dropout.other_noise": "training forwards stay random at dropout 0 (gating noise, jitter): not a dropout to judge",
     "dropout.unsupported": lambda f: f"the block's training forward does not run with torch's dropouts off: {f['error']}",
-    "dropout.unjudged": "no module with random training forwards could be called alone on its eval inputs",
+    "dropout.unjudged": lambda f: (f"{names(f['replaced'])} replace whole samples or rows by one learned value in training "
+                                   "(a condition dropped by design, as classifier-free guidance does): not a dropout mask"
+                                   if f.get("replaced") else
+                                   "no module with random training forwards could be called alone on its eval inputs"),
     "dropout.biased": lambda f: (f"{f['module']}: the mean of {f['masks']} training forwards sits {f['bias']:.2f} of their spread "
                                  f"from the eval output (limit {f['limit']:.2f}), "
                                  + ("smaller: a dropout mask not rescaled by 1/(1-p)?" if f["shrinks"]
                                     else "larger: a dropout rescaled twice?")),
     "dropout.unbiased": lambda f: (f"in expectation over {f['masks']} masks, training forwards compute the eval output "
-                                   f"({names(f['judged'])}: bias {f['bias']:.2f} of the spread, limit {f['limit']:.2f})"),
+                                   f"({names(f['judged'])}: bias {f['bias']:.2f} of the spread, limit {f['limit']:.2f})"
+                                   + (f"; {names(f['replaced'])} replace samples or rows by a learned value by design"
+                                      if f.get("replaced") else "")),
     "optimizer_step.no_params": "the block has no trainable parameters",
     "optimizer_step.loss_not_lowered": lambda f: (f"one AdamW step (lr {f['lr']:g}) does not lower the loss on a fixed target: "
                                                   f"{f['loss_before']:.6g} -> {f['loss_after']:.6g}{_eval_step(f)}"),
