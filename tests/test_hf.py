@@ -267,10 +267,13 @@ def test_kv_cache_bytes_count_the_kv_heads_the_cache_holds_not_the_repeated_ones
     assert r.to_dict()["kv_cache"]["bytes_per_token"] == 2 * 2 * 16 * 4  # keys and values, 2 kv heads of 16, float32
 
 
-@pytest.mark.parametrize("model_type", ["doge", "bloom", "gemma3_text", "bart", "gptj", "jamba", "qwen2_moe", "nemotron", "funnel"])
+@pytest.mark.parametrize("model_type", ["doge", "bloom", "gemma3_text", "bart", "gptj", "jamba", "qwen2_moe", "nemotron", "funnel",
+                                        "granite_swa", "hyperclovax", "glm_moe_dsa", "fnet"])
 def test_families_whose_masks_positions_or_mixers_are_their_own_are_clean_under_strict(model_type):
     """doge's mask, bloom's ALiBi, gemma3's layer types, bart's positional mask, gptj's rotary_dim, jamba's mamba
-    mixer: all the model's business, so no check may warn."""
+    mixer, attention_multiplier read at tblock's head size (granite_swa's muP, hyperclovax's 1/sqrt), a sparse
+    attention indexer that trains on its own loss, fnet's Fourier mixing: all the model's business, so no check may
+    warn."""
     r = tblock_cli.check(f"hf:{model_type}", d_model=64, n_heads=4, d_ff=128, threads=1, strict=True)
     assert r.ok and not r.run.warnings, [(c.name, c.detail) for c in r.failing] or r.run.warnings
 
@@ -316,3 +319,15 @@ def test_an_hf_block_is_built_inside_the_session_after_the_gate(monkeypatch):
     with pytest.raises(ResourceError, match="check needs an estimated"):
         tblock_cli.check("hf:llama", d_model=32, n_heads=4, d_ff=64, threads=1)
     assert seen == []
+
+
+def test_a_score_multiplier_is_read_as_the_power_of_d_head_its_default_stands_for():
+    from types import SimpleNamespace as C
+
+    from tblock_cli.subject.hf.families import _multiplier
+
+    at = dict(num_attention_heads=8, hidden_size=512)  # default head size 64
+    assert _multiplier("granite_swa", C(attention_multiplier=1.0, **at)) == 1.0  # AutoConfig's placeholder for muP
+    assert _multiplier("granite_docling_text", C(attention_multiplier=1 / 64, **at)) == 1.0
+    assert _multiplier("hyperclovax", C(attention_multiplier=64 ** -0.5, **at)) == 0.5
+    assert _multiplier("x", C(attention_multiplier=0.3, **at)) is None and _multiplier("llama", C(**at)) is None

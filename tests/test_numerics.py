@@ -113,8 +113,9 @@ def test_a_loss_kept_with_its_graph_is_copied_detached_where_deepcopy_refuses_it
 
 
 def test_a_norm_is_held_to_its_class_name_only_where_it_does_not_normalise():
-    """named_but_not_norms: a LayerNorm or RMSNorm by class whose output moves with its input's scale is named; norms
-    of other axis groupings, a large eps, modules that need a second input and modules named otherwise are not."""
+    """named_but_not_norms: a LayerNorm or RMSNorm by class whose output moves with its input's scale, or that
+    normalises each channel over the tokens, is named; norms of other axis groupings, a large eps, modules that need a
+    second input and modules named otherwise are not."""
     from tblock_cli.anatomy.norms import named_but_not_norms
 
     class LayerNormAll(nn.Module):  # over each sample's tokens and channels together: not per token, still a norm
@@ -142,7 +143,11 @@ def test_a_norm_is_held_to_its_class_name_only_where_it_does_not_normalise():
             return x * self.weight
 
     m = nn.ModuleDict({"bad": zoo_numerics.RMSNormNoSqrt(16), "wide_eps": nn.LayerNorm(16, eps=0.5),
-                       "grid": LayerNormAll(16), "ada": AdaLayerNorm(16), "gain": Gain(16)})
+                       "grid": LayerNormAll(16), "ada": AdaLayerNorm(16), "gain": Gain(16),
+                       "tokens": zoo_numerics.RMSNormOverTokens(16)})
     got = named_but_not_norms(m, {}, 16, torch.device("cpu"))
-    assert [g["name"] for g in got] == ["bad"], got
-    assert got[0]["ratio"] == pytest.approx(0.1, rel=1e-3)  # 1 / the input's 10x
+    assert [g["name"] for g in got] == ["bad", "tokens"], got
+    assert got[0]["ratio"] == pytest.approx(0.1, rel=1e-3) and got[0]["scaled"]  # 1 / the input's 10x
+    # each channel normalised over the tokens: scale-invariant, but token 0 moves with the others (LayerNormAll, over
+    # tokens and channels together, moves too but is no per-channel normalisation: a design)
+    assert not got[1]["scaled"] and got[1]["tokens"] > 0.1

@@ -226,6 +226,20 @@ class NormWithoutSqrt(TrainBlock):
         self.attn_norm, self.ffn_norm = RMSNormNoSqrt(d_model), RMSNormNoSqrt(d_model)
 
 
+class RMSNormOverTokens(RMSNormNoSqrt):
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(1, keepdim=True) + self.eps) * self.weight  # bug: dim 1 (tokens), not -1
+
+
+class NormOverTokens(TrainBlock):
+    """An RMSNorm class whose statistics are taken over the sequence axis: each channel normalised over the tokens, so
+    one token's output moves with the others. Bidirectional, without a padding mask: no causal or padding probe sees it."""
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=False):
+        super().__init__(d_model, n_heads, dropout, causal)
+        self.attn_norm, self.ffn_norm = RMSNormOverTokens(d_model), RMSNormOverTokens(d_model)
+
+
 class ActOnStream(TrainBlock):
     """A GELU on the residual stream after the FFN's add: the identity path bends (gelu(S x) / S -> relu(x))."""
 
@@ -245,6 +259,7 @@ PLANTED = {"NaNHiddenByNanToNum": ("padding", "padding.grad_nonfinite"),
            "SwitchAuxDetached": ("grad_params", "grad_params.loss_detached"),
            "GainResetInForward": ("optimizer_step", "optimizer_step.unchanged"),
            "NormWithoutSqrt": ("norms", "norms.not_invariant"),
+           "NormOverTokens": ("norms", "norms.across_tokens"),
            "ActOnStream": ("residual", "residual.not_linear")}
 
 

@@ -79,10 +79,13 @@ CLAIM_TOL = 1e-3
 
 
 def named_but_not_norms(module: nn.Module, found: dict[str, int], d_model: int, device) -> list[dict]:
-    """Modules whose class name says LayerNorm or RMSNorm, with at most two 1-D parameters of one size, whose output
-    moves when the whole input is scaled (CLAIM_SCALES, in a float64 copy): a norm that does not normalise (the square
-    root forgotten, the variance multiplied in). Modules that need more than one tensor, or change its shape, say
-    nothing. [{name, cls, ratio}]: ratio = rms(out at the larger scale) / rms(out at the smaller)."""
+    """Modules whose class name says LayerNorm or RMSNorm, with at most two 1-D parameters of one size, that break a
+    property both have (in a float64 copy): whose output moves when the whole input is scaled (CLAIM_SCALES: the square
+    root forgotten, the variance multiplied in), or whose output for one token moves when the other tokens change
+    while it is invariant to scaling each channel apart (each channel normalised over the sequence axis: `mean(1)` for
+    `mean(-1)`). Modules that need more than one tensor, or change its
+    shape, say nothing. [{name, cls, ratio, scaled, tokens}]: ratio = rms(out at the larger scale) / rms(out at the
+    smaller), scaled = whether the output moved with the scale, tokens = the relative change of token 0's output."""
     from tblock_cli.probes import module_copy
 
     out = []
@@ -97,15 +100,24 @@ def named_but_not_norms(module: nn.Module, found: dict[str, int], d_model: int, 
         x = torch.randn(2, 3, width, generator=gen, dtype=torch.float64)
         try:
             copy = module_copy(m).to(dtype=torch.float64)
+            others = x.clone()
+            others[:, 1:] = torch.randn(others[:, 1:].shape, generator=gen, dtype=torch.float64) * 3
+            channels = x * torch.randn(width, generator=gen, dtype=torch.float64).exp()  # each channel its own scale
             with torch.no_grad():
-                a, b = (copy((x * s).to(device)) for s in CLAIM_SCALES)
+                a, b, c, d = (copy((t * CLAIM_SCALES[0]).to(device))
+                              for t in (x, x * CLAIM_SCALES[1] / CLAIM_SCALES[0], others, channels))
         except Exception:  # noqa: BLE001 - a conditional norm (AdaLN) or one that needs its own dtype: no claim judged
             continue
-        if not isinstance(a, torch.Tensor) or a.shape != x.shape or not torch.isfinite(a).all() or not torch.isfinite(b).all():
+        if any(not isinstance(t, torch.Tensor) or t.shape != x.shape or not torch.isfinite(t).all() for t in (a, b, c, d)):
             continue
-        a, b = a.double().cpu(), b.double().cpu()
+        a, b, c, d = (t.double().cpu() for t in (a, b, c, d))
         scale = max(a.abs().max().item(), b.abs().max().item())
-        if scale > 0 and (a - b).abs().max().item() > CLAIM_TOL * scale:
+        tokens = ((c[:, 0] - a[:, 0]).norm() / a[:, 0].norm().clamp_min(1e-300)).item()
+        # one token's output moving with the others is the wrong axis only where each channel is normalised over the
+        # tokens (invariant to scaling channels apart); statistics over tokens and channels together are a design
+        per_channel = (d - a).abs().max().item() <= CLAIM_TOL * scale
+        scaled = scale > 0 and (a - b).abs().max().item() > CLAIM_TOL * scale
+        if scaled or (scale > 0 and tokens > CLAIM_TOL and per_channel):
             ratio = (b.pow(2).mean().sqrt() / a.pow(2).mean().sqrt().clamp_min(1e-300)).item()
-            out.append({"name": name, "cls": type(m).__name__, "ratio": ratio})
+            out.append({"name": name, "cls": type(m).__name__, "ratio": ratio, "scaled": scaled, "tokens": tokens})
     return out

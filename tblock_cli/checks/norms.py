@@ -34,14 +34,17 @@ def rms(t: torch.Tensor) -> float:
 
 def check_norms(ctx: Context) -> Outcome:
     """Catches: a module whose class says LayerNorm or RMSNorm but whose output moves when its input is scaled (the
-    square root forgotten: x / (mean x^2 + eps)); each norm alone: relative RMS error against its float64 copy at input RMS 1e3 (an fp16 RMSNorm squaring
+    square root forgotten: x / (mean x^2 + eps)) or whose output for one token moves with the other tokens (statistics
+    over the sequence axis); each norm alone: relative RMS error against its float64 copy at input RMS 1e3 (an fp16 RMSNorm squaring
     before it upcasts returns 0: error 1.0; limit 0.1 half, 1e-4 float32); a `(1 + w)` norm whose output RMS at init
     exceeds 1.5 (w initialised to 1 doubles it); a norm whose gain has random signs at init (over a quarter of its
     channels negative: an init loop meant for the projections drew its weight from N(0, 0.02))"""
     norms = ctx.dataflow().norms
     claimed = named_but_not_norms(ctx.subject.module, norms, ctx.cfg.d_model, ctx.device)
-    if claimed:
-        return failed("norms.not_invariant", round(claimed[0]["ratio"], 4), modules=claimed, scales=list(CLAIM_SCALES))
+    if scaled := [m for m in claimed if m["scaled"]]:
+        return failed("norms.not_invariant", round(scaled[0]["ratio"], 4), modules=scaled, scales=list(CLAIM_SCALES))
+    if claimed:  # invariant to the input's scale, but one token's output moves with the others
+        return failed("norms.across_tokens", round(claimed[0]["tokens"], 4), modules=claimed)
     if not norms:
         return skipped("norms.none")
     mods = dict(ctx.subject.module.named_modules())

@@ -336,6 +336,10 @@ MESSAGES.update({
         f"{m['name']} ({m['cls']}) is named a norm but does not normalise: its input scaled {f['scales'][1] / f['scales'][0]:g}x "
         f"moves its output {m['ratio']:.3g}x (a LayerNorm or RMSNorm leaves it; the square root forgotten gives "
         f"1/{f['scales'][1] / f['scales'][0]:g})" for m in f["modules"]),
+    "norms.across_tokens": lambda f: "; ".join(
+        f"{m['name']} ({m['cls']}) is named a norm but mixes tokens: changing the other tokens moves one token's output "
+        f"by {m['tokens']:.3g} (relative; a LayerNorm or RMSNorm normalises each token alone: statistics taken over the "
+        f"sequence axis?)" for m in f["modules"]),
     "norms.ok": lambda f: (f"{len(f['norms'])} norm(s) alone agree with float64 at input RMS {f['scale']:g} in "
                            f"{f['dtype']}; none doubles its input at init"),
     "norms.large": lambda f: "; ".join(

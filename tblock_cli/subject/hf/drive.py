@@ -115,6 +115,12 @@ class HFLayers(nn.Module):
             out.append(one)
         return out
 
+    @property
+    def decodes(self) -> bool:
+        """Whether the model's forward takes a cache at all (kvcache.has_decode reads it): one that takes none
+        (decision_transformer's) leaves nothing to compare."""
+        return self.cache_name is not None
+
     def decode(self, x: torch.Tensor, cache=None):
         """tblock's decode protocol through the cache the model itself makes (hybrid models make a hybrid one)."""
         if not self.causal:

@@ -22,7 +22,8 @@ UNSCALED["mpt"] = "by design of mpt: ALiBi biases added to the scaled scores set
 UNSCALED["funnel"] = ("by design of funnel: relative-position and token-type scores added to the scaled content "
                       "scores set their spread at init")
 # Granite and its MoE variants scale scores by attention_multiplier = 1/d_head (muP); their checkpoints set it
-# (granite-3.0-8b: 0.0078125 at d_head 128); AutoConfig's default 1.0 would leave the scores unscaled.
+# (granite-3.0-8b: 0.0078125 at d_head 128); AutoConfig's default 1.0 would leave the scores unscaled. Newer types with
+# the field (granite_swa, granite_docling_text, hyperclovax) are read from it (_multiplier).
 MUP = ("granite", "granitemoe", "granitemoeshared", "granitemoehybrid")
 # MiniMax adds its residual after the input norm (hidden = LN(x); x = alpha * hidden + beta * attn(hidden)).
 AFTER_NORM = {"minimax": "by design of minimax: its residual is taken after the input norm, scaled by the "
@@ -32,6 +33,9 @@ SUBLAYER_NORMED = {t: f"by design of {t}: its norms sit on each sublayer's outpu
                       f"residual stream itself is not normalised" for t in ("olmo2", "olmo3", "exaone4")}
 # Layers that mix tokens without softmax attention: state-space and linear-attention mixers.
 MIXER = re.compile(r"mamba|ssm|mixer|deltanet|linearattention|lightning|rwkv|retention|hyena", re.I)
+# Sparse attention's key selectors (DeepSeek-V3.2's lightning indexer and its successors'): relu(q.k) scores, weighted
+# over heads, ranked by top-k.
+INDEXER = re.compile(r"indexer", re.I)
 # Families whose layers cannot be driven one module at a time, and why.
 REFUSED = {
     "xlm": "xlm keeps its layers as parallel lists (attentions, ffns, norms), not one module per layer",
@@ -62,8 +66,8 @@ def family_overrides(model_type: str, config, cfg: BlockConfig, extra: dict) -> 
             out["n_groups"] = math.gcd(config.n_groups, cfg.n_heads)
     if model_type == "funnel" and "block_sizes" not in extra:  # one block: no pooling between blocks
         out.update(block_sizes=[cfg.layers], block_repeats=[1], num_decoder_layers=0)  # its upsampling decoder: not run
-    if model_type in MUP and "attention_multiplier" not in extra:
-        out["attention_multiplier"] = 1.0 / cfg.head_dim
+    if "attention_multiplier" not in extra and (scale := _multiplier(model_type, config)) is not None:
+        out["attention_multiplier"] = cfg.head_dim ** -scale
     n0 = next((getattr(config, n) for n in ("num_hidden_layers", "num_layers", "n_layer") if isinstance(getattr(config, n, None), int)), 0)
     for name, pattern in config.to_dict().items():
         if name.endswith("layer_types") and isinstance(pattern, list) and pattern and name not in extra or (
@@ -74,12 +78,26 @@ def family_overrides(model_type: str, config, cfg: BlockConfig, extra: dict) -> 
     return out
 
 
-def by_design(model_type: str, layers: nn.Module) -> dict[str, str]:
+def _multiplier(model_type: str, config) -> float | None:
+    """The power p of a score multiplier d_head^-p that the config's default attention_multiplier stands for: 1 for
+    muP's 1/d_head (Granite's families; AutoConfig's placeholder 1.0 stands for it too), 0.5 for 1/sqrt(d_head) computed
+    at the default head size (HyperCLOVA X). None for no such field, or a value that is neither."""
+    m = getattr(config, "attention_multiplier", None)
+    if not isinstance(m, (int, float)) or isinstance(m, bool):
+        return None
+    heads = getattr(config, "num_attention_heads", None)
+    hd = getattr(config, "head_dim", None) or (config.hidden_size // heads if heads and getattr(config, "hidden_size", None) else None)
+    if model_type in MUP or m == 1.0 or (hd and math.isclose(m, 1 / hd)):
+        return 1.0
+    return 0.5 if hd and math.isclose(m, hd ** -0.5) else None
+
+
+def by_design(model_type: str, layers: nn.Module, config=None) -> dict[str, str]:
     """Rules of tblock's checks this family breaks on purpose, with the reason: rule -> sentence."""
     rules = {}
     if model_type in UNSCALED:
         rules["attention.unscaled"] = UNSCALED[model_type]
-    if model_type in MUP:
+    if model_type in MUP or (config is not None and _multiplier(model_type, config) == 1.0):
         rules["attention.overscaled"] = (f"by design of {model_type}: scores scaled by attention_multiplier = 1/d_head "
                                          f"(muP), as its checkpoints set it")
     if model_type in AFTER_NORM:
@@ -98,6 +116,19 @@ def by_design(model_type: str, layers: nn.Module) -> dict[str, str]:
         rules["ffn_share.other"] = f"sit in {names} (by design of {model_type}: neither attention nor FFN)"
         rules["kv_cache.skip"] = (f"{model_type} mixes tokens with {names}: a recurrent state that generate advances one "
                                   f"token at a time, not a key/value cache; cached decoding not compared")
+    indexers = sorted({type(m).__name__ for m in layers.modules() if INDEXER.search(type(m).__name__)})
+    if indexers:
+        names = ", ".join(indexers[:3])
+        why = (f"by design of {model_type}: {names} (sparse attention's indexer) choose the keys each query reads "
+               f"through top-k indices, which carry no gradient; the indexer trains on a loss of its own")
+        rules["grad_params.missing"] = rules["train_eval.eval_unused"] = why
+        rules["attention.no_softmax"] = (f"by design of {model_type}: {names} weigh relu(q.k) scores over heads to rank "
+                                         f"keys, not to mix values")
+    if model_type == "fnet":
+        rules["order.scrambled"] = ("by design of fnet: its tokens mix through a Fourier transform over the sequence, "
+                                    "whose output depends on each token's position")
+        rules["residual.missing"] = ("by design of fnet: the Fourier transform sums every token and channel, so at init "
+                                     "its output dwarfs the input, and the norm after the add (Post-LN) reads it alone")
     if model_type == "phimoe":
         rules["train_eval.skip"] = ("phimoe's router (sparsemixer) takes another path in training by design "
                                     "(training=self.training): train and eval are different functions")

@@ -155,7 +155,7 @@ def _build(model_type: str, cfg: BlockConfig, extra: dict) -> HFLayers:
         config._experts_implementation = "eager"
         module.causal = is_causal(module, cfg.d_model)
     module.positional = positional(module, base, cfg.d_model)
-    module.by_design = families.by_design(model_type, module.layers)
+    module.by_design = families.by_design(model_type, module.layers, config)
     module.warnings = _unreached(model_type, module, cfg)
     return module
 
