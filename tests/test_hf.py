@@ -2,6 +2,7 @@
 
 import importlib.util
 import json
+import math
 import sys
 
 import pytest
@@ -331,3 +332,16 @@ def test_a_score_multiplier_is_read_as_the_power_of_d_head_its_default_stands_fo
     assert _multiplier("granite_docling_text", C(attention_multiplier=1 / 64, **at)) == 1.0
     assert _multiplier("hyperclovax", C(attention_multiplier=64 ** -0.5, **at)) == 0.5
     assert _multiplier("x", C(attention_multiplier=0.3, **at)) is None and _multiplier("llama", C(**at)) is None
+
+
+def test_yarn_temperature_is_read_where_mscale_all_dim_folds_into_the_softmax_scale():
+    from types import SimpleNamespace as C
+
+    from tblock_cli.subject.hf.families import MIXER, _yarn_temperature
+
+    yarn = {"rope_type": "yarn", "factor": 128.0, "mscale_all_dim": 1.0, "mscale": 1.0}  # mistral4's default
+    assert _yarn_temperature(C(rope_parameters=yarn)) == pytest.approx((0.1 * math.log(128) + 1) ** 2)
+    assert _yarn_temperature(C(rope_parameters={**yarn, "mscale_all_dim": 0})) is None  # qwen2's YaRN: cos/sin only
+    assert _yarn_temperature(C(rope_parameters={"rope_type": "default"})) is None and _yarn_temperature(C()) is None
+    # Kimi Linear's and Bailing's delta-rule layers are mixers (kv_cache skips them: a recurrent state, no KV cache)
+    assert MIXER.search("KimiLinearDeltaAttention") and MIXER.search("BailingHybridDeltaAttention")

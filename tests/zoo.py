@@ -42,6 +42,7 @@ from zoo_correct import (  # noqa: F401
     LlamaBlock,
     NoPadKeyword,
     OpaqueNames,
+    ParamFreeQKNorm,
     QKNorm,
     RMSNorm,
     RoPEBlock,
@@ -236,6 +237,7 @@ CACHED_CORRECT = ["CachedLlama", "CachedRoPE"]
 
 
 CORRECT["QKNorm"] = {"causal": True}
+CORRECT["ParamFreeQKNorm"] = {"causal": True}
 
 
 PLANTED_2["UnscaledQKNorm"] = ("attention", {"causal": True})

@@ -303,6 +303,25 @@ class QKNorm(LlamaBlock):
         return self.o_proj(merge(y))
 
 
+class FreeRMSNorm(nn.Module):
+    """An RMSNorm with no parameters (nanochat's): nothing says the width it normalises."""
+
+    def __init__(self, eps=1e-6):
+        super().__init__()
+        self.eps = eps
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+
+
+class ParamFreeQKNorm(QKNorm):
+    """nanochat's per-head norms on q and k, with no parameters: found as norms at d_model, but called per head."""
+
+    def __init__(self, d_model=64, n_heads=4, causal=True):
+        super().__init__(d_model, n_heads, causal)
+        self.q_norm, self.k_norm = FreeRMSNorm(), FreeRMSNorm()
+
+
 # A Llama-style causal block with its attention written out (so positions, biases and masks can be planted): RoPE in
 # the rotate_half layout with angles in float32, masks filled with the dtype's finite minimum, a norm that upcasts.
 

@@ -24,7 +24,7 @@ from tblock_cli.anatomy.norms import find_norms
 from tblock_cli.anatomy.provenance import NORM, Attn, Marker, owns_several_matrices, qualified
 from tblock_cli.anatomy.roles import COND, GROUPS, ModuleUse, assign_roles, mha_rows
 from tblock_cli.anatomy.tracer import Tracer
-from tblock_cli.probes import train_mode
+from tblock_cli.probes import tensors, train_mode
 
 # Parameters outside attention, FFN and norms above this share of the block: in a standard block only biases could land
 # there, and they are attributed to their layers. The FFN-share check warns of them; residual's large-input probe
@@ -86,10 +86,15 @@ def trace(module: nn.Module, call, x: torch.Tensor, d_model: int) -> Dataflow:
         if args and isinstance(args[0], torch.Tensor):
             reads.setdefault(name, tr.prov.get(args[0]))
 
+    def stream_norm(args: tuple, out) -> None:  # a norm of the residual stream; per-head norms keep q as q
+        first = next(tensors(out), None)  # a fused add returns (normed, sum)
+        if first is not None and first.ndim and first.shape[-1] == d_model:  # a norm with no parameters says no width:
+            tr.prov.stream_norms = True  # nanochat's q_norm and k_norm are per head, found at d_model
+            tr.prov.norm_out(args, out)
+
     for name, m in module.named_modules():
-        if norms.get(name) == d_model:  # a norm of the residual stream; per-head norms keep q as q
-            tr.prov.stream_norms = True
-            hooks.append(m.register_forward_hook(lambda _m, a, o: tr.prov.norm_out(a, o)))
+        if norms.get(name) == d_model:
+            hooks.append(m.register_forward_hook(lambda _m, a, o: stream_norm(a, o)))
         hooks.append(m.register_forward_pre_hook(lambda _m, a, _n=name: enter(_n, a)))
         hooks.append(m.register_forward_hook(lambda _m, _a, o, _n=name: tr.leave(_n, o)))
     try:
@@ -98,6 +103,8 @@ def trace(module: nn.Module, call, x: torch.Tensor, d_model: int) -> Dataflow:
     finally:
         for h in hooks:
             h.remove()
+    # the width each norm was called at (a norm with no parameters was found at d_model, whatever it normalises)
+    norms = {n: (tr.counts.out_shape.get(n) or (w,))[-1] for n, w in norms.items()}
     role, chains = assign_roles(tr)
     modules = []
     seen: set[int] = set()

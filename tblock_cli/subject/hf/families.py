@@ -32,7 +32,10 @@ AFTER_NORM = {"minimax": "by design of minimax: its residual is taken after the 
 SUBLAYER_NORMED = {t: f"by design of {t}: its norms sit on each sublayer's output before the residual add; the "
                       f"residual stream itself is not normalised" for t in ("olmo2", "olmo3", "exaone4")}
 # Layers that mix tokens without softmax attention: state-space and linear-attention mixers.
-MIXER = re.compile(r"mamba|ssm|mixer|deltanet|linearattention|lightning|rwkv|retention|hyena", re.I)
+MIXER = re.compile(r"mamba|ssm|mixer|delta_?net|delta_?attention|linearattention|lightning|rwkv|retention|hyena|rglru", re.I)
+# Parameters that act only on inputs a layer driven on tokens alone does not get: rule -> why, per family.
+CONDITIONAL_INPUTS = {"luke": "its entity-aware query projections (w2e, e2w, e2e) act only on entity tokens",
+                      "blip_text_model": "its text layers' cross-attention reads image features"}
 # Sparse attention's key selectors (DeepSeek-V3.2's lightning indexer and its successors'): relu(q.k) scores, weighted
 # over heads, ranked by top-k.
 INDEXER = re.compile(r"indexer", re.I)
@@ -92,6 +95,16 @@ def _multiplier(model_type: str, config) -> float | None:
     return 0.5 if hd and math.isclose(m, hd ** -0.5) else None
 
 
+def _yarn_temperature(config) -> float | None:
+    """mscale^2 where YaRN's mscale_all_dim folds into the softmax scale (transformers' yarn_apply_mscale, used by the
+    MLA families: deepseek_v3 with YaRN, mistral4): 0.1 mscale_all_dim ln(factor) + 1, squared. None elsewhere."""
+    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None)
+    if not isinstance(rope, dict) or rope.get("rope_type", rope.get("type", "default")) == "default":
+        return None
+    m, factor = rope.get("mscale_all_dim") or 0, rope.get("factor") or 1
+    return (0.1 * m * math.log(factor) + 1) ** 2 if m and factor > 1 else None
+
+
 def by_design(model_type: str, layers: nn.Module, config=None) -> dict[str, str]:
     """Rules of tblock's checks this family breaks on purpose, with the reason: rule -> sentence."""
     rules = {}
@@ -116,6 +129,9 @@ def by_design(model_type: str, layers: nn.Module, config=None) -> dict[str, str]
         rules["ffn_share.other"] = f"sit in {names} (by design of {model_type}: neither attention nor FFN)"
         rules["kv_cache.skip"] = (f"{model_type} mixes tokens with {names}: a recurrent state that generate advances one "
                                   f"token at a time, not a key/value cache; cached decoding not compared")
+    if config is not None and (temperature := _yarn_temperature(config)) is not None:
+        rules["attention.unscaled"] = (f"by design of {model_type}'s YaRN scaling: its softmax scale carries mscale^2 = "
+                                       f"{temperature:.3g} (mscale_all_dim), as the reference MLA implementation does")
     indexers = sorted({type(m).__name__ for m in layers.modules() if INDEXER.search(type(m).__name__)})
     if indexers:
         names = ", ".join(indexers[:3])
@@ -124,6 +140,12 @@ def by_design(model_type: str, layers: nn.Module, config=None) -> dict[str, str]
         rules["grad_params.missing"] = rules["train_eval.eval_unused"] = why
         rules["attention.no_softmax"] = (f"by design of {model_type}: {names} weigh relu(q.k) scores over heads to rank "
                                          f"keys, not to mix values")
+    if model_type in CONDITIONAL_INPUTS:
+        why = f"by design of {model_type}: {CONDITIONAL_INPUTS[model_type]}, which a layer driven on tokens alone does not get"
+        rules["grad_params.missing"] = rules["train_eval.eval_unused"] = rules["ffn_share.other"] = why
+    if model_type == "mobilebert":
+        rules["ffn_share.linear"] = ("by design of mobilebert: its bottleneck (a linear map, then NoNorm's per-channel "
+                                     "affine) feeds the stacked FFNs' first projections, so those compose linearly")
     if model_type == "fnet":
         rules["order.scrambled"] = ("by design of fnet: its tokens mix through a Fourier transform over the sequence, "
                                     "whose output depends on each token's position")

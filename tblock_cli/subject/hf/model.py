@@ -219,7 +219,10 @@ class InOrder(nn.Module):
 
 def _layer_count(config, which: str | None) -> int:
     names = {"decoder": ("decoder_layers", "num_decoder_layers"), "encoder": ("encoder_layers", "num_layers")}.get(which or "", ())
-    for n in (*names, "num_hidden_layers", "num_layers", "n_layer", "n_layers", "encoder_layers"):
+    order = (*names, "num_hidden_layers", "num_layers", "n_layer", "n_layers", "encoder_layers")
+    if isinstance(getattr(type(config), "num_hidden_layers", None), property) and isinstance(getattr(config, "num_layers", None), int):
+        order = (*names, "num_layers")  # longcat_flash: num_hidden_layers = 2 x num_layers sublayer pairs, one module each
+    for n in order:
         v = getattr(config, n, None)
         if isinstance(v, int) and v > 0:
             return v

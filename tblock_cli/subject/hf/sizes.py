@@ -24,7 +24,7 @@ LAYERS = ("num_hidden_layers", "num_layers", "n_layer", "n_layers", "encoder_lay
 FFN = ("intermediate_size", "n_inner", "ffn_dim", "encoder_ffn_dim", "decoder_ffn_dim", "d_ff", "dff", "d_inner",
        "ffn_hidden_size", "intermediate_dim", "inner_hidden_size", "decoder_intermediate_size")
 # An expert's width: the FFN a mixture-of-experts layer runs (qwen3_moe has no dense FFN in any layer by default).
-EXPERT_FFN = ("moe_intermediate_size", "expert_intermediate_size")
+EXPERT_FFN = ("moe_intermediate_size", "expert_intermediate_size", "expert_ffn_hidden_size")
 # Widths of other FFNs in the same layer (shared experts): kept in the family's proportion to an expert's.
 FFN_RELATIVE = ("shared_expert_intermediate_size", "mlp_hidden_size", "dense_intermediate_size")
 # Fields measured in head dimensions: scaled by new head_dim / the checkpoint's head_dim.
