@@ -28,6 +28,12 @@ class Done(BaseException):
         self.out = out
 
 
+def raised_before_layer(e: BaseException) -> bool:
+    """Whether a model's forward raised e before it handed the span its hidden states: its own plumbing refused the
+    input (nanochat asserts T > 1 in training; a positional convolution too short for one token), not the layers."""
+    return getattr(e, "_tblock_before_layer", False)
+
+
 def first_output(out):
     """A layer's hidden states out of what it returns: a tensor, a tuple starting with one, or an HF output."""
     return out[0] if isinstance(out, (tuple, list)) else getattr(out, "last_hidden_state", out)
@@ -52,7 +58,10 @@ def drive(call: Callable[[], object], first: nn.Module, last: nn.Module, x: torc
         if hidden:
             hidden.pop().__exit__(None, None, None)
 
+    reached = []
+
     def swap_in(_m, args, kwargs):
+        reached.append(True)
         show()
         if entered is not None:
             entered(args, kwargs)
@@ -70,6 +79,15 @@ def drive(call: Callable[[], object], first: nn.Module, last: nn.Module, x: torc
         call()
     except Done as done:
         return done.out
+    except Exception as e:
+        from tblock_cli.errors import is_out_of_memory
+
+        if not reached and not is_out_of_memory(e):
+            try:
+                e._tblock_before_layer = True  # the error as raised, marked (its type is what callers catch)
+            except AttributeError:  # an exception type with __slots__
+                pass
+        raise
     finally:
         show()
         for h in hooks:
