@@ -269,12 +269,14 @@ def test_kv_cache_bytes_count_the_kv_heads_the_cache_holds_not_the_repeated_ones
 
 
 @pytest.mark.parametrize("model_type", ["doge", "bloom", "gemma3_text", "bart", "gptj", "jamba", "qwen2_moe", "nemotron", "funnel",
-                                        "granite_swa", "hyperclovax", "glm_moe_dsa", "fnet"])
+                                        "granite_swa", "hyperclovax", "glm_moe_dsa", "fnet", "nanochat", "flex_olmo",
+                                        "mobilebert", "wavlm"])
 def test_families_whose_masks_positions_or_mixers_are_their_own_are_clean_under_strict(model_type):
     """doge's mask, bloom's ALiBi, gemma3's layer types, bart's positional mask, gptj's rotary_dim, jamba's mamba
     mixer, attention_multiplier read at tblock's head size (granite_swa's muP, hyperclovax's 1/sqrt), a sparse
-    attention indexer that trains on its own loss, fnet's Fourier mixing: all the model's business, so no check may
-    warn."""
+    attention indexer that trains on its own loss, fnet's Fourier mixing, nanochat's parameter-free per-head norms,
+    flex_olmo's sublayer norms, mobilebert's linear bottleneck, wavlm's convolution module: all the model's business,
+    so no check may warn."""
     r = tblock_cli.check(f"hf:{model_type}", d_model=64, n_heads=4, d_ff=128, threads=1, strict=True)
     assert r.ok and not r.run.warnings, [(c.name, c.detail) for c in r.failing] or r.run.warnings
 

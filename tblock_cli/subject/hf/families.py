@@ -30,9 +30,11 @@ AFTER_NORM = {"minimax": "by design of minimax: its residual is taken after the 
                          "layernorm_*_alpha factors"}
 # Norms on each sublayer's output before the residual add: the stream itself is never normalised.
 SUBLAYER_NORMED = {t: f"by design of {t}: its norms sit on each sublayer's output before the residual add; the "
-                      f"residual stream itself is not normalised" for t in ("olmo2", "olmo3", "exaone4")}
+                      f"residual stream itself is not normalised" for t in ("olmo2", "olmo3", "exaone4", "flex_olmo")}
 # Layers that mix tokens without softmax attention: state-space and linear-attention mixers.
 MIXER = re.compile(r"mamba|ssm|mixer|delta_?net|delta_?attention|linearattention|lightning|rwkv|retention|hyena|rglru", re.I)
+# Speech encoders with a convolution module beside attention and FFN (Conformer's), or gated relative positions (WavLM's).
+CONFORMER = ("wav2vec2-conformer", "wav2vec2-bert", "wavlm")
 # Parameters that act only on inputs a layer driven on tokens alone does not get: rule -> why, per family.
 CONDITIONAL_INPUTS = {"luke": "its entity-aware query projections (w2e, e2w, e2e) act only on entity tokens",
                       "blip_text_model": "its text layers' cross-attention reads image features"}
@@ -146,6 +148,15 @@ def by_design(model_type: str, layers: nn.Module, config=None) -> dict[str, str]
     if model_type == "mobilebert":
         rules["ffn_share.linear"] = ("by design of mobilebert: its bottleneck (a linear map, then NoNorm's per-channel "
                                      "affine) feeds the stacked FFNs' first projections, so those compose linearly")
+    if model_type == "vjepa2":
+        why = ("by design of vjepa2: its rotary positions are 3-D (frame, height, width) over the patch grid, so scores "
+               "are not a function of the 1-D index difference i - j, and token order matters")
+        rules["relative.not_toeplitz"] = rules["order.scrambled"] = why
+    if model_type in CONFORMER:
+        rules["ffn_share.other"] = (f"sit in {model_type}'s convolution module (depthwise convolution over time, its "
+                                    f"norm and pointwise projections) or relative-position parameters, by design")
+        rules["batch.leak_train"] = (f"by design of {model_type}: its convolution module's BatchNorm normalises over the "
+                                     f"batch in training")
     if model_type == "fnet":
         rules["order.scrambled"] = ("by design of fnet: its tokens mix through a Fourier transform over the sequence, "
                                     "whose output depends on each token's position")
