@@ -238,3 +238,55 @@ def test_scores_that_vary_with_position_excuse_order_only_with_the_structure_of_
     assert bug.status is Status.WARN and bug.kind == "order.scrambled", (bug.kind, bug.detail)
     (ok,) = check(f"{TESTS / 'zoo_designs.py'}:TablesInForwardBlock", **flags).checks
     assert ok.kind == "order.positional" and ok.facts["scores"], (ok.kind, ok.detail)
+
+
+def test_a_scramble_before_a_second_attention_still_warns_and_masks_and_views_are_still_followed():
+    """What the excuses of this file must not excuse: heads merged without their transpose before a second
+    self-attention (its q and k then read rows no longer identical: not positions), a row mask without its rescale
+    before a biased projection (dropped rows become the bias: one value, but no learned null), and a stream read
+    through a view written in place (still the stream: its FFN unnormed)."""
+    from zoo_training import RMSNorm, TrainBlock, heads, merge
+
+    class TwoAttnMergeBug(TrainBlock):
+        def __init__(self, d_model=32, n_heads=4):
+            super().__init__(d_model, n_heads, 0.0, causal=False)
+            del self.rotary
+            self.norm2 = RMSNorm(d_model)
+            self.q2, self.k2, self.v2, self.o2 = (torch.nn.Linear(d_model, d_model, bias=False) for _ in range(4))
+
+        def attn(self, h, projections, bug):
+            q, k, v = (heads(p(h), self.n_heads) for p in projections[:3])
+            y = F.scaled_dot_product_attention(q, k, v)
+            return projections[3](y.reshape(h.shape) if bug else merge(y))
+
+        def forward(self, x):
+            x = x + self.attn(self.attn_norm(x), (self.q_proj, self.k_proj, self.v_proj, self.o_proj), True)
+            x = x + self.attn(self.norm2(x), (self.q2, self.k2, self.v2, self.o2), False)
+            return x + self.ffn(self.ffn_norm(x))
+
+    (order,) = check(lambda: TwoAttnMergeBug(), d_model=32, n_heads=4, threads=1, only="order").checks
+    assert order.kind == "order.scrambled", (order.kind, order.detail)
+
+    class RowDropUnscaled(TrainBlock):
+        def __init__(self, d_model=32, n_heads=4, dropout=0.1, causal=True):
+            super().__init__(d_model, n_heads, dropout, causal)
+            self.fc1, self.fc2 = torch.nn.Linear(d_model, 4 * d_model), torch.nn.Linear(4 * d_model, d_model)
+
+        def ffn(self, h):
+            h = F.gelu(self.fc1(h))
+            if self.training:  # whole token rows dropped, the kept ones not rescaled: the bug
+                h = h * (torch.rand(h.shape[:-1] + (1,), device=h.device) >= self.p).to(h.dtype)
+            return self.fc2(h)
+
+    (drop,) = check(lambda: RowDropUnscaled(), d_model=32, n_heads=4, threads=1, only="dropout").checks
+    assert drop.kind == "dropout.biased", (drop.kind, drop.detail)
+
+    class SliceAdd(TrainBlock):
+        def forward(self, x):
+            x = x + self.drop(self.attention(self.attn_norm(x)))
+            buf = torch.zeros(x.shape)
+            buf[:, :].add_(x)  # the stream written into a view: buf holds it
+            return x + self.ffn(buf)
+
+    m = SliceAdd(32, 4).eval()
+    assert trace(m, m, torch.randn(2, 10, 32), 32).unnormed_ffn == ("w1", "w3")

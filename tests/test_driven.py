@@ -223,6 +223,29 @@ def test_one_token_refused_by_the_model_before_its_layer_is_not_the_layers_findi
     assert by["shape"].kind == "shape.kept" and by["causal"].status.value == "pass", [(c.kind, c.detail) for c in r.checks]
 
 
+class OneTokenLayer(nn.Module):
+    """A layer that itself fails on one token (a reduction over the empty rest of the sequence)."""
+
+    def __init__(self, d):
+        super().__init__()
+        self.fc = nn.Linear(d, d)
+
+    def forward(self, x):
+        return x + self.fc(x) + 0 * x[:, 1:].max()
+
+
+class OneTokenLayers(Fixed):
+    def __init__(self, n_embd: int = 32):
+        super().__init__(n_embd)
+        self.blocks = nn.Sequential(OneTokenLayer(n_embd), OneTokenLayer(n_embd))
+
+
+def test_one_token_refused_by_an_earlier_layer_is_still_the_layers_finding():
+    """--layer 1: layer 0, the same code, raises first on its placeholders; that is a layer's error, not the model's."""
+    (shape,) = api.check(OneTokenLayers, layer=1, only="shape", **SIZES).checks
+    assert shape.kind == "shape.one_token_raises", (shape.kind, shape.detail)
+
+
 def test_a_size_flag_the_model_takes_under_no_field_is_warned_only_when_it_misses():
     """nanoGPT-style: no FFN width field, 4 x n_embd by its code: --d-ff 128 at d 32 reaches it, --d-ff 80 does not."""
     assert not [w for w in setup_warnings(GPT, d_ff=128) if "--d-ff" in w]

@@ -95,13 +95,17 @@ class Provenance:
         self.reads_other: set[str] = set()
 
     def watch(self, t) -> None:
-        """t depends on the block's input (the input itself, or a tensor computed from it)."""
+        """t depends on the block's input (the input itself, or a tensor computed from it); a view's base holds it too
+        (buf[:, :n].add_(x) writes buf)."""
         for o in tensors(t):
-            self.keep.append(o)
-            self.live.add(id(o))
+            for u in (o, o._base):
+                if u is not None:
+                    self.keep.append(u)
+                    self.live.add(id(u))
 
     def is_live(self, t) -> bool:
-        return isinstance(t, torch.Tensor) and id(t) in self.live
+        """A tensor that depends on the block's input, or a view of one (a view taken before its base was written)."""
+        return isinstance(t, torch.Tensor) and (id(t) in self.live or (t._base is not None and id(t._base) in self.live))
 
     def reads_constant(self, proj: str) -> bool:
         """Whether projection proj was seen reading only tensors that do not depend on the block's input (a projection

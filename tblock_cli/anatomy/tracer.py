@@ -10,7 +10,7 @@ from torch.overrides import TorchFunctionMode
 
 from tblock_cli.anatomy.calls import AttentionRecorder
 from tblock_cli.anatomy.counts import Counts
-from tblock_cli.anatomy.ops import LINEAR, MATMULS, NORMS, SOFTMAX, WRITES
+from tblock_cli.anatomy.ops import LINEAR, MATMULS, NORMS, SOFTMAX, TEMPLATED, WRITES
 from tblock_cli.anatomy.provenance import Provenance, tensors
 
 # Products that project by a weight matrix when one operand is a module's weight (or a view of it).
@@ -46,7 +46,9 @@ class Tracer(TorchFunctionMode):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         name = getattr(func, "__name__", "")
-        if self.prov.live and any(self.prov.is_live(t) for t in tensors((args, kwargs))):
+        # x.to(q), x.type_as(q), x.expand_as(q): x's values, q's dtype or shape only
+        read = args[:1] if name in TEMPLATED else (args, kwargs)
+        if self.prov.live and any(self.prov.is_live(t) for t in tensors(read)):
             if name in WRITES and args and isinstance(args[0], torch.Tensor):
                 self.prov.watch([args[0]] + ([args[0]._base] if args[0]._base is not None else []))
             self.prov.watch(out)

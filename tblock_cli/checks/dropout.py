@@ -191,7 +191,7 @@ def _check(ctx: Context) -> Outcome:
             continue
         if distinct_draws(outs) < MIN_DRAWS:
             continue
-        if replaced_by_constant(outs, ref):
+        if replaced_by_constant(outs, ref) and _replaced_without_biases(m, run, len(outs)):
             replaced.append(name)
             continue
         mean, var = outs.mean(0), outs.var(0)
@@ -210,6 +210,23 @@ def _check(ctx: Context) -> Outcome:
     if bias2 > LIMIT:
         return failed("dropout.biased", round(facts["bias"], 3), **facts)
     return passed("dropout.unbiased", round(facts["bias"], 3), **facts)
+
+
+def _replaced_without_biases(m: nn.Module, run, draws: int) -> bool:
+    """The replacement seen again with every bias in m zeroed: a learned null value (an embedding table's row) stays,
+    while rows a mask zeroed before a biased projection (fc(h * mask) without the rescale: fc's bias) become zeros."""
+    biases = [p for n, p in m.named_parameters() if n.rpartition(".")[2] == "bias"]
+    kept = [p.detach().clone() for p in biases]
+    try:
+        with torch.no_grad():
+            for p in biases:
+                p.zero_()
+        ref = run(m, False, 0)
+        return replaced_by_constant(torch.stack([run(m, True, 100 + i) for i in range(draws)]), ref)
+    finally:
+        with torch.no_grad():
+            for p, v in zip(biases, kept):
+                p.copy_(v)
 
 
 def _stream(ctx: Context, run, module: nn.Module, x: torch.Tensor) -> Outcome | None:

@@ -105,11 +105,12 @@ def identical_length(ctx: Context) -> int:
 
 def positions_in_scores(ctx: Context) -> str | None:
     """Where attention's scores on identical tokens vary along a row beyond the run dtype's rounding (TOEPLITZ_LIMIT,
-    relative to max(1, |score|)) as positions make them: a function of i - j where q and k are projected from the
-    identical rows (rotary tables computed in the forward), anyhow where positions entered before the projections (an
-    embedding added inside). Whatever the machinery is called. Tokens merged or shifted in the wrong order leave
-    identical tokens' scores flat; heads split without their transpose make them vary, but with no i - j structure.
-    None where no call shows it, or the probe cannot run."""
+    relative to max(1, |score|)) as relative positions make them: q and k projected from the identical rows, the
+    scores a function of i - j (rotary tables computed in the forward), whatever the machinery is called. Tokens merged
+    or shifted in the wrong order leave identical tokens' scores flat; heads split without their transpose make them
+    vary with no i - j structure; a scramble before some attention's projections feeds it rows that are no longer
+    identical (not excused: an absolute embedding added inside is not told from it). None where no call shows it, or
+    the probe cannot run."""
     try:
         seen = identical_scores(ctx)
     except Exception as e:  # noqa: BLE001 - a block the tracer cannot follow: no evidence either way
@@ -125,7 +126,7 @@ def positions_in_scores(ctx: Context) -> str | None:
         if not live.any() or rows.abs().max().item() <= limit * max(1.0, z[live].abs().max().item()):
             continue
         sources = [n for n in c.q + c.k if n in seen.uniform_in]
-        if not (sources and all(seen.uniform_in[n] for n in sources)) or toeplitz_error(z) <= limit:
+        if sources and all(seen.uniform_in[n] for n in sources) and toeplitz_error(z) <= limit:
             return c.where or "root"
     return None
 

@@ -47,9 +47,10 @@ def drive(call: Callable[[], object], first: nn.Module, last: nn.Module, x: torc
     `before`: the model's first layer when the span starts later (--layer N). The layers before the span run on the
     placeholders, as the model's plumbing; from `before` until `first` is entered, torch functions are hidden from
     torch-function modes, so tblock's tracers (FLOPs, roles, attention calls) see only the span's own work."""
-    hidden = []
+    hidden, reached = [], []
 
     def hide(_m, _args):
+        reached.append(True)  # the model's first layer entered: an error from here on is a layer's, not the model's
         if not hidden:
             hidden.append(torch._C.DisableTorchFunction())
             hidden[0].__enter__()
@@ -57,8 +58,6 @@ def drive(call: Callable[[], object], first: nn.Module, last: nn.Module, x: torc
     def show() -> None:
         if hidden:
             hidden.pop().__exit__(None, None, None)
-
-    reached = []
 
     def swap_in(_m, args, kwargs):
         reached.append(True)
