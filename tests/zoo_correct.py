@@ -310,8 +310,9 @@ class FreeRMSNorm(nn.Module):
         super().__init__()
         self.eps = eps
 
-    def forward(self, x):
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+    def forward(self, x):  # in float32, as nanochat's (an fp16 square overflows at |x| > 256)
+        h = x.float()
+        return (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x)
 
 
 class ParamFreeQKNorm(QKNorm):
