@@ -166,7 +166,7 @@ def ffn_share_of(flow) -> tuple[float | None, Finding]:
     """The FFN's share from the traced roles; omitted, with the reason, when attention or FFN was not found."""
     if not flow.found["attention"]:
         return None, Finding(Status.INFO, "params.no_attention")
-    cond = flow.total and (flow.group_params()["other"] - flow.stray) / flow.total
+    cond = flow.conditioning / flow.total if flow.total else 0.0
     return ffn_share_finding(flow.group_params(), flow.group_params(matrices_only=True), flow.total, None, cond)
 
 

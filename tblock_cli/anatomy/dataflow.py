@@ -52,9 +52,14 @@ class Dataflow:
     slip_errors: tuple[str, ...] = ()  # the first few of their errors
 
     @property
+    def conditioning(self) -> int:
+        """Parameters of projections that read only constants of the block (COND: adaLN's modulation), in "other"."""
+        return sum(m.params for m in self.modules if m.role == COND)
+
+    @property
     def stray(self) -> int:
-        """Parameters outside attention, FFN and norms that condition nothing (COND's are adaLN's, by design)."""
-        return sum(m.params for m in self.modules if m.group == "other" and m.role != COND)
+        """Parameters outside attention, FFN and norms that condition nothing."""
+        return self.group_params()["other"] - self.conditioning
 
     def group_params(self, matrices_only: bool = False) -> dict[str, int]:
         out = dict.fromkeys(GROUPS, 0)

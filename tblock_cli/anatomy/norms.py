@@ -83,9 +83,9 @@ def named_but_not_norms(module: nn.Module, found: dict[str, int], d_model: int, 
     property both have (in a float64 copy): whose output moves when the whole input is scaled (CLAIM_SCALES: the square
     root forgotten, the variance multiplied in), or whose output for one token moves when the other tokens change
     while it is invariant to scaling each channel apart (each channel normalised over the sequence axis: `mean(1)` for
-    `mean(-1)`). Modules that need more than one tensor, or change its
-    shape, say nothing. [{name, cls, ratio, scaled, tokens}]: ratio = rms(out at the larger scale) / rms(out at the
-    smaller), scaled = whether the output moved with the scale, tokens = the relative change of token 0's output."""
+    `mean(-1)`). Modules that need more than one tensor, or change its shape, say nothing. [{name, cls, ratio, scaled,
+    tokens}]: ratio = rms(out at the larger scale) / rms(out at the smaller), scaled = whether the output moved with
+    the scale, tokens = the relative change of token 0's output."""
     from tblock_cli.probes import module_copy
 
     out = []

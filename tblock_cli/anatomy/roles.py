@@ -99,8 +99,7 @@ def assign_roles(tr: Tracer) -> tuple[dict[str, str], list[tuple[str, str]]]:
         parent = n.rpartition(".")[0]
         if n not in role and parent and any(p == parent or p.startswith(parent + ".") for p in ffn_parents):
             role[n] = "ffn.gate" if not cond(n) else COND
-    for n in tr.prov.linear_in:
-        if n not in role and cond(n):
+        elif n not in role and cond(n):
             role[n] = COND
     return role, chains
 

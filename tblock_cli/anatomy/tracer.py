@@ -50,7 +50,7 @@ class Tracer(TorchFunctionMode):
         read = args[:1] if name in TEMPLATED else (args, kwargs)
         if self.prov.live and any(self.prov.is_live(t) for t in tensors(read)):
             if name in WRITES and args and isinstance(args[0], torch.Tensor):
-                self.prov.watch([args[0]] + ([args[0]._base] if args[0]._base is not None else []))
+                self.prov.watch(args[0])  # and its base, as watch does for any view
             self.prov.watch(out)
         if name == "__get__" and isinstance(out, torch.Tensor):
             self.prov.follow_weight(args, out)  # W.T, W.mT: still the module's weight

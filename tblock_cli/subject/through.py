@@ -9,6 +9,8 @@ from typing import Callable
 import torch
 import torch.nn as nn
 
+from tblock_cli.errors import is_out_of_memory
+
 # Positions of the causal probe: enough for a later position to exist after an earlier one.
 PROBE_T = 4
 # Relative change of earlier outputs that still counts as "unchanged" when a later token changes: float32
@@ -79,8 +81,6 @@ def drive(call: Callable[[], object], first: nn.Module, last: nn.Module, x: torc
     except Done as done:
         return done.out
     except Exception as e:
-        from tblock_cli.errors import is_out_of_memory
-
         if not reached and not is_out_of_memory(e):
             try:
                 e._tblock_before_layer = True  # the error as raised, marked (its type is what callers catch)
