@@ -3,6 +3,7 @@ residual gain, dropout rates set or turned off."""
 
 from __future__ import annotations
 
+import random
 import sys
 from contextlib import contextmanager
 from typing import Callable
@@ -155,16 +156,14 @@ def set_dropout(module: nn.Module, rate: float):
 
 
 def raise_dropout(module: nn.Module, p: float = 0.1):
-    """Every dropout probability that is 0 set to p for a while (modules, float attributes named *drop*). A block
-    built without dropout cannot show dropout left on in eval; raised, it can."""
+    """Every dropout probability that is 0 set to p for a while (modules, float attributes named *drop*)."""
     return _dropouts(module, lambda q: p if q == 0 else None, lambda v: p if type(v) is float and v == 0.0 else None)
 
 
 class TorchDropoutOff(TorchFunctionMode):
-    """torch's dropout functions as the identity, SDPA and `F.multi_head_attention_forward` with dropout_p 0: the
-    randomness torch itself rescales, off. (A mode is not on inside the function it intercepts: the dropout inside
-    multi_head_attention_forward is reached through its argument.) Records the rate each was asked for where it
-    would have dropped (`rates`: elementwise dropouts, `attention_rates`: SDPA's and MHA's on the probabilities).
+    """torch's dropout functions as the identity, SDPA and `F.multi_head_attention_forward` with dropout_p 0 (the
+    dropout inside MHA is reached through its argument): the randomness torch itself rescales, off. Records the rate
+    each was asked for where it would have dropped (`rates`: elementwise, `attention_rates`: SDPA's and MHA's).
     drop_all: torch's elementwise dropouts drop everything instead (a zero tensor out), as at a rate of 1."""
 
     def __init__(self, drop_all: bool = False):
@@ -208,9 +207,11 @@ _DROPOUT_P = {F.scaled_dot_product_attention: 4, F.multi_head_attention_forward:
 
 
 def reseed(seed: int) -> None:
-    """torch.manual_seed, without the lazy seeding of accelerators this machine lacks: on a CPU-only machine each
-    of CUDA, XPU and MTIA queues a call that formats its caller's traceback (~1 ms a seed, and a battery reseeds
-    ~27 times), for an error only a device that initialises later could raise."""
+    """torch.manual_seed (and Python's and NumPy's streams), without the lazy seeding of absent accelerators: each of
+    CUDA, XPU and MTIA queues a call that formats its caller's traceback (~1 ms a seed, ~27 seeds a battery)."""
+    random.seed(seed)  # a block may draw from these too (x-transformers' layer dropout: random() < p)
+    if (np := sys.modules.get("numpy")) is not None:
+        np.random.seed(seed)
     absent = [getattr(torch, name, None) for name in ("cuda", "xpu", "mtia")]
     if any(d is not None and d.is_available() for d in absent):
         torch.manual_seed(seed)

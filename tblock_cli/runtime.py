@@ -65,11 +65,23 @@ def session(threads: int | None, module: torch.nn.Module | None = None):
 
 @contextmanager
 def kept_rng():
-    """torch's global random state (CPU, and every CUDA device already in use) as the caller left it, after: tblock
-    seeds weights and inputs for repeatable runs, and must not re-seed the caller's stream."""
+    """torch's global random state (CPU, and every CUDA device already in use), Python's and NumPy's as the caller
+    left them, after: tblock seeds weights, inputs and the streams a block draws from for repeatable runs, and must not
+    re-seed the caller's streams."""
+    import random
+    import sys
+
     devices = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
-    with torch.random.fork_rng(devices=devices):
-        yield
+    py = random.getstate()
+    np = sys.modules.get("numpy")
+    np_state = np.random.get_state() if np is not None else None
+    try:
+        with torch.random.fork_rng(devices=devices):
+            yield
+    finally:
+        random.setstate(py)
+        if np_state is not None:
+            np.random.set_state(np_state)
 
 
 def placed(module: torch.nn.Module, device: torch.device, dtype: torch.dtype) -> bool:

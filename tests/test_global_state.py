@@ -91,3 +91,19 @@ def test_state_written_at_every_eval_call_is_a_warning_that_names_it(name):
         assert (c.facts["written"], c.facts["grown"]) == (["running_mean"], [])
     else:  # one more input kept per call: the path of the one the last call added
         assert c.facts["written"] == [] and len(c.facts["grown"]) == 1 and c.facts["grown"][0].startswith("seen[")
+
+
+def test_a_hook_registered_at_every_call_is_a_warning_that_names_its_module():
+    c = battery("HookPerCall", only=("determinism",))["determinism"]
+    assert (c.status.value, c.kind, c.facts["added"]) == ("warn", "determinism.adds_hooks", {"o_proj": 1}), c.facts
+
+
+def test_a_block_drawing_from_pythons_stream_gets_the_same_verdicts_whatever_the_callers_state():
+    """tblock seeds Python's and NumPy's streams wherever it seeds torch's: the checks that compare two seeded runs
+    (checkpointing, grad_accumulation, derivative) see the same skips drawn, and the caller's stream is put back."""
+    got = []
+    for seed in range(4):
+        random.seed(seed)
+        got.append({n: (c.status.value, c.kind) for n, c in battery("PythonLayerDrop", only=None).items()})
+        assert random.random() == (random.seed(seed), random.random())[1]
+    assert all(g == got[0] for g in got), [{n: v for n, v in g.items() if v != got[0][n]} for g in got]

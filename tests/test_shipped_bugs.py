@@ -65,6 +65,14 @@ def test_measured_slopes_of_a_correct_alibi_are_the_papers():
     assert by["position_bias"].facts["slopes"] == pytest.approx(paper_slopes(4), rel=1e-4)
 
 
+@pytest.mark.parametrize("heads", [6, 12])
+def test_the_papers_slopes_for_a_head_count_not_a_power_of_two_are_alibi(heads):
+    """Two interleaved geometric runs (BLOOM-176B's 112 heads): the paper's set, not a non-geometric bug."""
+    by = battery("Alibi3", only=("position_bias",), **{**zoo.CORRECT_3["Alibi3"], "d_model": 8 * heads, "n_heads": heads})
+    assert by["position_bias"].kind == "position_bias.alibi", by["position_bias"].detail
+    assert by["position_bias"].facts["slopes"] == pytest.approx(paper_slopes(heads), rel=1e-4)
+
+
 def test_left_padding_failure_names_both_explanations_for_a_positional_block():
     by = battery("AbsPosNoRestart", only=("padding",), **zoo.PLANTED_3["AbsPosNoRestart"][1])
     assert by["padding"].kind == "padding.differs_alone" and by["padding"].facts["side"] == "left"

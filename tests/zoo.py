@@ -47,9 +47,11 @@ from zoo_correct import (  # noqa: F401
     RMSNorm,
     RoPEBlock,
     Rotary,
+    ScaledBeforeRotary,
     TorchPostLN,
     TorchPreLN,
     UpcastRMSNorm,
+    WideHeadNorms,
     XAttention,
     XEncoder,
     XFeedForward,
@@ -238,6 +240,8 @@ CACHED_CORRECT = ["CachedLlama", "CachedRoPE"]
 
 CORRECT["QKNorm"] = {"causal": True}
 CORRECT["ParamFreeQKNorm"] = {"causal": True}
+CORRECT["WideHeadNorms"] = {"causal": True}
+CORRECT["ScaledBeforeRotary"] = {"positional": True}
 
 
 PLANTED_2["UnscaledQKNorm"] = ("attention", {"causal": True})

@@ -280,6 +280,18 @@ class RoPEBlock(LlamaBlock):
         return self.o_proj(merge(y))
 
 
+class ScaledBeforeRotary(RoPEBlock):
+    """q scaled by 1/sqrt(d_head) before its rotation, SDPA called with scale 1 (as several codebases fold the scale):
+    the factor is carried through the rotation's products with cos and sin, so the scores count as scaled."""
+
+    def attention(self, h, pad_mask):
+        B, T, C = h.shape
+        q, k, v = (heads(p(h), self.n_heads) for p in (self.q_proj, self.k_proj, self.v_proj))
+        q, k = self.rotary(q * q.shape[-1] ** -0.5), self.rotary(k)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed_mask(T, h.device, self.causal, pad_mask), scale=1.0)
+        return self.o_proj(merge(y))
+
+
 class XKeepMask(XEncoder):
     """x-transformers-style, mask True = keep, padded query rows zeroed: correct with --pad-keyword mask --pad-means keep."""
 
@@ -321,6 +333,25 @@ class ParamFreeQKNorm(QKNorm):
     def __init__(self, d_model=64, n_heads=4, causal=True):
         super().__init__(d_model, n_heads, causal)
         self.q_norm, self.k_norm = FreeRMSNorm(), FreeRMSNorm()
+
+
+class WideHeadNorms(QKNorm):
+    """Heads as wide as the stream (x-transformers' dim_head 64 at dim 64; Qwen3 with head_dim = hidden_size): per-head
+    norms on q, k and v found at d_model, each a norm of its projection's output, not of the stream."""
+
+    def __init__(self, d_model=64, n_heads=4, causal=True):
+        super().__init__(d_model, n_heads, causal)
+        w = d_model * n_heads
+        self.q_proj, self.k_proj, self.v_proj = (nn.Linear(d_model, w, bias=False) for _ in range(3))
+        self.o_proj = nn.Linear(w, d_model, bias=False)
+        self.q_norm, self.k_norm, self.v_norm = RMSNorm(d_model), RMSNorm(d_model), RMSNorm(d_model)
+
+    def attention(self, h, pad_mask):
+        B, T, C = h.shape
+        q, k, v = (p(h).view(B, T, self.n_heads, C).transpose(1, 2) for p in (self.q_proj, self.k_proj, self.v_proj))
+        q, k, v = self.q_norm(q), self.k_norm(k), self.v_norm(v)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed_mask(T, h.device, self.causal, pad_mask))
+        return self.o_proj(merge(y))
 
 
 # A Llama-style causal block with its attention written out (so positions, biases and masks can be planted): RoPE in

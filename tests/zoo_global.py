@@ -135,8 +135,42 @@ class LazyTables(TrainBlock):
         return super().forward(x)
 
 
+class HookPerCall(TrainBlock):
+    """A forward hook registered inside forward, never removed: one more on the output projection at every call."""
+
+    def forward(self, x):
+        self.o_proj.register_forward_hook(lambda m, args, out: None)  # bug: a hook per call
+        return super().forward(x)
+
+
+class HooksOnce(TrainBlock):
+    """Hooks installed lazily at the first call (a capture hook, as transformers' output recording installs its own)
+    and a hook registered and removed inside every call: nothing stays beyond the first call."""
+
+    def forward(self, x):
+        if not self._forward_hooks:
+            self.register_forward_hook(lambda m, args, out: None)
+        handle = self.w2.register_forward_pre_hook(lambda m, args: None)
+        try:
+            return super().forward(x)
+        finally:
+            handle.remove()
+
+
+class PythonLayerDrop(TrainBlock):
+    """Each sublayer skipped for the whole batch with probability 0.3, drawn from Python's stream (x-transformers'
+    layer_dropout: `random() < p`): what tblock compares between two seeded runs must draw the same skips."""
+
+    def forward(self, x):
+        if not (self.training and random.random() < 0.3):
+            x = x + self.drop(self.attention(self.attn_norm(x)))
+        if not (self.training and random.random() < 0.3):
+            x = x + self.ffn(self.ffn_norm(x))
+        return x
+
+
 PLANTED = {"ReseedsInTraining": "global_state.reseeds", "SetSeedInEval": "global_state.reseeds",
            "GradOffInEval": "global_state.changed", "Float64Default": "global_state.changed",
            "LowerMatmulPrecision": "global_state.switched"}
 WRITES_IN_EVAL = ("EvalRunningMean", "KeepsInputs")  # determinism.writes_state
-CORRECT = ("TrainBlock", "ForkedNoise", "ScopedSwitches", "LazyTables")
+CORRECT = ("TrainBlock", "ForkedNoise", "ScopedSwitches", "LazyTables", "HooksOnce", "PythonLayerDrop")

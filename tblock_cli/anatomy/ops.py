@@ -15,6 +15,10 @@ LINEAR = {"add", "add_", "__add__", "__radd__", "__iadd__", "sub", "sub_", "__su
           "bfloat16", "double", "type_as", "dropout", "dropout_", "cat", "stack", "concat", "concatenate", "masked_fill", "masked_fill_",
           "narrow", "select", "repeat", "repeat_interleave", "view_as", "reshape_as", "movedim", "swapaxes", "roll", "flip",
           "split_with_sizes", "tensor_split", "t", "mT", "detach", "sum", "mean", "pad", "index_select", "gather", "tile"}
+# Ops that only lay one tensor's values out again (a head split, a cast): a projection's output stays one through them.
+RELAYOUTS = {"view", "reshape", "transpose", "permute", "contiguous", "flatten", "unflatten", "split", "chunk", "unbind",
+             "__getitem__", "squeeze", "unsqueeze", "to", "float", "half", "bfloat16", "double", "type_as", "narrow",
+             "select", "view_as", "reshape_as", "movedim", "swapaxes", "split_with_sizes", "tensor_split", "clone"}
 # Casts and views whose tensor arguments past the first only lend a dtype, device or shape (x.to(q), x.type_as(q),
 # x.expand_as(q)): data flows from the first alone, so a cache cast to q's dtype does not become q.
 TEMPLATED = {"to", "type_as", "expand_as", "view_as", "reshape_as"}

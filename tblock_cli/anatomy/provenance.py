@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from tblock_cli.anatomy.ops import ACTIVATIONS, LINEAR, SCALING, TEMPLATED
+from tblock_cli.anatomy.ops import ACTIVATIONS, LINEAR, RELAYOUTS, SCALING, TEMPLATED
 from tblock_cli.probes import tensors
 
 # Provenance flags: an activation function acted (gelu, silu, ...), or another nonlinearity did (a
@@ -165,18 +165,24 @@ class Provenance:
     def norm(self, acts, out, stream: bool) -> None:
         """A norm function's output: a norm of the residual stream starts provenance again; a per-head (QK) norm
         keeps q as q."""
-        if stream:
+        if stream and not (len(acts) == 1 and self.one_projection(acts[0])):
             self.put(out, {NORM: 0})
             self.stream_norms = True
         else:
             self.flow(acts, out, NONLINEAR)
+
+    def one_projection(self, t) -> bool:
+        """t is one projection's output, or a view of it (a head split: q.view(B, T, H, dh).transpose(1, 2)): a norm
+        of it at the stream's width (a per-head norm whose head is d_model wide, OLMo-2's full-width q_norm) is that
+        projection's, not a norm of the stream."""
+        return id(t) in self.proj_outs
 
     def norm_out(self, args: tuple, out) -> None:
         """A norm module's output: a new start of the residual stream, unless it normalises one projection's output
         (olmo2's full-width q_norm) or an attention output (bitnet's attn_sub_norm): then it stays what it read. A norm
         called with the residual too (Gemma's norm fused with the add: norm(a, x)) normalises the stream."""
         inp = args[0] if len([a for a in args if isinstance(a, torch.Tensor)]) == 1 else None
-        if isinstance(inp, torch.Tensor) and (id(inp) in self.proj_outs or any(isinstance(k, Attn) for k in self.get(inp))):
+        if isinstance(inp, torch.Tensor) and (self.one_projection(inp) or any(isinstance(k, Attn) for k in self.get(inp))):
             self.normed_outputs.update(self.get(inp))  # a sublayer's output normalised before the add (OLMo-2)
             self.put(out, self.union([self.get(inp)], NONLINEAR))
         else:
@@ -197,10 +203,17 @@ class Provenance:
             self.note_product(acts, out)
             self.flow(with_prov, out, flag)
             self.track_scalar(name, args, out)
+            self.carry_scalar(name, args, acts, out)
         elif name in LINEAR:
             self.flow(acts, out)
             if len(acts) == 1 and isinstance(out, torch.Tensor):  # a view or copy keeps the scalar factor
                 self.scalar[id(out)] = self.scalar.get(id(acts[0]), 1.0)
+                if name in RELAYOUTS and id(acts[0]) in self.proj_outs:  # and a projection's output stays one
+                    self.proj_outs.add(id(out))
+            elif name in RELAYOUTS and id(acts[0] if acts else None) in self.proj_outs:
+                self.proj_outs.update(id(o) for o in tensors(out))  # q.chunk(H, -1), q.unbind(2): each part
+            else:
+                self.carry_scalar(name, args, acts, out)
         else:
             self.flow(acts, out, NONLINEAR)
 
@@ -236,6 +249,25 @@ class Provenance:
         if not isinstance(x, torch.Tensor) or not isinstance(c, (int, float)) or c == 0:
             return
         self.scalar[id(out)] = self.scalar.get(id(x), 1.0) * (c if name.startswith(("mul", "__mul", "__imul")) else 1 / c)
+
+    def carry_scalar(self, name: str, args, acts, out) -> None:
+        """A scalar factor kept through an op linear in the activations it reads: an activation times (or over) a
+        constant table (a rotary cos/sin, a mask) or a learned gain, and sums, differences, concatenations of
+        activations that all carry the same factor (`t1 * cos - t2 * sin` of a q scaled before its rotation). A
+        constant added, factors that differ, or an activation in a divisor: none."""
+        if not isinstance(out, torch.Tensor) or id(out) in self.scalar:
+            return
+        moving = [t for t in acts if self.get(t)]
+        if not moving:
+            return
+        if name in SCALING:
+            if len(moving) != 1 or (not name.startswith(("mul", "__mul", "__rmul", "__imul")) and moving[0] is not args[0]):
+                return
+        elif len(moving) != len(acts):
+            return
+        factors = {self.scalar.get(id(t), 1.0) for t in moving}
+        if len(factors) == 1 and (f := factors.pop()) != 1.0:
+            self.scalar[id(out)] = f
 
     def folded(self, q, k) -> float:
         """|the scalar factors applied to q and k on their way to the product|."""

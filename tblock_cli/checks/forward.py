@@ -120,13 +120,19 @@ def check_determinism(ctx: Context) -> Outcome:
     """Catches: two eval forwards that differ beyond rounding (dropout in eval, noise, state that changes the output),
     also in a copy with its zero dropout probabilities raised to 0.1 (dropout applied in eval, hidden by a default
     of 0); an eval forward that writes other values into the module's buffers or tensor attributes at every call, or
-    adds tensors to them, while its output does not show it (running statistics updated in eval, a list that grows):
-    a **warning**"""
+    adds tensors to them, while its output does not show it (running statistics updated in eval, a list that grows),
+    or registers hooks that stay, more at every call (a hook added inside the forward: calls grow slower and memory
+    grows): a **warning**"""
     x, a = ctx.standard()
     module = ctx.subject.module
-    key = state_key(module)
+    key, hooks = state_key(module), hooks_held(module)
     b = eval_forward(ctx, x)
     if torch.equal(a, b):
+        if hooks_added(hooks, hooks_held(module)):  # once (a lazy set-up) or at every call?
+            hooks = hooks_held(module)
+            eval_forward(ctx, x)
+            if added := hooks_added(hooks, hooks_held(module)):
+                return warned("determinism.adds_hooks", sum(added.values()), added=added)
         if state_key(module) != key:  # written: a cache filled once (a rotary table for this length) or every call?
             grown, written = eval_writes(ctx, x)
             if grown or written:
@@ -136,6 +142,25 @@ def check_determinism(ctx: Context) -> Outcome:
     if diff <= ctx.tol:
         return warned("determinism.rounding", diff, diff=diff)
     return failed("determinism.random", diff, diff=diff)
+
+
+def hooks_held(module: nn.Module) -> dict[str, int]:
+    """How many hooks each module holds (forward, backward, state-dict: every hook dict nn.Module keeps), by path, and
+    torch's global module hooks under "(global)"."""
+    from torch.nn.modules import module as base
+
+    from tblock_cli.checks.training import all_modules
+
+    names = {id(m): n for n, m in module.named_modules(remove_duplicate=False)}
+    count = lambda holder: sum(len(v) for k, v in vars(holder).items() if k.endswith("hooks") and isinstance(v, dict))
+    held = {names.get(id(m)) or type(m).__name__: count(m) for m in all_modules(module)}
+    held["(global)"] = count(base)
+    return held
+
+
+def hooks_added(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+    """The hooks a call left behind, by path."""
+    return {k: n - before.get(k, 0) for k, n in after.items() if n > before.get(k, 0)}
 
 
 def held_tensors(module: nn.Module) -> dict[str, torch.Tensor]:

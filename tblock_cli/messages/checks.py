@@ -323,6 +323,10 @@ MESSAGES.update({
                                                 f"adds or drops {names(f['grown'])}" if f["grown"] else "",
                                                 f"new values in {names(f['written'])}" if f["written"] else "") if x)
                                             + " (running statistics updated in eval, a list that grows with every call?)"),
+    "determinism.adds_hooks": lambda f: ("every eval forward registers hooks that stay: "
+                                         + ", ".join(f"{n} more on {k}" for k, n in f["added"].items())
+                                         + " per call (a register_*_hook inside forward?): each call runs all the "
+                                         "hooks before it, so calls grow slower and what the hooks hold is never freed"),
     "determinism.raised_dropout": ("with its zero dropout probabilities raised to 0.1, two eval forwards differ by {diff:.2e}: "
                                    "dropout is applied in eval (F.dropout(training=True)? a dropout_p passed to SDPA "
                                    "whatever self.training?), hidden while the block is built with dropout 0"),
@@ -374,10 +378,10 @@ MESSAGES.update({
     "position_bias.alibi": lambda f: f"ALiBi bias: slopes {_slopes(f['slopes'])}: geometric, the paper's",
     "position_bias.rises": lambda f: (f"the additive bias grows with distance for some head (slopes "
                                       f"{_slopes(f['slopes'])}): its sign is flipped"),
-    "position_bias.not_geometric": lambda f: (f"ALiBi slopes {_slopes(f['slopes'])} are not a "
-                                              f"geometric sequence (the paper's: "
+    "position_bias.not_geometric": lambda f: (f"ALiBi slopes {_slopes(f['slopes'])} are neither one "
+                                              f"geometric sequence nor the paper's set (the paper's: "
                                               f"{_slopes(f['expected'])})"),
-    "position_bias.not_paper": lambda f: (f"ALiBi slopes {_slopes(f['slopes'])} are geometric but "
+    "position_bias.not_paper": lambda f: (f"ALiBi slopes {_slopes(f['slopes'])} are geometric (or the paper's set) but "
                                           f"not the paper's {_slopes(f['expected'])} in head order (off by "
                                           f"{f['off']:.0%}): the sequence starts, steps or runs the wrong way"),
     # names

@@ -19,6 +19,7 @@ from torch.overrides import TorchFunctionMode
 
 from tblock_cli.config import BlockConfig
 from tblock_cli.errors import USER_ERRORS, LoadError, is_out_of_memory, one_line
+from tblock_cli.probes import reseed
 from tblock_cli.subject import caches
 from tblock_cli.subject.through import drive, is_causal, positional
 
@@ -279,7 +280,7 @@ def build(spec: str, factory, cfg: BlockConfig, extra: dict, layer: int, notes: 
 
     count = layer + cfg.layers
     caches.model_parallel_world(factory)
-    torch.manual_seed(cfg.seed)
+    reseed(cfg.seed)
     writes = Writes()
     with contextlib.redirect_stdout(sys.stderr), (torch.device(where) if where else contextlib.nullcontext()), writes:
         model = construct(spec, factory, cfg, {**sized(factory, extra, count, cfg.n_heads), **extra}, notes)

@@ -16,7 +16,7 @@ import torch.nn as nn
 
 from tblock_cli.config import TO_CONSTRUCTOR, BlockConfig, Flag, parse_kwargs
 from tblock_cli.errors import USER_ERRORS, LoadError, is_out_of_memory, one_line
-from tblock_cli.probes import train_mode
+from tblock_cli.probes import reseed, train_mode
 from tblock_cli.subject import Subject, first_tensor  # noqa: F401 - Subject: where callers long found it
 from tblock_cli.subject.builtin import build_block
 from tblock_cli.subject.portable import missing_dependency, on_this_machine
@@ -226,7 +226,7 @@ def construct_here(spec: str, factory: Callable, cfg: BlockConfig, extra: dict, 
         attempts.append(dict(extra))  # a constructor that rejects the injected flag names: the user's kwargs alone
     tried = []
     for kwargs in attempts:
-        torch.manual_seed(cfg.seed)
+        reseed(cfg.seed)
         shown = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
         try:
             module = factory(**kwargs)
@@ -295,7 +295,7 @@ def construct_with_config(spec: str, factory: Callable, param, cfg: BlockConfig,
                 notes.append((canonical, f"{Flag.option(canonical)} does not reach {spec}: its {what} has no field for it"))
         for canonical, asked, got in configs.read_back(obj, ALIASES, flags):
             notes.append((canonical, f"{Flag.option(canonical)} {asked} does not reach {spec}: its {what} holds {got}"))
-    torch.manual_seed(cfg.seed)
+    reseed(cfg.seed)
     try:
         index = {k: 0 for k in configs.LAYER_INDEX  # a required layer index: the first layer of a stack
                  if k in own and own[k].default is inspect.Parameter.empty and k not in extra}
