@@ -107,3 +107,11 @@ def test_a_block_drawing_from_pythons_stream_gets_the_same_verdicts_whatever_the
         got.append({n: (c.status.value, c.kind) for n, c in battery("PythonLayerDrop", only=None).items()})
         assert random.random() == (random.seed(seed), random.random())[1]
     assert all(g == got[0] for g in got), [{n: v for n, v in g.items() if v != got[0][n]} for g in got]
+
+
+def test_a_parameter_skipped_only_in_the_step_read_is_a_random_path_and_one_never_given_a_gradient_is_missing():
+    c = battery("SkipsFirstStep", only=("grad_params",))["grad_params"]
+    assert (c.status.value, c.kind) == ("pass", "grad_params.random_path"), c.detail
+    assert {"q_proj.weight", "attn_norm.weight"} <= set(c.facts["params"])
+    c = battery("WeightGradDropped", only=("grad_params",))["grad_params"]
+    assert (c.status.value, c.kind, c.facts["params"]) == ("fail", "grad_params.missing", ["w2.weight"]), c.detail

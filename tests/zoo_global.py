@@ -169,6 +169,39 @@ class PythonLayerDrop(TrainBlock):
         return x
 
 
+class SkipsFirstStep(TrainBlock):
+    """The attention sublayer skipped in its first training forward only, as a layer drop's draw may skip it in the one
+    step grad_params reads: other training forwards reach its parameters (`grad_params.random_path`)."""
+
+    steps = 0
+
+    def forward(self, x):
+        if self.training:
+            self.steps += 1
+        if not (self.training and self.steps == 1):
+            x = x + self.drop(self.attention(self.attn_norm(x)))
+        return x + self.ffn(self.ffn_norm(x))
+
+
+class _NoWeightGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, h, w):
+        ctx.save_for_backward(w)
+        return h @ w.t()
+
+    @staticmethod
+    def backward(ctx, g):
+        (w,) = ctx.saved_tensors
+        return g @ w, None  # bug: the weight's gradient never returned
+
+
+class WeightGradDropped(TrainBlock):
+    """w2 applied through a custom Function whose backward returns None for the weight: in the graph, no gradient."""
+
+    def ffn(self, h):
+        return self.drop(_NoWeightGrad.apply(torch.nn.functional.silu(self.w1(h)) * self.w3(h), self.w2.weight))
+
+
 PLANTED = {"ReseedsInTraining": "global_state.reseeds", "SetSeedInEval": "global_state.reseeds",
            "GradOffInEval": "global_state.changed", "Float64Default": "global_state.changed",
            "LowerMatmulPrecision": "global_state.switched"}

@@ -76,6 +76,21 @@ class TrainingBackward:
     x: torch.Tensor
     key: tuple
     detached_losses: list = field(default_factory=list)
+    reached: set = field(default_factory=set)  # ids of the parameters the training graph reaches
+
+
+def reached_parameters(out: torch.Tensor) -> set[int]:
+    """ids of the leaves a backward from out would reach: the graph's AccumulateGrad nodes (no backward runs)."""
+    reached, seen, todo = set(), set(), [out.grad_fn]
+    while todo:
+        node = todo.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        if hasattr(node, "variable"):
+            reached.add(id(node.variable))
+        todo.extend(n for n, _ in node.next_functions)
+    return reached
 
 
 def training_backward(ctx: Context) -> TrainingBackward:
@@ -101,13 +116,14 @@ def training_backward(ctx: Context) -> TrainingBackward:
                 ctx.note(TRAINING_INPUT, changed(xin, x))  # input_unchanged reads it, even if the backward raises
                 # a random projection: out.sum() would see nothing through a final LayerNorm
                 w = torch.randn(out.shape, generator=ctx.gen).to(out.device)
+                reached = reached_parameters(out)
                 (out.float() * w).sum().backward()
                 del out
             states = {n: grad_state(p.grad) for n, p in module.named_parameters() if p.requires_grad}
         finally:
             for n, p in module.named_parameters():
                 p.grad = saved[n]
-        return TrainingBackward(x.grad, states, x, state_key(module), detached)
+        return TrainingBackward(x.grad, states, x, state_key(module), detached, reached)
     return ctx.probe(TRAINING_BACKWARD, compute)
 
 
@@ -148,7 +164,8 @@ def check_grad_input(ctx: Context) -> Outcome:
 
 
 def check_grad_params(ctx: Context) -> Outcome:
-    """Catches: a parameter with no gradient (unused, under `no_grad`, detached); a loss the training forward keeps for
+    """Catches: a parameter with no gradient (unused, under `no_grad`, detached; one outside the step's graph that
+    training forwards at other seeds reach is a path random draws skip, LayerDrop's); a loss the training forward keeps for
     the trainer to add (`self.aux_loss`, a load-balancing or z-loss) with no graph, where no kept or returned loss has
     one (computed under `no_grad` or detached: it trains nothing); zero gradients are a note (a key bias can
     legitimately get one)"""
@@ -160,6 +177,8 @@ def check_grad_params(ctx: Context) -> Outcome:
     zero = [n for n, s in states.items() if s == "zero"]
     value = f"{len(states) - len(missing)}/{len(states)}"
     if missing:
+        if _reached_at_other_draws(ctx, missing):  # a sublayer skipped at random (LayerDrop): the path's design
+            return passed("grad_params.random_path", value, params=missing, draws=OTHER_DRAWS)
         return failed("grad_params.missing", value, params=missing)
     if nonfinite:
         return failed("grad_params.nonfinite", value, params=nonfinite)
@@ -167,6 +186,36 @@ def check_grad_params(ctx: Context) -> Outcome:
     if detached:
         return failed("grad_params.loss_detached", value, losses=detached)
     return passed("grad_params.ok", value, zero=zero)
+
+
+# Training forwards at other seeds where a parameter got no gradient: a sublayer LayerDrop skips at rate p for the
+# whole batch is reached in one of them but with probability p^4 (0.0001 at p = 0.1, 0.06 at 0.5).
+OTHER_DRAWS = 4
+
+
+def _reached_at_other_draws(ctx: Context, missing: list[str]) -> bool:
+    """Whether every parameter without a gradient is reached by the graph of some training forward at another seed
+    (no backward: the graph's leaves are read): a path that random draws skip, not a parameter the block never uses."""
+    from tblock_cli.checks.training import seeded
+    from tblock_cli.probes import reseed
+    from tblock_cli.subject import first_tensor
+
+    params = dict(ctx.subject.module.named_parameters())
+    left = {id(params[n]) for n in missing if n in params}
+    if len(left) != len(missing) or left & training_backward(ctx).reached:  # in the graph, yet no gradient: not a path
+        return False
+    x = ctx.x()
+    with seeded(ctx.device), train_mode(ctx.subject.module, True), torch.enable_grad():
+        for seed in range(1, OTHER_DRAWS + 1):
+            reseed(seed)
+            try:
+                out = first_tensor(ctx.subject(x))
+            except Exception:  # noqa: BLE001 - a forward that raises here is the training check's to report
+                return False
+            left -= reached_parameters(out)
+            if not left:
+                return True
+    return False
 
 
 def layer_inputs(layers: list[nn.Module], run: Callable[[], object]) -> list[torch.Tensor]:

@@ -36,24 +36,10 @@ def rebuilt_with_dropout(ctx: Context, p: float) -> nn.Module | None:
         return None
 
 
-def reached_parameters(out: torch.Tensor) -> set[int]:
-    """ids of the leaves a backward from out would reach: the graph's AccumulateGrad nodes (no backward runs)."""
-    reached, seen, todo = set(), set(), [out.grad_fn]
-    while todo:
-        node = todo.pop()
-        if node is None or id(node) in seen:
-            continue
-        seen.add(id(node))
-        if hasattr(node, "variable"):
-            reached.add(id(node.variable))
-        todo.extend(n for n, _ in node.next_functions)
-    return reached
-
-
 def eval_unused(ctx: Context, x: torch.Tensor) -> tuple[list[str], torch.Tensor | None]:
     """Parameters a train-mode backward reaches that an eval-mode graph never reaches (an eval-only path), read from
     the eval forward's graph; and that forward's output."""
-    from tblock_cli.checks.gradients import train_backward
+    from tblock_cli.checks.gradients import reached_parameters, train_backward
 
     _, train = train_backward(ctx)
     params = [(n, p) for n, p in ctx.subject.module.named_parameters() if p.requires_grad and train.get(n) is not None]

@@ -114,6 +114,9 @@ MESSAGES = {
     "grad_input.zero": "the gradient at x is exactly zero",
     "grad_params.no_params": "the block has no trainable parameters",
     "grad_params.missing": lambda f: f"no gradient (defined but unused, or run under no_grad): {names(f['params'])}",
+    "grad_params.random_path": lambda f: (f"no gradient in the training step read: {names(f['params'])}; each is reached "
+                                          f"in a training forward at another of {f['draws']} seeds (a sublayer skipped "
+                                          "at random, as LayerDrop does)"),
     "grad_params.nonfinite": lambda f: f"non-finite gradient: {names(f['params'])}",
     "grad_params.loss_detached": lambda f: (f"the training forward keeps {names(f['losses'])} without a graph (computed "
                                             "under no_grad or detached), and no loss it keeps or returns has one: "
