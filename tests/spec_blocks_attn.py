@@ -43,7 +43,7 @@ def t5_bucket(rel: torch.Tensor, bidirectional: bool, num_buckets: int = 32, max
 class Attention(nn.Module):
     def __init__(self, d_model=64, n_heads=4, n_kv=None, theta=10000.0, rope=True, rot_dims=None, freq_width=None,
                  pairing="half", llama3=None, apply_scaling=True, scale_x=None, softcap=None, window=None,
-                 qk_norm=None, causal=True, sdpa=False, relbias=None, alibi=False, style="matmul"):
+                 qk_norm=None, causal=True, sdpa=False, relbias=None, alibi=False, style="matmul", kv_repeat="interleave"):
         super().__init__()
         self.h, self.kv = n_heads, n_kv or n_heads
         self.e = d_model // n_heads
@@ -72,6 +72,7 @@ class Attention(nn.Module):
             self.bias = nn.Embedding(32, n_heads)
         self.alibi = alibi
         self.style = style  # matmul: q @ k^T * scale; einsum; fold: q * scale before the product
+        self.kv_repeat = kv_repeat  # interleave (h reads h // group), tile (h reads h mod kv), gqa (sdpa's enable_gqa)
 
     def rotate(self, x):  # (B, H, T, E)
         T = x.shape[2]
@@ -98,8 +99,10 @@ class Attention(nn.Module):
             q, k = self.qn(q), self.kn(k)
         if self.rope:
             q, k = self.rotate(q), self.rotate(k)
-        k = k.repeat_interleave(self.h // self.kv, 1)
-        v = v.repeat_interleave(self.h // self.kv, 1)
+        if self.kv_repeat == "tile":
+            k, v = k.repeat(1, self.h // self.kv, 1, 1), v.repeat(1, self.h // self.kv, 1, 1)
+        elif self.kv_repeat == "interleave":
+            k, v = k.repeat_interleave(self.h // self.kv, 1), v.repeat_interleave(self.h // self.kv, 1)
         i = torch.arange(T)
         allowed = torch.ones(T, T, dtype=torch.bool)
         if self.causal:
@@ -107,7 +110,8 @@ class Attention(nn.Module):
         if self.window is not None:
             allowed &= (i[:, None] - i[None, :]).abs() < self.window
         if self.sdpa:
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=self.scale)
+            gqa = {"enable_gqa": True} if self.kv_repeat == "gqa" else {}
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=self.scale, **gqa)
         else:
             if self.style == "einsum":
                 s = torch.einsum("bhqd,bhkd->bhqk", q, k) * self.scale

@@ -11,7 +11,7 @@ from tblock_cli.card.probe import Probe
 from tblock_cli.card.scores import Scores, capture_scores
 from tblock_cli.probes import parameters_replaced
 
-KEYS = ("attn.heads", "attn.kv_heads", "attn.group", "attn.head_dim", "attn.scale", "attn.softcap", "attn.window", "attn.qk_norm")
+KEYS = ("attn.heads", "attn.kv_heads", "attn.group", "attn.kv_grouping", "attn.head_dim", "attn.scale", "attn.softcap", "attn.window", "attn.qk_norm")
 # Tokens of the random input the scores are read on: enough entries per head for the fits below.
 SCALE_SEQ = 16
 # The q operand is scaled so that the largest q.k part of the logits is this: the linear regime of any soft-cap of 5 or
@@ -267,6 +267,40 @@ def read_qk_norm(probe: Probe, x: torch.Tensor, call: Scores, index: int) -> Ent
                                                             else "every head's slice (a norm over the whole width)"))
 
 
+def key_classes(k: torch.Tensor) -> list[int]:
+    """For each of the product's key heads (B, H, S, E), the first head equal to it: repeated key heads are equal
+    exactly (a copy), distinct ones are not (their projections' weights differ)."""
+    tol = 1e-12 * k.abs().max()
+    return [int(torch.nonzero((k - k[:, h : h + 1]).abs().amax((0, 2, 3)) <= tol).min()) for h in range(k.shape[1])]
+
+
+def read_grouping(call: Scores, H: int, kv: int, first: list[int] | None) -> Entry:
+    """Which query heads share a key head: contiguous runs (query head h reads key head h // group: transformers'
+    repeat_kv, sdpa's enable_gqa, Meta's repeat_interleave), strided (h reads h mod kv_heads: `k.repeat(1, group, 1,
+    1)`), or other. Both train; only one reads a checkpoint written for the other."""
+    if kv <= 1 or kv >= H:
+        return skipped("attn.kv_grouping", "one key head per query head: nothing grouped" if kv >= H
+                       else "one key head for every query head: nothing grouped")
+    if first is None:
+        if call.kind != "sdpa":
+            return skipped("attn.kv_grouping", f"{kv} key heads enter a {call.kind} product unrepeated: the grouping is "
+                                               "the product's own layout, not read")
+        return Entry("attn.kv_grouping", "contiguous", f"{kv} key heads enter sdpa unrepeated (enable_gqa: query head h "
+                                                       f"reads key head h // {H // kv})")
+    runs: dict[int, list[int]] = {}
+    for h, f in enumerate(first):
+        runs.setdefault(f, []).append(h)
+    g = H // kv
+    if H % kv == 0 and all(f == h // g * g for h, f in enumerate(first)):
+        value = "contiguous"
+    elif H % kv == 0 and all(f == h % kv for h, f in enumerate(first)):
+        value = "strided"
+    else:
+        value = "other"
+    shown = ", ".join(str(r) for r in list(runs.values())[:3]) + (", ..." if len(runs) > 3 else "")
+    return Entry("attn.kv_grouping", value, f"query heads reading one key head: {shown}")
+
+
 def read(probe: Probe) -> list[Entry]:
     out = [read_causal(probe)]
     x, calls = self_calls(probe, SCALE_SEQ)
@@ -275,15 +309,13 @@ def read(probe: Probe) -> list[Entry]:
     index, call = calls[0]
     H, E = call.q.shape[1], call.q.shape[-1]
     k = call.k
-    if k.shape[1] == H:  # repeated key heads are equal exactly: count the distinct ones
-        kv = len({tuple(torch.nonzero((k - k[:, h : h + 1]).abs().amax((0, 2, 3)) <= 1e-12 * k.abs().max()).flatten().tolist())
-                  for h in range(H)})
-    else:
-        kv = k.shape[1]
+    first = key_classes(k) if k.shape[1] == H else None
+    kv = len(set(first)) if first is not None else k.shape[1]
     out += [Entry("attn.heads", H, f"q.k products per token ({call.kind})", judged=False),
             Entry("attn.kv_heads", kv, "distinct key heads in the product", judged=False),
             Entry("attn.group", H / kv, f"{H} query heads over {kv} distinct key heads", judged=False) if kv
             else skipped("attn.group", "no key heads read"),
+            read_grouping(call, H, kv, first),
             Entry("attn.head_dim", E, "channels of q in the product", judged=False)]
     z0 = perturbed(probe, x, call, 0.0) if call.ordinal >= 0 else None  # the bias and the mask alone
     scale, s = read_scale(probe, x, call, z0)

@@ -86,7 +86,18 @@ def declare(like, like_kwargs, expect, cfg, setup, *, compare_with=None, kwargs=
             error = str(e)
         except Exception as e:  # noqa: BLE001 - the block under test raised while compared: said in the check
             error = one_line(e)
-    return Declaration(claims_from_card(reference, source) + claims, like, reference, compared, error)
+    return Declaration(claims_from_card(reference, source) + grouping_convention(reference, source) + claims, like,
+                       reference, compared, error)
+
+
+def grouping_convention(reference: Card, source: str) -> tuple[Claim, ...]:
+    """transformers groups query heads over key/value heads one way in every family (repeat_kv, sdpa's enable_gqa:
+    query head h reads key head h // group): a --like layer built without grouping at these sizes still claims it, for
+    a block under test that groups (judged only where the block's grouping is read)."""
+    e = reference.get("attn.kv_grouping")
+    if e is None or e.read:
+        return ()
+    return (Claim("attn.kv_grouping", "contiguous", f"{source} (transformers' repeat_kv)", tier="convention"),)
 
 
 def moe_entries_of_a_moe_layer(reference: Card, like: str, kwargs, options: dict, config, setup) -> Card:

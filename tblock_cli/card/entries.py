@@ -17,6 +17,7 @@ KEYS: dict[str, str] = {
     "attn.heads": "query heads",
     "attn.kv_heads": "key/value heads (fewer than attn.heads: grouped-query)",
     "attn.group": "query heads per key/value head (attn.heads / attn.kv_heads; 1 for multi-head attention)",
+    "attn.kv_grouping": "which query heads share a key/value head: contiguous (h reads h // group) or strided (h reads h mod kv_heads)",
     "attn.head_dim": "channels per head in the q.k product",
     "attn.scale": "X in the score scale 1/sqrt(X) (the head dim for the usual scaling)",
     "attn.softcap": "the logit soft-cap c of c*tanh(s/c), or none",
@@ -120,7 +121,8 @@ class Claim:
     value: object
     source: str  # "--expect" or "--like hf:TYPE"
     tol: float = 0.0  # the reference entry's own tolerance (a --like card); --expect takes the measured entry's
-    tier: str = ""  # what the block says of itself: asked (arguments, configs), kept (attributes) or named (classes)
+    tier: str = ""  # what the block says of itself: asked (arguments, configs), kept (attributes) or named (classes);
+    # convention: a --like family's way of doing something the block may not do at all (unread: no verdict)
 
 
 @dataclass(frozen=True)
@@ -215,6 +217,8 @@ def judge(card: Card, claims: tuple[Claim, ...]) -> tuple[Verdict, ...]:
             continue
         e = card.get(key)
         if e is None or not e.read:
+            if c.tier == "convention":  # a family's convention says nothing of a block that does not have the trait
+                continue
             out.append(Verdict(key, "unread", c.value, None, c.source, e.skip if e is not None else "not measured"))
             continue
         tol = max(e.tol, c.tol)

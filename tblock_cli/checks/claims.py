@@ -12,8 +12,8 @@ def check_spec(ctx: Context) -> Outcome:
     """Every declared card entry holds within its tolerance; an entry that cannot be read is said, never guessed.
 
     Catches: with `--like hf:TYPE` or `--expect KEY=VALUE`: a spec card entry (rotary base, dims and scaling, score
-    scale, soft-cap, window, activation, eps, norm offset, q/k-norm axis, residual form and gains, MoE routing;
-    [spec.md](spec.md)) that differs from the declaration, each named with both values; without a declaration, one
+    scale, soft-cap, window, key/value head grouping, activation, eps, norm offset, q/k-norm axis, residual form and
+    gains, MoE routing; [spec.md](spec.md)) that differs from the declaration, each named with both values; without a declaration, one
     that differs from what the block says of itself (a kept `rope_theta`, `softcap`, `rotary_dim`, an attention
     module's `scale`, a config's `hidden_act`, `num_experts_per_tok` or `num_key_value_heads`, a `rope_scaling`, a kept
     `sliding_window` shorter than the probe (within one token), a rotary module that runs
