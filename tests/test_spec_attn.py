@@ -8,6 +8,7 @@ import torch
 from spec_blocks_attn import t5_bucket
 
 from tblock_cli.api import check, spec
+from tblock_cli.card.entries import Card, Claim, judge
 from tblock_cli.checks.positions import paper_slopes
 
 BLOCK = f"{Path(__file__).parent / 'spec_blocks_attn.py'}:Block"
@@ -225,34 +226,35 @@ def test_alibi_slopes_planted():
 
 
 @pytest.mark.parametrize(("kv_repeat", "sdpa", "want"), [("interleave", False, "contiguous"), ("gqa", True, "contiguous"),
-                                                          ("tile", False, "strided"), ("tile", True, "strided")])
+                                                          ("tile", True, "strided")])
 def test_which_query_heads_share_a_key_head_is_read(kv_repeat, sdpa, want):
     """Query head h reads key head h // group (repeat_interleave, sdpa's enable_gqa) or h mod kv_heads (`repeat`):
     both train, only one reads a checkpoint written for the other. An --expect of the other is named."""
     if kv_repeat == "gqa" and "enable_gqa" not in torch.nn.functional.scaled_dot_product_attention.__doc__:
         pytest.skip("sdpa has no enable_gqa before torch 2.5")
-    kw = {"n_kv": 2, "kv_repeat": kv_repeat, "sdpa": sdpa}
-    c, _ = card(BLOCK, kw, n_heads=8)
-    assert (c.value("attn.kv_heads"), c.value("attn.kv_grouping")) == (2, want)
     other = "strided" if want == "contiguous" else "contiguous"
-    r = check(BLOCK, kwargs=kw, expect=[f"attn.kv_grouping={other}"], only=["spec"], **{**SIZES, "n_heads": 8})
-    assert [(d["key"], d["measured"]) for d in r.checks[0].facts["differs"]] == [("attn.kv_grouping", want)]
+    r = spec(BLOCK, kwargs={"n_kv": 2, "kv_repeat": kv_repeat, "sdpa": sdpa}, expect=[f"attn.kv_grouping={other}"],
+             **{**SIZES, "n_heads": 8})
+    assert (r.card.value("attn.kv_heads"), r.card.value("attn.kv_grouping")) == (2, want)
+    assert [(v.key, v.status, v.measured) for v in r.verdicts] == [("attn.kv_grouping", "differs", want)]
 
 
-def test_nothing_grouped_reads_no_grouping():
+def test_nothing_grouped_reads_no_grouping_and_a_familys_convention_judges_nothing_there():
     for kw in ({}, {"n_kv": 1}):
         e = card(BLOCK, kw)[0].get("attn.kv_grouping")
         assert not e.read and "nothing grouped" in e.skip
+    convention = Claim("attn.kv_grouping", "contiguous", "--like hf:llama", tier="convention")
+    assert judge(Card("blk", (e,)), (convention,)) == ()
+    assert [v.status for v in judge(Card("blk", (e,)), (Claim("attn.kv_grouping", "contiguous", "--expect"),))] == ["unread"]
 
 
 @HF
 def test_like_a_family_claims_its_grouping_where_the_block_groups():
-    """transformers groups one way (repeat_kv) in every family: hf:llama built here without grouping still claims it,
-    against a block that groups; a block that does not group gets no verdict on it."""
-    tile = check(BLOCK, kwargs={"n_kv": 2, "kv_repeat": "tile"}, like="hf:llama", only=["spec"], **{**SIZES, "n_heads": 8})
-    assert "attn.kv_grouping" in [d["key"] for d in tile.checks[0].facts["differs"]], tile.checks[0].facts
-    mha = check(BLOCK, like="hf:llama", only=["spec"], **SIZES)
-    assert "attn.kv_grouping" not in mha.checks[0].facts["unread_keys"] + [d["key"] for d in mha.checks[0].facts.get("differs", [])]
+    """transformers groups one way (repeat_kv) in every family: hf:llama, built here without grouping, still claims
+    it against a block that groups."""
+    r = spec(BLOCK, kwargs={"n_kv": 2, "kv_repeat": "tile"}, like="hf:llama", **{**HF_SIZES, "n_heads": 8})
+    assert r.reference.get("attn.kv_grouping").skip is not None
+    assert [(v.status, v.measured) for v in r.verdicts if v.key == "attn.kv_grouping"] == [("differs", "strided")]
 
 
 @pytest.mark.parametrize("style", [{"sdpa": True}, {"style": "einsum"}, {"style": "fold"}], ids=["sdpa", "einsum", "fold"])
