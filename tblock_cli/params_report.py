@@ -198,7 +198,8 @@ def ffn_share_finding(groups: dict, mats: dict, total: int, cfg: BlockConfig | N
     off_rule = d_ff_ratio is None and abs(predicted - 2 / 3) > RULE_TOLERANCE
     return share, Finding(Status.INFO, "params.ffn_share", {
         "share": share, "predicted": predicted, "d_ff_ratio": d_ff_ratio,
-        "matrix_ratio": mats["ffn"] / max(1, mats["attention"]) if off_rule else None, "cond": cond})
+        "matrix_ratio": mats["ffn"] / mats["attention"] if off_rule and mats["attention"] else None,
+        "no_attention_matrix": off_rule and not mats["attention"], "cond": cond})
 
 
 def user_report(subject: Subject, cfg: BlockConfig, dtype: torch.dtype, tree_depth: int | None = None,

@@ -84,6 +84,38 @@ def test_linear_ffn_is_named_and_fails_strict(name):
     assert len(p.linear_chains) == 1
 
 
+def test_row_ranges_of_one_matrix_are_projections_of_their_own():
+    """modded-nanogpt's one qkvo matrix: W[:3d] (scaled by a learned scalar) is q, k and v, W[3d:] the output; an FFN
+    matrix chunked in two is its in and out. Group totals and FLOPs derived here from the definition."""
+    block = zoo.SlicedQKVO(D, H, 4 * D)
+    r = tblock_cli.params(block, d_model=D, n_heads=H, batch=B, seq=T, causal=True)
+    attention, ffn = 4 * D * D, 2 * 4 * D * D  # the learned scalar is a parameter of its own: other
+    assert (r.groups["attention"], r.groups["ffn"], r.groups["norm"], r.groups["other"]) == (attention, ffn, 0, 1)
+    assert r.flops["forward"] == B * T * (2 * (4 * D * D + 8 * D * D) + ATTENTION_FLOPS_PER_TOKEN)
+    roles = {m.name: m.role for m in traced_modules(block)}
+    assert roles == {"qkvo_w[0:192]": "attn.qkv", "qkvo_w[192:256]": "attn.out", "lam": "other",
+                     "mlp_w[0:256]": "ffn.in", "mlp_w[256:512]": "ffn.out"}, roles
+
+
+def traced_modules(block):
+    torch.manual_seed(0)
+    return trace(block, block, torch.randn(B, T, D), D).modules
+
+
+def test_attention_whose_matrices_are_not_recognised_is_said_not_raised():
+    """An attention call seen while none of its projections is recognised (their matrices 0): the FFN share's messages
+    say so; they formatted the missing ratio before, a traceback in place of the report."""
+    from tblock_cli.messages import text
+    from tblock_cli.params_report import ffn_share_finding
+
+    facts = {"share": 0.5, "predicted": 1.0, "matrix_ratio": None, "other": 0.33}
+    for kind in ("ffn_share.measured", "ffn_share.other"):
+        assert "no weight matrix of attention's found" in text(kind, facts)
+    _, finding = ffn_share_finding({"ffn": 2, "attention": 0}, {"ffn": 2, "attention": 0}, 3, None)
+    assert finding.facts["matrix_ratio"] is None and finding.facts["no_attention_matrix"]
+    assert "no weight matrix of attention's found" in text(finding.kind, finding.facts)
+
+
 def test_no_attention_means_no_share():
     class MLPOnly(torch.nn.Module):
         def __init__(self, d_model=D):

@@ -93,6 +93,7 @@ from zoo_gradients import (  # noqa: F401
     ResidualTwice,
     UnusedLayer,
 )
+from zoo_layouts import SlicedQKVO  # noqa: F401
 from zoo_mixing import (  # noqa: F401
     BatchFirstMixup,
     BatchMeanLeak,
@@ -242,6 +243,7 @@ CORRECT["QKNorm"] = {"causal": True}
 CORRECT["ParamFreeQKNorm"] = {"causal": True}
 CORRECT["WideHeadNorms"] = {"causal": True}
 CORRECT["ScaledBeforeRotary"] = {"positional": True}
+CORRECT["SlicedQKVO"] = {"causal": True}
 
 
 PLANTED_2["UnscaledQKNorm"] = ("attention", {"causal": True})

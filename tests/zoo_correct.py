@@ -377,3 +377,4 @@ class UpcastRMSNorm(nn.Module):
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return (h * (self.offset + self.weight.float())).to(x.dtype)
+

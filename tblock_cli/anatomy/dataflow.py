@@ -123,6 +123,9 @@ def trace(module: nn.Module, call, x: torch.Tensor, d_model: int) -> Dataflow:
                     continue
                 seen.add(id(p))
                 key = qualified(name, pn)
+                if key in tr.prov.slices:
+                    modules.extend(slice_rows(key, p.numel(), p.shape, [], tr, role))
+                    continue
                 r = role.get(key) or ("attn.inner" if attention_owner(name, m, role) else "other")
                 modules.append(ModuleUse(key, r, p.numel(), p.numel() if p.ndim >= 2 else 0,
                                          tr.counts.out_shape.get(key), tr.counts.flops.get(key, 0)))
@@ -131,6 +134,11 @@ def trace(module: nn.Module, call, x: torch.Tensor, d_model: int) -> Dataflow:
         if not own:
             continue
         seen.update(id(p) for p in own)
+        if name in tr.prov.slices:  # one weight matrix whose row ranges are projections of their own
+            matrix = next(p for p in own if p.ndim >= 2)
+            modules.extend(slice_rows(name or "(root)", matrix.numel(), matrix.shape,
+                                      [p for p in own if p is not matrix], tr, role, key=name))
+            continue
         in_norm = any(name == n or name.startswith(n + ".") for n in norms)
         r = "norm" if in_norm else "attn.out" if name in tr.attn.mha_out else role.get(name) or inner_role(name, m, reads, role)
         modules.append(ModuleUse(name or "(root)", r, sum(p.numel() for p in own), sum(p.numel() for p in own if p.ndim >= 2),
@@ -159,6 +167,29 @@ def trace(module: nn.Module, call, x: torch.Tensor, d_model: int) -> Dataflow:
     return Dataflow(tuple(modules), tuple(tr.attn.calls), tuple(chains), tokens, total, *placement, norms=norms,
                     act_after_product=tuple(sorted(set(tr.prov.act_after_product))), slips=tr.slips,
                     slip_errors=tuple(tr.slip_errors))
+
+
+def slice_rows(shown: str, numel: int, shape, others: list, tr: Tracer, role: dict, key: str | None = None) -> list[ModuleUse]:
+    """A row per row range of one weight matrix used as a projection of its own (W[:3 * d] for q, k and v, W[3 * d:]
+    for the output), its parameters by rows; rows no range covers, and the module's other parameters, one row more
+    with the role the rest of the matrix took where it took one, other otherwise."""
+    key = shown if key is None else key
+    cols = numel // shape[0]
+    rows, covered = [], 0
+    ranges = sorted(tr.prov.slices[key])
+    if any(a[1] > b[0] for a, b in zip(ranges, ranges[1:])):  # overlapping ranges: the matrix is not split in rows
+        ranges = []
+    for r0, r1 in ranges:
+        sub = f"{key}[{r0}:{r1}]"
+        rows.append(ModuleUse(f"{shown}[{r0}:{r1}]", role.get(sub, "other"), (r1 - r0) * cols, (r1 - r0) * cols,
+                              tr.counts.out_shape.get(sub), tr.counts.flops.get(sub, 0)))
+        covered += (r1 - r0) * cols
+    rest = numel - covered + sum(p.numel() for p in others)
+    if rest:
+        roles = {u.role for u in rows}
+        r = roles.pop() if len(roles) == 1 else "other"
+        rows.append(ModuleUse(shown if not rows else f"{shown} (rest)", r, rest, numel - covered, None, 0))
+    return rows
 
 
 def inner_role(name: str, m: nn.Module, reads: dict, role: dict) -> str:

@@ -59,6 +59,19 @@ def qualified(module_name: str, param_name: str) -> str:
     return f"{module_name}.{param_name}" if module_name else param_name
 
 
+def row_range(src: torch.Tensor, out: torch.Tensor) -> tuple[int, int] | None:
+    """(r0, r1) where out is rows r0..r1 of the 2-D matrix src (a view sharing its storage and strides), else None."""
+    if src.ndim != 2 or out.ndim != 2 or out.shape[1] != src.shape[1] or out.stride() != src.stride() or not src.stride(0):
+        return None
+    if out.untyped_storage().data_ptr() != src.untyped_storage().data_ptr():
+        return None
+    offset = out.storage_offset() - src.storage_offset()
+    if offset < 0 or offset % src.stride(0) or out.shape[0] == 0:
+        return None
+    r0 = offset // src.stride(0)
+    return (r0, r0 + out.shape[0]) if r0 + out.shape[0] <= src.shape[0] else None
+
+
 class Provenance:
     """Follows provenance through the torch calls of one forward: which projections (weight matrices, named by their
     module) each tensor comes from, what each projection reads, which norms restart the stream."""
@@ -79,6 +92,7 @@ class Provenance:
             for b in m.buffers(recurse=False):
                 self.params.add(id(b))
                 self.keep.append(b)
+        self.slices: dict[str, set[tuple[int, int]]] = {}  # weight -> row ranges used as projections of their own
         self.of: dict[int, Prov] = {}  # id(tensor) -> its provenance
         self.scalar: dict[int, float] = {}  # id(tensor) -> product of scalar factors applied to it by scaling ops
         self.linear_in: dict[str, Prov] = {}  # projection -> provenance of its input
@@ -141,16 +155,37 @@ class Provenance:
 
     def follow_weight(self, args, out, sliced: bool = False) -> bool:
         """A view or cast of a weight matrix (W.t(), W.T, W.to(dtype)) is that weight: same owner. So is one expert's
-        slice of a 3-D experts weight (W[e], W[expert_ids]): mixture-of-experts layers keep the experts stacked."""
+        slice of a 3-D experts weight (W[e], W[expert_ids]): mixture-of-experts layers keep the experts stacked. A
+        range of a 2-D weight's rows (W[:3 * d], W[3 * d:]: modded-nanogpt's one qkvo matrix) is a projection of its
+        own, named `owner[r0:r1]`."""
         src = args[0] if args and isinstance(args[0], torch.Tensor) else None
         if src is None or id(src) not in self.owner or not isinstance(out, torch.Tensor):
             return False
         if out.numel() != src.numel() and not (sliced and src.ndim == 3):
-            return False
+            rows = row_range(src, out) if sliced else None
+            if rows is None or "[" in self.owner[id(src)]:
+                return False
+            name = f"{self.owner[id(src)]}[{rows[0]}:{rows[1]}]"
+            self.slices.setdefault(self.owner[id(src)], set()).add(rows)
+            self.owner[id(out)] = name
+            self.params.add(id(out))
+            self.keep.append(out)
+            return True
         self.owner[id(out)] = self.owner[id(src)]
         self.params.add(id(out))
         self.keep.append(out)
         return True
+
+    def scaled_weight(self, args, out) -> bool:
+        """A weight matrix times (or over) a scalar (a learned one: modded-nanogpt's `lam * W`) is that weight."""
+        ws = [a for a in args if isinstance(a, torch.Tensor) and id(a) in self.owner]
+        if len(ws) != 1 or not isinstance(out, torch.Tensor) or out.shape != ws[0].shape:
+            return False
+        others = [a for a in args if a is not ws[0]]
+        if not all(isinstance(a, (int, float)) or (isinstance(a, torch.Tensor) and a.numel() == 1 and not self.is_live(a))
+                   for a in others):
+            return False
+        return self.follow_weight((ws[0],), out)
 
     def reads(self, proj: str, acts, weight) -> None:
         """Projection proj reads acts: what they came from is its input's provenance."""

@@ -71,7 +71,9 @@ def _calls(f: dict) -> str:
 
 
 def _ffn_share(f: dict) -> str:
-    rule = "the 2/3 rule" if abs(f["predicted"] - 2 / 3) < 5e-4 else f"FFN/attention matrices = {f['matrix_ratio']:.2f}, not 2"
+    rule = ("the 2/3 rule" if abs(f["predicted"] - 2 / 3) < 5e-4 else
+            "no weight matrix of attention's found: its projections are computed outside torch's calls or unrecognised"
+            if f["matrix_ratio"] is None else f"FFN/attention matrices = {f['matrix_ratio']:.2f}, not 2")
     return (f"FFN share by dataflow roles; matrices predict {f['predicted']:.1%} ({rule}); biases and norms "
             f"{(f['share'] - f['predicted']) * 100:+.1f} pt")
 

@@ -52,6 +52,9 @@ def _ffn_share(f: dict) -> str:
     reasons = []
     if f["d_ff_ratio"] is not None:
         reasons.append(f"d_ff = {f['d_ff_ratio']:g} x d_model, not 4: the matrices predict 2r/(4+2r) = {f['predicted']:.1%}")
+    elif f.get("no_attention_matrix"):
+        reasons.append("no weight matrix of attention's found (its projections unrecognised): the matrices predict "
+                       f"{f['predicted']:.1%}")
     elif f["matrix_ratio"] is not None:
         reasons.append(f"FFN matrices are {f['matrix_ratio']:.2f}x the attention's, not 2x: they predict {f['predicted']:.1%}")
     extra = f["share"] - f["predicted"]
