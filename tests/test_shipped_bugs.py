@@ -73,6 +73,19 @@ def test_the_papers_slopes_for_a_head_count_not_a_power_of_two_are_alibi(heads):
     assert by["position_bias"].facts["slopes"] == pytest.approx(paper_slopes(heads), rel=1e-4)
 
 
+@pytest.mark.parametrize("scaled", [True, False])
+def test_a_scale_folded_into_q_before_a_rotate_half_rotary_counts(scaled):
+    """ESM-2: q scaled, then rotated by halves (chunk, negate, concatenate): scaled scores, not a warning; the same
+    block without the scale still warns unscaled."""
+    from zoo_layouts import ScaledBeforeRotateHalf
+
+    import tblock_cli
+
+    c = tblock_cli.check(ScaledBeforeRotateHalf(scaled=scaled), d_model=64, n_heads=4, positional=True, only=["attention"],
+                         threads=1).checks[0]
+    assert (c.status.value, c.kind) == (("pass", "attention.stats") if scaled else ("warn", "attention.unscaled")), c
+
+
 def test_left_padding_failure_names_both_explanations_for_a_positional_block():
     by = battery("AbsPosNoRestart", only=("padding",), **zoo.PLANTED_3["AbsPosNoRestart"][1])
     assert by["padding"].kind == "padding.differs_alone" and by["padding"].facts["side"] == "left"

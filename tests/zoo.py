@@ -93,7 +93,7 @@ from zoo_gradients import (  # noqa: F401
     ResidualTwice,
     UnusedLayer,
 )
-from zoo_layouts import SlicedQKVO  # noqa: F401
+from zoo_layouts import ScaledBeforeRotateHalf, SlicedQKVO  # noqa: F401
 from zoo_mixing import (  # noqa: F401
     BatchFirstMixup,
     BatchMeanLeak,
@@ -244,6 +244,7 @@ CORRECT["ParamFreeQKNorm"] = {"causal": True}
 CORRECT["WideHeadNorms"] = {"causal": True}
 CORRECT["ScaledBeforeRotary"] = {"positional": True}
 CORRECT["SlicedQKVO"] = {"causal": True}
+CORRECT["ScaledBeforeRotateHalf"] = {"positional": True}
 
 
 PLANTED_2["UnscaledQKNorm"] = ("attention", {"causal": True})

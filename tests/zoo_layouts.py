@@ -1,4 +1,5 @@
-"""Correct blocks whose weights are laid out unusually: several projections as row ranges of one matrix."""
+"""Correct blocks laid out unusually: several projections as row ranges of one matrix (modded-nanogpt); q scaled
+before a rotate-half rotary, scores by bmm over (B * H, T, d_head) (ESM-2)."""
 
 import torch
 import torch.nn as nn
@@ -26,3 +27,35 @@ class SlicedQKVO(nn.Module):
         x = x + F.linear(y, self.qkvo_w[3 * d :])
         w_in, w_out = self.mlp_w.chunk(2)
         return x + F.linear(F.relu(F.linear(F.rms_norm(x, (d,)), w_in)).square(), w_out.t())
+
+
+def rotate_half(x):
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class ScaledBeforeRotateHalf(nn.Module):
+    """Correct (ESM-2's attention): q *= d_head ** -0.5 in place, then a rotate-half rotary (q.chunk(2, -1), its
+    halves negated and concatenated), softmax(bmm(q, k^T)) over (B * H, T, d_head). `scaled=False`: the bug, unscaled."""
+
+    def __init__(self, d_model=64, n_heads=4, scaled=True):
+        super().__init__()
+        self.h, self.hd, self.scaled = n_heads, d_model // n_heads, scaled
+        self.ln1, self.ln2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
+        self.q, self.k, self.v, self.o = (nn.Linear(d_model, d_model) for _ in range(4))
+        self.fc1, self.fc2 = nn.Linear(d_model, 4 * d_model), nn.Linear(4 * d_model, d_model)
+        self.register_buffer("inv_freq", 1.0 / (10000 ** (torch.arange(0, self.hd, 2).float() / self.hd)))
+
+    def forward(self, x):
+        B, T, d = x.shape
+        h = self.ln1(x)
+        q = self.q(h)
+        if self.scaled:
+            q *= self.hd ** -0.5
+        q, k, v = (t.view(B, T, self.h, self.hd).transpose(1, 2).reshape(B * self.h, T, self.hd) for t in (q, self.k(h), self.v(h)))
+        f = torch.outer(torch.arange(T, device=x.device, dtype=self.inv_freq.dtype), self.inv_freq)
+        cos, sin = torch.cat((f, f), dim=-1).cos()[None].to(x.dtype), torch.cat((f, f), dim=-1).sin()[None].to(x.dtype)
+        q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+        y = torch.bmm(torch.softmax(torch.bmm(q, k.transpose(1, 2)), dim=-1), v)
+        x = x + self.o(y.view(B, self.h, T, self.hd).transpose(1, 2).reshape(B, T, d))
+        return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))

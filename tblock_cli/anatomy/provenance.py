@@ -241,6 +241,9 @@ class Provenance:
             self.carry_scalar(name, args, acts, out)
         elif name in LINEAR:
             self.flow(acts, out)
+            if len(acts) == 1 and isinstance(out, (tuple, list)) and id(acts[0]) in self.scalar:
+                for o in tensors(out):  # q.chunk(2, -1) of a scaled q (rotate-half): each part keeps its factor
+                    self.scalar[id(o)] = self.scalar[id(acts[0])]
             if len(acts) == 1 and isinstance(out, torch.Tensor):  # a view or copy keeps the scalar factor
                 self.scalar[id(out)] = self.scalar.get(id(acts[0]), 1.0)
                 if name in RELAYOUTS and id(acts[0]) in self.proj_outs:  # and a projection's output stays one
