@@ -124,7 +124,7 @@ def trace(module: nn.Module, call, x: torch.Tensor, d_model: int) -> Dataflow:
                 seen.add(id(p))
                 key = qualified(name, pn)
                 if key in tr.prov.slices:
-                    modules.extend(slice_rows(key, p.numel(), p.shape, [], tr, role))
+                    modules.extend(slice_rows(key, p, [], tr, role))
                     continue
                 r = role.get(key) or ("attn.inner" if attention_owner(name, m, role) else "other")
                 modules.append(ModuleUse(key, r, p.numel(), p.numel() if p.ndim >= 2 else 0,
@@ -136,8 +136,7 @@ def trace(module: nn.Module, call, x: torch.Tensor, d_model: int) -> Dataflow:
         seen.update(id(p) for p in own)
         if name in tr.prov.slices:  # one weight matrix whose row ranges are projections of their own
             matrix = next(p for p in own if p.ndim >= 2)
-            modules.extend(slice_rows(name or "(root)", matrix.numel(), matrix.shape,
-                                      [p for p in own if p is not matrix], tr, role, key=name))
+            modules.extend(slice_rows(name or "(root)", matrix, [p for p in own if p is not matrix], tr, role, key=name))
             continue
         in_norm = any(name == n or name.startswith(n + ".") for n in norms)
         r = "norm" if in_norm else "attn.out" if name in tr.attn.mha_out else role.get(name) or inner_role(name, m, reads, role)
@@ -169,12 +168,12 @@ def trace(module: nn.Module, call, x: torch.Tensor, d_model: int) -> Dataflow:
                     slip_errors=tuple(tr.slip_errors))
 
 
-def slice_rows(shown: str, numel: int, shape, others: list, tr: Tracer, role: dict, key: str | None = None) -> list[ModuleUse]:
+def slice_rows(shown: str, matrix: torch.Tensor, others: list, tr: Tracer, role: dict, key: str | None = None) -> list[ModuleUse]:
     """A row per row range of one weight matrix used as a projection of its own (W[:3 * d] for q, k and v, W[3 * d:]
     for the output), its parameters by rows; rows no range covers, and the module's other parameters, one row more
     with the role the rest of the matrix took where it took one, other otherwise."""
     key = shown if key is None else key
-    cols = numel // shape[0]
+    numel, cols = matrix.numel(), matrix.shape[1]
     rows, covered = [], 0
     ranges = sorted(tr.prov.slices[key])
     if any(a[1] > b[0] for a, b in zip(ranges, ranges[1:])):  # overlapping ranges: the matrix is not split in rows

@@ -157,8 +157,10 @@ class Provenance:
         """A view or cast of a weight matrix (W.t(), W.T, W.to(dtype)) is that weight: same owner. So is one expert's
         slice of a 3-D experts weight (W[e], W[expert_ids]): mixture-of-experts layers keep the experts stacked. A
         range of a 2-D weight's rows (W[:3 * d], W[3 * d:]: modded-nanogpt's one qkvo matrix) is a projection of its
-        own, named `owner[r0:r1]`."""
+        own, named `owner[r0:r1]`; so is each part of a split or chunk of one (W.chunk(4): four projections)."""
         src = args[0] if args and isinstance(args[0], torch.Tensor) else None
+        if sliced and isinstance(out, (tuple, list)):
+            return any([self.follow_weight(args, o, sliced=True) for o in out])  # every part followed, not the first
         if src is None or id(src) not in self.owner or not isinstance(out, torch.Tensor):
             return False
         if out.numel() != src.numel() and not (sliced and src.ndim == 3):

@@ -15,6 +15,8 @@ from tblock_cli.anatomy.provenance import Provenance, tensors
 
 # Products that project by a weight matrix when one operand is a module's weight (or a view of it).
 WEIGHT_PRODUCTS = {"addmm", "matmul", "mm", "__matmul__", "bmm", "grouped_mm", "_grouped_mm"}
+# Ops that take part of a weight: one expert of a stacked 3-D weight, a range of a 2-D weight's rows, the parts of a split.
+SLICES = {"__getitem__", "index_select", "narrow", "split", "chunk", "split_with_sizes", "tensor_split"}
 # Scalings whose operands may come in either order (a division is one only with the weight first).
 MULTIPLIES = {"mul", "mul_", "__mul__", "__rmul__", "__imul__"}
 # The first few slips' errors kept as facts (one is usually all there is; more repeat it).
@@ -62,12 +64,10 @@ class Tracer(TorchFunctionMode):
             return out
         if name in ("__get__", "__set__") or not any(True for _ in tensors(out)):
             return out
-        if name in LINEAR and self.prov.follow_weight(args, out, sliced=name in ("__getitem__", "index_select", "narrow")):
+        if name in LINEAR and self.prov.follow_weight(args, out, sliced=name in SLICES):
             return out
-        if name in ("split", "chunk", "split_with_sizes", "tensor_split") and isinstance(out, (tuple, list)):
-            if [self.prov.follow_weight(args, o, sliced=True) for o in out].count(True):  # W.chunk(4): four projections
-                return out
-        if name in SCALING and (name in MULTIPLIES or id(args[0]) in self.prov.owner) and self.prov.scaled_weight(args, out):  # lam * W: W scaled by a learned scalar
+        # lam * W: W scaled by a learned scalar (W / c too; c / W is no weight)
+        if name in SCALING and (name in MULTIPLIES or id(args[0]) in self.prov.owner) and self.prov.scaled_weight(args, out):
             return out
         self.guarded(lambda *a: self.record(func, *a), name, args, kwargs, out)
         return out

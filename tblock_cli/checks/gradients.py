@@ -197,7 +197,6 @@ def _reached_at_other_draws(ctx: Context, missing: list[str]) -> bool:
     """Whether every parameter without a gradient is reached by the graph of some training forward at another seed
     (no backward: the graph's leaves are read): a path that random draws skip, not a parameter the block never uses."""
     from tblock_cli.checks.training import seeded
-    from tblock_cli.probes import reseed
     from tblock_cli.subject import first_tensor
 
     params = dict(ctx.subject.module.named_parameters())
@@ -205,16 +204,15 @@ def _reached_at_other_draws(ctx: Context, missing: list[str]) -> bool:
     if len(left) != len(missing) or left & training_backward(ctx).reached:  # in the graph, yet no gradient: not a path
         return False
     x = ctx.x()
-    with seeded(ctx.device), train_mode(ctx.subject.module, True), torch.enable_grad():
-        for seed in range(1, OTHER_DRAWS + 1):
-            reseed(seed)
+    for seed in range(1, OTHER_DRAWS + 1):
+        with seeded(ctx.device, seed), train_mode(ctx.subject.module, True), torch.enable_grad():
             try:
                 out = first_tensor(ctx.subject(x))
             except Exception:  # noqa: BLE001 - a forward that raises here is the training check's to report
                 return False
-            left -= reached_parameters(out)
-            if not left:
-                return True
+        left -= reached_parameters(out)
+        if not left:
+            return True
     return False
 
 
