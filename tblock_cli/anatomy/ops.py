@@ -28,6 +28,10 @@ TEMPLATED = {"to", "type_as", "expand_as", "view_as", "reshape_as"}
 WRITES = {"__setitem__", "copy_", "index_copy_", "index_copy", "index_put_", "index_put"}
 # Multiplications and divisions: linear in one argument when the other is a constant.
 SCALING = {"mul", "mul_", "__mul__", "__rmul__", "__imul__", "div", "div_", "__truediv__", "true_divide", "__itruediv__"}
+# The scalings whose operands may come in either order (a division is one only with its dividend first).
+MULTIPLIES = {"mul", "mul_", "__mul__", "__rmul__", "__imul__"}
+# Ops that take part of a tensor: one expert of a stacked 3-D weight, a range of a 2-D weight's rows, a split's parts.
+SLICES = {"__getitem__", "index_select", "narrow", "split", "chunk", "split_with_sizes", "tensor_split"}
 # Products of two tensors (q.k scores, weights x values) and projections by a weight matrix.
 MATMULS = {"matmul", "__matmul__", "bmm", "einsum", "mm", "baddbmm"}
 PROJECTIONS = {"linear", "addmm", "matmul", "__matmul__", "mm"}

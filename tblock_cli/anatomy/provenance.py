@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from tblock_cli.anatomy.ops import ACTIVATIONS, LINEAR, RELAYOUTS, SCALING, TEMPLATED
+from tblock_cli.anatomy.ops import ACTIVATIONS, LINEAR, MULTIPLIES, RELAYOUTS, SCALING, TEMPLATED
 from tblock_cli.probes import tensors
 
 # Provenance flags: an activation function acted (gelu, silu, ...), or another nonlinearity did (a
@@ -301,7 +301,7 @@ class Provenance:
         if not moving:
             return
         if name in SCALING:
-            if len(moving) != 1 or (not name.startswith(("mul", "__mul", "__rmul", "__imul")) and moving[0] is not args[0]):
+            if len(moving) != 1 or (name not in MULTIPLIES and moving[0] is not args[0]):
                 return
         elif len(moving) != len(acts):
             return

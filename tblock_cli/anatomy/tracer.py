@@ -10,15 +10,11 @@ from torch.overrides import TorchFunctionMode
 
 from tblock_cli.anatomy.calls import AttentionRecorder
 from tblock_cli.anatomy.counts import Counts
-from tblock_cli.anatomy.ops import LINEAR, MATMULS, NORMS, SCALING, SOFTMAX, TEMPLATED, WRITES
+from tblock_cli.anatomy.ops import LINEAR, MATMULS, MULTIPLIES, NORMS, SCALING, SLICES, SOFTMAX, TEMPLATED, WRITES
 from tblock_cli.anatomy.provenance import Provenance, tensors
 
 # Products that project by a weight matrix when one operand is a module's weight (or a view of it).
 WEIGHT_PRODUCTS = {"addmm", "matmul", "mm", "__matmul__", "bmm", "grouped_mm", "_grouped_mm"}
-# Ops that take part of a weight: one expert of a stacked 3-D weight, a range of a 2-D weight's rows, the parts of a split.
-SLICES = {"__getitem__", "index_select", "narrow", "split", "chunk", "split_with_sizes", "tensor_split"}
-# Scalings whose operands may come in either order (a division is one only with the weight first).
-MULTIPLIES = {"mul", "mul_", "__mul__", "__rmul__", "__imul__"}
 # The first few slips' errors kept as facts (one is usually all there is; more repeat it).
 MAX_SLIP_ERRORS = 3
 
