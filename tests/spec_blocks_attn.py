@@ -43,7 +43,8 @@ def t5_bucket(rel: torch.Tensor, bidirectional: bool, num_buckets: int = 32, max
 class Attention(nn.Module):
     def __init__(self, d_model=64, n_heads=4, n_kv=None, theta=10000.0, rope=True, rot_dims=None, freq_width=None,
                  pairing="half", llama3=None, apply_scaling=True, scale_x=None, softcap=None, window=None,
-                 qk_norm=None, causal=True, sdpa=False, relbias=None, alibi=False, style="matmul", kv_repeat="interleave"):
+                 qk_norm=None, causal=True, sdpa=False, relbias=None, alibi=False, style="matmul", kv_repeat="interleave",
+                 table_dtype=None):
         super().__init__()
         self.h, self.kv = n_heads, n_kv or n_heads
         self.e = d_model // n_heads
@@ -72,6 +73,7 @@ class Attention(nn.Module):
             self.bias = nn.Embedding(32, n_heads)
         self.alibi = alibi
         self.style = style  # matmul: q @ k^T * scale; einsum; fold: q * scale before the product
+        self.table_dtype = table_dtype  # cos/sin rounded to this (modded-nanogpt keeps them in bfloat16)
         self.kv_repeat = kv_repeat  # interleave (h reads h // group), tile (h reads h mod kv), gqa (sdpa's enable_gqa)
 
     def rotate(self, x):  # (B, H, T, E)
@@ -82,7 +84,10 @@ class Attention(nn.Module):
             z = torch.view_as_complex(r.reshape(*r.shape[:-1], -1, 2).contiguous())
             r = torch.view_as_real(z * torch.polar(torch.ones_like(ang), ang).to(z.dtype)).flatten(-2)
         else:
-            cos, sin = torch.cat([ang.cos(), ang.cos()], -1).to(x.dtype), torch.cat([ang.sin(), ang.sin()], -1).to(x.dtype)
+            cos, sin = torch.cat([ang.cos(), ang.cos()], -1), torch.cat([ang.sin(), ang.sin()], -1)
+            if self.table_dtype is not None:
+                cos, sin = cos.to(getattr(torch, self.table_dtype)), sin.to(getattr(torch, self.table_dtype))
+            cos, sin = cos.to(x.dtype), sin.to(x.dtype)
             a, b = r[..., : self.rot // 2], r[..., self.rot // 2 :]
             r = r * cos + torch.cat([-b, a], -1) * sin
         return torch.cat([r, rest], -1)

@@ -210,6 +210,19 @@ def test_llama3_scaling_discarded_is_named():
     assert {d["key"] for d in bad.facts["differs"]} == {"rope.scaling", "rope.factor"}, bad.facts
 
 
+@pytest.mark.parametrize("llama3", [False, True])
+def test_a_table_kept_in_bfloat16_reads_its_scaling(llama3):
+    # cos/sin rounded to bfloat16 in a float32 block (modded-nanogpt): each frequency ratio scatters by ~3e-3, which the
+    # float32 tolerance (1e-3) read as "other"; the table's own wobble widens it, no further than a bfloat16 run's
+    block = {**(LLAMA3_BLOCK if llama3 else {"theta": 500000.0}), "table_dtype": "bfloat16"}
+    c, _ = card(BLOCK, kwargs=block)
+    assert c.value("rope.scaling") == ("llama3" if llama3 else "none"), c
+    assert close(c.value("rope.factor"), 8.0 if llama3 else 1.0, 0.02) and close(c.value("rope.theta"), 5e5, 0.02)
+    if llama3:  # the scaling still tells from none at that tolerance
+        unscaled, _ = card(BLOCK, kwargs={**block, "apply_scaling": False})
+        assert unscaled.value("rope.scaling") == "none", unscaled
+
+
 def test_bidirectional_buckets_in_a_decoder_are_named():
     claim = ["relbias.steps=" + ",".join(str(o) for o in steps(48, False, True)), "pos.kind=relative_bias"]
     base = {"rope": False, "relbias": False, "scale_x": 1}

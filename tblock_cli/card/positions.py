@@ -44,6 +44,9 @@ THETA_TOL = 0.02
 # cast with the module), each frequency off by up to 2^-9 (0.37% measured), a ratio of ratios by up to 2 finfo.eps:
 # `ratio_tol` widens the tolerance to that where it is coarser.
 RATIO_TOL = 1e-3
+# The measured table's rotation error (radius and per-step wobble) times this bounds its frequency ratios' scatter:
+# measured 3.1e-3 error against <= 3.0e-3 scatter for a bfloat16 table, 1.2e-6 against <= 1.4e-7 for a float32 one.
+TABLE_WIDEN = 4
 # The band's ramp fits a line (in the plain frequency: llama-3; in the pair index: YaRN) to this, in its share s of the
 # plain frequency kept (0..1): HF tables <= 1e-7 on their own line; the other line misses by 0.05 (llama-3, 3 band
 # pairs at 64 dims) and 0.30 (YaRN, 12).
@@ -123,9 +126,14 @@ def rotations_apart(q_rot: dict | None, k_rot: dict | None) -> str | None:
     return None
 
 
-def ratio_tol(dtype: str) -> float:
-    """RATIO_TOL, or the resolution of the dtype the block runs in where that is coarser (bfloat16: 2 x 2^-7)."""
-    return max(RATIO_TOL, 2 * torch.finfo(getattr(torch, dtype)).eps)
+def ratio_tol(dtype: str, error: float = 0.0) -> float:
+    """RATIO_TOL, or the resolution of the dtype the block runs in where that is coarser (bfloat16: 2 x 2^-7), or the
+    table's own resolution where that is coarser still: a float32 block may keep its cos/sin in bfloat16 (modded-nanogpt
+    does), which the float64 probe no longer shows but its rotation's wobble does (`rotary_reading`'s error: ~1e-6 for a
+    float32 table, ~3e-3 for a bfloat16 one, whose frequency ratios then scatter by up to ~3e-3). That widening stops at
+    a bfloat16 run's tolerance, far below a llama-3 band's >= 10%."""
+    bf16 = 2 * torch.finfo(torch.bfloat16).eps
+    return max(RATIO_TOL, 2 * torch.finfo(getattr(torch, dtype)).eps, min(TABLE_WIDEN * error, bf16))
 
 
 def scaling_reading(freqs: list[float], dims: int, tol: float = RATIO_TOL) -> dict:
@@ -379,7 +387,7 @@ def read(probe: Probe) -> list[Entry]:
     if rot is not None:
         if rot["pairing"] and not zero_q:
             rot["layout"] = layout_pairing(probe, x, call, rot)
-        out = rope_entries(rot, ratio_tol(probe.cfg.dtype))
+        out = rope_entries(rot, ratio_tol(probe.cfg.dtype, rot["error"]))
     else:
         Tb = min(BIAS_SEQ, T)
         xb = probe.identical(Tb)
