@@ -9,6 +9,7 @@ torch is imported when a function runs, not with this module.
 from __future__ import annotations
 
 import functools
+from dataclasses import replace
 from typing import Callable
 
 from tblock_cli import options as rules
@@ -100,17 +101,23 @@ def spec(block=None, *, like: str | None = None, like_kwargs=None, expect=None,
     from tblock_cli.card.entries import judge
     from tblock_cli.card.read import read_card
     from tblock_cli.card.report import SpecReport
+    from tblock_cli.checks.zeros import drawn_at_random, hiding_zeros, zeros_note
     from tblock_cli.subject.setup import setup
 
     s = setup(block, options, trains=False)
     with s.session():
         subject = s.build(lambda cfg, n: runtime.estimate_bytes(cfg, params=n, copies=2), "spec")
-        card = read_card(subject, s.cfg, s.device, progress)
+        zeros = hiding_zeros(subject.module)  # a zero output projection hides its branch: read at random weights
+        with drawn_at_random(subject.module, zeros):
+            card = read_card(subject, s.cfg, s.device, progress)
         if progress is not None and like:
             progress(f"reading {like}")
         declaration = declare(like, like_kwargs, expect, s.cfg, setup)
         declared = {k: v for k, v in (("like", like), ("like_kwargs", like_kwargs), ("expect", expect)) if v is not None}
-        return SpecReport(card, judge(card, declaration.claims), declaration.reference, like, s.run_info(subject, **declared))
+        run = s.run_info(subject, **declared)
+        if zeros:
+            run = replace(run, warnings=run.warnings + (zeros_note(zeros, "the card was read"),))
+        return SpecReport(card, judge(card, declaration.claims), declaration.reference, like, run)
 
 
 @keeps_rng

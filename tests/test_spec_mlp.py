@@ -179,6 +179,20 @@ def test_zero_initialised_output_projections_keep_the_form_and_leave_the_gains_u
     assert caught.status == Status.PASS, caught.facts
 
 
+def test_spec_and_check_read_zero_initialised_branches_at_random_weights():
+    """`tblock spec` and `check` draw the zero projections (and say so): the gains are read, a wrong one is named,
+    and the block keeps its zeros."""
+    torch.manual_seed(0)
+    block = Block(zero_out=True)
+    report = tblock_cli.spec(block, **SIZES)
+    for key in ("residual.attn_gain", "residual.ffn_gain"):
+        assert report.card.value(key) == pytest.approx(1.0, rel=1e-9), report.card.get(key)
+    assert any("o.weight" in w and "down.weight" in w and "drawn at random" in w for w in report.run.warnings)
+    assert not block.o.weight.any() and not block.down.weight.any()
+    caught = _spec(block, ["residual.attn_gain=2"])
+    assert caught.status == Status.FAIL and [d["key"] for d in caught.facts["differs"]] == ["residual.attn_gain"]
+
+
 def test_fit_names_each_curve_and_the_mistaken_product():
     """The fit against curves computed here: each activation, gated either way, and act(gate * up)."""
     g = torch.linspace(-4, 4, 400, dtype=torch.float64).unsqueeze(0)

@@ -10,7 +10,9 @@ import zoo_init
 
 from tblock_cli.checks import Status, run_checks
 from tblock_cli.checks.optimizer import _stuck
+from tblock_cli.checks.zeros import hiding_zeros
 from tblock_cli.config import build_config
+from tblock_cli.report import RunInfo
 from tblock_cli.subject.loading import make_subject
 
 from conftest import TESTS
@@ -41,6 +43,34 @@ def test_zero_initialisations_that_train_raise_no_alarm_in_the_whole_battery(nam
     by = run(f"zoo_init.py:{name}", None)
     assert not [c for c in by.values() if c.status in BAD], [(c.name, c.detail) for c in by.values() if c.status in BAD]
     assert by["optimizer_step"].facts["stuck"] == []
+
+
+@pytest.mark.parametrize("name", sorted(zoo_init.BEHIND_ZEROS))
+def test_a_bug_behind_a_zero_init_is_caught_and_the_init_is_put_back(name):
+    # at init the block is the identity: the outputs compared x with x. The battery draws the zero weights at random
+    # (and says so), judges optimizer_step on them as built, and leaves the block as it found it
+    cfg = build_config(d_model=32, n_heads=4)
+    subject = make_subject(cfg, CPU, torch.float32, f"{TESTS / 'zoo_init.py'}:{name}")
+    zeros = [n for n, p in subject.module.named_parameters() if not p.any()]
+    check = zoo_init.BEHIND_ZEROS[name]
+    report = run_checks(subject, cfg, CPU, torch.float32, only=(check, "optimizer_step"),
+                        run=RunInfo("block", {}, {}))
+    by = {c.name: c for c in report.checks}
+    assert by[check].status is Status.FAIL, by[check]
+    # as built, what the zeros multiply gets no gradient yet (as the draws, everything would)
+    assert by["optimizer_step"].status is Status.PASS and by["optimizer_step"].facts["zero_grad"], by
+    assert [n for n, p in subject.module.named_parameters() if not p.any()] == zeros
+    assert any(all(n in w for n in zeros) and "drawn at random" in w for w in report.run.warnings), report.run.warnings
+
+
+def test_vectors_of_zeros_are_not_drawn():
+    # a bias or a norm's offset adds to the stream rather than hiding it; a matrix and a single gate hide what they
+    # multiply; frozen and integer tensors are not the init's
+    m = nn.Module()
+    m.bias, m.gate, m.w = (nn.Parameter(torch.zeros(s)) for s in ((8,), (1,), (4, 8)))
+    m.frozen = nn.Parameter(torch.zeros(4, 4), requires_grad=False)
+    m.live = nn.Parameter(torch.ones(4, 4))
+    assert hiding_zeros(m) == ["gate", "w"]
 
 
 def test_rezero_lowers_the_loss_measurably():

@@ -116,6 +116,31 @@ class ZeroKeyBias(TrainBlock):
         nn.init.zeros_(self.k_proj.bias)
 
 
+# ----------------------------------------------------------------------------- planted behind a zero init
+# Bugs a zero init hides from every output comparison: at init the block is the identity on its stream, so without the
+# battery's draw (checks/zeros.py) causal and batch compared x with x and passed.
+
+
+class ZeroOutputLeaksFuture(ZeroOutputProjections):
+    """Says it is causal (keeps causal=True) and attends to every key: the zero o_proj hid the future's leak."""
+
+    def attention(self, h):
+        q, k, v = (heads(p(h), self.n_heads) for p in (self.q_proj, self.k_proj, self.v_proj))
+        q, k = self.rotary(q), self.rotary(k)
+        return self.o_proj(merge(F.scaled_dot_product_attention(q, k, v)))
+
+
+class ReZeroMixesBatch(ReZero):
+    """ReZero's gates at 0 in front of an attention whose keys are centred over the batch: samples leak into each
+    other, hidden at init by the gate."""
+
+    def attention(self, h):
+        return super().attention(h - h.mean(0, keepdim=True))
+
+
+BEHIND_ZEROS = {"ZeroOutputLeaksFuture": "causal", "ReZeroMixesBatch": "batch"}
+
+
 PLANTED = {"ZeroGatedFFN": "optimizer_step", "ZeroValueAndOutput": "optimizer_step",
            "ZeroQueryAndKey": "optimizer_step", "ZeroGateZeroBranch": "optimizer_step"}
 CORRECT = ["ZeroOutputProjections", "ReZero", "LoRAValue", "ZeroQuery", "ZeroKeyBias"]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import inspect
 import time
-from contextlib import contextmanager
-from dataclasses import dataclass
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import torch
@@ -34,6 +34,7 @@ from tblock_cli.checks.context import Context
 from tblock_cli.checks.cost import PassCounter, Passes
 from tblock_cli.checks.result import CheckReport, CheckResult, Outcome
 from tblock_cli.checks.sharded import check_fsdp, check_tensor_parallel
+from tblock_cli.checks.zeros import as_built, drawn_at_random, hiding_zeros, zeros_note
 from tblock_cli.config import BlockConfig
 from tblock_cli.errors import USER_ERRORS, ConfigError, is_out_of_memory, one_line
 from tblock_cli.report import RunInfo, Status
@@ -56,6 +57,7 @@ class Check:
     needs: tuple[str, ...] = ()
     establishes: str | None = None  # left unmet when the check fails or errors (or says so in its outcome)
     slow: bool = False  # left out by --fast: its cost is many forwards of the block (see docs/performance.md)
+    as_built: bool = False  # judges the init itself: weights that start at zero stay zero for it (checks/zeros.py)
 
     @property
     def catches(self) -> str:
@@ -100,7 +102,8 @@ REGISTRY: tuple[Check, ...] = (
     Check("meta_init", lifecycle.check_meta_init, ("finite", "deterministic"), None, slow=True),
     Check("state_dict", lifecycle.check_state_dict, ("finite", "deterministic"), None, slow=True),
     Check("precision", precision.check_precision, ("finite", "deterministic"), None, slow=True),
-    Check("optimizer_step", optimizer.check_optimizer_step, GRADS + ("train_safe", "copyable"), None, slow=True),
+    Check("optimizer_step", optimizer.check_optimizer_step, GRADS + ("train_safe", "copyable"), None, slow=True,
+          as_built=True),
     Check("grad_accumulation", training.check_grad_accumulation, ("shape",) + GRADS + ("train_safe",), None, slow=True),
     Check("history", lifecycle.check_history, ("finite", "deterministic"), None, slow=True),
     Check("device", device.check_device, ("shape",), None),
@@ -185,14 +188,20 @@ def run_checks(subject: Subject, cfg: BlockConfig, device: torch.device, dtype: 
 
 def _run(ctx: Context, strict: bool, run: RunInfo | None, only: tuple[str, ...] | None) -> CheckReport:
     counter = PassCounter(ctx.subject)
+    module = ctx.subject.module
+    zeros = hiding_zeros(module)
+    if zeros and run is not None:
+        run = replace(run, warnings=run.warnings + (zeros_note(zeros, "the checks ran", "; optimizer_step judged them "
+                                                                                          "as built"),))
     try:
-        return _battery(ctx, strict, run, only, counter)
+        with drawn_at_random(module, zeros):
+            return _battery(ctx, strict, run, only, counter, zeros)
     finally:
         counter.close()
 
 
 def _battery(ctx: Context, strict: bool, run: RunInfo | None, only: tuple[str, ...] | None,
-             counter: PassCounter) -> CheckReport:
+             counter: PassCounter, zeros: list[str]) -> CheckReport:
     results = []
     battery_started = time.perf_counter()
     switches = globalstate.snapshot()
@@ -215,7 +224,8 @@ def _battery(ctx: Context, strict: bool, run: RunInfo | None, only: tuple[str, .
             continue
         started, before = time.perf_counter(), counter.now()
         try:
-            outcome = check.function(ctx)
+            with as_built(ctx.subject.module, zeros) if check.as_built and zeros else nullcontext():
+                outcome = check.function(ctx)
         except USER_ERRORS as e:  # the block under test raised (sys.exit included); report it, go on
             if is_out_of_memory(e):
                 raise

@@ -9,6 +9,7 @@ import torch.nn as nn
 from tblock_cli.checks.context import Context
 from tblock_cli.checks.result import Outcome, failed, passed, skipped, warned
 from tblock_cli.checks.training import PROBE_SEED, copied, seeded, too_large, trainable
+from tblock_cli.checks.zeros import default_scale
 from tblock_cli.probes import parameters_replaced, train_mode
 
 # One AdamW step: lr 1e-4 moves every float32 parameter with a non-zero gradient (lr / |p| >> 2^-23 for |p| < 100) and
@@ -200,13 +201,7 @@ def _stuck(params: list[tuple[str, nn.Parameter]], still: list[str], loss) -> tu
     zeros = [n for n, p in params if n in still and p.numel() and not p.detach().any()]
     if not zeros:
         return [], []
-    gen = torch.Generator().manual_seed(PROBE_SEED)
-
-    def drawn(_n, p):  # uniform +-1/sqrt(fan_in), nn.Linear's default scale
-        bound = 1.0 / max(1, p.shape[-1] if p.dim() > 1 else p.numel()) ** 0.5
-        return (torch.rand(p.shape, generator=gen, dtype=torch.float64) * 2 - 1).mul(bound).to(p)
-
-    with parameters_replaced(dict(params), zeros, drawn):
+    with parameters_replaced(dict(params), zeros, default_scale(PROBE_SEED)):
         for _, p in params:
             p.grad = None
         with torch.enable_grad():
