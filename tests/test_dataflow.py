@@ -97,6 +97,20 @@ def test_row_ranges_of_one_matrix_are_projections_of_their_own():
                      "mlp_w[0:256]": "ffn.in", "mlp_w[256:512]": "ffn.out"}, roles
 
 
+def test_weights_concatenated_on_the_fly_are_each_a_projection():
+    """F.linear(x, torch.cat([wq, wkv])) projects by wq and by wkv; x @ torch.cat((a, b)).T likewise. Roles, group
+    totals and FLOPs derived here from the definition (they were `other` with 0 FLOPs, and ffn_share warned)."""
+    block = zoo.ConcatenatedQKV(D, H, 4 * D)
+    r = tblock_cli.params(block, d_model=D, n_heads=H, batch=B, seq=T, causal=True)
+    assert (r.groups["attention"], r.groups["ffn"], r.groups["norm"], r.groups["other"]) == (4 * D * D, 8 * D * D, 0, 0)
+    assert r.flops["forward"] == B * T * (2 * (4 * D * D + 8 * D * D) + ATTENTION_FLOPS_PER_TOKEN)
+    roles = {m.name: m.role for m in traced_modules(block)}
+    assert roles == {"wq": "attn.qkv", "wkv": "attn.qkv", "o": "attn.out", "up_a": "ffn.in", "up_b": "ffn.in",
+                     "down": "ffn.out"}, roles
+    c = tblock_cli.check(block, d_model=D, n_heads=H, causal=True, only=["ffn_share"])
+    assert c.checks[0].status == Status.PASS, c.checks[0]
+
+
 def traced_modules(block):
     torch.manual_seed(0)
     return trace(block, block, torch.randn(B, T, D), D).modules

@@ -93,7 +93,7 @@ from zoo_gradients import (  # noqa: F401
     ResidualTwice,
     UnusedLayer,
 )
-from zoo_layouts import ScaledBeforeRotateHalf, SlicedQKVO  # noqa: F401
+from zoo_layouts import ConcatenatedQKV, ScaledBeforeRotateHalf, SlicedQKVO  # noqa: F401
 from zoo_mixing import (  # noqa: F401
     BatchFirstMixup,
     BatchMeanLeak,
@@ -245,6 +245,7 @@ CORRECT["WideHeadNorms"] = {"causal": True}
 CORRECT["ScaledBeforeRotary"] = {"positional": True}
 CORRECT["SlicedQKVO"] = {"causal": True}
 CORRECT["ScaledBeforeRotateHalf"] = {"positional": True}
+CORRECT["ConcatenatedQKV"] = {"causal": True}
 
 
 PLANTED_2["UnscaledQKNorm"] = ("attention", {"causal": True})

@@ -310,3 +310,43 @@ class HalfRateAttention(TrainBlock):
 
 
 CORRECT += ["DropConnect", "DropKey", "HalfRateAttention"]
+
+
+# ----------------------------------------------------------------------------- planted: dropout on the scores
+
+
+class ScoresDropout(TrainBlock):
+    """Attention dropout on the scores before the softmax (meant for the probabilities after it): a dropped score
+    becomes 0, not -inf, and the kept ones are scaled by 1 / (1 - p), sharpening every row."""
+
+    drop_scores = staticmethod(lambda s, p, training: F.dropout(s, p, training))
+
+    def attention(self, h):
+        q, k, v = (heads(p(h), self.n_heads) for p in (self.q_proj, self.k_proj, self.v_proj))
+        q, k = self.rotary(q), self.rotary(k)
+        s = self.drop_scores((q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1]), self.p, self.training)
+        T = h.shape[1]
+        s = s.masked_fill(~torch.ones(T, T, dtype=torch.bool, device=h.device).tril(), float("-inf"))
+        return self.o_proj(merge(s.softmax(-1) @ v))
+
+
+class ScoresMaskedUnscaled(ScoresDropout):
+    """The same place, a hand-made mask and no rescale: dropped scores 0, the kept ones as they were."""
+
+    drop_scores = staticmethod(lambda s, p, training: s * (torch.rand_like(s) >= p) if training else s)
+
+
+class ProbsDropout(ScoresDropout):
+    """Correct twin: the same attention with its dropout on the probabilities."""
+
+    def attention(self, h):
+        q, k, v = (heads(p(h), self.n_heads) for p in (self.q_proj, self.k_proj, self.v_proj))
+        q, k = self.rotary(q), self.rotary(k)
+        s = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
+        T = h.shape[1]
+        s = s.masked_fill(~torch.ones(T, T, dtype=torch.bool, device=h.device).tril(), float("-inf"))
+        return self.o_proj(merge(F.dropout(s.softmax(-1), self.p, self.training) @ v))
+
+
+PLANTED.update({"ScoresDropout": "dropout.on_scores", "ScoresMaskedUnscaled": "dropout.on_scores"})
+CORRECT += ["ProbsDropout"]

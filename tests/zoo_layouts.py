@@ -29,6 +29,29 @@ class SlicedQKVO(nn.Module):
         return x + F.linear(F.relu(F.linear(F.rms_norm(x, (d,)), w_in)).square(), w_out.t())
 
 
+class ConcatenatedQKV(nn.Module):
+    """Correct: q's and the key/value's weights kept apart and concatenated on the fly into one F.linear
+    (`torch.cat([wq, wkv])`), the FFN's in matrix likewise from two halves used as `x @ W.T`."""
+
+    def __init__(self, d_model=64, n_heads=4, d_ff=256):
+        super().__init__()
+        self.h = n_heads
+        self.wq = nn.Parameter(torch.randn(d_model, d_model) * d_model ** -0.5)
+        self.wkv = nn.Parameter(torch.randn(2 * d_model, d_model) * d_model ** -0.5)
+        self.o = nn.Linear(d_model, d_model, bias=False)
+        self.up_a = nn.Parameter(torch.randn(d_ff // 2, d_model) * d_model ** -0.5)
+        self.up_b = nn.Parameter(torch.randn(d_ff // 2, d_model) * d_model ** -0.5)
+        self.down = nn.Linear(d_ff, d_model, bias=False)
+
+    def forward(self, x):
+        B, T, d = x.shape
+        qkv = F.linear(F.rms_norm(x, (d,)), torch.cat([self.wq, self.wkv]))
+        q, k, v = qkv.view(B, T, 3, self.h, d // self.h).permute(2, 0, 3, 1, 4)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(B, T, d)
+        x = x + self.o(y)
+        return x + self.down(F.gelu(F.rms_norm(x, (d,)) @ torch.cat((self.up_a, self.up_b), 0).T))
+
+
 def rotate_half(x):
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat((-x2, x1), dim=-1)

@@ -93,6 +93,8 @@ class Provenance:
                 self.params.add(id(b))
                 self.keep.append(b)
         self.slices: dict[str, set[tuple[int, int]]] = {}  # weight -> row ranges used as projections of their own
+        # a weight concatenated on the fly from others (F.linear(x, torch.cat([wq, wkv]))) -> (owner, rows) of each
+        self.fused: dict[str, tuple[tuple[str, int], ...]] = {}
         self.of: dict[int, Prov] = {}  # id(tensor) -> its provenance
         self.scalar: dict[int, float] = {}  # id(tensor) -> product of scalar factors applied to it by scaling ops
         self.linear_in: dict[str, Prov] = {}  # projection -> provenance of its input
@@ -174,6 +176,26 @@ class Provenance:
             self.keep.append(out)
             return True
         self.owner[id(out)] = self.owner[id(src)]
+        self.params.add(id(out))
+        self.keep.append(out)
+        return True
+
+    def cat_weights(self, args, kwargs, out) -> bool:
+        """torch.cat of weight matrices along their rows (each a projection's, the same width): one weight whose
+        projection is each of theirs (F.linear(x, torch.cat([wq, wkv])) projects by wq and by wkv), named a+b."""
+        parts = args[0] if args and isinstance(args[0], (list, tuple)) else None
+        dim = kwargs.get("dim", args[1] if len(args) > 1 else 0)
+        if not parts or len(parts) < 2 or dim not in (0, -2) or not isinstance(out, torch.Tensor) or out.ndim != 2:
+            return False
+        if not all(isinstance(t, torch.Tensor) and t.ndim == 2 and id(t) in self.owner and t.shape[1] == out.shape[1]
+                   for t in parts):
+            return False
+        names = [self.owner[id(t)] for t in parts]
+        if any(n in self.fused for n in names) or len(set(names)) != len(names):
+            return False
+        name = "+".join(names)
+        self.fused[name] = tuple((n, t.shape[0]) for n, t in zip(names, parts))
+        self.owner[id(out)] = name
         self.params.add(id(out))
         self.keep.append(out)
         return True

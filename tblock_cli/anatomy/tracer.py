@@ -10,7 +10,7 @@ from torch.overrides import TorchFunctionMode
 
 from tblock_cli.anatomy.calls import AttentionRecorder
 from tblock_cli.anatomy.counts import Counts
-from tblock_cli.anatomy.ops import LINEAR, MATMULS, MULTIPLIES, NORMS, SCALING, SLICES, SOFTMAX, TEMPLATED, WRITES
+from tblock_cli.anatomy.ops import CATS, LINEAR, MATMULS, MULTIPLIES, NORMS, SCALING, SLICES, SOFTMAX, TEMPLATED, WRITES
 from tblock_cli.anatomy.provenance import Provenance, tensors
 
 # Products that project by a weight matrix when one operand is a module's weight (or a view of it).
@@ -61,6 +61,8 @@ class Tracer(TorchFunctionMode):
         if name in ("__get__", "__set__") or not any(True for _ in tensors(out)):
             return out
         if name in LINEAR and self.prov.follow_weight(args, out, sliced=name in SLICES):
+            return out
+        if name in CATS and self.prov.cat_weights(args, kwargs, out):
             return out
         # lam * W: W scaled by a learned scalar (W / c too; c / W is no weight)
         if name in SCALING and (name in MULTIPLIES or id(args[0]) in self.prov.owner) and self.prov.scaled_weight(args, out):
@@ -116,9 +118,19 @@ class Tracer(TorchFunctionMode):
         if proj is None:
             self.prov.flow(acts, out)
             return
+        fan_in = weight.shape[-1] if func is F.linear else weight.shape[-2]
+        if proj in self.prov.fused:  # one product by weights concatenated on the fly: a projection by each of them
+            parts = self.prov.fused[proj]
+            for part, rows in parts:
+                self.prov.reads(part, acts, weight)
+                self.attn.projection_input(part, x)
+                self.counts.add(part, 2 * rows * fan_in * (x.numel() // max(1, fan_in)), (*out.shape[:-1], rows))
+            self.prov.put(out, {part: 0 for part, _ in parts})
+            self.prov.proj_outs.add(id(out))
+            return
         self.prov.reads(proj, acts, weight)
         self.attn.projection_input(proj, x)
-        self.counts.projection(proj, weight, x, out, weight.shape[-1] if func is F.linear else weight.shape[-2])
+        self.counts.projection(proj, weight, x, out, fan_in)
         self.prov.projection(proj, out)
 
 

@@ -21,11 +21,11 @@ from torch.utils._pytree import tree_map
 
 from tblock_cli.checks.context import Context
 from tblock_cli.checks.draws import distinct_draws, replaced_by_constant
-from tblock_cli.checks.gradients import RESIDUAL_MIN
+from tblock_cli.checks.dropout_places import on_scores, on_stream
 from tblock_cli.checks.result import Outcome, failed, passed, skipped
 from tblock_cli.checks.training import all_modules, seeded, too_large
 from tblock_cli.errors import is_out_of_memory, one_line
-from tblock_cli.probes import TorchDropoutOff, f64, module_copy, rel_diff, reseed, set_dropout, train_mode
+from tblock_cli.probes import TorchDropoutOff, module_copy, rel_diff, reseed, set_dropout, train_mode
 from tblock_cli.subject import first_tensor
 
 # Training forwards per judged module. The mean's own noise is the spread / sqrt(MASKS) and is subtracted (the bias
@@ -43,11 +43,6 @@ BATCH = 8
 # correct modules (d_model 64, p = 0.1): 0.0001-0.0024, a Post-LN block whose dropout is its own code 0.0024 (0.011 at
 # p = 0.3), where the norm after the add bends the mean.
 LIMIT = 0.04
-# The stream test's central-difference step, in units of the input's RMS (the gain's curvature error is O(step^2)),
-# and how much of the eval forward's identity gain must survive every dropout dropping all: a dropout on a branch
-# keeps all of it (Pre-LN: exactly the identity), one on the stream none (measured: 0.0).
-STREAM_STEP = 1e-2
-STREAM_SHARE = 0.25
 # The other rate the block is built again at, to see which of its dropouts' rates follow the argument.
 OTHER_RATE = 0.2
 # Training forwards on a batch of one sample repeated, where masks shared across the batch give every copy the same
@@ -92,7 +87,8 @@ def check_dropout(ctx: Context) -> Outcome:
     unscaled mask at p = 0.1: 0.33); names that module. Also: a dropout on the residual stream (with every dropout
     dropping all, tr(J)/n below a quarter of eval's: the identity path cut), a rate that falls as the dropout argument
     rises (`nn.Dropout(1 - p)`), one activation mask for the whole batch (identical samples get identical, ever-new
-    outputs; a draw without the batch axis). Randomness that stays at dropout 0 (gating noise, router jitter) is not
+    outputs; a draw without the batch axis), a dropout on attention's scores before the softmax (in training some
+    scores exactly 0 and the rest the eval scores times one factor, 1 / (1 - p): a zeroed score is not a dropped key). Randomness that stays at dropout 0 (gating noise, router jitter) is not
     judged"""
     if (large := too_large(ctx)) is not None:
         return large
@@ -132,8 +128,11 @@ def _check(ctx: Context) -> Outcome:
             raise
         return skipped("dropout.unsupported", error=one_line(e))
     if asked.rates:
+        ctx.step("the scores under dropout")
+        if (found := on_scores(ctx, module, subject, x)) is not None:
+            return found
         ctx.step("the identity path with every dropout dropping all")
-        if (found := _stream(ctx, run, module, x)) is not None:
+        if (found := on_stream(ctx, run, module, x)) is not None:
             return found
     if asked.rates or asked.attention_rates:
         ctx.step("the rates at another dropout")
@@ -227,39 +226,6 @@ def _replaced_without_biases(m: nn.Module, run, draws: int) -> bool:
         with torch.no_grad():
             for p, v in zip(biases, kept):
                 p.copy_(v)
-
-
-def _stream(ctx: Context, run, module: nn.Module, x: torch.Tensor) -> Outcome | None:
-    """A dropout on the residual stream (`x = drop(x + f(x))`, `x = drop(x) + f(x)`): with torch's elementwise
-    dropouts dropping everything, tr(J)/n of x -> output, which a dropout on a branch leaves at the identity's
-    (Pre-LN: the output is x itself), falls below STREAM_SHARE of the eval forward's. Read by central differences
-    (two forwards each, no backward): the gain is a derivative of the forward alone."""
-    if not x.is_floating_point():
-        return None
-    gen = torch.Generator().manual_seed(0)
-    u = (torch.randint(0, 2, x.shape, generator=gen) * 2 - 1).to(device=x.device, dtype=x.dtype)
-    eps = STREAM_STEP * f64(x).pow(2).mean().sqrt().item()
-    n = u.numel()
-
-    def gain(train: bool) -> float:
-        mode = (lambda: TorchDropoutOff(drop_all=True)) if train else (lambda: None)
-        try:
-            up, down = (run(module, train, 0, mode(), x + s * eps * u) for s in (1, -1))
-        except Exception as e:  # noqa: BLE001 - a block that refuses everything dropped (a finiteness assert, a
-            if is_out_of_memory(e):  # sampled router over dropped probabilities): not judged
-                raise
-            return float("nan")
-        if up.shape != x.shape:
-            return float("nan")
-        return ((f64(up) - f64(down)) * f64(u)).sum().item() / (2 * eps * n)
-
-    dropped = gain(True)
-    if not dropped < STREAM_SHARE * RESIDUAL_MIN:
-        return None
-    kept = gain(False)
-    if not (kept >= RESIDUAL_MIN and dropped < STREAM_SHARE * kept):
-        return None
-    return failed("dropout.stream", round(dropped, 4), gain=dropped, eval_gain=kept, share=STREAM_SHARE)
 
 
 def _rates(ctx: Context, asked: TorchDropoutOff, x: torch.Tensor) -> Outcome | None:

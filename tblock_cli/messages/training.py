@@ -139,6 +139,10 @@ MESSAGES = {
     "dropout.rescaled": lambda f: (f"with torch's own dropouts off (the mean of their masks), a training forward differs from "
                                    f"the eval forward by {f['diff']:.1e}, and not at dropout 0: a rescale of the block's own "
                                    f"on top of F.dropout's (dividing by 1 - p twice?), or a mask drawn once and reused"),
+    "dropout.on_scores": lambda f: (f"{f['where']}: a training forward sets {f['zeroed']:.0%} of the scores its softmax reads to 0 "
+                                    f"and scales the rest by {f['factor']:.3g}: a dropout on the scores before the softmax "
+                                    f"(a zeroed score is not a dropped key, which takes -inf, and the rescale sharpens the "
+                                    f"weights); drop the probabilities after it"),
     "dropout.stream": lambda f: (f"with every dropout dropping all, the identity path is gone: tr(J)/n {f['gain']:.2f} against "
                                  f"{f['eval_gain']:.2f} in eval (below {f['share']:g} of it): a dropout on the residual stream "
                                  f"(`x = drop(x + f(x))`), not on the branch (`x = x + drop(f(x))`)"),

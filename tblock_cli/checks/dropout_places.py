@@ -1,0 +1,99 @@
+"""Where a dropout sits: on a branch and on the attention probabilities, as inverted dropout's mean-preserving masks
+need; not on the residual stream (the identity path cut) nor on the scores a softmax reads (a zeroed score is no
+dropped key, and the rescale sharpens the weights)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from tblock_cli.anatomy.mha import MASKED_LOGIT
+from tblock_cli.anatomy.tracer import Tracer
+from tblock_cli.checks.context import Context
+from tblock_cli.checks.gradients import RESIDUAL_MIN
+from tblock_cli.checks.result import Outcome, failed
+from tblock_cli.errors import is_out_of_memory
+from tblock_cli.probes import TorchDropoutOff, f64, reseed, train_mode
+
+# The stream test's central-difference step, in units of the input's RMS (the gain's curvature error is O(step^2)),
+# and how much of the eval forward's identity gain must survive every dropout dropping all: a dropout on a branch
+# keeps all of it (Pre-LN: exactly the identity), one on the stream none (measured: 0.0).
+STREAM_STEP = 1e-2
+STREAM_SHARE = 0.25
+# Scores of a training forward that are the eval forward's times one factor, to this (relative to the largest): a
+# dropout's rescale rounds to ~1e-7 in float32; noise or a dropout before the projections moves them by far more.
+SCORES_TOL = 1e-4
+PROBE_SCORES_SEED = 11
+
+
+def on_stream(ctx: Context, run, module: nn.Module, x: torch.Tensor) -> Outcome | None:
+    """A dropout on the residual stream (`x = drop(x + f(x))`, `x = drop(x) + f(x)`): with torch's elementwise
+    dropouts dropping everything, tr(J)/n of x -> output, which a dropout on a branch leaves at the identity's
+    (Pre-LN: the output is x itself), falls below STREAM_SHARE of the eval forward's. Read by central differences
+    (two forwards each, no backward): the gain is a derivative of the forward alone."""
+    if not x.is_floating_point():
+        return None
+    gen = torch.Generator().manual_seed(0)
+    u = (torch.randint(0, 2, x.shape, generator=gen) * 2 - 1).to(device=x.device, dtype=x.dtype)
+    eps = STREAM_STEP * f64(x).pow(2).mean().sqrt().item()
+    n = u.numel()
+
+    def gain(train: bool) -> float:
+        mode = (lambda: TorchDropoutOff(drop_all=True)) if train else (lambda: None)
+        try:
+            up, down = (run(module, train, 0, mode(), x + s * eps * u) for s in (1, -1))
+        except Exception as e:  # noqa: BLE001 - a block that refuses everything dropped (a finiteness assert, a
+            if is_out_of_memory(e):  # sampled router over dropped probabilities): not judged
+                raise
+            return float("nan")
+        if up.shape != x.shape:
+            return float("nan")
+        return ((f64(up) - f64(down)) * f64(u)).sum().item() / (2 * eps * n)
+
+    dropped = gain(True)
+    if not dropped < STREAM_SHARE * RESIDUAL_MIN:
+        return None
+    kept = gain(False)
+    if not (kept >= RESIDUAL_MIN and dropped < STREAM_SHARE * kept):
+        return None
+    return failed("dropout.stream", round(dropped, 4), gain=dropped, eval_gain=kept, share=STREAM_SHARE)
+
+
+def on_scores(ctx: Context, module: nn.Module, subject, x: torch.Tensor) -> Outcome | None:
+    """A dropout on attention's scores before the softmax: in a training forward (torch's dropouts on), some of the
+    finite scores a softmax reads are exactly 0 where the eval forward's are not, and every other one is the eval
+    score times one constant (inverted dropout's 1 / (1 - p); 1 for a mask not rescaled). A zeroed score is not a
+    dropped key (that takes -inf, as DropKey masks), and the rescaled ones sharpen the softmax: the mean over masks of
+    the weights is not the eval weights. None where no softmax's scores show it."""
+
+    def captured(train: bool) -> list:
+        reseed(PROBE_SCORES_SEED)
+        tr = Tracer(module, ctx.cfg.d_model, capture=True)
+        with torch.no_grad(), train_mode(module, train), tr:
+            subject(x.clone())
+        return [(c, tr.attn.captured.get(i)) for i, c in enumerate(tr.attn.calls)]
+
+    try:  # the shared trace (later checks read it too) says whether any softmax is the block's own
+        if not any(c.kind == "softmax(QK^T)V" for c in ctx.dataflow().attention):
+            return None  # sdpa and nn.MultiheadAttention drop the probabilities by construction
+        want, got = captured(False), captured(True)
+    except Exception as e:  # noqa: BLE001 - a block the tracer cannot follow: no evidence either way
+        if is_out_of_memory(e):
+            raise
+        return None
+    for (call, e), (_, t) in zip(want, got):
+        if e is None or t is None or e.logits.shape != t.logits.shape or call.kind != "softmax(QK^T)V":
+            continue
+        e_, t_ = e.logits, t.logits
+        live = torch.isfinite(e_) & (e_ > MASKED_LOGIT) & torch.isfinite(t_)
+        zeroed = live & (t_ == 0) & (e_ != 0)
+        kept = live & (t_ != 0)
+        if not zeroed.any() or not kept.any():
+            continue
+        c = (t_[kept] * e_[kept]).sum() / e_[kept].pow(2).sum()  # the one factor, least squares
+        off = ((t_[kept] - c * e_[kept]).abs().max() / e_[kept].abs().max()).item()
+        if off <= SCORES_TOL and c.item() >= 1 - SCORES_TOL:
+            share = zeroed.sum().item() / live.sum().item()
+            return failed("dropout.on_scores", round(share, 3), where=call.where or "root", zeroed=share,
+                          factor=c.item(), off=off)
+    return None
