@@ -223,6 +223,20 @@ def test_a_table_kept_in_bfloat16_reads_its_scaling(llama3):
         assert unscaled.value("rope.scaling") == "none", unscaled
 
 
+def test_attention_over_batch_times_heads_is_read_per_head():
+    # ESM-2 and fairseq run bmm over (B * H, T, d_head): read as B samples of H heads, as transformers lay them out
+    # (every attention entry was unread before); the scale is folded into q before a rotate-half rotary
+    from zoo_layouts import ScaledBeforeRotateHalf
+
+    r = spec(ScaledBeforeRotateHalf(64, 4), **SIZES)
+    c = r.card
+    assert (c.value("attn.heads"), c.value("attn.head_dim"), c.value("attn.kv_heads")) == (4, 16, 4), c
+    assert close(c.value("attn.scale"), 16, 0.03) and c.value("pos.kind") == "rotary", c
+    assert c.value("rope.pairing") == "half" and close(c.value("rope.theta"), 1e4, 0.02), c
+    unscaled = spec(ScaledBeforeRotateHalf(64, 4, scaled=False), **SIZES).card
+    assert close(unscaled.value("attn.scale"), 1, 0.03), unscaled
+
+
 def test_bidirectional_buckets_in_a_decoder_are_named():
     claim = ["relbias.steps=" + ",".join(str(o) for o in steps(48, False, True)), "pos.kind=relative_bias"]
     base = {"rope": False, "relbias": False, "scale_x": 1}

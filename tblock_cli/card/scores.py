@@ -209,13 +209,15 @@ def trace_scores(probe: Probe, x: torch.Tensor, targets: frozenset[int] = frozen
     tr = ScoreTracer(module, probe.d, targets, factor)
     with train_mode(module, False), torch.set_grad_enabled(grad), tr:
         probe.subject(x.clone())
-    out = []
+    out, B = [], x.shape[0]
     for i, c in enumerate(tr.attn.calls):
         got, info = tr.attn.captured.get(i), tr.calls.get(i)
         if got is None or info is None:
             continue
         kind, ordinal, q, k, fold, sources = info
         logits = got.logits
+        if logits.ndim == 3 and logits.shape[0] % B == 0:  # (B * H, L, S), fairseq's and ESM's bmm: batch-major
+            logits = logits.reshape(B, logits.shape[0] // B, *logits.shape[1:])
         q4, k4 = _heads(q, logits), _heads(k, logits)
         if k4 is not None and logits.ndim == 4 and logits.shape[-1] > k4.shape[-2]:
             logits = _without_sinks(logits, k4.shape[-2])
