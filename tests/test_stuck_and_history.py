@@ -63,6 +63,13 @@ def test_a_bug_behind_a_zero_init_is_caught_and_the_init_is_put_back(name):
     assert any(all(n in w for n in zeros) and "drawn at random" in w for w in report.run.warnings), report.run.warnings
 
 
+def test_checks_that_judge_the_init_alone_draw_nothing():
+    cfg = build_config(d_model=32, n_heads=4)
+    subject = make_subject(cfg, CPU, torch.float32, f"{TESTS / 'zoo_init.py'}:ZeroOutputProjections")
+    report = run_checks(subject, cfg, CPU, torch.float32, only=("optimizer_step",), run=RunInfo("block", {}, {}))
+    assert report.run.warnings == () and report.checks[0].facts["zero_grad"], report
+
+
 def test_vectors_of_zeros_are_not_drawn():
     # a bias or a norm's offset adds to the stream rather than hiding it; a matrix and a single gate hide what they
     # multiply; frozen and integer tensors are not the init's

@@ -189,10 +189,12 @@ def run_checks(subject: Subject, cfg: BlockConfig, device: torch.device, dtype: 
 def _run(ctx: Context, strict: bool, run: RunInfo | None, only: tuple[str, ...] | None) -> CheckReport:
     counter = PassCounter(ctx.subject)
     module = ctx.subject.module
-    zeros = hiding_zeros(module)
+    chosen = [c for c in REGISTRY if only is None or c.name in only]
+    zeros = hiding_zeros(module) if not all(c.as_built for c in chosen) else []
     if zeros and run is not None:
-        run = replace(run, warnings=run.warnings + (zeros_note(zeros, "the checks ran", "; optimizer_step judged them "
-                                                                                          "as built"),))
+        built = [c.name for c in chosen if c.as_built]
+        tail = f"; {', '.join(built)} judged them as built" if built else ""
+        run = replace(run, warnings=run.warnings + (zeros_note(zeros, "the checks ran", tail),))
     try:
         with drawn_at_random(module, zeros):
             return _battery(ctx, strict, run, only, counter, zeros)
