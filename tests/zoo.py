@@ -23,6 +23,7 @@ from zoo_attention import (  # noqa: F401
 )
 from zoo_cache import (  # noqa: F401
     CacheChunkSeesFuture,
+    CachedLayerScale,
     CachedLlama,
     CachedRoPE,
     CacheForgetsPrefill,
@@ -32,6 +33,7 @@ from zoo_cache import (  # noqa: F401
     CacheRoPEOffByOne,
     CacheShared,
     CacheWindow,
+    LayerScaleCacheForgetsPrefill,
 )
 from zoo_correct import (  # noqa: F401
     Conv1D,
@@ -233,10 +235,10 @@ CORRECT.update({
 
 
 CACHE_BUGS = ["CacheWindow", "CacheKeyTwice", "CacheRoPEOffByOne", "CacheShared", "CacheChunkSeesFuture", "CacheGrowsGraph",
-              "CacheForgetsPrefill", "CachePromptByLength"]
+              "CacheForgetsPrefill", "CachePromptByLength", "LayerScaleCacheForgetsPrefill"]
 
 
-CACHED_CORRECT = ["CachedLlama", "CachedRoPE"]
+CACHED_CORRECT = ["CachedLlama", "CachedRoPE", "CachedLayerScale"]
 
 
 CORRECT["QKNorm"] = {"causal": True}

@@ -86,8 +86,7 @@ MESSAGES = {
     **{f"needs.{need}": reason for need, reason in NEED_REASON.items()},
     "error.raised": "{error}",
     # a family's rule broken on purpose (hf:TYPE): the reason its loader knows
-    "by_design": "{reason}",
-    "by_design.skip": "{reason}",
+    "by_design": "{reason}", "by_design.skip": "{reason}",
     # shape
     "shape.kept": "output keeps the input's shape (B, T, d) and dtype, also for one token",
     "shape.one_token": lambda f: (f"a one-token input {shape(f['input'])} came out as {shape(f['output'])} (a squeeze() that "
@@ -211,8 +210,10 @@ MESSAGES = {
     "kv_cache.not_causal": "not asked for (--causal): cached decoding is for causal blocks",
     "kv_cache.no_decode": "the block has no decode(x_t, cache) -> (y_t, cache) method (see docs/decoding.md)",
     "kv_cache.shape": lambda f: f"{f['split']}: decoded outputs have shape {shape(f['got'])}, the forward {shape(f['expected'])}",
-    "kv_cache.differs": ("{split}: position {position} differs from the full causal forward by {diff:.2e} (worst {worst:.2e}): "
-                         "the cache or the positions are wrong"),
+    "kv_cache.differs": lambda f: (f"{f['split']}: position {f['position']} differs from the full causal forward by "
+                                   f"{f['diff']:.2e} (worst {f['worst']:.2e})" + (f", {f['update_share']:.2g}x what the block "
+                                   "adds to its input there" if f.get("update_share", 0) > 0.01 else "")
+                                   + ": the cache or the positions are wrong"),
     "kv_cache.graph": "{split}: a no_grad decode returned {tensors} tensor(s) with a grad_fn: an autograd graph grows across steps",
     "kv_cache.shared": ("two sequences decoded in turns differ from the full causal forward by {diff:.2e}, each decoded alone "
                          "equals it: the caches share state"),
