@@ -123,6 +123,8 @@ from zoo_positions import (  # noqa: F401
     CrossToLatents,
     Fp16Llama3,
     Gemma3,
+    LayerScaleRoPEValues,
+    LayerScaleValuesNotRotatedBack,
     LeftPadNaN,
     Mask3D3,
     Rel3,
@@ -285,13 +287,14 @@ POS = {"positional": True}
 
 CORRECT_3 = {"Rel3": POS, "CachedRoPE": {"causal": True}, "GQA3": POS, "Window3": POS, "Alibi3": POS, "AbsPos3": POS,
              "Mask3D3": POS, "Fp16Llama3": POS, "Gemma3": POS, "RoPEValues3": POS, "FirstCallInit": {},
-             "SublayerPostNorm": {"causal": True}, "InferenceModeCacheCloned": POS}
+             "SublayerPostNorm": {"causal": True}, "InferenceModeCacheCloned": POS, "LayerScaleRoPEValues": POS}
 
 
 # The third generation: name -> (the check that must flag it, its flags; "dtype" names the run dtype it needs).
 PLANTED_3 = {
     "RoPELayoutMismatch": ("relative", POS),
     "ValuesNotRotatedBack": ("padding", POS),
+    "LayerScaleValuesNotRotatedBack": ("padding", POS),
     "AbsPosNoRestart": ("padding", POS),
     "RoPEAnglesHalf": ("relative", {"dtype": "bfloat16", **POS}),
     "LeftPadNaN": ("padding", {}),

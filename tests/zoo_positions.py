@@ -253,3 +253,22 @@ class CrossToLatents(Good):
         m = self.latents.expand(x.shape[0], -1, -1)
         x = x + self.xattn(self.lnx(x), m, m, need_weights=False)[0]
         return x + self.ffn(self.ln2(x))
+
+
+class LayerScaleRoPEValues(RoPEValues3):
+    """Correct: RoPEValues3 behind LayerScale started at 1e-5 on both branches: every output difference is 1e-5 of
+    the attention's, so padding judges it against the block's update."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        d = self.q_proj.in_features
+        self.g_attn, self.g_ffn = nn.Parameter(torch.full((d,), 1e-5)), nn.Parameter(torch.full((d,), 1e-5))
+
+    def forward(self, x, pad_mask=None):
+        x = x + self.g_attn * self.attention(self.attn_norm(x), pad_mask)
+        return x + self.g_ffn * F.dropout(self.ffn(self.ffn_norm(x)), self.p, self.training)
+
+
+class LayerScaleValuesNotRotatedBack(LayerScaleRoPEValues):
+    def unvalues(self, y, pos):
+        return y  # bug: values rotated, never rotated back (ValuesNotRotatedBack), behind LayerScale 1e-5

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from tblock_cli.checks.context import Context, eval_forwards, nonfinite_kind
+from tblock_cli.checks.context import UPDATE_SHARE, Context, eval_forwards, nonfinite_kind, update_share
 from tblock_cli.checks.result import Outcome, failed, passed, skipped, warned
-from tblock_cli.probes import f64, rel_diff, train_mode
+from tblock_cli.probes import rel_diff, train_mode
 
 # Attention logits' std against what q.k/sqrt(d_head) predicts from the projections' outputs:
 # ~1 when scaled (measured 0.96-1.07 on every correct block of the sweep), sqrt(d_head) when the
@@ -43,13 +43,6 @@ KV_SEQ = 16
 # appended twice, positions off by one, a forgotten prompt) shows at the first of them, and each step reads every
 # weight (0.1 s at a 7B-size layer).
 AFTER_PROMPT = 4
-# A block whose output is mostly its input (LayerScale started at 1e-5, a small gain on each branch) shrinks any
-# decoding error with its update: a decode that ignores its cache measured 4.5e-6 of the output, under float32's 1e-5,
-# yet 0.45 of what the block adds to its input. So each position is judged against that update too (y - x), once the
-# difference rises above the rounding of the output itself (a few units in the last place of max|y|; a correct cache
-# differs by one at most): above this share of the update, it differs.
-UPDATE_SHARE = 1e-2
-ROUNDING_ULPS = 4
 
 
 def call_facts(c) -> dict:
@@ -143,14 +136,7 @@ def decoded_off(got: torch.Tensor, full: torch.Tensor, x: torch.Tensor, label: s
     if got.shape != full.shape:
         return failed("kv_cache.shape", list(got.shape), split=label, got=list(got.shape), expected=list(full.shape)), [], []
     per_pos = [rel_diff(got[:, t], full[:, t]) for t in range(full.shape[1])]
-    shares = [0.0] * len(per_pos)
-    if x.shape == full.shape and full.is_floating_point():
-        eps = torch.finfo(full.dtype).eps
-        for t in range(full.shape[1]):
-            y, d = f64(full[:, t]), (f64(got[:, t]) - f64(full[:, t])).abs().max().item()
-            update = (y - f64(x[:, t])).abs().max().item()
-            if d > ROUNDING_ULPS * eps * max(1.0, y.abs().max().item()) and update > 0:
-                shares[t] = d / update
+    shares = [update_share(got[:, t], full[:, t], x[:, t]) if x.shape == full.shape else 0.0 for t in range(full.shape[1])]
     return None, per_pos, shares
 
 

@@ -9,6 +9,7 @@ import torch
 from tblock_cli.anatomy.mha import attention_modules
 from tblock_cli.checks.context import (
     CAUSAL_BY_ITSELF,
+    UPDATE_SHARE,
     Context,
     eval_forward,
     eval_forwards,
@@ -16,6 +17,7 @@ from tblock_cli.checks.context import (
     input_grad,
     nonfinite_kind,
     projected,
+    update_share,
 )
 from tblock_cli.checks.result import Outcome, failed, passed, skipped, warned
 from tblock_cli.errors import is_out_of_memory, one_line
@@ -81,18 +83,20 @@ def alone_outputs(ctx: Context, x: torch.Tensor) -> list[torch.Tensor]:
     return [eval_forward(ctx, x[i : i + 1, :n])[0] for i, n in enumerate(pad_lengths(B, T).tolist())]
 
 
-def padded_equals_alone(alone: list[torch.Tensor], left: bool, out: torch.Tensor) -> tuple[float, str | None]:
+def padded_equals_alone(alone: list[torch.Tensor], left: bool, out: torch.Tensor,
+                        x: torch.Tensor) -> tuple[float, float, str | None]:
     """max rel. diff between each sample's real positions in a padded batch (out: its eval output) and the same tokens
-    run alone (alone_outputs); or what non-finite value the real positions got (then nothing is compared)."""
+    run alone (alone_outputs, of x's right-padded layout), and that difference as a share of the block's update
+    (`update_share`); or what non-finite value the real positions got (then nothing is compared)."""
     T = out.shape[1]
-    worst = 0.0
+    worst, share = 0.0, 0.0
     for i, ref in enumerate(alone):
         n = ref.shape[0]
         got = out[i, T - n :] if left else out[i, :n]
         if not torch.isfinite(got).all() and torch.isfinite(ref).all():
-            return 0.0, nonfinite_kind(got)
-        worst = max(worst, rel_diff(got, ref))
-    return worst, None
+            return 0.0, 0.0, nonfinite_kind(got)
+        worst, share = max(worst, rel_diff(got, ref)), max(share, update_share(got, ref, x[i, :n]))
+    return worst, share, None
 
 
 def fully_padded_mask(ctx: Context, B: int, T: int) -> torch.Tensor:
@@ -125,8 +129,10 @@ def fully_padded(ctx: Context, x: torch.Tensor, T: int) -> dict:
 
 def check_padding(ctx: Context) -> Outcome:
     """Catches: padded inputs that reach real outputs (values in eval, gradients in train); and the real positions of a
-    padded batch that differ from the same tokens run alone, with right padding, and with left padding for causal
-    blocks (declared or causal by themselves) without positions inside; there, a training backward of the
+    padded batch that differ from the same tokens run alone (beyond the tolerance, or beyond 1 % of what the block
+    adds to its input, where the output is mostly the input: LayerScale started at 1e-5), with right padding, and
+    with left padding for causal blocks (declared or causal by themselves) without positions inside; there, a
+    training backward of the
     left-padded batch's real outputs with non-finite gradients while its forward is finite (a -inf mask's NaN rows
     hidden by `nan_to_num`)"""
     if ctx.subject.pad_keyword is None:  # an hf: layer whose model takes no mask (vision, audio): --pad-keyword is no help
@@ -171,12 +177,13 @@ def check_padding(ctx: Context) -> Outcome:
         side_mask = mask if side == "right" else left_mask
         once = padded if side == "right" else left_once if left_once is not None else eval_forward(ctx, x_left, side_mask)
         alone = alone_outputs(ctx, x) if alone is None else alone  # the same real tokens on both sides: run once
-        eq, got = padded_equals_alone(alone, side == "left", once)
+        eq, share, got = padded_equals_alone(alone, side == "left", once, x)
         if got:
             nonfinite.append({"side": side, "got": got})
             continue
-        if eq > ctx.tol:
-            return failed("padding.differs_alone", eq, side=side, diff=eq, positional=positional is not None)
+        if eq > ctx.tol or share > UPDATE_SHARE:
+            return failed("padding.differs_alone", eq, side=side, diff=eq, positional=positional is not None,
+                          update_share=share)
         worst = max(worst, eq)
         spread = spread_through_twice(ctx, once, side_mask)
         if spread and not mha:

@@ -42,14 +42,15 @@ def _padding_respected(f: dict) -> str:
 
 
 def _padding_differs(f: dict) -> str:
+    by = f"{f['diff']:.2e}" + (f" ({f['update_share']:.2g}x the block's update)" if f.get("update_share", 0) > 0.01 else "")
     if f["side"] == "left" and f.get("positional"):
         why = ("positions inside are not derived from the mask (absolute position ids that do not restart at the first "
                "real token), or the relative scheme is broken (a rotary cos/sin layout that does not match its rotation, "
                "values rotated and never rotated back), or the mask is ignored")
-        return f"with left padding, real positions differ from the same tokens run alone by {f['diff']:.2e}: {why}"
+        return f"with left padding, real positions differ from the same tokens run alone by {by}: {why}"
     why = ("the causal block ignores its mask (pads before a token reach it)" if f["side"] == "left" else
            "real tokens do not attend as they do alone: mask polarity (--pad-means keep?) or masked queries zeroed")
-    return f"with {f['side']} padding, real positions differ from the same tokens run alone by {f['diff']:.2e}: {why}"
+    return f"with {f['side']} padding, real positions differ from the same tokens run alone by {by}: {why}"
 
 
 def _said_causal(f: dict) -> str:
