@@ -59,9 +59,12 @@ class CachedRoPE(RoPEBlock):
             k, v = torch.cat([cache[0], k], 2), torch.cat([cache[1], v], 2)
         n, T = x.shape[1], k.shape[2]
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=torch.ones(n, T, dtype=torch.bool, device=x.device).tril(T - n))
-        x = x + self.o_proj(merge(y))
+        x = x + self.gained("attn", self.o_proj(merge(y)))
         h = self.ffn_norm(x)
-        return x + self.down(F.silu(self.gate(h)) * self.up(h)), (k, v)
+        return x + self.gained("ffn", self.down(F.silu(self.gate(h)) * self.up(h))), (k, v)
+
+    def gained(self, branch, y):  # a branch's output as it joins the stream
+        return y
 
 
 class CacheWindow(CachedLlama):
@@ -133,25 +136,12 @@ class CachedLayerScale(CachedRoPE):
         self.g_ffn = torch.nn.Parameter(torch.full((d_model,), 1e-5))
 
     def forward(self, x, pad_mask=None):
-        x = x + self.g_attn * self.attention(self.attn_norm(x), pad_mask)
+        x = x + self.gained("attn", self.attention(self.attn_norm(x), pad_mask))
         h = self.ffn_norm(x)
-        return x + self.g_ffn * self.down(F.silu(self.gate(h)) * self.up(h))
+        return x + self.gained("ffn", self.down(F.silu(self.gate(h)) * self.up(h)))
 
-    def decode(self, x, cache=None):
-        h = self.attn_norm(x)
-        q, k, v = (heads(p(h), self.n_heads) for p in (self.q_proj, self.k_proj, self.v_proj))
-        start = self.offset(cache)
-        q, k = self.rotate(q, start), self.rotate(k, start)
-        if cache is not None:
-            k, v = torch.cat([cache[0], k], 2), torch.cat([cache[1], v], 2)
-        n, T = x.shape[1], k.shape[2]
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=self.allowed(n, T, x.device))
-        x = x + self.g_attn * self.o_proj(merge(y))
-        h = self.ffn_norm(x)
-        return x + self.g_ffn * self.down(F.silu(self.gate(h)) * self.up(h)), (k, v)
-
-    def allowed(self, n, T, device):
-        return torch.ones(n, T, dtype=torch.bool, device=device).tril(T - n)
+    def gained(self, branch, y):
+        return getattr(self, f"g_{branch}") * y
 
 
 class LayerScaleCacheForgetsPrefill(CachedLayerScale):
