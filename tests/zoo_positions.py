@@ -272,3 +272,9 @@ class LayerScaleRoPEValues(RoPEValues3):
 class LayerScaleValuesNotRotatedBack(LayerScaleRoPEValues):
     def unvalues(self, y, pos):
         return y  # bug: values rotated, never rotated back (ValuesNotRotatedBack), behind LayerScale 1e-5
+
+
+class LayerScaleLengthTemperature(LayerScaleRoPEValues):
+    def attend(self, q, k, v, allowed):
+        T = q.shape[-2]
+        return super().attend(q * math.log(T + 1) / math.log(17), k, v, allowed)  # bug: a temperature read off T

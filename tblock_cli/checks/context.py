@@ -164,9 +164,9 @@ class Context:
 # A block whose output is mostly its input (LayerScale started at 1e-5, a small gain on each branch) shrinks every
 # difference of its outputs with its update: a decode that keeps only the prompt's last key measured 4.1e-6 of the
 # output behind LayerScale 1e-5, under float32's 1e-5, yet 2.3x what the block adds to its input. Comparisons of
-# outputs are also judged against that update (y - x), once a difference is above the rounding of the output itself
-# (ROUNDING_ULPS units in the last place of max|y|; equal computations differ by one at most): above UPDATE_SHARE of
-# it, they differ. Where the update is O(1) this share is far above the tolerance and changes nothing.
+# outputs are also judged against that update (y - x), at the elements where a difference is above their own rounding
+# (ROUNDING_ULPS units in the last place of the larger of |y| and |x|; equal computations differ by one at most): above
+# UPDATE_SHARE of it, they differ. Where the update is O(1) this share is far above the tolerance and changes nothing.
 UPDATE_SHARE = 1e-2
 ROUNDING_ULPS = 4
 
@@ -176,11 +176,14 @@ def update_share(got: torch.Tensor, ref: torch.Tensor, x: torch.Tensor) -> float
     not, or where the shapes do not line up (an output that is not the input's shape has no update to compare)."""
     if got.shape != ref.shape or x.shape != ref.shape or not ref.is_floating_point():
         return 0.0
-    g, r = got.detach().double(), ref.detach().double()
-    d = (g - r).abs().max().item() if r.numel() else 0.0
-    update = (r - x.detach().double()).abs().max().item() if r.numel() else 0.0
-    floor = ROUNDING_ULPS * torch.finfo(ref.dtype).eps * max(1.0, r.abs().max().item())
-    return d / update if d > floor and update > 0 else 0.0
+    if not ref.numel():
+        return 0.0
+    g, r, xx = got.detach().double(), ref.detach().double(), x.detach().double()
+    d = (g - r).abs()
+    # each element's own rounding: y = x + f(x) rounds to the larger of the two, a few units in its last place
+    above = d > ROUNDING_ULPS * torch.finfo(ref.dtype).eps * torch.maximum(r.abs(), xx.abs())
+    update = (r - xx).abs().max().item()
+    return d[above].max().item() / update if above.any() and update > 0 else 0.0
 
 
 def eval_forward(ctx: Context, x: torch.Tensor, pad_mask: torch.Tensor | None = None, subject: Subject | None = None) -> torch.Tensor:

@@ -301,7 +301,7 @@ def _prefix_differs(ctx: Context, x: torch.Tensor, out: torch.Tensor) -> Outcome
     give them (one token, and half the sequence). A failure where they do not: something reads the sequence's length
     (a scale by T, positions counted from the end, a table or mask cut to the wrong size); None where they do, or
     where the short run's shape is not the input's, or the model driving a layer refuses one token before it."""
-    worst, worst_t = 0.0, None
+    diffs = {}  # t -> (rel_diff, update_share)
     for t in sorted({0, x.shape[1] // 2}):
         ctx.step(f"the first {t + 1} token(s) alone")
         try:
@@ -312,11 +312,12 @@ def _prefix_differs(ctx: Context, x: torch.Tensor, out: torch.Tensor) -> Outcome
             continue
         if alone.shape != x[:, : t + 1].shape:
             continue
-        diff = rel_diff(alone, out[:, : t + 1])
-        if diff > worst:
-            worst, worst_t = diff, t
-    if worst > ctx.tol:
-        return failed("causal.prefix", worst, t=worst_t, diff=worst)
+        diffs[t] = (rel_diff(alone, out[:, : t + 1]), update_share(alone, out[:, : t + 1], x[:, : t + 1]))
+    # beyond the tolerance, or beyond UPDATE_SHARE of the update where the output is mostly the input (LayerScale 1e-5)
+    bad = [t for t, (d, u) in diffs.items() if d > ctx.tol or u > UPDATE_SHARE]
+    if bad:
+        t = max(bad, key=lambda t: diffs[t])
+        return failed("causal.prefix", diffs[t][0], t=t, diff=diffs[t][0], update_share=diffs[t][1])
     return None
 
 
