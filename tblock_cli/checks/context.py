@@ -9,7 +9,7 @@ from typing import Callable
 import torch
 
 from tblock_cli.config import BlockConfig
-from tblock_cli.probes import TOLERANCE, changed, state_key, train_mode
+from tblock_cli.probes import TOLERANCE, changed, f64, state_key, train_mode
 from tblock_cli.subject import Subject
 
 # Probes of one check that need not see each other run as one forward of their concatenated batch when the block
@@ -174,11 +174,9 @@ ROUNDING_ULPS = 4
 def update_share(got: torch.Tensor, ref: torch.Tensor, x: torch.Tensor) -> float:
     """max|got - ref| as a share of the block's update max|ref - x| where it is above ref's rounding; 0 where it is
     not, or where the shapes do not line up (an output that is not the input's shape has no update to compare)."""
-    if got.shape != ref.shape or x.shape != ref.shape or not ref.is_floating_point():
+    if got.shape != ref.shape or x.shape != ref.shape or not ref.is_floating_point() or not ref.numel():
         return 0.0
-    if not ref.numel():
-        return 0.0
-    g, r, xx = got.detach().double(), ref.detach().double(), x.detach().double()
+    g, r, xx = f64(got), f64(ref), f64(x)  # on the CPU: MPS has no float64
     d = (g - r).abs()
     # each element's own rounding: y = x + f(x) rounds to the larger of the two, a few units in its last place
     above = d > ROUNDING_ULPS * torch.finfo(ref.dtype).eps * torch.maximum(r.abs(), xx.abs())
