@@ -31,9 +31,9 @@ SCALING = {"mul", "mul_", "__mul__", "__rmul__", "__imul__", "div", "div_", "__t
 # The scalings whose operands may come in either order (a division is one only with its dividend first).
 MULTIPLIES = {"mul", "mul_", "__mul__", "__rmul__", "__imul__"}
 # Ops that take part of a tensor: one expert of a stacked 3-D weight, a range of a 2-D weight's rows, a split's parts.
+SLICES = {"__getitem__", "index_select", "narrow", "split", "chunk", "split_with_sizes", "tensor_split"}
 # Concatenations: of weight matrices, one fused weight made on the fly (its projection is each part's).
 CATS = {"cat", "concat", "concatenate"}
-SLICES = {"__getitem__", "index_select", "narrow", "split", "chunk", "split_with_sizes", "tensor_split"}
 # Products of two tensors (q.k scores, weights x values) and projections by a weight matrix.
 MATMULS = {"matmul", "__matmul__", "bmm", "einsum", "mm", "baddbmm"}
 PROJECTIONS = {"linear", "addmm", "matmul", "__matmul__", "mm"}

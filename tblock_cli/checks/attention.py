@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from tblock_cli.checks.context import UPDATE_SHARE, Context, eval_forwards, nonfinite_kind, update_share
+from tblock_cli.checks.context import Context, beyond, eval_forwards, nonfinite_kind, update_share
 from tblock_cli.checks.result import Outcome, failed, passed, skipped, warned
 from tblock_cli.probes import rel_diff, train_mode
 
@@ -136,13 +136,13 @@ def decoded_off(got: torch.Tensor, full: torch.Tensor, x: torch.Tensor, label: s
     if got.shape != full.shape:
         return failed("kv_cache.shape", list(got.shape), split=label, got=list(got.shape), expected=list(full.shape)), [], []
     per_pos = [rel_diff(got[:, t], full[:, t]) for t in range(full.shape[1])]
-    shares = [update_share(got[:, t], full[:, t], x[:, t]) if x.shape == full.shape else 0.0 for t in range(full.shape[1])]
+    shares = [update_share(got[:, t], full[:, t], x[:, t]) for t in range(full.shape[1])]
     return None, per_pos, shares
 
 
 def first_off(per_pos: list, shares: list, tol: float) -> int | None:
-    """The first position whose decoded output differs: beyond the tolerance, or beyond UPDATE_SHARE of its update."""
-    return next((t for t, (d, u) in enumerate(zip(per_pos, shares)) if d > tol or u > UPDATE_SHARE), None)
+    """The first position whose decoded output differs (`beyond`)."""
+    return next((t for t, (d, u) in enumerate(zip(per_pos, shares)) if beyond(d, u, tol)), None)
 
 
 def check_kv_cache(ctx: Context) -> Outcome:

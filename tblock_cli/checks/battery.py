@@ -226,7 +226,7 @@ def _battery(ctx: Context, strict: bool, run: RunInfo | None, only: tuple[str, .
             continue
         started, before = time.perf_counter(), counter.now()
         try:
-            with as_built(ctx.subject.module, zeros) if check.as_built and zeros else nullcontext():
+            with as_built(ctx.subject.module, zeros) if check.as_built else nullcontext():
                 outcome = check.function(ctx)
         except USER_ERRORS as e:  # the block under test raised (sys.exit included); report it, go on
             if is_out_of_memory(e):

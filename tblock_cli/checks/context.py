@@ -184,6 +184,11 @@ def update_share(got: torch.Tensor, ref: torch.Tensor, x: torch.Tensor) -> float
     return d[above].max().item() / update if above.any() and update > 0 else 0.0
 
 
+def beyond(diff: float, share: float, tol: float) -> bool:
+    """Whether outputs differ: by more than the tolerance (rel_diff), or by more than UPDATE_SHARE of the update."""
+    return diff > tol or share > UPDATE_SHARE
+
+
 def eval_forward(ctx: Context, x: torch.Tensor, pad_mask: torch.Tensor | None = None, subject: Subject | None = None) -> torch.Tensor:
     s = subject or ctx.subject
     with train_mode(s.module, False), torch.no_grad():

@@ -88,8 +88,8 @@ def check_dropout(ctx: Context) -> Outcome:
     dropping all, tr(J)/n below a quarter of eval's: the identity path cut), a rate that falls as the dropout argument
     rises (`nn.Dropout(1 - p)`), one activation mask for the whole batch (identical samples get identical, ever-new
     outputs; a draw without the batch axis), a dropout on attention's scores before the softmax (in training some
-    scores exactly 0 and the rest the eval scores times one factor, 1 / (1 - p): a zeroed score is not a dropped key). Randomness that stays at dropout 0 (gating noise, router jitter) is not
-    judged"""
+    scores exactly 0 and the rest the eval scores times one factor, 1 / (1 - p): a zeroed score is not a dropped key).
+    Randomness that stays at dropout 0 (gating noise, router jitter) is not judged"""
     if (large := too_large(ctx)) is not None:
         return large
     with seeded(ctx.device):  # every call below reseeds: the caller's random state is put back after
@@ -129,7 +129,7 @@ def _check(ctx: Context) -> Outcome:
         return skipped("dropout.unsupported", error=one_line(e))
     if asked.rates:
         ctx.step("the scores under dropout")
-        if (found := on_scores(ctx, module, subject, x)) is not None:
+        if (found := on_scores(ctx, subject, x)) is not None:
             return found
         ctx.step("the identity path with every dropout dropping all")
         if (found := on_stream(ctx, run, module, x)) is not None:

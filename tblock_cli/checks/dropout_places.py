@@ -8,12 +8,12 @@ import torch
 import torch.nn as nn
 
 from tblock_cli.anatomy.mha import MASKED_LOGIT
-from tblock_cli.anatomy.tracer import Tracer
 from tblock_cli.checks.context import Context
 from tblock_cli.checks.gradients import RESIDUAL_MIN
+from tblock_cli.checks.positions import captured_scores
 from tblock_cli.checks.result import Outcome, failed
 from tblock_cli.errors import is_out_of_memory
-from tblock_cli.probes import TorchDropoutOff, f64, reseed, train_mode
+from tblock_cli.probes import TorchDropoutOff, f64, reseed
 
 # The stream test's central-difference step, in units of the input's RMS (the gain's curvature error is O(step^2)),
 # and how much of the eval forward's identity gain must survive every dropout dropping all: a dropout on a branch
@@ -59,7 +59,7 @@ def on_stream(ctx: Context, run, module: nn.Module, x: torch.Tensor) -> Outcome 
     return failed("dropout.stream", round(dropped, 4), gain=dropped, eval_gain=kept, share=STREAM_SHARE)
 
 
-def on_scores(ctx: Context, module: nn.Module, subject, x: torch.Tensor) -> Outcome | None:
+def on_scores(ctx: Context, subject, x: torch.Tensor) -> Outcome | None:
     """A dropout on attention's scores before the softmax: in a training forward (torch's dropouts on), some of the
     finite scores a softmax reads are exactly 0 where the eval forward's are not, and every other one is the eval
     score times one constant (inverted dropout's 1 / (1 - p); 1 for a mask not rescaled). A zeroed score is not a
@@ -68,10 +68,7 @@ def on_scores(ctx: Context, module: nn.Module, subject, x: torch.Tensor) -> Outc
 
     def captured(train: bool) -> list:
         reseed(PROBE_SCORES_SEED)
-        tr = Tracer(module, ctx.cfg.d_model, capture=True)
-        with torch.no_grad(), train_mode(module, train), tr:
-            subject(x.clone())
-        return [(c, tr.attn.captured.get(i)) for i, c in enumerate(tr.attn.calls)]
+        return captured_scores(ctx, x, subject, train)[0]
 
     try:  # the shared trace (later checks read it too) says whether any softmax is the block's own
         if not any(c.kind == "softmax(QK^T)V" for c in ctx.dataflow().attention):

@@ -9,8 +9,8 @@ import torch
 from tblock_cli.anatomy.mha import attention_modules
 from tblock_cli.checks.context import (
     CAUSAL_BY_ITSELF,
-    UPDATE_SHARE,
     Context,
+    beyond,
     eval_forward,
     eval_forwards,
     eval_together,
@@ -132,9 +132,8 @@ def check_padding(ctx: Context) -> Outcome:
     padded batch that differ from the same tokens run alone (beyond the tolerance, or beyond 1 % of what the block
     adds to its input, where the output is mostly the input: LayerScale started at 1e-5), with right padding, and
     with left padding for causal blocks (declared or causal by themselves) without positions inside; there, a
-    training backward of the
-    left-padded batch's real outputs with non-finite gradients while its forward is finite (a -inf mask's NaN rows
-    hidden by `nan_to_num`)"""
+    training backward of the left-padded batch's real outputs with non-finite gradients while its forward is finite
+    (a -inf mask's NaN rows hidden by `nan_to_num`)"""
     if ctx.subject.pad_keyword is None:  # an hf: layer whose model takes no mask (vision, audio): --pad-keyword is no help
         return skipped("padding.hf_no_mask" if ctx.subject.name.startswith("hf:") else "padding.no_keyword")
     B, T = max(2, ctx.cfg.batch), max(ctx.cfg.seq, 3)
@@ -181,7 +180,7 @@ def check_padding(ctx: Context) -> Outcome:
         if got:
             nonfinite.append({"side": side, "got": got})
             continue
-        if eq > ctx.tol or share > UPDATE_SHARE:
+        if beyond(eq, share, ctx.tol):
             return failed("padding.differs_alone", eq, side=side, diff=eq, positional=positional is not None,
                           update_share=share)
         worst = max(worst, eq)
@@ -313,8 +312,7 @@ def _prefix_differs(ctx: Context, x: torch.Tensor, out: torch.Tensor) -> Outcome
         if alone.shape != x[:, : t + 1].shape:
             continue
         diffs[t] = (rel_diff(alone, out[:, : t + 1]), update_share(alone, out[:, : t + 1], x[:, : t + 1]))
-    # beyond the tolerance, or beyond UPDATE_SHARE of the update where the output is mostly the input (LayerScale 1e-5)
-    bad = [t for t, (d, u) in diffs.items() if d > ctx.tol or u > UPDATE_SHARE]
+    bad = [t for t, (d, u) in diffs.items() if beyond(d, u, ctx.tol)]
     if bad:
         t = max(bad, key=lambda t: diffs[t])
         return failed("causal.prefix", diffs[t][0], t=t, diff=diffs[t][0], update_share=diffs[t][1])

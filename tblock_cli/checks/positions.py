@@ -45,12 +45,13 @@ BIAS_SEQ = 64
 NO_BIAS = BIAS_MIN / 16
 
 
-def captured_scores(ctx: Context, x: torch.Tensor) -> tuple[list, Tracer]:
-    """One eval forward of x with the tracer capturing each attention call's scores and q.k product."""
-    module = ctx.subject.module
-    tr = Tracer(module, ctx.cfg.d_model, capture=True)
-    with train_mode(module, False), torch.enable_grad(), tr:
-        ctx.subject(x.clone())
+def captured_scores(ctx: Context, x: torch.Tensor, subject=None, train: bool = False) -> tuple[list, Tracer]:
+    """One forward of x (eval unless train) with the tracer capturing each attention call's scores and q.k product;
+    of `subject` where given (a check's copy), else the block's."""
+    subject = subject or ctx.subject
+    tr = Tracer(subject.module, ctx.cfg.d_model, capture=True)
+    with train_mode(subject.module, train), torch.enable_grad(), tr:
+        subject(x.clone())
     return [(c, tr.attn.captured.get(i)) for i, c in enumerate(tr.attn.calls)], tr
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from tblock_cli.messages.units import fmt_bytes
-from tblock_cli.messages.words import layer_prefix, names, shape, span
+from tblock_cli.messages.words import layer_prefix, names, of_update, shape, span
 
 NEED_REASON = {
     "shape": "needs an output of the input's shape (see shape)",
@@ -42,7 +42,7 @@ def _padding_respected(f: dict) -> str:
 
 
 def _padding_differs(f: dict) -> str:
-    by = f"{f['diff']:.2e}" + (f" ({f['update_share']:.2g}x the block's update)" if f.get("update_share", 0) > 0.01 else "")
+    by = f"{f['diff']:.2e}{of_update(f)}"
     if f["side"] == "left" and f.get("positional"):
         why = ("positions inside are not derived from the mask (absolute position ids that do not restart at the first "
                "real token), or the relative scheme is broken (a rotary cos/sin layout that does not match its rotation, "
@@ -160,7 +160,7 @@ MESSAGES = {
     "causal.leak_train": lambda f: (f"in train mode outputs up to t={f['t']} have a gradient w.r.t. later positions: the "
                                     f"future leaks" + _said_causal(f)),
     "causal.prefix": lambda f: (f"the first {f['t'] + 1} token(s) run alone give other outputs than the same positions of "
-                                f"the whole sequence ({f['diff']:.2e}): something reads the sequence's length (a scale by "
+                                f"the whole sequence ({f['diff']:.2e}{of_update(f)}): something reads the sequence's length (a scale by "
                                 f"T, positions counted from the end, a table or mask cut to the wrong size)" + _said_causal(f)),
     "causal.respected": lambda f: ("outputs up to t ignore inputs after t (values and gradients), and a prefix run alone "
                                    "gives them" + _said_causal(f)),
@@ -212,9 +212,7 @@ MESSAGES = {
     "kv_cache.no_decode": "the block has no decode(x_t, cache) -> (y_t, cache) method (see docs/decoding.md)",
     "kv_cache.shape": lambda f: f"{f['split']}: decoded outputs have shape {shape(f['got'])}, the forward {shape(f['expected'])}",
     "kv_cache.differs": lambda f: (f"{f['split']}: position {f['position']} differs from the full causal forward by "
-                                   f"{f['diff']:.2e} (worst {f['worst']:.2e})" + (f", {f['update_share']:.2g}x what the block "
-                                   "adds to its input there" if f.get("update_share", 0) > 0.01 else "")
-                                   + ": the cache or the positions are wrong"),
+                                   f"{f['diff']:.2e} (worst {f['worst']:.2e}){of_update(f)}: the cache or the positions are wrong"),
     "kv_cache.graph": "{split}: a no_grad decode returned {tensors} tensor(s) with a grad_fn: an autograd graph grows across steps",
     "kv_cache.shared": ("two sequences decoded in turns differ from the full causal forward by {diff:.2e}, each decoded alone "
                          "equals it: the caches share state"),

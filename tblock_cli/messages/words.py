@@ -3,6 +3,13 @@
 from __future__ import annotations
 
 
+def of_update(f: dict) -> str:
+    """', 2.3x what the block adds to its input there' where a difference was judged against the block's update
+    (`update_share` in the facts) and passed its 1 % (the checks' UPDATE_SHARE); '' otherwise."""
+    share = f.get("update_share", 0)
+    return f", {share:.2g}x what the block adds to its input there" if share > 0.01 else ""
+
+
 def shape(dims) -> str:
     return str(tuple(dims))
 
