@@ -3,6 +3,7 @@ run as its library runs it."""
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
@@ -368,3 +369,38 @@ def test_an_hf_models_later_layer_is_its_own_kind():
     assert type(layer.self_attn).__name__.endswith("Attention") and not hasattr(layer, "linear_attn")
     (result,) = api.check("hf:qwen3_next", only="attention", **{**SIZES, "d_model": 64, "d_ff": 256}, layer=3).checks
     assert result.status.value == "pass" and all(c["where"] != "root" for c in result.facts["calls"]), result.facts
+
+
+class ScaledMix(nn.Module):
+    """A layer behind LayerScale 1e-6 (ConvNeXt's and deep CaiT's init) mixing each position with its neighbours:
+    a centred convolution (both sides) or a causal one (earlier positions only)."""
+
+    def __init__(self, d, causal):
+        super().__init__()
+        self.causal = causal
+        self.conv = nn.Conv1d(d, d, 3, padding=2 if causal else 1, groups=d)
+        self.gamma = nn.Parameter(torch.full((d,), 1e-6))
+
+    def forward(self, x):
+        h = self.conv(x.transpose(1, 2))[..., : x.shape[1]].transpose(1, 2)
+        return x + self.gamma * h
+
+
+class ScaledModel(nn.Module):
+    def __init__(self, n_embd: int = 32, causal: bool = False):
+        super().__init__()
+        self.emb = nn.Embedding(8, n_embd)
+        self.layers = nn.ModuleList([ScaledMix(n_embd, causal)])
+
+    def forward(self, idx):
+        return self.layers[0](self.emb(idx))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_what_the_model_does_is_read_behind_a_small_branch_gain(causal):
+    """Behind LayerScale 1e-6 a later token moves earlier outputs by ~6e-7 of the output, under the relative rounding
+    room: the layers were taken for causal, and `causal` then failed the prefix of a bidirectional model
+    (sam3_lite_text's RepMixer layer, LayerScale 1e-5). The change is judged against the layers' update too
+    (probes.update_share)."""
+    _, subject = built_any(functools.partial(ScaledModel, causal=causal))
+    assert subject.module.causal is causal

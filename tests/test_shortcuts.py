@@ -11,18 +11,19 @@ from typer.testing import CliRunner
 import tblock_cli
 from tblock_cli.checks.battery import CHECK_NAMES, select
 from tblock_cli.checks.gradients import grad_state
+from tblock_cli.checks.streamed import float64_streamed, stream_units
 from tblock_cli.config import build_config
 from tblock_cli.errors import ConfigError
-from tblock_cli.probes import float64_streamed, residual_probes, stream_units
+from tblock_cli.probes import residual_probes
 from tblock_cli.subject.loading import make_subject
 
 CPU = torch.device("cpu")
 
 
 def test_streamed_float64_equals_a_float64_copy_and_restores_the_block(monkeypatch):
-    import tblock_cli.probes as probes
+    import tblock_cli.checks.streamed as streamed
 
-    monkeypatch.setattr(probes, "STREAM_UNIT_BYTES", 1024)  # small units even at d_model 32: streaming happens
+    monkeypatch.setattr(streamed, "STREAM_UNIT_BYTES", 1024)  # small units even at d_model 32: streaming happens
     cfg = build_config(d_model=32, n_heads=4, layers=2)
     block = make_subject(cfg, CPU, torch.float32).module.eval()
     units = stream_units(block)
@@ -186,9 +187,9 @@ class LateSum(nn.Module):
 def test_streamed_float64_keeps_a_units_output_that_views_its_copies(monkeypatch):
     """The float64 copies of one unit are laid into a buffer the next unit reuses, unless the unit kept a view of them:
     pos's output is its weight's float64 copy, and ff's and ff2's copies must not overwrite it."""
-    import tblock_cli.probes as probes
+    import tblock_cli.checks.streamed as streamed
 
-    monkeypatch.setattr(probes, "STREAM_UNIT_BYTES", 64)
+    monkeypatch.setattr(streamed, "STREAM_UNIT_BYTES", 64)
     block = LateSum().eval()
     assert stream_units(block) == [block.pos, block.ff, block.ff2]
     x = torch.randn(2, 5, 8, dtype=torch.float64)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from tblock_cli.checks.context import Context, beyond, eval_forwards, nonfinite_kind, update_share
+from tblock_cli.checks.context import Context, eval_forwards, nonfinite_kind
 from tblock_cli.checks.result import Outcome, failed, passed, skipped, warned
-from tblock_cli.probes import rel_diff, train_mode
+from tblock_cli.probes import beyond, rel_diff, train_mode, update_share
 
 # Attention logits' std against what q.k/sqrt(d_head) predicts from the projections' outputs:
 # ~1 when scaled (measured 0.96-1.07 on every correct block of the sweep), sqrt(d_head) when the

@@ -9,7 +9,7 @@ from typing import Callable
 import torch
 
 from tblock_cli.config import BlockConfig
-from tblock_cli.probes import TOLERANCE, changed, f64, state_key, train_mode
+from tblock_cli.probes import TOLERANCE, changed, state_key, train_mode
 from tblock_cli.subject import Subject
 
 # Probes of one check that need not see each other run as one forward of their concatenated batch when the block
@@ -159,34 +159,6 @@ class Context:
         from tblock_cli.anatomy import trace
 
         return self.probe(DATAFLOW, lambda: trace(self.subject.module, self.subject, self.x(), self.cfg.d_model))
-
-
-# A block whose output is mostly its input (LayerScale started at 1e-5, a small gain on each branch) shrinks every
-# difference of its outputs with its update: a decode that keeps only the prompt's last key measured 4.1e-6 of the
-# output behind LayerScale 1e-5, under float32's 1e-5, yet 2.3x what the block adds to its input. Comparisons of
-# outputs are also judged against that update (y - x), at the elements where a difference is above their own rounding
-# (ROUNDING_ULPS units in the last place of the larger of |y| and |x|; equal computations differ by one at most): above
-# UPDATE_SHARE of it, they differ. Where the update is O(1) this share is far above the tolerance and changes nothing.
-UPDATE_SHARE = 1e-2
-ROUNDING_ULPS = 4
-
-
-def update_share(got: torch.Tensor, ref: torch.Tensor, x: torch.Tensor) -> float:
-    """max|got - ref| as a share of the block's update max|ref - x| where it is above ref's rounding; 0 where it is
-    not, or where the shapes do not line up (an output that is not the input's shape has no update to compare)."""
-    if got.shape != ref.shape or x.shape != ref.shape or not ref.is_floating_point() or not ref.numel():
-        return 0.0
-    g, r, xx = f64(got), f64(ref), f64(x)  # on the CPU: MPS has no float64
-    d = (g - r).abs()
-    # each element's own rounding: y = x + f(x) rounds to the larger of the two, a few units in its last place
-    above = d > ROUNDING_ULPS * torch.finfo(ref.dtype).eps * torch.maximum(r.abs(), xx.abs())
-    update = (r - xx).abs().max().item()
-    return d[above].max().item() / update if above.any() and update > 0 else 0.0
-
-
-def beyond(diff: float, share: float, tol: float) -> bool:
-    """Whether outputs differ: by more than the tolerance (rel_diff), or by more than UPDATE_SHARE of the update."""
-    return diff > tol or share > UPDATE_SHARE
 
 
 def eval_forward(ctx: Context, x: torch.Tensor, pad_mask: torch.Tensor | None = None, subject: Subject | None = None) -> torch.Tensor:

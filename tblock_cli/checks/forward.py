@@ -12,8 +12,9 @@ from tblock_cli.anatomy.mha import attention_modules, attention_weights_bytes, m
 from tblock_cli.anatomy.norms import find_norms, with_eps
 from tblock_cli.checks.context import TRAINING_INPUT, Context, eval_forward, forward_together, nonfinite_kind
 from tblock_cli.checks.result import Outcome, failed, passed, skipped, warned
+from tblock_cli.checks.streamed import float64_streamed
 from tblock_cli.errors import is_out_of_memory, one_line
-from tblock_cli.probes import changed, f64, float64_streamed, module_copy, rel_diff, state_key, tensors, train_mode
+from tblock_cli.probes import changed, f64, module_copy, rel_diff, state_key, tensors, train_mode
 from tblock_cli.report import Status
 from tblock_cli.runtime import dtype_name
 from tblock_cli.subject.through import raised_before_layer
@@ -280,7 +281,7 @@ def check_need_weights(ctx: Context) -> Outcome:
 
 def float64_reference(ctx: Context, x: torch.Tensor, device: torch.device) -> torch.Tensor:
     """The block's eval output on x computed in float64: streamed through the block's own modules, sublayer by
-    sublayer (probes.float64_streamed); a whole float64 copy where streaming cannot run the block."""
+    sublayer (checks/streamed.py float64_streamed); a whole float64 copy where streaming cannot run the block."""
     module = ctx.subject.module
     x64 = x.to(device=device, dtype=torch.float64)
     try:

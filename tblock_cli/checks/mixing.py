@@ -10,18 +10,16 @@ from tblock_cli.anatomy.mha import attention_modules
 from tblock_cli.checks.context import (
     CAUSAL_BY_ITSELF,
     Context,
-    beyond,
     eval_forward,
     eval_forwards,
     eval_together,
     input_grad,
     nonfinite_kind,
     projected,
-    update_share,
 )
 from tblock_cli.checks.result import Outcome, failed, passed, skipped, warned
 from tblock_cli.errors import is_out_of_memory, one_line
-from tblock_cli.probes import f64, rel_diff, train_mode
+from tblock_cli.probes import beyond, f64, rel_diff, train_mode, update_share
 from tblock_cli.subject.through import raised_before_layer
 
 # Names that mark position machinery inside a block; token order then matters by design.
