@@ -212,3 +212,29 @@ def tiny_decoder(vocab_size=64, num_layers=2, num_heads=4, num_kv_heads=2, embed
                   RMSNorm(embed_dim), RMSNorm(embed_dim)) for _ in range(num_layers))
     return TuneDecoder(nn.Embedding(vocab_size, embed_dim), layers, RMSNorm(embed_dim),
                        nn.Linear(embed_dim, vocab_size, bias=False), max_seq_len)
+
+
+class ScaledMix(nn.Module):
+    """A layer behind LayerScale 1e-6 (ConvNeXt's and deep CaiT's init) mixing each position with its neighbours:
+    a centred convolution (both sides) or a causal one (earlier positions only)."""
+
+    def __init__(self, d, causal):
+        super().__init__()
+        self.causal = causal
+        self.conv = nn.Conv1d(d, d, 3, padding=2 if causal else 1, groups=d)
+        self.gamma = nn.Parameter(torch.full((d,), 1e-6))
+
+    def forward(self, x):
+        h = self.conv(x.transpose(1, 2))[..., : x.shape[1]].transpose(1, 2)
+        return x + self.gamma * h
+
+
+class ScaledModel(nn.Module):
+    def __init__(self, n_embd: int = 32, causal: bool = False):
+        super().__init__()
+        self.emb = nn.Embedding(8, n_embd)
+        self.layers = nn.ModuleList([ScaledMix(n_embd, causal)])
+
+    def forward(self, idx):
+        return self.layers[0](self.emb(idx))
+

@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn as nn
 from blocks_models import GPT, Llama, Transformer
-from blocks_models_tuned import LitGPT, tiny_decoder
+from blocks_models_tuned import LitGPT, ScaledModel, tiny_decoder
 from typer.testing import CliRunner
 
 from tblock_cli import api
@@ -369,31 +369,6 @@ def test_an_hf_models_later_layer_is_its_own_kind():
     assert type(layer.self_attn).__name__.endswith("Attention") and not hasattr(layer, "linear_attn")
     (result,) = api.check("hf:qwen3_next", only="attention", **{**SIZES, "d_model": 64, "d_ff": 256}, layer=3).checks
     assert result.status.value == "pass" and all(c["where"] != "root" for c in result.facts["calls"]), result.facts
-
-
-class ScaledMix(nn.Module):
-    """A layer behind LayerScale 1e-6 (ConvNeXt's and deep CaiT's init) mixing each position with its neighbours:
-    a centred convolution (both sides) or a causal one (earlier positions only)."""
-
-    def __init__(self, d, causal):
-        super().__init__()
-        self.causal = causal
-        self.conv = nn.Conv1d(d, d, 3, padding=2 if causal else 1, groups=d)
-        self.gamma = nn.Parameter(torch.full((d,), 1e-6))
-
-    def forward(self, x):
-        h = self.conv(x.transpose(1, 2))[..., : x.shape[1]].transpose(1, 2)
-        return x + self.gamma * h
-
-
-class ScaledModel(nn.Module):
-    def __init__(self, n_embd: int = 32, causal: bool = False):
-        super().__init__()
-        self.emb = nn.Embedding(8, n_embd)
-        self.layers = nn.ModuleList([ScaledMix(n_embd, causal)])
-
-    def forward(self, idx):
-        return self.layers[0](self.emb(idx))
 
 
 @pytest.mark.parametrize("causal", [False, True])
