@@ -37,7 +37,9 @@ MIXER = re.compile(r"mamba|ssm|mixer|delta_?net|delta_?attention|linearattention
 CONFORMER = ("wav2vec2-conformer", "wav2vec2-bert", "wavlm")
 # Parameters that act only on inputs a layer driven on tokens alone does not get: rule -> why, per family.
 CONDITIONAL_INPUTS = {"luke": "its entity-aware query projections (w2e, e2w, e2e) act only on entity tokens",
-                      "blip_text_model": "its text layers' cross-attention reads image features"}
+                      "blip_text_model": "its text layers' cross-attention reads image features",
+                      "evolla": "its layers' adapter (a sequence aligner) cross-attends to protein, structure and MSA "
+                                "features"}
 # Sparse attention's key selectors (DeepSeek-V3.2's lightning indexer and its successors'): relu(q.k) scores, weighted
 # over heads, ranked by top-k.
 INDEXER = re.compile(r"indexer", re.I)
