@@ -16,9 +16,9 @@ from tblock_cli.checks import Status
 from conftest import TESTS
 
 
-def spec_check(name, **flags):
+def spec_check(name, d_model=32, **flags):
     spec = f"{TESTS / 'zoo_claims.py'}:{name}"
-    return tblock_cli.check(spec, d_model=32, n_heads=4, causal=True, threads=1, only="spec", **flags).checks[0]
+    return tblock_cli.check(spec, d_model=d_model, n_heads=4, causal=True, threads=1, only="spec", **flags).checks[0]
 
 
 @pytest.mark.parametrize("name", sorted(zoo_claims.PLANTED))
@@ -195,3 +195,16 @@ def test_head_count_reading_rules():
     assert group(Config(num_kv_heads=3)) is None  # not a whole ratio: claims nothing
     assert group(None, n_heads=8, n_rep=2) == 2.0  # Meta's llama keeps the group size itself
     assert group(None, n_heads=8, n_kv_heads=2, n_rep=2) is None  # 4 and 2: counts that disagree claim nothing
+
+
+def test_a_table_whose_frequencies_repeat_is_read_not_raised_on():
+    """A cat(f, f) table read with interleaved pairs turns its pairs at f0, f0, f2, f2, ...: the theta fit over the
+    leading pairs found no slope (theta 1) and the llama-3 ramp's fit divided by zero, so at d_head 16 the claim went
+    unjudged ("could not be read"). Such a table is no theta^(-2i/dims) one: `other`, and the base it says is judged."""
+    from tblock_cli.card.positions import scaling_reading
+
+    f = [10000.0 ** (-2 * k / 16) for k in range(0, 8, 2)]
+    reading = scaling_reading([v for v in f for _ in (0, 1)], 16)
+    assert reading["scaling"] == "other" and reading["theta"] == pytest.approx(1.0)
+    c = spec_check("CatTableInterleaved", d_model=64)
+    assert c.status is Status.FAIL and [d["key"] for d in c.facts["differs"]] == ["rope.theta"], c

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from zoo_tables import CatTableInterleaved  # noqa: F401
 from zoo_training import RMSNorm, Rotary, TrainBlock, attend, heads, merge
 
 # ----------------------------------------------------------------------------- says one thing, computes another
@@ -385,7 +386,8 @@ PLANTED = {"RotaryBaseIgnored": "rope.theta", "SoftcapIgnored": "attn.softcap",
            "ScaleAttributeContradicted": "attn.scale", "ActivationContradicted": "ffn.act", "NormEpsIgnored": "norm.eps",
            "PartialRotationIgnored": "rope.dims", "RotaryDropped": "pos.kind", "RotaryOnQueries": "pos.kind",
            "RopeScalingIgnored": ("rope.scaling", "rope.factor"), "ParallelResidualIgnored": "residual.form",
-           "RMSNormCentred": "norm.kind", "KVHeadsIgnored": "attn.group", "PairingContradicted": "rope.pairing"}
+           "RMSNormCentred": "norm.kind", "KVHeadsIgnored": "attn.group", "PairingContradicted": "rope.pairing",
+           "CatTableInterleaved": "rope.theta"}
 CORRECT = ["RotaryBaseHonoured", "SoftcapApplied", "ScaleAttributeHonoured", "ActivationHonoured", "PartialRotationHonoured",
            "RotaryKeptUnused", "RopeScalingHonoured", "ParallelResidualHonoured", "LayerNormStreamRMSHeads",
            "ZeroQueryInit", "GroupedQuery", "DifferentialHeads", "PairingHonoured", "InterleavedSaid",

@@ -153,6 +153,8 @@ def scaling_reading(freqs: list[float], dims: int, tol: float = RATIO_TOL) -> di
     b0, b1 = torch.linalg.lstsq(A, logs[:, None]).solution[:, 0].tolist()
     theta = math.exp(-b1 * dims / 2)
     top = math.exp(b0)
+    if not theta > 1:  # the leading pairs do not slow down (a frequency repeated): no theta^(-2i/dims) table
+        return {"theta": theta, "scaling": "other", "factor": None}
     if lead == len(ratios):  # one geometric table
         if abs(top - 1) <= FREQ_TOL:
             return {"theta": theta, "scaling": "none", "factor": 1.0}
