@@ -20,6 +20,7 @@ import torch
 TESTS = Path(__file__).resolve().parent.parent / "tests"
 sys.path.insert(0, str(TESTS))
 
+import zoo_accumulation  # noqa: E402
 import zoo_autocast  # noqa: E402
 import zoo_claims  # noqa: E402
 import zoo_designs  # noqa: E402
@@ -56,6 +57,7 @@ CORRECT.update({f"zoo_length.py:{k}": {"causal": True} for k in zoo_length.CORRE
 CORRECT.update({f"zoo_init.py:{k}": {} for k in zoo_init.CORRECT})  # zero initialisations that train
 CORRECT.update({f"zoo_history.py:{k}": {} for k in zoo_history.CORRECT})  # caches that follow their inputs
 CORRECT.update({f"zoo_numerics.py:{k}": {} for k in zoo_numerics.CORRECT})  # numerics and construction that train
+CORRECT.update({f"zoo_accumulation.py:{k}": {} for k in zoo_accumulation.CORRECT})  # custom backwards that accumulate
 CORRECT.update({f"zoo_designs.py:{k}": {"causal": k not in zoo_designs.BIDIRECTIONAL} for k in zoo_designs.CORRECT})  # libraries' designs
 # logits doubled at init by talking heads started as the identity: told from unscaled ones with heads of 64 or more
 CORRECT["zoo_designs.py:AddedTalkingHeadsBlock"] = {"causal": True, "n_heads": 1}
@@ -119,7 +121,8 @@ def missed_bugs(sizes) -> int:
                **{f"zoo_length.py:{k}": (check, {"causal": True}) for k, (check, _) in zoo_length.PLANTED.items()},
                **{f"zoo_init.py:{k}": (v, {}) for k, v in zoo_init.PLANTED.items()},
                **{f"zoo_history.py:{k}": (v, {}) for k, v in zoo_history.PLANTED.items()},
-               **{f"zoo_numerics.py:{k}": (check, {}) for k, (check, _) in zoo_numerics.PLANTED.items()}}
+               **{f"zoo_numerics.py:{k}": (check, {}) for k, (check, _) in zoo_numerics.PLANTED.items()},
+               **{f"zoo_accumulation.py:{k}": (v, {}) for k, v in zoo_accumulation.PLANTED.items()}}
     missed = runs = 0
     for name, (check, flags) in planted.items():
         for size in sizes:

@@ -54,3 +54,12 @@ def test_the_blocks_gradients_are_put_back():
         p.grad = marks[n]
     run_checks(subject, cfg, torch.device("cpu"), torch.float32, only=("grad_accumulation",))
     assert all(p.grad is marks[n] for n, p in subject.module.named_parameters())
+
+
+def test_a_backward_reading_the_latest_forwards_input_is_caught_with_two_forwards_in_flight():
+    """Forward, backward, forward, backward cannot tell: each backward reads the input of the forward just before.
+    A second forward before the first's backward can: w2's gradient is then taken against the reversed input."""
+    c = check("StashedInputLinear")["grad_accumulation"]
+    assert c.kind == "grad_accumulation.interleaved" and c.facts["wrong"] == ["w2.weight"], c.facts
+    ok = check("SavedInputLinear")["grad_accumulation"]
+    assert ok.kind == "grad_accumulation.adds" and ok.facts["interleaved"] == 0.0, ok.facts

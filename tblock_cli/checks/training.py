@@ -228,7 +228,8 @@ def _off(got: torch.Tensor | None, want: torch.Tensor) -> float:
 def check_grad_accumulation(ctx: Context) -> Outcome:
     """Catches: gradients that do not add up over two backwards without zeroing (micro-batches of gradient
     accumulation): the same seeded step twice must leave twice the gradient of one; a forward that frees or zeroes
-    `.grad`, a backward that writes `.grad` instead of adding to it"""
+    `.grad`, a backward that writes `.grad` instead of adding to it; a backward that reads what a later forward
+    overwrote (two micro-batches in flight: an input stashed on the module)"""
     if (large := too_large(ctx)) is not None:
         return large
     params = trainable(ctx.subject.module)
@@ -238,6 +239,7 @@ def check_grad_accumulation(ctx: Context) -> Outcome:
     x = ctx.x()
     weight = ctx.randn(*x.shape).float()  # the projection of an output of the input's shape (the shape check's)
     limit = 10 * ctx.tol
+    apart, mixed = {}, {}
     try:
         for _, p in params:
             p.grad = None
@@ -254,6 +256,11 @@ def check_grad_accumulation(ctx: Context) -> Outcome:
             again = _grads(params)
             if any(_off(again[n], one[n]) > limit for n in wrong):
                 return skipped("grad_accumulation.not_repeatable", params=sorted(wrong))
+        if not wrong:
+            ctx.step("two forwards, then the first's backward")
+            first = _first_of_two(ctx, x, weight, params)
+            apart = {n: _off(first[n], g) for n, g in one.items() if g is not None and g.any()} if first else {}
+            mixed = {n: e for n, e in apart.items() if e > limit}
     finally:
         for n, p in params:
             p.grad = saved[n]
@@ -261,4 +268,30 @@ def check_grad_accumulation(ctx: Context) -> Outcome:
     facts = {"limit": limit, "checked": len(off), "wrong": sorted(wrong, key=wrong.get, reverse=True)}
     if wrong:
         return failed("grad_accumulation.lost", round(worst, 4), worst=worst, **facts)
-    return passed("grad_accumulation.adds", worst, worst=worst, **facts)
+    if mixed:
+        worst = max(mixed.values())
+        return failed("grad_accumulation.interleaved", round(worst, 4), worst=worst, limit=limit,
+                      wrong=sorted(mixed, key=mixed.get, reverse=True))
+    return passed("grad_accumulation.adds", worst, worst=worst, interleaved=max(apart.values(), default=0.0), **facts)
+
+
+def _first_of_two(ctx: Context, x: torch.Tensor, weight: torch.Tensor, params) -> dict[str, torch.Tensor | None]:
+    """The gradients of x's seeded step when another forward (x reversed along the sequence) runs before its
+    backward, as pipeline schedules and micro-batches in flight do: a backward that reads what the later forward
+    overwrote (an input stashed on the module, a buffer) gives other gradients than the step alone. None where that
+    backward raises (a tensor it saved written in place by the later forward): not judged here."""
+    module = ctx.subject.module
+    for _, p in params:
+        p.grad = None
+    try:
+        with train_mode(module, True), torch.enable_grad():
+            with seeded(ctx.device):
+                out = ctx.subject(x.clone().requires_grad_(True))
+            later = ctx.subject(x.flip(1).requires_grad_(True))
+            (out.float() * weight).sum().backward()
+            del later
+    except RuntimeError as e:
+        if is_out_of_memory(e):
+            raise
+        return None
+    return _grads(params)

@@ -191,8 +191,14 @@ MESSAGES = {
     "grad_accumulation.lost": lambda f: (f"two backwards without zeroing do not leave twice one backward's gradient "
                                          f"(worst {f['worst']:.2g} off, limit {f['limit']:g}): {names(f['wrong'])}; "
                                          f"gradient accumulation over micro-batches loses all but the last"),
+    "grad_accumulation.interleaved": lambda f: (f"with a second forward run before the first's backward (micro-batches "
+                                                f"in flight, pipeline schedules), the first's gradients differ from its "
+                                                f"step alone by {f['worst']:.2g} (limit {f['limit']:g}): "
+                                                f"{names(f['wrong'])}; the backward reads state the later forward "
+                                                f"overwrote (an input stashed on the module, a buffer)"),
     "grad_accumulation.adds": lambda f: (f"gradients add up over two backwards without zeroing ({f['checked']} "
-                                         f"parameters, worst {f['worst']:.1e} off)"),
+                                         f"parameters, worst {f['worst']:.1e} off), and a forward run in between "
+                                         f"leaves a backward's gradients as they were"),
     "global_state.changed": lambda f: "a forward leaves torch's process-wide state changed: " + _switched(f, f["switches"]),
     "global_state.switched": lambda f: ("a forward changes torch's numerics or speed switches for the whole process: "
                                         + _switched(f, f["switches"])),
