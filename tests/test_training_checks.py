@@ -79,6 +79,16 @@ def test_a_block_that_raises_under_autocast_on_mixing_dtypes_fails_and_its_cast_
     assert not [c for c in by.values() if c.status in BAD], [(c.name, c.detail) for c in by.values() if c.status in BAD]
 
 
+def test_autocast_that_changes_the_streams_dtype_or_breaks_the_backward_fails_and_the_twins_pass():
+    c = run("ResidualTypeAsBranch", only=("precision",), spec_file="zoo_autocast.py")["precision"]
+    assert c.kind == "precision.autocast_dtype" and (c.facts["got"], c.facts["want"]) == ("bfloat16", "float32"), c
+    c = run("CustomLinearNoCast", only=("precision",), spec_file="zoo_autocast.py")["precision"]
+    assert c.kind == "precision.dtype_clash" and "backward" in c.facts["how"] and "dtype" in c.facts["error"], c
+    for twin in ("ResidualCastToStream", "CustomLinearCast"):
+        c = run(twin, only=("precision",), spec_file="zoo_autocast.py")["precision"]
+        assert c.kind == "precision.close", (twin, c)
+
+
 @pytest.mark.parametrize("name", ["TrainBlock", "MoEBlock"])
 def test_correct_twin_is_clean_in_bfloat16_runs(name):
     by = run(name, dtype=torch.bfloat16)

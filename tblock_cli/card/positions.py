@@ -106,8 +106,7 @@ def rotary_reading(q: torch.Tensor) -> dict | None:
 
 
 def rotations_apart(q_rot: dict | None, k_rot: dict | None) -> str | None:
-    """Why q and k do not rotate together (a rotary score depends on j - i only where both turn by the same angles, in
-    the same channels), or None where they do or neither rotates."""
+    """Why q and k do not rotate together (scores depend on j - i only if both turn alike); None if both or none turn."""
     if q_rot is None and k_rot is None:
         return None
     if k_rot is None:

@@ -40,6 +40,7 @@ QUANTILE = 0.75
 # scores) is a block written for float32 weights, as many correct ones are. Kernels this machine lacks for bfloat16
 # say "not implemented", and a constant that does not fit bfloat16 says "overflow": neither is judged.
 AUTOCAST = "torch.autocast (bfloat16)"
+AUTOCAST_STEP = "torch.autocast (bfloat16), in a training step's backward,"
 DTYPE_CLASH = re.compile(r"dtypes? (to )?match|same dtype|expected scalar type|expected .*dtype|dtype mismatch|"
                          r"found dtype|expected both|same scalar type", re.I)
 KERNEL_GAP = re.compile(r"not implemented|overflow|not supported", re.I)
@@ -243,12 +244,35 @@ def _component_errors(ref: list, got: list, seq: int) -> list[tuple[str, float]]
     return out
 
 
+def _autocast_step(ctx: Context, ref32: nn.Module, x: torch.Tensor) -> str | None:
+    """One training step of the float32 copy as mixed-precision training runs it: the forward under torch.autocast,
+    the backward outside. The error where the backward (or that forward) raises on mixing dtypes (a custom autograd
+    Function whose backward meets bfloat16 gradients with float32 tensors: no custom_fwd/custom_bwd); None where the
+    step runs, or raises for another reason (a kernel this machine lacks: not the block's)."""
+    ctx.step("a training step under autocast")
+    try:
+        with train_mode(ref32, True), torch.enable_grad():
+            with torch.autocast(ctx.device.type, dtype=HALF):
+                out = first_tensor(ctx.subject.like(ref32)(x.detach().clone().requires_grad_(True)))
+            out.float().sum().backward()
+    except Exception as e:  # noqa: BLE001 - only a dtype clash is the block's
+        if is_out_of_memory(e):
+            raise
+        return one_line(e) if DTYPE_CLASH.search(str(e)) and not KERNEL_GAP.search(str(e)) else None
+    finally:
+        for q in ref32.parameters():
+            q.grad = None
+    return None
+
+
 def check_precision(ctx: Context) -> Outcome:
     """Catches: under `torch.autocast` (bfloat16) and after `.to(bfloat16)`, any component's or the output's error
     against float32 at 768 tokens (after `.to`: float32 with the same bfloat16-rounded weights and buffers), the
     75th percentile over positions of each position's relative error, above 0.1; names the first such component
     (rotary positions or angles computed in bfloat16); a block that raises on mixing dtypes under autocast (an
-    expert's bfloat16 output written by index into a float32 buffer)"""
+    expert's bfloat16 output written by index into a float32 buffer), in its forward or in a training step's backward
+    (a custom autograd Function without custom_fwd/custom_bwd); a float32 input whose output autocast turns bfloat16
+    (the residual stream carried in bfloat16 from there on: `(x + y).type_as(y)`)"""
     if (large := too_large(ctx)) is not None:
         return large
     if ctx.device.type not in ("cpu", "cuda"):
@@ -280,6 +304,12 @@ def check_precision(ctx: Context) -> Outcome:
                         and not KERNEL_GAP.search(str(cause)):
                     return failed("precision.dtype_clash", how=e.args[0], error=one_line(cause), **clash)
                 return skipped("precision.unsupported", error=one_line(cause or e))
+    got = results["autocast"][1][0][1]
+    if isinstance(got, torch.Tensor) and got.is_floating_point() and got.dtype != ref.dtype:
+        return failed("precision.autocast_dtype", got=str(got.dtype).replace("torch.", ""),
+                      want=str(ref.dtype).replace("torch.", ""))
+    if (clash := _autocast_step(ctx, ref32, x[:, : ctx.cfg.seq])) is not None:
+        return failed("precision.dtype_clash", how=AUTOCAST_STEP, error=clash)
     errors, first = {}, {}
     for how, (ref_parts, parts) in results.items():
         comps = _component_errors(ref_parts, parts, seq)

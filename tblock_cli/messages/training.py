@@ -128,6 +128,9 @@ MESSAGES = {
     "precision.unsupported": lambda f: f"the block does not run in bfloat16: {f['error']}",
     "precision.dtype_clash": lambda f: (f"under {f['how']} the block raises on mixing dtypes: {f['error']} (bfloat16 "
                                         f"results meeting float32 tensors: it cannot train so)"),
+    "precision.autocast_dtype": lambda f: (f"under torch.autocast (bfloat16) a {f['want']} input comes out {f['got']}: "
+                                           f"the residual stream is carried in {f['got']} from this block on (autocast "
+                                           f"changes the precision of operations, not the dtype a block returns)"),
     "precision.differs": _precision,
     "precision.close": lambda f: (f"within {f['limit']:g} of float32 at {f['seq']} tokens: autocast {f['errors']['autocast']:.1e}, "
                                   f".to(bfloat16) {f['errors']['to_bfloat16']:.1e} (worst component's relative error per position, 75th percentile)"
