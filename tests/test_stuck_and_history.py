@@ -101,7 +101,16 @@ def test_stuck_wakes_factors_of_a_product_but_not_a_gradient_zero_by_structure()
     assert not a.any() and not b.any() and not k.any()  # put back
 
 
-@pytest.mark.parametrize("name", sorted(zoo_history.PLANTED))
+def test_a_weight_kept_from_before_the_step_for_inference_calls_is_stale():
+    """The step's own forwards run with gradients, which rebuild the kept matrix: only an eval call without them after
+    the step sees the old q, k, v. The twin concatenates at every call."""
+    c = run("zoo_history.py:FusedKeptForInference", ("optimizer_step",))["optimizer_step"]
+    assert c.kind == "optimizer_step.stale" and c.facts["stale"] > 5 * c.facts["limit"], c
+    ok = run("zoo_history.py:FusedInEval", ("optimizer_step",))["optimizer_step"]
+    assert ok.kind == "optimizer_step.ok" and ok.facts["stale"] < 1e-6, ok.facts
+
+
+@pytest.mark.parametrize("name", sorted(k for k, v in zoo_history.PLANTED.items() if v == "history"))
 def test_an_output_that_depends_on_earlier_calls_fails_history(name):
     by = run(f"zoo_history.py:{name}", ("history",))
     c = by["history"]

@@ -116,5 +116,33 @@ class PadMaskCachedByValue(_Attend):
         return self._cached
 
 
-PLANTED = {"PadMaskCachedByShape": "history", "TableOfFirstLength": "history", "FirstBatchScale": "history"}
+class FusedInEval(TrainBlock):
+    """Eval fuses q, k and v into one matrix product, the weights concatenated at every call."""
+
+    def fused(self) -> torch.Tensor:
+        return torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])
+
+    def attention(self, h):
+        if self.training:
+            return super().attention(h)
+        q, k, v = (heads(t, self.n_heads) for t in F.linear(h, self.fused()).chunk(3, -1))
+        q, k = self.rotary(q), self.rotary(k)
+        return self.o_proj(merge(F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)))
+
+
+class FusedKeptForInference(FusedInEval):
+    """The fused matrix kept from the first call without gradients (validation, generation) for every later one: after
+    an optimizer step those run the old q, k, v. A call with gradients builds it afresh, so gradients stay right."""
+
+    def fused(self) -> torch.Tensor:
+        if torch.is_grad_enabled():
+            return super().fused()
+        if getattr(self, "_kept", None) is None:
+            self._kept = super().fused().clone()
+        return self._kept
+
+
+PLANTED = {"PadMaskCachedByShape": "history", "TableOfFirstLength": "history", "FirstBatchScale": "history",
+           "FusedKeptForInference": "optimizer_step"}
 CORRECT = ["GrowingTable", "PadMaskCachedByValue"]
+CORRECT_STEP = ["FusedInEval"]  # no padding mask: the history check's padded probe skips it

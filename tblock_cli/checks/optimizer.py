@@ -10,7 +10,7 @@ from tblock_cli.checks.context import Context
 from tblock_cli.checks.result import Outcome, failed, passed, skipped, warned
 from tblock_cli.checks.training import PROBE_SEED, copied, seeded, too_large, trainable
 from tblock_cli.checks.zeros import default_scale
-from tblock_cli.probes import parameters_replaced, train_mode
+from tblock_cli.probes import parameters_replaced, rel_diff, train_mode
 
 # One AdamW step: lr 1e-4 moves every float32 parameter with a non-zero gradient (lr / |p| >> 2^-23 for |p| < 100) and
 # stays where the first-order decrease (lr * |g|_1) dominates; no weight decay, so only a gradient moves a parameter.
@@ -28,6 +28,9 @@ STUCK_ALIVE = 1e-4
 # Frozen parameters are a slip (a norm weight left at requires_grad=False) where they are a small part of the block;
 # where they hold most of it, freezing is the design: adapters (LoRA, prefix tuning) train beside a frozen base.
 FROZEN_SHARE = 0.5
+# After the step an eval forward must compute the same with gradients off as on: paths differ only in rounding (nn.MHA's
+# fused eval path runs without them), far below what a weight kept from before the step moves (the step's own size).
+STALE_LIMIT = 1e-4
 
 
 def _random_looking(t: torch.Tensor) -> bool:
@@ -104,7 +107,8 @@ def check_optimizer_step(ctx: Context) -> Outcome:
     together); two distinct parameters holding the same random values (a tie broken by a copy), or sharing one
     storage (`b.weight.data = a.weight.data`: each step updates it twice); parameters with
     `requires_grad=False` are a **warning** where they hold less than half the block's parameters (a norm weight
-    frozen by mistake; a frozen base under adapters is the design)"""
+    frozen by mistake; a frozen base under adapters is the design); after the step, an eval forward without gradients
+    that differs from one with them (a fused or cached weight an inference call kept from before the step)"""
     if (large := too_large(ctx)) is not None:
         return large
     ties = broken_ties(ctx.subject.module)  # at build: the module has not been trained by any check
@@ -129,6 +133,8 @@ def check_optimizer_step(ctx: Context) -> Outcome:
         return failed("optimizer_step.tie_broken", value, **facts)
     if aliases:
         return failed("optimizer_step.aliased", value, **facts)
+    if step["stale"] > STALE_LIMIT:
+        return failed("optimizer_step.stale", value, limit=STALE_LIMIT, **facts)
     if unchanged:
         return failed("optimizer_step.unchanged", value, **facts)
     if step["stuck"]:
@@ -159,6 +165,8 @@ def _adamw_step(ctx: Context, x: torch.Tensor, target: torch.Tensor, train: bool
         with seeded(ctx.device), train_mode(module, train):
             return (subject(x.clone().requires_grad_(True)).double() - target.double()).pow(2).mean()
 
+    with seeded(ctx.device), train_mode(module, False), torch.no_grad():
+        subject(x.clone())  # an inference call before the step, as validation or generation makes one
     for p in module.parameters():
         p.grad = None
     with torch.enable_grad():
@@ -182,6 +190,11 @@ def _adamw_step(ctx: Context, x: torch.Tensor, target: torch.Tensor, train: bool
             second = loss()
     unchanged = [n for n, p in params
                  if torch.equal(p.detach(), before[n]) and n not in zero and n not in no_grad and n not in below]
+    with seeded(ctx.device), train_mode(module, False):
+        with torch.no_grad():
+            plain = subject(x.clone())
+        with torch.enable_grad():
+            stale = rel_diff(plain, subject(x.clone().requires_grad_(True)))
     repeatable = True
     if not second.item() < first.item() and train:  # the copy is done with: back to its first weights, once more
         with torch.no_grad():
@@ -190,7 +203,7 @@ def _adamw_step(ctx: Context, x: torch.Tensor, target: torch.Tensor, train: bool
             repeatable = loss().item() == first.item()
     return {"loss_before": first.item(), "loss_after": second.item(), "frozen": frozen, "frozen_share": share,
             "unchanged": unchanged, "no_grad": no_grad, "zero_grad": zero, "below_resolution": below,
-            "stuck": stuck, "zeros": held,
+            "stuck": stuck, "zeros": held, "stale": stale,
             "repeatable": repeatable, "train": train}
 
 

@@ -187,6 +187,10 @@ MESSAGES = {
                                        f"alive: the zeros hold it)" + _through(f)),
     "optimizer_step.frozen": lambda f: (f"parameters with requires_grad=False (never trained; a norm weight frozen by mistake is a "
                                         f"bug): {names(f['frozen'])}"),
+    "optimizer_step.stale": lambda f: (f"after one AdamW step an eval forward without gradients differs from one with "
+                                       f"them by {f['stale']:.2g} (limit {f['limit']:g}): the no-grad path computes with "
+                                       f"something derived from the parameters before the step (a fused or cached "
+                                       f"weight an inference call kept), so validation and generation run old weights"),
     "optimizer_step.ok": _optimizer_ok,
     "grad_accumulation.no_params": "the block has no trainable parameters",
     "grad_accumulation.not_repeatable": lambda f: (f"the same seeded training step gives other gradients each time "
