@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from zoo_tables import CatTableInterleaved  # noqa: F401
+from zoo_tables import CatTableInterleaved, ValuesTiledApart  # noqa: F401
 from zoo_training import RMSNorm, Rotary, TrainBlock, attend, heads, merge
 
 # ----------------------------------------------------------------------------- says one thing, computes another
@@ -387,7 +387,7 @@ PLANTED = {"RotaryBaseIgnored": "rope.theta", "SoftcapIgnored": "attn.softcap",
            "PartialRotationIgnored": "rope.dims", "RotaryDropped": "pos.kind", "RotaryOnQueries": "pos.kind",
            "RopeScalingIgnored": ("rope.scaling", "rope.factor"), "ParallelResidualIgnored": "residual.form",
            "RMSNormCentred": "norm.kind", "KVHeadsIgnored": "attn.group", "PairingContradicted": "rope.pairing",
-           "CatTableInterleaved": "rope.theta"}
+           "CatTableInterleaved": "rope.theta", "ValuesTiledApart": "attn.group"}
 CORRECT = ["RotaryBaseHonoured", "SoftcapApplied", "ScaleAttributeHonoured", "ActivationHonoured", "PartialRotationHonoured",
            "RotaryKeptUnused", "RopeScalingHonoured", "ParallelResidualHonoured", "LayerNormStreamRMSHeads",
            "ZeroQueryInit", "GroupedQuery", "DifferentialHeads", "PairingHonoured", "InterleavedSaid",

@@ -1,8 +1,10 @@
-"""Rotary tables built for one pairing convention and read with another: what `spec` reads of the frequency each
-pair turns at, held against the base the rotary module says it has."""
+"""Layouts built for one convention and read with another: a rotary table (what `spec` reads of the frequency each
+pair turns at, held against the base the rotary module says it has) and grouped key/value heads (which key and which
+value head each query head reads, held against the key/value head count the block takes)."""
 
 import torch
-from zoo_training import Rotary, TrainBlock
+import torch.nn.functional as F
+from zoo_training import Rotary, TrainBlock, heads, merge
 
 
 class CatTableRotary(Rotary):
@@ -21,3 +23,24 @@ class CatTableInterleaved(TrainBlock):
     """The table above in a block whose rotary module says base 1e4 (its `base`): the twin is TrainBlock itself."""
 
     rotary_class = CatTableRotary
+
+
+class ValuesTiledApart(TrainBlock):
+    """Grouped-query attention (num_key_value_heads 2 of 4) whose keys are repeat_interleaved (query heads 0, 1 read
+    key head 0) and whose values are repeated (query heads 0, 2 read value head 0): every query head reads a key and a
+    value of different kv heads, four (key, value) pairs where the block keeps two. Twin: zoo_claims' GroupedQuery."""
+
+    def __init__(self, d_model=64, n_heads=4, num_key_value_heads=2):
+        super().__init__(d_model, n_heads, 0.0, True)
+        self.num_heads, self.num_key_value_heads = n_heads, num_key_value_heads
+        kv = num_key_value_heads * (d_model // n_heads)
+        self.k_proj, self.v_proj = torch.nn.Linear(d_model, kv, bias=False), torch.nn.Linear(d_model, kv, bias=False)
+
+    def attention(self, h):
+        B, T, _ = h.shape
+        q = heads(self.q_proj(h), self.n_heads)
+        k, v = (p(h).view(B, T, -1, q.shape[-1]).transpose(1, 2) for p in (self.k_proj, self.v_proj))
+        q, k = self.rotary(q), self.rotary(k)
+        group = self.n_heads // k.shape[1]
+        k, v = k.repeat_interleave(group, 1), v.repeat(1, group, 1, 1)
+        return self.o_proj(merge(F.scaled_dot_product_attention(q, k, v, is_causal=True)))

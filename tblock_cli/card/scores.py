@@ -31,6 +31,7 @@ class Scores:
     fold: float  # scalar factors applied to q and k on their way to the product (q * 0.125): undone to read a scale
     logits: torch.Tensor  # (B, H, L, S) float64, -inf where masked
     sources: tuple[str, ...] = ()  # the projections whose outputs reach q
+    v: torch.Tensor | None = None  # (B, Hv, S, E) float64 as it enters sdpa; None where not read (a softmax written out)
 
     @property
     def square(self) -> bool:
@@ -156,10 +157,10 @@ class ScoreTracer(Tracer):
         before = len(attn.calls)
         if func is F.scaled_dot_product_attention:
             bound = inspect.signature(sdpa_signature).bind(*args, **kwargs)
-            q, k = bound.arguments["query"], bound.arguments["key"]
+            q, k, v = bound.arguments["query"], bound.arguments["key"], bound.arguments["value"]
             super().record(func, name, args, kwargs, out)
             if len(attn.calls) > before:
-                self.calls[before] = ("sdpa", self.n, q, k, self.fold(q, k), self.prov.sources(q))
+                self.calls[before] = ("sdpa", self.n, q, k, self.fold(q, k), self.prov.sources(q), v)
             return
         if func is F.multi_head_attention_forward:
             super().record(func, name, args, kwargs, out)
@@ -214,7 +215,7 @@ def trace_scores(probe: Probe, x: torch.Tensor, targets: frozenset[int] = frozen
         got, info = tr.attn.captured.get(i), tr.calls.get(i)
         if got is None or info is None:
             continue
-        kind, ordinal, q, k, fold, sources = info
+        kind, ordinal, q, k, fold, sources, *v = info
         logits = got.logits
         if logits.ndim == 3 and logits.shape[0] % B == 0:  # (B * H, L, S), fairseq's and ESM's bmm: batch-major
             logits = logits.reshape(B, logits.shape[0] // B, *logits.shape[1:])
@@ -225,5 +226,7 @@ def trace_scores(probe: Probe, x: torch.Tensor, targets: frozenset[int] = frozen
             continue
         if not grad:
             q4 = q4.detach().double()
-        out.append(Scores(kind, c.where, ordinal, q4, k4.detach().double(), fold, logits, sources))
+        v4 = _heads(v[0], logits) if v and isinstance(v[0], torch.Tensor) else None
+        out.append(Scores(kind, c.where, ordinal, q4, k4.detach().double(), fold, logits, sources,
+                          None if v4 is None else v4.detach().double()))
     return out, tr
