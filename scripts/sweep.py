@@ -32,6 +32,7 @@ import zoo_hooks  # noqa: E402
 import zoo_init  # noqa: E402
 import zoo_length  # noqa: E402
 import zoo_numerics  # noqa: E402
+import zoo_tables  # noqa: E402
 import zoo_training  # noqa: E402
 
 import tblock_cli  # noqa: E402
@@ -122,7 +123,8 @@ def missed_bugs(sizes) -> int:
                **{f"zoo_init.py:{k}": (v, {}) for k, v in zoo_init.PLANTED.items()},
                **{f"zoo_history.py:{k}": (v, {}) for k, v in zoo_history.PLANTED.items()},
                **{f"zoo_numerics.py:{k}": (check, {}) for k, (check, _) in zoo_numerics.PLANTED.items()},
-               **{f"zoo_accumulation.py:{k}": (v, {}) for k, v in zoo_accumulation.PLANTED.items()}}
+               **{f"zoo_accumulation.py:{k}": (v, {}) for k, v in zoo_accumulation.PLANTED.items()},
+               **{f"zoo_tables.py:{k}": (v, {"causal": True}) for k, v in zoo_tables.WARNED.items()}}
     missed = runs = 0
     for name, (check, flags) in planted.items():
         for size in sizes:

@@ -208,3 +208,12 @@ def test_a_table_whose_frequencies_repeat_is_read_not_raised_on():
     assert reading["scaling"] == "other" and reading["theta"] == pytest.approx(1.0)
     c = spec_check("CatTableInterleaved", d_model=64)
     assert c.status is Status.FAIL and [d["key"] for d in c.facts["differs"]] == ["rope.theta"], c
+
+
+def test_a_cap_without_its_division_is_warned_where_the_attention_check_cannot_read_the_scale():
+    """cap * tanh(s): the cap holds, so the claimed softcap matches; the logits' spread under tanh tells the attention
+    check nothing, and the card's slope at small logits is 20x 1/sqrt(d_head). Twin: cap * tanh(s / cap)."""
+    c = tblock_cli.check(f"{TESTS / 'zoo_tables.py'}:SoftcapNotDivided", d_model=32, n_heads=4, causal=True, threads=1,
+                         only="spec").checks[0]
+    assert c.status is Status.WARN and c.kind == "spec.capped_scale" and c.facts["ratio"] == pytest.approx(20, rel=1e-3), c
+    assert spec_check("SoftcapApplied").kind == "spec.matches"

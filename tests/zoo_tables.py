@@ -1,10 +1,13 @@
 """Layouts built for one convention and read with another: a rotary table (what `spec` reads of the frequency each
 pair turns at, held against the base the rotary module says it has) and grouped key/value heads (which key and which
-value head each query head reads, held against the key/value head count the block takes)."""
+value head each query head reads, held against the key/value head count the block takes); a soft-cap written as
+cap * tanh(s) where Gemma-2's cap * tanh(s / cap) was meant."""
+
+import math
 
 import torch
 import torch.nn.functional as F
-from zoo_training import Rotary, TrainBlock, heads, merge
+from zoo_training import Rotary, TrainBlock, attend, heads, merge
 
 
 class CatTableRotary(Rotary):
@@ -44,3 +47,19 @@ class ValuesTiledApart(TrainBlock):
         group = self.n_heads // k.shape[1]
         k, v = k.repeat_interleave(group, 1), v.repeat(1, group, 1, 1)
         return self.o_proj(merge(F.scaled_dot_product_attention(q, k, v, is_causal=True)))
+
+
+class SoftcapNotDivided(TrainBlock):
+    """Keeps `softcap` 20 and computes cap * tanh(q.k / sqrt(d_head)): bounded at the cap, as claimed, but its slope
+    at small logits is the cap's, 20x the scale. Twin: zoo_claims' SoftcapApplied (cap * tanh(s / cap))."""
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True, softcap=20.0):
+        super().__init__(d_model, n_heads, dropout, causal)
+        self.softcap = softcap
+
+    def attention(self, h):
+        d_head = self.q_proj.out_features // self.n_heads
+        return attend(self, h, scale=self.softcap / math.sqrt(d_head), cap=self.softcap)
+
+
+WARNED = {"SoftcapNotDivided": "spec"}

@@ -4,7 +4,7 @@ block's weights carried to it."""
 from __future__ import annotations
 
 from tblock_cli.checks.context import Context
-from tblock_cli.checks.result import Outcome, failed, passed, skipped
+from tblock_cli.checks.result import Outcome, failed, passed, skipped, warned
 from tblock_cli.probes import module_copy
 
 
@@ -42,6 +42,7 @@ def check_spec(ctx: Context) -> Outcome:
     routing = own and any(c.key.startswith("moe.") for c in claims)
     keys = tuple(c.key for c in claims if c.key != FRACTION) + (("moe.experts",) if routing else ())
     keys += ("attn.head_dim", "rope.dims") if any(c.key == FRACTION for c in claims) else ()
+    keys += ("attn.scale", "attn.head_dim") if any(c.key == "attn.softcap" for c in claims) else ()
     card = read_card(ctx.subject, ctx.cfg, ctx.device, progress=ctx.step, keys=keys if own else None)
     claims = with_window(with_fraction(claims, card.value("attn.head_dim")), SCALE_SEQ)
     if routing and not card.value("moe.experts"):  # a config's routing says nothing of a dense layer (DeepSeek's first)
@@ -71,7 +72,27 @@ def check_spec(ctx: Context) -> Outcome:
         return failed("spec.not_like", len(differs), differs=differs, **facts)
     if not matched:
         return skipped("spec.nothing_read", **facts)
+    if (capped := _capped_scale(card, claims)) is not None:
+        return warned("spec.capped_scale", round(capped["ratio"], 3), **capped, **facts)
     return passed("spec.matches", matched, **facts)
+
+
+def _capped_scale(card, claims) -> dict | None:
+    """Under a soft-cap the attention check cannot read the score scale off the logits' spread (the tanh bends it);
+    the card's slope at small logits can. Held to the same convention as there (1/sqrt(head dim), warned past
+    attention's limits) where the block claims no scale of its own: cap * tanh(s) for cap * tanh(s / cap) multiplies
+    the slope by the cap. None where nothing is capped, a scale is claimed, or the slope is within the limits."""
+    from tblock_cli.checks.attention import OVERSCALED_RATIO, unscaled_limit
+
+    X, E, cap = card.value("attn.scale"), card.value("attn.head_dim"), card.value("attn.softcap")
+    numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in (X, E, cap))
+    if not numbers or any(c.key == "attn.scale" for c in claims):
+        return None
+    ratio = (E / X) ** 0.5  # the slope against 1/sqrt(head dim)
+    if OVERSCALED_RATIO < ratio < unscaled_limit(int(E)):
+        return None
+    return {"ratio": ratio, "scale": X, "head_dim": E, "softcap": cap, "limit": unscaled_limit(int(E)),
+            "low": OVERSCALED_RATIO}
 
 
 def _norm_module_contradicts(ctx: Context, claim) -> bool:

@@ -38,6 +38,11 @@ MESSAGES = {
                               f"{'the block says of itself ' if f.get('own') else ''}match{'es' if f['matched'] == 1 else ''}"
                               + (f" ({f['unread']} could not be read: {', '.join(f['unread_keys'])})" if f["unread"] else ""),
     "spec.not_like": _check_differs,
+    "spec.capped_scale": lambda f: (f"under its soft-cap ({f['softcap']:g}) the scores' slope at small logits is "
+                                    f"{f['ratio']:.3g}x what 1/sqrt(head dim {f['head_dim']:g}) gives (outside "
+                                    f"{f['low']:g}..{f['limit']:.3g}): "
+                                    + ("cap * tanh(s) where cap * tanh(s / cap) was meant, or the 1/sqrt(d_head) "
+                                       "missing" if f["ratio"] > 1 else "the scores scaled twice")),
     "spec.nothing_read": lambda f: f"none of the {f['unread']} declared entries could be read ({', '.join(f['unread_keys'])})",
 }
 
