@@ -161,6 +161,16 @@ def test_planted_routing_bugs_are_caught(kw, claims, wrong):
     assert c.status.value == "fail" and {d["key"] for d in c.facts["differs"]} == wrong
 
 
+def test_one_expert_renormalised_is_a_gate_of_one_that_trains_no_router():
+    """top-1 with its weight renormalised over the chosen expert: p / p = 1 whatever the router says, so no gradient
+    reaches the router. Judged where the card reads both (warned; a declared top-k that differs still fails first).
+    Twin: top-1 keeping the probability (Switch)."""
+    c = spec_check(lambda: MoEBlock(32, 4, 64, top_k=1), expect=["moe.top_k=1"])
+    assert c.status.value == "warn" and c.kind == "spec.constant_gate", c
+    c = spec_check(lambda: MoEBlock(32, 4, 64, top_k=1, renorm=False), expect=["moe.top_k=1"])
+    assert c.status.value == "pass" and c.kind == "spec.matches", c
+
+
 @pytest.mark.parametrize("kw, claims", [
     ({}, MIXTRAL),
     ({"renorm": False, "shared": True}, QWEN2_MOE),

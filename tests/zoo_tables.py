@@ -1,13 +1,13 @@
 """Layouts built for one convention and read with another: a rotary table (what `spec` reads of the frequency each
 pair turns at, held against the base the rotary module says it has) and grouped key/value heads (which key and which
 value head each query head reads, held against the key/value head count the block takes); a soft-cap written as
-cap * tanh(s) where Gemma-2's cap * tanh(s / cap) was meant."""
+cap * tanh(s) where Gemma-2's cap * tanh(s / cap) was meant; Mixtral's renormalisation over Switch's single expert."""
 
 import math
 
 import torch
 import torch.nn.functional as F
-from zoo_training import Rotary, TrainBlock, attend, heads, merge
+from zoo_training import MoEBlock, Rotary, TrainBlock, attend, heads, merge
 
 
 class CatTableRotary(Rotary):
@@ -62,4 +62,30 @@ class SoftcapNotDivided(TrainBlock):
         return attend(self, h, scale=self.softcap / math.sqrt(d_head), cap=self.softcap)
 
 
-WARNED = {"SoftcapNotDivided": "spec"}
+class OneExpertRouted(MoEBlock):
+    """Switch routing, one expert per token, its config kept (`num_experts_per_tok`, `norm_topk_prob`): the gate is the
+    router's probability, or with `norm_topk_prob` that probability over itself, 1 whatever the router computes."""
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True, norm_topk_prob=False):
+        super().__init__(d_model, n_heads, dropout, causal)
+        self.num_experts_per_tok, self.norm_topk_prob = 1, norm_topk_prob
+
+    def ffn(self, h):
+        probs = self.router(h).softmax(-1)
+        top, idx = probs.max(-1, keepdim=True)
+        top = top / top.sum(-1, keepdim=True) if self.norm_topk_prob else top
+        out = torch.zeros_like(h)
+        for e, expert in enumerate(self.experts):
+            out = out + top * (idx == e) * expert(h)
+        return self.drop(out)
+
+
+class OneExpertRenormalised(OneExpertRouted):
+    """norm_topk_prob with one expert per token: every gate p / p = 1, so the router gets no gradient from the output."""
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
+        super().__init__(d_model, n_heads, dropout, causal, norm_topk_prob=True)
+
+
+WARNED = {"SoftcapNotDivided": "spec", "OneExpertRenormalised": "spec"}
+CORRECT = ["OneExpertRouted"]

@@ -74,6 +74,9 @@ def check_spec(ctx: Context) -> Outcome:
         return skipped("spec.nothing_read", **facts)
     if (capped := _capped_scale(card, claims)) is not None:
         return warned("spec.capped_scale", round(capped["ratio"], 3), **capped, **facts)
+    if card.value("moe.top_k") == 1 and card.value("moe.renorm") is True:
+        # one expert per token, its weight renormalised over the chosen one: p / p = 1 whatever the router computes
+        return warned("spec.constant_gate", 1, experts=card.value("moe.experts"), **facts)
     return passed("spec.matches", matched, **facts)
 
 

@@ -38,6 +38,10 @@ MESSAGES = {
                               f"{'the block says of itself ' if f.get('own') else ''}match{'es' if f['matched'] == 1 else ''}"
                               + (f" ({f['unread']} could not be read: {', '.join(f['unread_keys'])})" if f["unread"] else ""),
     "spec.not_like": _check_differs,
+    "spec.constant_gate": lambda f: ("one expert per token, its weight renormalised over the chosen one: every gate is "
+                                     "p / p = 1 whatever the router computes, so the router gets no gradient from the "
+                                     "output and routing stays as initialised (top-1 routing keeps the probability, as "
+                                     "Switch does; renormalise only over two or more)"),
     "spec.capped_scale": lambda f: (f"under its soft-cap ({f['softcap']:g}) the scores' slope at small logits is "
                                     f"{f['ratio']:.3g}x what 1/sqrt(head dim {f['head_dim']:g}) gives (outside "
                                     f"{f['low']:g}..{f['limit']:.3g}): "
