@@ -19,7 +19,7 @@ from conftest import TESTS
 
 CPU = torch.device("cpu")
 BAD = {Status.FAIL, Status.ERROR, Status.WARN}
-WARNINGS = {"attention.saturated", "norm_placement.shared"}
+WARNINGS = {"attention.saturated", "norm_placement.shared", "optimizer_step.repeated"}
 
 
 def run(spec, only, **flags):

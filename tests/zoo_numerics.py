@@ -12,6 +12,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
+from zoo_construction import HeadsBuilt, HeadsListMultiplied  # noqa: F401
 from zoo_training import RMSNorm, TrainBlock, heads, merge
 
 
@@ -252,6 +253,7 @@ PLANTED = {"NaNHiddenByNanToNum": ("padding", "padding.grad_nonfinite"),
            "RandomNormGains": ("norms", "norms.random_gain"),
            "SaturatedInit": ("attention", "attention.saturated"),
            "AliasedViaData": ("optimizer_step", "optimizer_step.aliased"),
+           "HeadsListMultiplied": ("optimizer_step", "optimizer_step.repeated"),
            "SharedNorm": ("norm_placement", "norm_placement.shared"),
            "CheckpointDropsMask": ("checkpointing", "checkpointing.differs"),
            "WindowKeptNotApplied": ("spec", "spec.not_like"),
@@ -394,4 +396,5 @@ class DenseAuxPlaceholder(TrainBlock):
 
 
 CORRECT = ["FinfoMinFill", "StableHandSoftmax", "InitLoopSkipsNorms", "NormGainInitValues", "TiedAsOneParameter",
-           "CheckpointKeepsMask", "WindowApplied", "ScalingKeptRight", "UnitSphere", "ConvolvedQKV", "SwitchAuxKept", "SwitchAuxReturned", "DenseAuxPlaceholder"]
+           "CheckpointKeepsMask", "WindowApplied", "ScalingKeptRight", "UnitSphere", "ConvolvedQKV", "SwitchAuxKept", "SwitchAuxReturned", "DenseAuxPlaceholder",
+           "HeadsBuilt"]

@@ -49,6 +49,21 @@ def broken_ties(module: nn.Module) -> list[list[str]]:
     return pairs
 
 
+def repeated(module: nn.Module) -> list[list[str]]:
+    """Groups of entries of one container (ModuleList, Sequential, ModuleDict) that are one module object: what
+    `nn.ModuleList([Head()] * n)` builds where `[Head() for _ in range(n)]` was meant. The n entries share every
+    parameter and compute the same, and named_parameters lists them once, so nothing else counts them twice."""
+    groups = []
+    for name, m in module.named_modules():
+        if isinstance(m, (nn.ModuleList, nn.Sequential, nn.ModuleDict)):
+            by_id: dict[int, list[str]] = {}
+            for key, child in m._modules.items():  # named_children would list a repeated child once
+                if child is not None and any(True for _ in child.parameters()):  # a shared ReLU or Dropout is no harm
+                    by_id.setdefault(id(child), []).append(f"{name}.{key}" if name else key)
+            groups += [g for g in by_id.values() if len(g) > 1]
+    return groups
+
+
 def aliased(module: nn.Module) -> list[list[str]]:
     """Groups of distinct parameters whose memory overlaps (`b.weight.data = a.weight.data`, `nn.Parameter(a.weight)`):
     two Parameters, each with its own gradient and optimizer state, on one storage, so every step updates it once per
@@ -108,11 +123,13 @@ def check_optimizer_step(ctx: Context) -> Outcome:
     storage (`b.weight.data = a.weight.data`: each step updates it twice); parameters with
     `requires_grad=False` are a **warning** where they hold less than half the block's parameters (a norm weight
     frozen by mistake; a frozen base under adapters is the design); after the step, an eval forward without gradients
-    that differs from one with them (a fused or cached weight an inference call kept from before the step)"""
+    that differs from one with them (a fused or cached weight an inference call kept from before the step); one module
+    object at several entries of a ModuleList or Sequential is a **warning** (`[Head()] * n`: n heads that are one)"""
     if (large := too_large(ctx)) is not None:
         return large
     ties = broken_ties(ctx.subject.module)  # at build: the module has not been trained by any check
     aliases = aliased(ctx.subject.module)
+    repeats = repeated(ctx.subject.module)
     x = ctx.x()
     target = torch.randn(x.shape, generator=ctx.gen)
     step = _adamw_step(ctx, x, target, train=True)
@@ -139,6 +156,8 @@ def check_optimizer_step(ctx: Context) -> Outcome:
         return failed("optimizer_step.unchanged", value, **facts)
     if step["stuck"]:
         return failed("optimizer_step.stuck", value, **facts)
+    if repeats:
+        return warned("optimizer_step.repeated", value, repeats=repeats, **facts)
     if frozen and step["frozen_share"] < FROZEN_SHARE:
         return warned("optimizer_step.frozen", value, **facts)
     return passed("optimizer_step.ok", value, **facts)

@@ -181,6 +181,11 @@ MESSAGES = {
                                          "another's tensor), so each optimizer step updates it once per name and weight "
                                          "decay shrinks it as often; tie them as one Parameter (b.weight = a.weight): "
                                          + "; ".join(" = ".join(p) for p in f["aliases"])),
+    "optimizer_step.repeated": lambda f: ("one module object sits at several entries of a container, so they share every "
+                                          "parameter and compute the same (`[Head()] * n` builds one head n times; "
+                                          "`[Head() for _ in range(n)]` builds n): "
+                                          + "; ".join(" = ".join(g[:4]) + (" = ..." if len(g) > 4 else "")
+                                                      for g in f["repeats"])),
     "optimizer_step.unchanged": lambda f: f"one AdamW step leaves parameters with a gradient unchanged: {names(f['unchanged'])}",
     "optimizer_step.stuck": lambda f: (f"parameters no step will ever move: {names(f['zeros'])} start at zero, where their "
                                        f"gradient is exactly zero, at init and after a step (given random values, it comes "

@@ -1,0 +1,48 @@
+"""Construction slips Python makes easy: a list multiplied where a comprehension was meant (`[Head()] * n` is one
+head n times). The twin builds n heads. nanoGPT-lecture style blocks: a ModuleList of single-head attentions, a
+LayerNorm before each sublayer, a ReLU FFN."""
+
+import torch
+import torch.nn as nn
+
+
+class Head(nn.Module):
+    def __init__(self, d_model, head_size, dropout):
+        super().__init__()
+        self.key, self.query, self.value = (nn.Linear(d_model, head_size, bias=False) for _ in range(3))
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x):
+        T = x.shape[1]
+        k, q, v = self.key(x), self.query(x), self.value(x)
+        w = (q @ k.transpose(-2, -1)) * k.shape[-1] ** -0.5
+        w = w.masked_fill(~torch.ones(T, T, dtype=torch.bool, device=x.device).tril(), float("-inf"))
+        return self.dropout(w.softmax(-1)) @ v
+
+
+class HeadsBuilt(nn.Module):
+    """n Head modules, each its own."""
+
+    def __init__(self, d_model=64, n_heads=4, d_ff=256, dropout=0.1):
+        super().__init__()
+        self.heads = self.make_heads(d_model, n_heads, dropout)
+        self.proj = nn.Linear(d_model, d_model)
+        self.ffwd = nn.Sequential(nn.Linear(d_model, d_ff), nn.ReLU(), nn.Linear(d_ff, d_model), nn.Dropout(dropout))
+        self.ln1, self.ln2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
+        self.drop = nn.Dropout(dropout)
+
+    def make_heads(self, d, n, p):
+        return nn.ModuleList([Head(d, d // n, p) for _ in range(n)])
+
+    def forward(self, x):
+        h = self.ln1(x)
+        x = x + self.drop(self.proj(torch.cat([head(h) for head in self.heads], -1)))
+        return x + self.ffwd(self.ln2(x))
+
+
+class HeadsListMultiplied(HeadsBuilt):
+    """nn.ModuleList([Head(...)] * n_heads): one Head object at n entries, so every head is the same head (and the
+    block has a quarter of the attention parameters it should)."""
+
+    def make_heads(self, d, n, p):
+        return nn.ModuleList([Head(d, d // n, p)] * n)
