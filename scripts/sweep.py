@@ -114,7 +114,7 @@ def missed_bugs(sizes) -> int:
     planted = {**{k: v for k, v in zoo.PLANTED.items()}, **zoo.PLANTED_2, **{k: (v, {}) for k, v in zoo.WARNED.items()},
                **{k: ("kv_cache", {"causal": True}) for k in zoo.CACHE_BUGS}, **zoo.PLANTED_3,
                **{f"zoo_training.py:{k}": (v, {}) for k, v in zoo_training.PLANTED.items()},
-               **{f"zoo_dropout.py:{k}": ("dropout", {}) for k in zoo_dropout.PLANTED},
+               **{f"zoo_dropout.py:{k}": ("dropout", {}) for k in {**zoo_dropout.PLANTED, **zoo_dropout.IGNORED}},
                **{f"zoo_device.py:{k}": ("device", {}) for k in zoo_device.PLANTED},
                **{f"zoo_hooks.py:{k}": (v, {}) for k, v in zoo_hooks.PLANTED.items()},
                **{f"zoo_autocast.py:{k}": (v, {}) for k, v in zoo_autocast.PLANTED.items()},

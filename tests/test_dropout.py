@@ -151,3 +151,13 @@ def test_a_weights_mask_shared_by_the_batch_is_not_an_activations():
     assert c.status is Status.PASS and c.kind == "dropout.unbiased", c
     shared = run("BatchSharedMask")["dropout"]
     assert shared.facts["shapes"] == [[1, 10, 32]], shared.facts
+
+
+def test_a_rate_taken_and_never_applied_is_warned_and_a_block_without_dropout_modules_is_not():
+    """Built with dropout 0.1, nothing drops in training: its nn.Dropout is defined and never called. A block that keeps
+    no dropout module (written for dropout 0) says nothing of a rate it ignores, and is not judged so."""
+    c = run("RateIgnored")["dropout"]
+    assert c.status is Status.WARN and c.kind == "dropout.never_applied" and c.facts["modules"] == ["drop"], c
+    assert c.facts["rate"] == 0.1
+    assert run("TrainBlock", spec_file="zoo_training.py")["dropout"].status is Status.PASS
+    assert run("NoDropoutModules", spec_file="zoo_dropout.py")["dropout"].kind == "dropout.torch_only"

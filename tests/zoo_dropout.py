@@ -350,3 +350,30 @@ class ProbsDropout(ScoresDropout):
 
 PLANTED.update({"ScoresDropout": "dropout.on_scores", "ScoresMaskedUnscaled": "dropout.on_scores"})
 CORRECT += ["ProbsDropout"]
+
+
+class RateIgnored(TrainBlock):
+    """Takes dropout 0.1 and keeps TrainBlock's nn.Dropout, and calls it nowhere (SDPA's dropout_p left at 0): the
+    rate it is built with is ignored. Its twin is TrainBlock, which drops both branches' outputs."""
+
+    def forward(self, x):
+        x = x + self.attention(self.attn_norm(x))
+        h = self.ffn_norm(x)
+        return x + self.w2(F.silu(self.w1(h)) * self.w3(h))
+
+    def attention(self, h):
+        q, k, v = (heads(p(h), self.n_heads) for p in (self.q_proj, self.k_proj, self.v_proj))
+        q, k = self.rotary(q), self.rotary(k)
+        return self.o_proj(merge(F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)))
+
+
+class NoDropoutModules(RateIgnored):
+    """The same forward, and no dropout module kept: a block written for dropout 0 (gpt-fast's, Llama's) takes a rate
+    it does not use, and says nothing of it."""
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
+        super().__init__(d_model, n_heads, dropout, causal)
+        del self.drop
+
+
+IGNORED = {"RateIgnored": "dropout.never_applied"}

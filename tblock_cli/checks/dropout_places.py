@@ -11,7 +11,7 @@ from tblock_cli.anatomy.mha import MASKED_LOGIT
 from tblock_cli.checks.context import Context
 from tblock_cli.checks.gradients import RESIDUAL_MIN
 from tblock_cli.checks.positions import captured_scores
-from tblock_cli.checks.result import Outcome, failed
+from tblock_cli.checks.result import Outcome, failed, warned
 from tblock_cli.errors import is_out_of_memory
 from tblock_cli.probes import TorchDropoutOff, f64, reseed
 
@@ -94,3 +94,21 @@ def on_scores(ctx: Context, subject, x: torch.Tensor) -> Outcome | None:
             return failed("dropout.on_scores", round(share, 3), where=call.where or "root", zeroed=share,
                           factor=c.item(), off=off)
     return None
+
+
+def never_applied(ctx: Context, module: nn.Module, asked: TorchDropoutOff, diff: float) -> Outcome | None:
+    """A block of the user's built with a dropout rate above 0 that keeps torch dropout modules at a rate above 0, and
+    whose training forward asked no dropout of torch's to drop anything while it drew nothing of its own (the caller
+    saw two training forwards equal to eval): the rate it takes is ignored (its nn.Dropout defined, never called).
+    None otherwise; hf: layers take their rates from a config of several dropout fields, and are not judged so."""
+    from tblock_cli.subject.loading import ALIASES, constructed_arguments
+
+    if asked.calls or ctx.subject.name.startswith("hf:"):
+        return None
+    built = constructed_arguments(ctx.subject.module)
+    rate = next((built[k] for k in ALIASES["dropout"] if isinstance(built.get(k), float)), None)
+    idle = [n for n, m in module.named_modules() if isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0]
+    if not rate or not idle:
+        return None
+    return warned("dropout.never_applied", diff, rate=rate, modules=idle)
+

@@ -135,6 +135,9 @@ MESSAGES = {
     "precision.close": lambda f: (f"within {f['limit']:g} of float32 at {f['seq']} tokens: autocast {f['errors']['autocast']:.1e}, "
                                   f".to(bfloat16) {f['errors']['to_bfloat16']:.1e} (worst component's relative error per position, 75th percentile)"
                                   f"{_products(f)}"),
+    "dropout.never_applied": lambda f: (f"built with dropout {f['rate']:g}, a training forward drops nothing: no dropout "
+                                        f"of torch's is asked to, and the block draws no mask of its own, while it keeps "
+                                        f"{names(f['modules'])} (defined, never called: the rate is ignored)"),
     "dropout.torch_only": lambda f: (f"with torch's own dropouts off, training forwards compute the eval output (within "
                                      f"{f['diff']:.1e}): the block draws no masks of its own"),
     "dropout.train_path": lambda f: (f"with torch's dropouts off, training differs from eval ({f['diff']:.1e}) at dropout 0 "
