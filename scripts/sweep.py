@@ -23,6 +23,7 @@ sys.path.insert(0, str(TESTS))
 import zoo_accumulation  # noqa: E402
 import zoo_autocast  # noqa: E402
 import zoo_claims  # noqa: E402
+import zoo_construction  # noqa: E402
 import zoo_designs  # noqa: E402
 import zoo_device  # noqa: E402
 import zoo_dropout  # noqa: E402
@@ -125,7 +126,8 @@ def missed_bugs(sizes) -> int:
                **{f"zoo_history.py:{k}": (v, {}) for k, v in zoo_history.PLANTED.items()},
                **{f"zoo_numerics.py:{k}": (check, {}) for k, (check, _) in zoo_numerics.PLANTED.items()},
                **{f"zoo_accumulation.py:{k}": (v, {}) for k, v in zoo_accumulation.PLANTED.items()},
-               **{f"zoo_tables.py:{k}": (v, {"causal": True}) for k, v in zoo_tables.WARNED.items()}}
+               **{f"zoo_tables.py:{k}": (v, {"causal": True}) for k, v in zoo_tables.WARNED.items()},
+               **{f"zoo_construction.py:{k}": (v, {}) for k, v in zoo_construction.PLANTED.items()}}
     missed = runs = 0
     for name, (check, flags) in planted.items():
         for size in sizes:

@@ -370,3 +370,12 @@ def test_a_compiled_block_is_measured_the_same_under_the_emulation(monkeypatch):
     assert by[True].facts["products"] == "float32-accumulated" and by[True].status is Status.PASS, by[True]
     for how, err in by[False].facts["errors"].items():
         assert by[True].facts["errors"][how] == pytest.approx(err, rel=0.5), how
+
+
+def test_an_init_that_assigns_new_parameters_is_warned():
+    """After to_empty, reset_parameters must fill the Parameters it was given: new ones are made on the default device
+    and leave ties, optimizers and shardings holding the old. Twin: TrainBlock, whose RMSNorm fills in place."""
+    c = run("NormReplacedAtInit", only=("meta_init",), spec_file="zoo_construction.py")["meta_init"]
+    assert c.status is Status.WARN and c.kind == "meta_init.replaced", c
+    assert c.facts["replaced"] == ["attn_norm.weight", "ffn_norm.weight"] and c.facts["diff"] == 0.0
+    assert run("TrainBlock", only=("meta_init",))["meta_init"].status is Status.PASS

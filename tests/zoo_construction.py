@@ -1,9 +1,10 @@
 """Construction slips Python makes easy: a list multiplied where a comprehension was meant (`[Head()] * n` is one
-head n times). The twin builds n heads. nanoGPT-lecture style blocks: a ModuleList of single-head attentions, a
-LayerNorm before each sublayer, a ReLU FFN."""
+head n times), and an init that assigns new Parameters where it should fill them. Each with its twin.
+nanoGPT-lecture style blocks: a ModuleList of single-head attentions, a LayerNorm before each sublayer, a ReLU FFN."""
 
 import torch
 import torch.nn as nn
+from zoo_training import RMSNorm, TrainBlock
 
 
 class Head(nn.Module):
@@ -46,3 +47,22 @@ class HeadsListMultiplied(HeadsBuilt):
 
     def make_heads(self, d, n, p):
         return nn.ModuleList([Head(d, d // n, p)] * n)
+
+
+class ReplacingRMSNorm(RMSNorm):
+    """reset_parameters assigns a new Parameter: made on the default device whatever to_empty chose, and an optimizer,
+    a tie or fully_shard's DTensor made before keep the old one."""
+
+    def reset_parameters(self):
+        self.weight = nn.Parameter(torch.ones(self.weight.shape[0]))
+
+
+class NormReplacedAtInit(TrainBlock):
+    """TrainBlock whose norms' init assigns new Parameters. Twin: TrainBlock (RMSNorm.reset_parameters fills in place)."""
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
+        super().__init__(d_model, n_heads, dropout, causal)
+        self.attn_norm, self.ffn_norm = ReplacingRMSNorm(d_model), ReplacingRMSNorm(d_model)
+
+
+PLANTED = {"NormReplacedAtInit": "meta_init"}  # HeadsListMultiplied: zoo_numerics.PLANTED

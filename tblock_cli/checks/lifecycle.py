@@ -117,7 +117,7 @@ def check_meta_init(ctx: Context) -> Outcome:
     `init_weights`, the family's `_init_weights` for `hf:`): a buffer that differs from a normal build's (a rotary
     `inv_freq` registered `persistent=False` and computed in `__init__`), or outputs that differ with the normal
     build's weights loaded; skipped where its own init leaves parameters unset (no deferred init to judge) and for a
-    module handed over as an instance"""
+    module handed over as an instance; an init that assigns new Parameters instead of filling them is a **warning**"""
     if (large := too_large(ctx)) is not None:
         return large
     rebuild = ctx.subject.rebuild
@@ -130,6 +130,7 @@ def check_meta_init(ctx: Context) -> Outcome:
             materialise(meta, ctx.device)
             _poison(meta)
             reseed(ctx.cfg.seed)
+            before = {n: id(p) for n, p in meta.named_parameters()}
             ran = own_init(meta)
     except Exception as e:  # noqa: BLE001 - the constructor itself does not run on the meta device
         if is_out_of_memory(e):
@@ -168,6 +169,11 @@ def check_meta_init(ctx: Context) -> Outcome:
         return failed("meta_init.buffers", f"{len(wrong)}/{len(want)} buffers", **facts)
     if diff > ctx.tol:
         return failed("meta_init.outputs", diff, **facts)
+    # an init that assigns new Parameters (self.weight = nn.Parameter(torch.ones(d))) makes them on the default device,
+    # not the one to_empty chose, and leaves a tie, an optimizer or a sharding (fully_shard's DTensors) on the old ones
+    replaced = sorted(n for n, p in meta.named_parameters() if n in before and before[n] != id(p))
+    if replaced:
+        return warned("meta_init.replaced", diff, replaced=replaced, **facts)
     if not want:
         return passed("meta_init.no_buffers", diff, **facts)
     return passed("meta_init.same", diff, **facts)

@@ -104,6 +104,10 @@ MESSAGES = {
                                     f"from a normal build's (nothing recomputes them): {names(f['buffers'])}; " + _meta(f)),
     "meta_init.outputs": lambda f: (f"built on the meta device with the normal build's weights loaded, its outputs differ by "
                                     f"{f['diff']:.1e} (limit {f['limit']:g}); " + _meta(f)),
+    "meta_init.replaced": lambda f: (f"its own init assigns new Parameters ({names(f['replaced'])}) instead of filling "
+                                     f"them in place: they are made on the default device, not the one to_empty chose, "
+                                     f"and a tie, an optimizer or a sharding (fully_shard's) made before keeps the old "
+                                     f"ones; outputs otherwise a normal build's ({f['diff']:.1e})"),
     "meta_init.same": lambda f: f"built on the meta device and initialised, its {f['checked']} buffer(s) and outputs are a normal build's; " + _meta(f),
     "meta_init.no_buffers": lambda f: "no buffers to compare; with the normal build's weights loaded, its outputs are the same; " + _meta(f),
     "state_dict.load_fails": lambda f: f"loading the block's state_dict into a fresh instance fails: {f['error']}",
