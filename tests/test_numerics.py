@@ -112,6 +112,20 @@ def test_a_loss_kept_with_its_graph_is_copied_detached_where_deepcopy_refuses_it
     assert twin.router.weight is not block.router.weight and torch.equal(twin.router.weight, block.router.weight)
 
 
+def test_a_loss_kept_for_the_trainer_is_not_module_history_and_a_cache_with_its_graph_is():
+    """train_state's history: SwitchAuxKept's aux_loss reaches the input through the router, by design (the trainer
+    adds it to the step's loss); whether the walk found it depended on the graph (a warning in one sweep run of
+    seq 10). Kept losses are left out; the same tensor under a cache's name is history."""
+    from tblock_cli.checks.safety import held_with_history
+
+    block = zoo_numerics.SwitchAuxKept(32, 4)
+    x = torch.randn(2, 5, 32, requires_grad=True)
+    block(x.clone()).sum().backward()
+    assert block.aux_loss.grad_fn is not None and held_with_history(block, {id(x)}) == []
+    block.k_cache = block.aux_loss * 1  # a tensor of its own, with the same graph behind it
+    assert held_with_history(block, {id(x)}) == ["k_cache"]
+
+
 def test_a_norm_is_held_to_its_class_name_only_where_it_does_not_normalise():
     """named_but_not_norms: a LayerNorm or RMSNorm by class whose output moves with its input's scale, or that
     normalises each channel over the tokens, is named; norms of other axis groupings, a large eps, modules that need a

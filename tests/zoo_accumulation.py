@@ -69,6 +69,7 @@ class _StashLinear(torch.autograd.Function):
         x, w = ctx.saved_tensors
         if ctx.module.from_stash:
             x = ctx.module._stash  # the latest forward's input, not this one's
+        x, w = x.to(g.dtype), w.to(g.dtype)  # what the forward computed in under autocast: it trains in mixed precision
         return g @ w, g.reshape(-1, g.shape[-1]).t() @ x.reshape(-1, x.shape[-1]), None
 
 

@@ -33,8 +33,13 @@ def reaches(grad_fn, inputs: set[int]) -> bool:
 
 
 def held_with_history(module: nn.Module, inputs: set[int]) -> list[str]:
-    """Tensors the module keeps (buffers, plain attributes, lists/dicts of them) whose graph reaches the input."""
-    return sorted({where for where, t in held_tensors(module) if reaches(t.grad_fn, inputs)})
+    """Tensors the module keeps (buffers, plain attributes, lists/dicts of them) whose graph reaches the input; a loss
+    kept for the trainer to add (`self.aux_loss`, fairseq's `l_aux`: gradients.kept_losses) is meant to keep its graph
+    until the step's backward, and is not one."""
+    from tblock_cli.checks.gradients import kept_losses
+
+    losses = {id(t) for t in kept_losses(module).values()}
+    return sorted({where for where, t in held_tensors(module) if id(t) not in losses and reaches(t.grad_fn, inputs)})
 
 
 def check_train_state(ctx: Context) -> Outcome:
