@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import pytest
 import torch.nn as nn
 import zoo_claims
+import zoo_tables
 
 import tblock_cli
 from tblock_cli.card.own import FRACTION, own_causal, own_claims, with_fraction
@@ -16,16 +17,17 @@ from tblock_cli.checks import Status
 from conftest import TESTS
 
 
-def spec_check(name, d_model=32, **flags):
-    spec = f"{TESTS / 'zoo_claims.py'}:{name}"
+def spec_check(name, d_model=32, zoo="zoo_claims.py", **flags):
+    spec = f"{TESTS / zoo}:{name}"
     return tblock_cli.check(spec, d_model=d_model, n_heads=4, causal=True, threads=1, only="spec", **flags).checks[0]
 
 
-@pytest.mark.parametrize("name", sorted(zoo_claims.PLANTED))
-def test_a_block_that_contradicts_itself_fails_naming_the_entry(name):
-    c = spec_check(name)
+@pytest.mark.parametrize("zoo, name", [("zoo_claims.py", n) for n in sorted(zoo_claims.PLANTED)]
+                         + [("zoo_tables.py", n) for n in sorted(zoo_tables.PLANTED)])
+def test_a_block_that_contradicts_itself_fails_naming_the_entry(zoo, name):
+    c = spec_check(name, zoo=zoo)
     assert c.status is Status.FAIL and c.kind == "spec.not_like", c
-    want = zoo_claims.PLANTED[name]
+    want = (zoo_claims.PLANTED if zoo == "zoo_claims.py" else zoo_tables.PLANTED)[name]
     assert [d["key"] for d in c.facts["differs"]] == (list(want) if isinstance(want, tuple) else [want])
     assert c.facts["own"] and "the block's own" in c.facts["differs"][0]["source"]
 
@@ -206,7 +208,7 @@ def test_a_table_whose_frequencies_repeat_is_read_not_raised_on():
     f = [10000.0 ** (-2 * k / 16) for k in range(0, 8, 2)]
     reading = scaling_reading([v for v in f for _ in (0, 1)], 16)
     assert reading["scaling"] == "other" and reading["theta"] == pytest.approx(1.0)
-    c = spec_check("CatTableInterleaved", d_model=64)
+    c = spec_check("CatTableInterleaved", d_model=64, zoo="zoo_tables.py")
     assert c.status is Status.FAIL and [d["key"] for d in c.facts["differs"]] == ["rope.theta"], c
 
 

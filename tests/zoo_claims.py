@@ -14,7 +14,6 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from zoo_tables import CatTableInterleaved, ValuesTiledApart  # noqa: F401
 from zoo_training import RMSNorm, Rotary, TrainBlock, attend, heads, merge
 
 # ----------------------------------------------------------------------------- says one thing, computes another
@@ -299,9 +298,11 @@ class GroupedQuery(TrainBlock):
         q = heads(self.q_proj(h), self.n_heads)
         k, v = (p(h).view(B, T, -1, q.shape[-1]).transpose(1, 2) for p in (self.k_proj, self.v_proj))
         q, k = self.rotary(q), self.rotary(k)
-        group = self.n_heads // k.shape[1]
-        k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+        k, v = self.tiled(k, v, self.n_heads // k.shape[1])
         return self.o_proj(merge(F.scaled_dot_product_attention(q, k, v, is_causal=True)))
+
+    def tiled(self, k, v, group):
+        return k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
 
 
 class KVHeadsIgnored(GroupedQuery):
@@ -386,8 +387,7 @@ PLANTED = {"RotaryBaseIgnored": "rope.theta", "SoftcapIgnored": "attn.softcap",
            "ScaleAttributeContradicted": "attn.scale", "ActivationContradicted": "ffn.act", "NormEpsIgnored": "norm.eps",
            "PartialRotationIgnored": "rope.dims", "RotaryDropped": "pos.kind", "RotaryOnQueries": "pos.kind",
            "RopeScalingIgnored": ("rope.scaling", "rope.factor"), "ParallelResidualIgnored": "residual.form",
-           "RMSNormCentred": "norm.kind", "KVHeadsIgnored": "attn.group", "PairingContradicted": "rope.pairing",
-           "CatTableInterleaved": "rope.theta", "ValuesTiledApart": "attn.group"}
+           "RMSNormCentred": "norm.kind", "KVHeadsIgnored": "attn.group", "PairingContradicted": "rope.pairing"}
 CORRECT = ["RotaryBaseHonoured", "SoftcapApplied", "ScaleAttributeHonoured", "ActivationHonoured", "PartialRotationHonoured",
            "RotaryKeptUnused", "RopeScalingHonoured", "ParallelResidualHonoured", "LayerNormStreamRMSHeads",
            "ZeroQueryInit", "GroupedQuery", "DifferentialHeads", "PairingHonoured", "InterleavedSaid",

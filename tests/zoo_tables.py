@@ -6,8 +6,8 @@ cap * tanh(s) where Gemma-2's cap * tanh(s / cap) was meant; Mixtral's renormali
 import math
 
 import torch
-import torch.nn.functional as F
-from zoo_training import MoEBlock, Rotary, TrainBlock, attend, heads, merge
+from zoo_claims import GroupedQuery
+from zoo_training import MoEBlock, Rotary, TrainBlock, attend
 
 
 class CatTableRotary(Rotary):
@@ -28,25 +28,13 @@ class CatTableInterleaved(TrainBlock):
     rotary_class = CatTableRotary
 
 
-class ValuesTiledApart(TrainBlock):
+class ValuesTiledApart(GroupedQuery):
     """Grouped-query attention (num_key_value_heads 2 of 4) whose keys are repeat_interleaved (query heads 0, 1 read
     key head 0) and whose values are repeated (query heads 0, 2 read value head 0): every query head reads a key and a
     value of different kv heads, four (key, value) pairs where the block keeps two. Twin: zoo_claims' GroupedQuery."""
 
-    def __init__(self, d_model=64, n_heads=4, num_key_value_heads=2):
-        super().__init__(d_model, n_heads, 0.0, True)
-        self.num_heads, self.num_key_value_heads = n_heads, num_key_value_heads
-        kv = num_key_value_heads * (d_model // n_heads)
-        self.k_proj, self.v_proj = torch.nn.Linear(d_model, kv, bias=False), torch.nn.Linear(d_model, kv, bias=False)
-
-    def attention(self, h):
-        B, T, _ = h.shape
-        q = heads(self.q_proj(h), self.n_heads)
-        k, v = (p(h).view(B, T, -1, q.shape[-1]).transpose(1, 2) for p in (self.k_proj, self.v_proj))
-        q, k = self.rotary(q), self.rotary(k)
-        group = self.n_heads // k.shape[1]
-        k, v = k.repeat_interleave(group, 1), v.repeat(1, group, 1, 1)
-        return self.o_proj(merge(F.scaled_dot_product_attention(q, k, v, is_causal=True)))
+    def tiled(self, k, v, group):
+        return k.repeat_interleave(group, 1), v.repeat(1, group, 1, 1)
 
 
 class SoftcapNotDivided(TrainBlock):
@@ -87,5 +75,7 @@ class OneExpertRenormalised(OneExpertRouted):
         super().__init__(d_model, n_heads, dropout, causal, norm_topk_prob=True)
 
 
+# block -> the entry spec names where it contradicts what the block says of itself
+PLANTED = {"CatTableInterleaved": "rope.theta", "ValuesTiledApart": "attn.group"}
 WARNED = {"SoftcapNotDivided": "spec", "OneExpertRenormalised": "spec"}
 CORRECT = ["OneExpertRouted"]
