@@ -111,6 +111,19 @@ def test_weights_concatenated_on_the_fly_are_each_a_projection():
     assert c.checks[0].status == Status.PASS, c.checks[0]
 
 
+def test_a_key_projection_also_called_on_learned_memory_still_reads_the_normalised_stream():
+    """The key and value projections read the normalised stream and, a second time, learned memory slots (constants):
+    the second call replaced what the first had found, and norm_placement warned of keys reading the raw stream."""
+    import zoo_layouts
+
+    torch.manual_seed(0)
+    block = zoo_layouts.ProjectedMemory(D, H)
+    flow = trace(block, block, torch.randn(B, T, D), D)
+    assert flow.split_kv == () and flow.unnormed_attention == (), (flow.split_kv, flow.unnormed_attention)
+    c = tblock_cli.check(block, d_model=D, n_heads=H, causal=True, only=["norm_placement"])
+    assert c.checks[0].status == Status.PASS, c.checks[0]
+
+
 def traced_modules(block):
     torch.manual_seed(0)
     return trace(block, block, torch.randn(B, T, D), D).modules

@@ -95,7 +95,7 @@ from zoo_gradients import (  # noqa: F401
     ResidualTwice,
     UnusedLayer,
 )
-from zoo_layouts import ConcatenatedQKV, ScaledBeforeRotateHalf, SlicedQKVO  # noqa: F401
+from zoo_layouts import ConcatenatedQKV, ProjectedMemory, ScaledBeforeRotateHalf, SlicedQKVO  # noqa: F401
 from zoo_mixing import (  # noqa: F401
     BatchFirstMixup,
     BatchMeanLeak,
@@ -251,6 +251,7 @@ CORRECT["ScaledBeforeRotary"] = {"positional": True}
 CORRECT["SlicedQKVO"] = {"causal": True}
 CORRECT["ScaledBeforeRotateHalf"] = {"positional": True}
 CORRECT["ConcatenatedQKV"] = {"causal": True}
+CORRECT["ProjectedMemory"] = {"causal": True}
 
 
 PLANTED_2["UnscaledQKNorm"] = ("attention", {"causal": True})

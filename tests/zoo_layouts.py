@@ -82,3 +82,30 @@ class ScaledBeforeRotateHalf(nn.Module):
         y = torch.bmm(torch.softmax(torch.bmm(q, k.transpose(1, 2)), dim=-1), v)
         x = x + self.o(y.view(B, self.h, T, self.hd).transpose(1, 2).reshape(B, T, d))
         return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+
+
+class ProjectedMemory(nn.Module):
+    """Correct: learned memory slots (Memory Transformer, all-attention's persistent memory) passed through the same
+    key and value projections as the normalised stream and put in front of its keys and values; every query sees
+    them (after the sequence's keys here). A key projection called on them reads constants, not an un-normalised
+    stream."""
+
+    def __init__(self, d_model=64, n_heads=4, slots=4):
+        super().__init__()
+        self.h, self.hd, self.slots = n_heads, d_model // n_heads, slots
+        self.ln1, self.ln2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
+        self.q, self.k, self.v, self.o = (nn.Linear(d_model, d_model) for _ in range(4))
+        self.fc1, self.fc2 = nn.Linear(d_model, 4 * d_model), nn.Linear(4 * d_model, d_model)
+        self.memory = nn.Parameter(torch.randn(slots, d_model))
+
+    def forward(self, x):
+        B, T, d = x.shape
+        split = lambda t: t.view(B, -1, self.h, self.hd).transpose(1, 2)  # noqa: E731
+        h, mem = self.ln1(x), self.memory.expand(B, -1, -1)
+        q = split(self.q(h))
+        k, v = (torch.cat([split(p(h)), split(p(mem))], 2) for p in (self.k, self.v))  # the memory's call last
+        mask = torch.cat([torch.ones(T, T, dtype=torch.bool, device=x.device).tril(),
+                          torch.ones(T, self.slots, dtype=torch.bool, device=x.device)], -1)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        x = x + self.o(y.transpose(1, 2).reshape(B, T, d))
+        return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))

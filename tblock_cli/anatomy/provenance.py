@@ -212,9 +212,12 @@ class Provenance:
         return self.follow_weight((ws[0],), out)
 
     def reads(self, proj: str, acts, weight) -> None:
-        """Projection proj reads acts: what they came from is its input's provenance."""
-        self.linear_in[proj] = self.union(self.get(t) for t in acts if t is not weight)
-        (self.reads_input if any(self.is_live(t) for t in acts if t is not weight) else self.reads_other).add(proj)
+        """Projection proj reads acts: what they came from is its input's provenance. A read of constants only (learned
+        memory slots through the key projection) does not replace what a read of the input found."""
+        live = any(self.is_live(t) for t in acts if t is not weight)
+        if live or proj not in self.reads_input:
+            self.linear_in[proj] = self.union(self.get(t) for t in acts if t is not weight)
+        (self.reads_input if live else self.reads_other).add(proj)
 
     def projection(self, proj: str, out) -> None:
         """out is projection proj's output: a provenance of its own."""

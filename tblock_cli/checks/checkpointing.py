@@ -56,9 +56,11 @@ def recomputed(fn, x: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 
 def _grads(ctx: Context, call, x: torch.Tensor, w: torch.Tensor | None, x_grad: bool = True):
-    """Output, input gradient and every parameter's gradient of one seeded train forward + backward of call(x)."""
+    """Output, input gradient and every parameter's gradient of one seeded train forward + backward of call(x), and the
+    buffers that step left (state_after); the buffers are put back after, so every step starts from the same state."""
     module = ctx.subject.module
     saved = {n: p.grad for n, p in module.named_parameters()}
+    kept = [(m, k, b, b.detach().clone()) for m in module.modules() for k, b in m._buffers.items() if b is not None]
     for p in module.parameters():
         p.grad = None
     try:
@@ -67,16 +69,36 @@ def _grads(ctx: Context, call, x: torch.Tensor, w: torch.Tensor | None, x_grad: 
             out = call(xr)
             if out.requires_grad:  # else no parameter is reached at all (reentrant checkpointing of it all)
                 (out.float() * w).sum().backward()
-        return out.detach(), xr.grad, {n: (None if p.grad is None else p.grad.detach().clone()) for n, p in trainable(module)}
+        grads = {n: (None if p.grad is None else p.grad.detach().clone()) for n, p in trainable(module)}
+        return out.detach(), xr.grad, grads, state_after(module)
     finally:
         for n, p in module.named_parameters():
             p.grad = saved[n]
+        with torch.no_grad():
+            for m, k, b, values in kept:
+                m._buffers[k] = b  # the object it was (a step may have put another in its place), with its values
+                if b.shape == values.shape:
+                    b.copy_(values)
+
+
+def state_after(module: nn.Module) -> dict[str, torch.Tensor]:
+    """The buffers a training step left, but torch's own norms' running statistics: recomputing a BatchNorm in the
+    backward updates them again, as torch documents; that is torch's, not the block's."""
+    norms = {id(m) for m in module.modules() if isinstance(m, nn.modules.batchnorm._NormBase)}
+    return {f"{n}.{k}" if n else k: b.detach().clone() for n, m in module.named_modules() if id(m) not in norms
+            for k, b in m._buffers.items() if b is not None}
+
+
+def _state_differs(ref: dict, got: dict, tol: float) -> list[str]:
+    """Buffers a checkpointed step leaves otherwise than the plain step (a count run again in the recompute)."""
+    return sorted(n for n, b in ref.items() if n in got and (b.shape != got[n].shape or not (
+        rel_diff(got[n], b) <= tol if b.is_floating_point() else torch.equal(got[n], b))))
 
 
 def _differs(ref, got) -> tuple[float, str | None]:
-    """The largest relative difference between two (output, input grad, param grads) and where it is."""
-    out0, gx0, gp0 = ref
-    out1, gx1, gp1 = got
+    """The largest relative difference between two (output, input grad, param grads, buffers) and where it is."""
+    out0, gx0, gp0, _ = ref
+    out1, gx1, gp1, _ = got
     worst = (rel_diff(out1, out0), "output")
     if gx0 is not None and gx1 is not None:
         worst = max(worst, (rel_diff(gx1, gx0), "input gradient"))
@@ -134,7 +156,8 @@ def check_checkpointing(ctx: Context) -> Outcome:
     around the block, and the block's own switch (Hugging Face's, a
     `use_checkpoint`/`checkpoint`/`grad_checkpointing` flag or keyword), that change outputs, input or parameter
     gradients with dropout active and the same seed, on a padded batch too (a padding mask its own path drops); parameters that get no gradient when the input does not require
-    one (reentrant checkpointing inside)"""
+    one (reentrant checkpointing inside); buffers a checkpointed step leaves otherwise than a plain one (a count or
+    statistic the recompute updates again; torch's own norms' running statistics excepted)"""
     if (large := too_large(ctx)) is not None:
         return large
     subject, module = ctx.subject, ctx.subject.module
@@ -145,13 +168,16 @@ def check_checkpointing(ctx: Context) -> Outcome:
     w = torch.randn(shape, generator=ctx.gen).to(ctx.device)
     ctx.step("plain and checkpointed backward")
     plain = _grads(ctx, lambda t: subject(t), x, w)
-    probes = {}
-    probes["non-reentrant checkpoint"] = _differs(plain, _grads(ctx, lambda t: recomputed(subject, t, ctx.device), x, w))
+    probes, state = {}, {}
+    again = _grads(ctx, lambda t: recomputed(subject, t, ctx.device), x, w)
+    probes["non-reentrant checkpoint"] = _differs(plain, again)
+    state["non-reentrant checkpoint"] = _state_differs(plain[3], again[3], ctx.tol)
     padded = _padded_plain(ctx, x, w) if _has_switch(module) else None
     with _switched_on(module) as how:
         if how is not None:
             ctx.step("the block's own checkpointing")
-            probes[how] = _differs(plain, _grads(ctx, lambda t: subject(t), x, w))
+            own = _grads(ctx, lambda t: subject(t), x, w)
+            probes[how], state[how] = _differs(plain, own), _state_differs(plain[3], own[3], ctx.tol)
             if padded is not None:  # its own path must pass every argument on: a padding mask it drops shows here
                 mask, wm, ref = padded
                 probes[how + " on a padded batch"] = _differs(ref, _grads(ctx, lambda t: subject(t, mask), x, wm))
@@ -173,6 +199,9 @@ def check_checkpointing(ctx: Context) -> Outcome:
     name, (diff, where) = max(probes.items(), key=lambda kv: kv[1][0])
     if diff > ctx.tol:
         return failed("checkpointing.differs", diff, how=name, where=where, diff=diff, **facts)
+    counted = next(((how, names) for how, names in state.items() if names), None)
+    if counted is not None:  # outputs and gradients right, and state the recompute updated a second time
+        return failed("checkpointing.state", f"{len(counted[1])} buffers", how=counted[0], buffers=counted[1], **facts)
     return passed("checkpointing.same", diff, switches=[k for k in probes if k != "non-reentrant checkpoint"], **facts)
 
 

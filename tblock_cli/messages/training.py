@@ -92,6 +92,9 @@ MESSAGES = {
     "derivative.nonfinite": "the float64 copy's output is not finite",
     "checkpointing.same": _checkpointing_same,
     "checkpointing.differs": _checkpointing_differs,
+    "checkpointing.state": lambda f: (f"under {f['how']} a training step leaves other buffers than a plain one: "
+                                      f"{names(f['buffers'])} (outputs and gradients agree: the recompute in the backward "
+                                      f"updated them a second time, a count or statistic kept in the forward)"),
     "checkpointing.input_without_grad": lambda f: (f"with an input that does not require grad these parameters get no gradient "
                                                    f"(reentrant checkpointing inside the block drops them): {names(f['params'])}"),
     "meta_init.no_factory": "the block was handed over as a module instance: there is no factory to build it on the meta device",
