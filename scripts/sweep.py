@@ -61,6 +61,7 @@ CORRECT.update({f"zoo_history.py:{k}": {} for k in zoo_history.CORRECT + zoo_his
 CORRECT.update({f"zoo_numerics.py:{k}": {} for k in zoo_numerics.CORRECT})  # numerics and construction that train
 CORRECT.update({f"zoo_accumulation.py:{k}": {} for k in zoo_accumulation.CORRECT})  # custom backwards that accumulate
 CORRECT.update({f"zoo_tables.py:{k}": {"causal": True} for k in zoo_tables.CORRECT})  # Switch's top-1 routing
+CORRECT.update({f"zoo_construction.py:{k}": {} for k in zoo_construction.CORRECT})  # built as asked
 CORRECT.update({f"zoo_designs.py:{k}": {"causal": k not in zoo_designs.BIDIRECTIONAL} for k in zoo_designs.CORRECT})  # libraries' designs
 # logits doubled at init by talking heads started as the identity: told from unscaled ones with heads of 64 or more
 CORRECT["zoo_designs.py:AddedTalkingHeadsBlock"] = {"causal": True, "n_heads": 1}

@@ -219,3 +219,17 @@ def test_a_cap_without_its_division_is_warned_where_the_attention_check_cannot_r
                          only="spec").checks[0]
     assert c.status is Status.WARN and c.kind == "spec.capped_scale" and c.facts["ratio"] == pytest.approx(20, rel=1e-3), c
     assert spec_check("SoftcapApplied").kind == "spec.matches"
+
+
+def test_a_block_built_bidirectional_that_is_exactly_causal_is_warned():
+    """`causal=False` as a constructor argument, and no output reads a later position while the last reads earlier
+    ones: the argument never reached the mask. Twin: the same block honouring it; a block mixing no tokens at all says
+    nothing by being causal, and a kept attribute False is no claim (a mask may be passed in)."""
+    def causal_check(name):
+        return tblock_cli.check(f"{TESTS / 'zoo_construction.py'}:{name}", d_model=32, n_heads=4, threads=1,
+                                only="causal").checks[0]
+
+    c = causal_check("CausalArgumentIgnored")
+    assert c.status is Status.WARN and c.kind == "causal.said_bidirectional", c
+    assert c.facts["said"] == "constructor argument `causal=False`"
+    assert causal_check("CausalArgumentHonoured").kind == "causal.not_asked"

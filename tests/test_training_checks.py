@@ -379,3 +379,12 @@ def test_an_init_that_assigns_new_parameters_is_warned():
     assert c.status is Status.WARN and c.kind == "meta_init.replaced", c
     assert c.facts["replaced"] == ["attn_norm.weight", "ffn_norm.weight"] and c.facts["diff"] == 0.0
     assert run("TrainBlock", only=("meta_init",))["meta_init"].status is Status.PASS
+
+
+def test_a_count_the_recompute_runs_again_is_caught_and_the_buffers_are_put_back():
+    """Outputs and gradients agree under checkpointing; the tokens counted per expert do not (twice the plain step's).
+    The twin counts outside a backward only. Each compared step starts from the buffers as they were."""
+    c = run("ExpertCountsRecounted", only=("checkpointing",), spec_file="zoo_construction.py")["checkpointing"]
+    assert c.kind == "checkpointing.state" and c.facts["buffers"] == ["tokens_per_expert"], c
+    ok = run("ExpertCountsOnce", only=("checkpointing",), spec_file="zoo_construction.py")["checkpointing"]
+    assert ok.kind == "checkpointing.same", ok

@@ -1,10 +1,11 @@
 """Construction slips Python makes easy: a list multiplied where a comprehension was meant (`[Head()] * n` is one
-head n times), and an init that assigns new Parameters where it should fill them. Each with its twin.
+head n times), an init that assigns new Parameters where it should fill them, a `causal` argument never wired to the
+attention, a count kept in the forward that activation checkpointing's recompute runs again. Each with its twin.
 nanoGPT-lecture style blocks: a ModuleList of single-head attentions, a LayerNorm before each sublayer, a ReLU FFN."""
 
 import torch
 import torch.nn as nn
-from zoo_training import RMSNorm, TrainBlock
+from zoo_training import MoEBlock, RMSNorm, TrainBlock, attend
 
 
 class Head(nn.Module):
@@ -65,4 +66,55 @@ class NormReplacedAtInit(TrainBlock):
         self.attn_norm, self.ffn_norm = ReplacingRMSNorm(d_model), ReplacingRMSNorm(d_model)
 
 
-PLANTED = {"NormReplacedAtInit": "meta_init"}  # HeadsListMultiplied: zoo_numerics.PLANTED
+class CausalArgumentHonoured(TrainBlock):
+    """An encoder by default (`causal=False`): its mask is the causal one only where asked."""
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=False):
+        super().__init__(d_model, n_heads, dropout, causal)
+
+    def attention(self, h):
+        T = h.shape[1]
+        full = torch.ones(T, T, dtype=torch.bool, device=h.device)
+        return attend(self, h, mask=full.tril() if self.masked() else full)
+
+    def masked(self) -> bool:
+        return self.causal
+
+
+class CausalArgumentIgnored(CausalArgumentHonoured):
+    """Takes `causal=False` and masks the future all the same (the argument never reaches the mask): an encoder that
+    sees only its past."""
+
+    def masked(self) -> bool:
+        return True
+
+
+class ExpertCountsOnce(MoEBlock):
+    """Keeps the tokens routed to each expert (a buffer the trainer's balancing update reads after the step: DeepSeek-V3's
+    bias update), counted in training forwards and not again in a recompute inside the backward."""
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
+        super().__init__(d_model, n_heads, dropout, causal)
+        self.register_buffer("tokens_per_expert", torch.zeros(4))
+
+    def ffn(self, h):
+        if self.training and self.counts_now():
+            with torch.no_grad():
+                chosen = self.router(h).softmax(-1).topk(2, dim=-1).indices
+                self.tokens_per_expert += torch.nn.functional.one_hot(chosen, 4).sum((0, 1, 2)).float()
+        return super().ffn(h)
+
+    def counts_now(self) -> bool:
+        return torch._C._current_graph_task_id() == -1  # not inside a backward (a checkpoint's recompute)
+
+
+class ExpertCountsRecounted(ExpertCountsOnce):
+    """Counts in every forward, the recompute of activation checkpointing included: each step's loads doubled (the bug
+    torchtitan's MoE had)."""
+
+    def counts_now(self) -> bool:
+        return True
+
+
+PLANTED = {"NormReplacedAtInit": "meta_init", "CausalArgumentIgnored": "causal", "ExpertCountsRecounted": "checkpointing"}
+CORRECT = ["CausalArgumentHonoured", "ExpertCountsOnce"]  # HeadsBuilt: zoo_numerics.CORRECT  # HeadsListMultiplied: zoo_numerics.PLANTED

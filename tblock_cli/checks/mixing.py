@@ -245,12 +245,17 @@ def check_causal(ctx: Context) -> Outcome:
     """Catches: with `--causal`, or where the block says it is causal (a `causal=True` it was built with or keeps, a
     `CausalSelfAttention`): outputs up to t that move when inputs after t change, or have a gradient w.r.t. them;
     outputs up to t that differ when the first t + 1 tokens run alone (one token, half the sequence: something reads
-    the sequence's length)"""
+    the sequence's length); a **warning** where a block built with `causal=False` is exactly causal while it mixes
+    tokens (the argument never reaches the mask, a window seeing one side)"""
     T = max(ctx.cfg.seq, 3)
     x = ctx.standard()[0] if T == ctx.cfg.seq else ctx.x(seq=T)
     claimed = None if ctx.cfg.causal else claimed_causal(ctx)
     if not ctx.cfg.causal and claimed is None:  # not asked for; say what the block does, as information
-        return skipped("causal.not_asked", causal_by_itself=causal_by_itself(ctx, x))
+        by_itself = causal_by_itself(ctx, x)
+        said = said_bidirectional(ctx) if by_itself else None
+        if said is not None and mixes_past(ctx, x):
+            return warned("causal.said_bidirectional", 0.0, said=said)
+        return skipped("causal.not_asked", causal_by_itself=by_itself)
     said = {} if claimed is None else {"claimed": claimed}
     out = ctx.standard()[1] if T == ctx.cfg.seq else eval_forward(ctx, x)
     worst, worst_t = 0.0, None
@@ -275,6 +280,25 @@ def check_causal(ctx: Context) -> Outcome:
     if g is not None and g.any():
         return failed("causal.leak_train", f64(g).abs().max().item(), t=t, **said)
     return passed("causal.respected", worst, **said)
+
+
+def said_bidirectional(ctx: Context) -> str | None:
+    """Where a block of the user's was built with `causal=False` (or `is_causal=False`) as a constructor argument: what
+    it was asked to be. Attributes and class names are not read: a kept False may mean a mask passed in."""
+    if ctx.subject.builtin or ctx.subject.name.startswith("hf:"):
+        return None
+    from tblock_cli.card.own import CAUSAL_NAMES
+    from tblock_cli.subject.loading import constructed_arguments
+
+    built = constructed_arguments(ctx.subject.module) or {}
+    return next((f"constructor argument `{n}=False`" for n in CAUSAL_NAMES if built.get(n) is False), None)
+
+
+def mixes_past(ctx: Context, x: torch.Tensor) -> bool:
+    """Whether the last position's output reads earlier positions at all (a block that mixes no tokens is causal
+    trivially, and says nothing by it)."""
+    g = input_grad(ctx, x, lambda o: o[:, -1].float().sum(), train=False)
+    return g is not None and bool(g[:, :-1].any())
 
 
 def claimed_causal(ctx: Context) -> str | None:

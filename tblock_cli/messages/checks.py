@@ -153,6 +153,8 @@ MESSAGES = {
     "padding.differs_alone": _padding_differs,
     "padding.respected": _padding_respected,
     # causal
+    "causal.said_bidirectional": lambda f: (f"built bidirectional ({f['said']}), the block is exactly causal: no output reads "
+                                            f"a later position (the argument ignored, or a mask or window one-sided)"),
     "causal.not_asked": lambda f: ("not asked for (--causal); " + ("outputs ignore later positions already"
                                                                     if f["causal_by_itself"] else "outputs depend on later positions")),
     "causal.leak": lambda f: (f"changing positions after t={f['t']} moved outputs up to t by {f['diff']:.2e}: the future "
