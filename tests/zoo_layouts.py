@@ -76,7 +76,9 @@ class ScaledBeforeRotateHalf(nn.Module):
         if self.scaled:
             q *= self.hd ** -0.5
         q, k, v = (t.view(B, T, self.h, self.hd).transpose(1, 2).reshape(B * self.h, T, self.hd) for t in (q, self.k(h), self.v(h)))
-        f = torch.outer(torch.arange(T, device=x.device, dtype=self.inv_freq.dtype), self.inv_freq)
+        # positions and angles in float32 whatever the run's dtype (ESM-2's own type_as(inv_freq) makes them bfloat16
+        # after .to(bfloat16): inexact past 256 tokens, which `relative` names)
+        f = torch.outer(torch.arange(T, device=x.device, dtype=torch.float32), self.inv_freq.float())
         cos, sin = torch.cat((f, f), dim=-1).cos()[None].to(x.dtype), torch.cat((f, f), dim=-1).sin()[None].to(x.dtype)
         q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
         y = torch.bmm(torch.softmax(torch.bmm(q, k.transpose(1, 2)), dim=-1), v)
