@@ -112,7 +112,7 @@ from zoo_mixing import (  # noqa: F401
     TokenShift,
     TokenShiftNoMask,
 )
-from zoo_norms import HalfRMSNorm, NormSquaresInHalf, OffsetNormInitOne  # noqa: F401
+from zoo_norms import HalfRMSNorm, HandLayerNormBlock, NormSquaresInHalf, OffsetNormInitOne, UnbiasedVarianceNorm  # noqa: F401
 from zoo_positions import (  # noqa: F401
     GQA3,
     AbsPos3,
@@ -252,6 +252,7 @@ CORRECT["SlicedQKVO"] = {"causal": True}
 CORRECT["ScaledBeforeRotateHalf"] = {"positional": True}
 CORRECT["ConcatenatedQKV"] = {"causal": True}
 CORRECT["ProjectedMemory"] = {"causal": True}
+CORRECT["HandLayerNormBlock"] = {}
 
 
 PLANTED_2["UnscaledQKNorm"] = ("attention", {"causal": True})
@@ -303,6 +304,7 @@ PLANTED_3 = {
     "LeftPadNaN": ("padding", {}),
     "NormSquaresInHalf": ("norms", {"dtype": "float16"}),
     "OffsetNormInitOne": ("norms", {}),
+    "UnbiasedVarianceNorm": ("norms", {}),
     "AlibiWrongSlopes": ("position_bias", {}),
     "AlibiSlopesReversed": ("position_bias", {}),
     "ActOnUp": ("names", {}),

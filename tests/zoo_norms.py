@@ -1,8 +1,9 @@
-"""Norms in half precision and offset norms: the bugs the norms check catches."""
+"""Norms in half precision, offset norms and a hand-written LayerNorm: the bugs the norms check catches, and the
+hand-written LayerNorm's twin."""
 
 import torch
 import torch.nn as nn
-from zoo_correct import UpcastRMSNorm
+from zoo_correct import Good, UpcastRMSNorm
 from zoo_positions import Gemma3, Rel3
 
 
@@ -23,3 +24,37 @@ class OffsetNormInitOne(Gemma3):
         super().__init__(*a, **k)
         for norm in (self.attn_norm, self.ffn_norm):
             nn.init.ones_(norm.weight)  # bug: (1 + w) with w = 1: every norm doubles its output
+
+
+class HandLayerNorm(nn.Module):
+    """LayerNorm written out: (x - mean) / sqrt(var + eps) * w + b, the variance biased (divided by n) as torch's."""
+
+    unbiased = False
+
+    def __init__(self, d, eps=1e-5):
+        super().__init__()
+        self.eps, self.weight, self.bias = eps, nn.Parameter(torch.ones(d)), nn.Parameter(torch.zeros(d))
+
+    def forward(self, x):
+        h = x.float()  # statistics in float32 at least: a half square overflows above |x| ~ 256
+        c = h - h.mean(-1, keepdim=True)
+        y = c / torch.sqrt(c.pow(2).sum(-1, keepdim=True) / (x.shape[-1] - self.unbiased) + self.eps)
+        return (y * self.weight.float() + self.bias.float()).to(x.dtype)
+
+
+class HandLayerNormBlock(Good):
+    """Good with both norms written out (twin)."""
+
+    norm = HandLayerNorm
+
+    def __init__(self, d_model=64, *a, **k):
+        super().__init__(d_model, *a, **k)
+        self.ln1, self.ln2 = self.norm(d_model), self.norm(d_model)
+
+
+class UnbiasedLayerNorm(HandLayerNorm):
+    unbiased = True  # bug: x.var()'s n - 1: every token comes out sqrt((n - 1) / n) short of RMS 1
+
+
+class UnbiasedVarianceNorm(HandLayerNormBlock):
+    norm = UnbiasedLayerNorm

@@ -26,6 +26,10 @@ OFFSET_GAIN_MAX = 1.5
 # gain drawn at random (an init loop `normal_(p, 0, 0.02)` over every parameter reached the norms: half the channels
 # negative, the output ~50x too small: 42 % and 52 % measured on two LayerNorms of width 64).
 RANDOM_GAIN_SHARE = 0.25
+# A module whose class says LayerNorm or RMSNorm, at unit gain (weights all 1, or Gemma's 1 + 0, biases 0), returns
+# tokens of RMS exactly 1 at LARGE_RMS (eps is 1e-11 of the variance there): measured 1 to 1e-7 in float32. Dividing by
+# the unbiased variance (`x.var()`, n - 1) gives sqrt((n - 1) / n): 7.8e-3 off at width 64, 1e-4 at 5000.
+UNIT_RMS_TOL = 1e-5
 
 
 def rms(t: torch.Tensor) -> float:
@@ -38,7 +42,8 @@ def check_norms(ctx: Context) -> Outcome:
     over the sequence axis); each norm alone: relative RMS error against its float64 copy at input RMS 1e3 (an fp16 RMSNorm squaring
     before it upcasts returns 0: error 1.0; limit 0.1 half, 1e-4 float32); a `(1 + w)` norm whose output RMS at init
     exceeds 1.5 (w initialised to 1 doubles it); a norm whose gain has random signs at init (over a quarter of its
-    channels negative: an init loop meant for the projections drew its weight from N(0, 0.02))"""
+    channels negative: an init loop meant for the projections drew its weight from N(0, 0.02)); a module named
+    LayerNorm or RMSNorm at unit gain whose tokens do not come out at RMS 1 (the unbiased variance, `x.var()`)"""
     norms = ctx.dataflow().norms
     claimed = named_but_not_norms(ctx.subject.module, norms, ctx.cfg.d_model, ctx.device)
     if scaled := [m for m in claimed if m["scaled"]]:
@@ -48,7 +53,7 @@ def check_norms(ctx: Context) -> Outcome:
     if not norms:
         return skipped("norms.none")
     mods = dict(ctx.subject.module.named_modules())
-    large, offset, random_gain, seen, errors = [], [], [], [], []
+    large, offset, random_gain, seen, errors, off_unit = [], [], [], [], [], []
     for name, width in norms.items():
         m = mods[name]
         x = torch.randn(2, 8, width, generator=ctx.gen, dtype=torch.float64)
@@ -76,6 +81,10 @@ def check_norms(ctx: Context) -> Outcome:
             gain = rms(unit)
             if gain > OFFSET_GAIN_MAX:
                 offset.append({"name": name, "gain": gain})
+        if ctx.dtype in (torch.float32, torch.float64) and _unit_gain(m):
+            token_rms = f64(got).pow(2).mean(-1).sqrt()
+            if (token_rms - 1).abs().max().item() > UNIT_RMS_TOL:
+                off_unit.append({"name": name, "rms": token_rms.mean().item(), "width": width})
         signs = (odd * x.to(odd)).flatten(0, -2).sum(0)
         if any(True for _ in m.parameters()) and signs.numel() > 1 and (signs < 0).double().mean() > RANDOM_GAIN_SHARE:
             random_gain.append({"name": name, "negative": (signs < 0).double().mean().item(), "gain": rms(odd) / 2})
@@ -89,6 +98,17 @@ def check_norms(ctx: Context) -> Outcome:
     if random_gain:
         return failed("norms.random_gain", round(max(r["negative"] for r in random_gain), 3), random_gain=random_gain,
                       limit=RANDOM_GAIN_SHARE, **facts)
+    if off_unit:
+        worst = max(off_unit, key=lambda n: abs(n["rms"] - 1))
+        return failed("norms.not_unit", round(worst["rms"], 6), off_unit=off_unit, limit=UNIT_RMS_TOL, **facts)
     if not seen:
         return skipped("norms.none")
     return passed("norms.ok", len(seen), worst=max(errors), **facts)
+
+
+def _unit_gain(m) -> bool:
+    """A module named LayerNorm or RMSNorm whose every parameter is all ones or all zeros (its gain 1, or 1 + 0)."""
+    named = type(m).__name__.lower().replace("_", "")
+    if "layernorm" not in named and "rmsnorm" not in named:
+        return False
+    return all(bool((p == 1).all()) or not p.any() for p in m.parameters())

@@ -6,8 +6,7 @@ from tblock_cli.messages.units import fmt_bytes
 from tblock_cli.messages.words import layer_prefix, names, of_update, shape, span
 
 NEED_REASON = {
-    "shape": "needs an output of the input's shape (see shape)",
-    "finite": "outputs not finite (see finite)",
+    "shape": "needs an output of the input's shape (see shape)", "finite": "outputs not finite (see finite)",
     "deterministic": "outputs random in eval (see determinism): two forwards cannot be compared",
     "input_kept": "the forward changes its input in place (see input_unchanged): gradients through it are unreliable",
     "independent": "samples leak into each other (see batch): a sample alone cannot be compared with its padded batch",
@@ -150,8 +149,7 @@ MESSAGES = {
     "padding.ignored": lambda f: (f"changing padded inputs moved real outputs by {f['diff']:.2e}: the mask is ignored or "
                                   f"inverted; {_fully_padded(f)}"),
     "padding.gradient": lambda f: f"in train mode real outputs have a gradient w.r.t. padded inputs; {_fully_padded(f)}",
-    "padding.differs_alone": _padding_differs,
-    "padding.respected": _padding_respected,
+    "padding.differs_alone": _padding_differs, "padding.respected": _padding_respected,
     # causal
     "causal.said_bidirectional": lambda f: (f"built bidirectional ({f['said']}), the block is exactly causal: no output reads "
                                             f"a later position (the argument ignored, or a mask or window one-sided)"),
@@ -360,6 +358,8 @@ MESSAGES.update({
     "norms.offset_init": lambda f: "; ".join(
         f"{o['name']} is a (1 + w) norm whose output RMS at init is {o['gain']:.2f} (> {f['limit']:g}): its w is "
         f"initialised to 1, as a plain norm's weight would be, so it doubles its input" for o in f["offset"]),
+    "norms.not_unit": lambda f: "; ".join(f"{n['name']} (width {n['width']}) at unit gain returns tokens of RMS {n['rms']:.6f}, not 1: a "
+                                          f"LayerNorm or RMSNorm divides by the biased variance (x.var() is n - 1's)" for n in f["off_unit"]),
     "norms.random_gain": lambda f: "; ".join(
         f"{r['name']}'s gain at init is negative in {r['negative']:.0%} of its channels (RMS {r['gain']:.3g}): drawn at "
         f"random, not a constant (an init loop over every parameter, `normal_(p, 0, 0.02)`, reached the norms; a norm's "
