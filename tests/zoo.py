@@ -13,6 +13,8 @@ from zoo_attention import (  # noqa: F401
     DiagonalMasked,
     ManualSoftmax,
     NoSoftmax,
+    RelativeBiasBeforeSoftmax,
+    RelativeBiasOnProbabilities,
     ScaledByDModel,
     ScaledTwice,
     SoftmaxOverQueries,
@@ -282,6 +284,7 @@ CORRECT["ManualSoftmax"] = {}
 
 
 PLANTED_2["NoSoftmax"] = ("attention", {})
+PLANTED_2["RelativeBiasOnProbabilities"] = ("attention", {})  # its twin: RelativeBiasBeforeSoftmax (see test_checks)
 
 
 # Correct blocks in the ten styles of issue 20 (CachedRoPE: RoPE with a KV cache; Rel3 in bfloat16: RoPE in bf16).

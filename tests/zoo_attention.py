@@ -1,5 +1,6 @@
 """Planted bugs the attention check catches: the softmax over the wrong axis, scores unscaled or scaled twice, a masked
-diagonal, no softmax at all; and an attention-only block."""
+diagonal, no softmax at all, a bias added to the probabilities; and an attention-only block, and a relative bias
+added where it belongs (the last one's twin)."""
 
 import math
 
@@ -103,3 +104,33 @@ class NoSoftmax(HandSoftmax):
         q, k, v = (heads(t, self.n) for t in self.qkv(h).chunk(3, dim=-1))
         s = self.scores(q, k).masked_fill(~allowed_mask(h.shape[1], h.device, self.causal, mask), 0.0)
         return merge(s @ v)  # bug: the scores weight the values with no softmax
+
+
+class RelativeBiasBeforeSoftmax(HandSoftmax):
+    """Correct: a learned relative position bias (one per head and offset, Swin's) added to the scores."""
+
+    max_len = 64
+
+    def __init__(self, d_model=64, n_heads=4, d_ff=None, causal=False):
+        super().__init__(d_model, n_heads, d_ff, causal)
+        self.rel = nn.Parameter(torch.randn(n_heads, 2 * self.max_len - 1) * 0.02)
+
+    def bias(self, T, device):
+        i = torch.arange(T, device=device)
+        return self.rel[:, i[None, :] - i[:, None] + self.max_len - 1]
+
+    def attend(self, h, mask):
+        q, k, v = (heads(t, self.n) for t in self.qkv(h).chunk(3, dim=-1))
+        T = h.shape[1]
+        s = self.scores(q, k) + self.bias(T, h.device)
+        return merge(s.masked_fill(~allowed_mask(T, h.device, self.causal, mask), float("-inf")).softmax(dim=-1) @ v)
+
+
+class RelativeBiasOnProbabilities(RelativeBiasBeforeSoftmax):
+    """The bias added to the probabilities after the softmax: rows no longer sum to 1 (0.85 to 1.17 at init)."""
+
+    def attend(self, h, mask):
+        q, k, v = (heads(t, self.n) for t in self.qkv(h).chunk(3, dim=-1))
+        T = h.shape[1]
+        s = self.scores(q, k).masked_fill(~allowed_mask(T, h.device, self.causal, mask), float("-inf"))
+        return merge((s.softmax(dim=-1) + self.bias(T, h.device)) @ v)

@@ -190,8 +190,10 @@ class AttentionRecorder:
         probs = [k for k in prov.get(a) if k in self.probs] + [k for k in prov.get(b) if k in self.probs]
         if probs:  # the weighted sum: attention weights times values
             i = self.probs[probs[0]]
-            other = b if probs[0] in prov.get(a) else a
+            w, other = (a, b) if probs[0] in prov.get(a) else (b, a)
             call = self.calls[i]
+            if call.normalised and reshaped_after_softmax(w):  # a bias added to the probabilities, say
+                call = replace(call, normalised=False)
             mix = 2 * other.numel() * call.q_len  # (..., S, d_v) values, each weighted for L queries
             v_width = self.cached_width(other, other.numel() // max(1, call.batch * call.k_len))
             self.calls[i] = replace(call, v=prov.sources(other), flops=call.flops + mix, kv_width=call.kv_width + v_width)
@@ -292,3 +294,20 @@ def distinct_heads(t: torch.Tensor) -> int:
     rows = t.detach().transpose(0, 1).reshape(H, -1)
     groups = torch.unique(rows, dim=0).shape[0]
     return groups if H % groups == 0 else H
+
+
+def reshaped_after_softmax(w: torch.Tensor) -> bool:
+    """Whether the weights a softmax's output became before they reach the values have row sums that vary within a
+    head and either negative entries or rows above 1: something added after the softmax (a bias on the probabilities).
+    A dropout (eval: none), a mask zeroing rows, sinks sliced off (rows under 1, non-negative), a mix of heads or a
+    difference of two softmaxes (differential attention: every row 1 - lambda) keep one of the two."""
+    if w.ndim < 2 or not w.is_floating_point():
+        return False
+    W = w.detach().double()
+    rows = W.sum(-1)
+    if not (bool((W < -1e-6).any()) or bool((rows > 1 + WEIGHT_SUM_TOL).any())):
+        return False
+    live = rows.abs() > 1e-6
+    spread = (rows.masked_fill(~live, -math.inf).amax(-1) - rows.masked_fill(~live, math.inf).amin(-1))
+    return bool((spread[live.any(-1)] > WEIGHT_SUM_TOL).any())
+

@@ -189,8 +189,8 @@ MESSAGES = {
     "attention.stats": _calls,
     "attention.query_axis": lambda f: (f"softmax over the query axis in {f['where']}: each key's weights sum to 1, not each "
                                        f"query's (softmax(dim=-2)?); {_calls(f)}"),
-    "attention.no_softmax": lambda f: (f"no softmax in {f['where']}: a q.k product weights the values directly (rows not "
-                                       f"non-negative summing to 1; linear attention does this by design); {_calls(f)}"),
+    "attention.no_softmax": lambda f: (f"no softmax, or one changed after, in {f['where']}: the values' weights come from q.k in rows not "
+                                       f"non-negative summing to 1 (a bias added to the probabilities; linear attention by design); {_calls(f)}"),
     "attention.self_masked": lambda f: (f"no token attends to itself in {f['where']}: the diagonal of the scores is masked (a "
                                         f"causal mask from triu(0) instead of triu(1)?); {_calls(f)}"),
     "attention.overflows": lambda f: (f"with its logits driven to {f['logit']:g} (q scaled) the block's own softmax gives "
