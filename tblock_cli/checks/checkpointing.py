@@ -15,7 +15,7 @@ import torch.nn as nn
 from tblock_cli.checks.context import Context
 from tblock_cli.checks.result import Outcome, failed, passed
 from tblock_cli.checks.training import all_modules, has_dropout, seeded, too_large, trainable
-from tblock_cli.probes import rel_diff, train_mode
+from tblock_cli.probes import f64, rel_diff, train_mode
 
 # Attribute or forward keyword names blocks use for their own activation-checkpointing switch.
 SWITCHES = ("gradient_checkpointing", "use_checkpoint", "checkpoint", "grad_checkpointing", "use_gradient_checkpointing",
@@ -91,8 +91,20 @@ def state_after(module: nn.Module) -> dict[str, torch.Tensor]:
 
 def _state_differs(ref: dict, got: dict, tol: float) -> list[str]:
     """Buffers a checkpointed step leaves otherwise than the plain step (a count run again in the recompute)."""
-    return sorted(n for n, b in ref.items() if n in got and (b.shape != got[n].shape or not (
-        rel_diff(got[n], b) <= tol if b.is_floating_point() else torch.equal(got[n], b))))
+    return sorted(n for n, b in ref.items() if n in got and not _same(got[n], b, tol))
+
+
+def _same(a: torch.Tensor, b: torch.Tensor, tol: float) -> bool:
+    """Equal buffers: exactly for integers, within tol of max(1, max |b|) for floats, NaN where both hold NaN (a cache
+    allocated full of NaN and written in part)."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if not b.is_floating_point():
+        return torch.equal(a, b)
+    a, b = f64(a), f64(b)
+    finite = b[torch.isfinite(b)]
+    scale = max(1.0, finite.abs().max().item()) if finite.numel() else 1.0
+    return torch.allclose(a, b, rtol=0.0, atol=tol * scale, equal_nan=True)
 
 
 def _differs(ref, got) -> tuple[float, str | None]:
