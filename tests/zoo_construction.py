@@ -61,9 +61,7 @@ class ReplacingRMSNorm(RMSNorm):
 class NormReplacedAtInit(TrainBlock):
     """TrainBlock whose norms' init assigns new Parameters. Twin: TrainBlock (RMSNorm.reset_parameters fills in place)."""
 
-    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
-        super().__init__(d_model, n_heads, dropout, causal)
-        self.attn_norm, self.ffn_norm = ReplacingRMSNorm(d_model), ReplacingRMSNorm(d_model)
+    norm_class = ReplacingRMSNorm
 
 
 class CausalArgumentHonoured(TrainBlock):

@@ -82,12 +82,13 @@ class TrainBlock(nn.Module):
     """Llama-style Pre-norm block with dropout: RMSNorm, rotary SDPA attention, SwiGLU FFN."""
 
     rotary_class = Rotary
+    norm_class = RMSNorm
 
     def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
         super().__init__()
         self.n_heads, self.causal, self.p = n_heads, causal, dropout
         hidden = int(8 * d_model / 3)
-        self.attn_norm, self.ffn_norm = RMSNorm(d_model), RMSNorm(d_model)
+        self.attn_norm, self.ffn_norm = self.norm_class(d_model), self.norm_class(d_model)
         self.q_proj, self.k_proj, self.v_proj, self.o_proj = (nn.Linear(d_model, d_model, bias=False) for _ in range(4))
         self.rotary = self.rotary_class(d_model // n_heads)
         self.w1, self.w3 = nn.Linear(d_model, hidden, bias=False), nn.Linear(d_model, hidden, bias=False)
