@@ -50,7 +50,7 @@ BUDGET: dict[str, int] = {
     "attention": 1, "kv_cache": 0, "norm_placement": 0, "need_weights": 1, "dtype": 1, "ffn_share": 0,
     "tensor_parallel": 0, "fsdp": 0, "reference": 1, "norms": 0, "relative": 1, "position_bias": 0, "names": 0,
     "spec": 0, "like_reference": 0,
-    "derivative": 15, "checkpointing": 11, "meta_init": 1, "state_dict": 2, "precision": 7, "optimizer_step": 7,
+    "derivative": 15, "checkpointing": 11, "meta_init": 1, "state_dict": 2, "precision": 7, "optimizer_step": 8,
     "grad_accumulation": 10, "history": 8, "device": 3, "global_state": 4,
 }
 

@@ -209,11 +209,16 @@ def _adamw_step(ctx: Context, x: torch.Tensor, target: torch.Tensor, train: bool
             second = loss()
     unchanged = [n for n, p in params
                  if torch.equal(p.detach(), before[n]) and n not in zero and n not in no_grad and n not in below]
-    with seeded(ctx.device), train_mode(module, False):
-        with torch.no_grad():
+    # each eval forward at the same seed; judged only where two without gradients agree (noise drawn in eval, a count
+    # read in the forward: other checks' findings, not a weight kept from before the step)
+    with train_mode(module, False):
+        with seeded(ctx.device), torch.no_grad():
             plain = subject(x.clone())
-        with torch.enable_grad():
-            stale = rel_diff(plain, subject(x.clone().requires_grad_(True)))
+        with seeded(ctx.device), torch.enable_grad():
+            graded = subject(x.clone().requires_grad_(True))
+        with seeded(ctx.device), torch.no_grad():
+            again = subject(x.clone())
+    stale = rel_diff(plain, graded) if rel_diff(again, plain) <= STALE_LIMIT / 10 else 0.0
     repeatable = True
     if not second.item() < first.item() and train:  # the copy is done with: back to its first weights, once more
         with torch.no_grad():
