@@ -313,15 +313,16 @@ def test_causal_skip_still_says_what_the_block_does():
 
 def test_a_bias_added_to_the_probabilities_is_no_softmax_and_the_same_bias_on_the_scores_is_one():
     """The weights reaching the values came from a softmax, then a relative bias was added: rows sum 0.85 to 1.17.
-    The same bias added to the scores is Swin's design. (Its table, held by the block itself, is still counted outside
-    attention by ffn_share: 1 % of a d_model-64 block's parameters, a warning there.)"""
+    The same bias added to the scores is Swin's design, and its table, held by the block itself, is attention's for
+    ffn_share (it reaches the scores and no projection before them): 1.0 % of a d_model-64 block, warned before."""
     import tblock_cli
     from tblock_cli.anatomy.calls import reshaped_after_softmax
 
     bad = tblock_cli.check(zoo.RelativeBiasOnProbabilities(64, 4), d_model=64, n_heads=4, only=["attention"]).checks[0]
     assert bad.status.value == "warn" and bad.kind == "attention.no_softmax", bad
-    good = tblock_cli.check(zoo.RelativeBiasBeforeSoftmax(64, 4), d_model=64, n_heads=4, only=["attention"]).checks[0]
-    assert good.status.value == "pass", good
+    good = tblock_cli.check(zoo.RelativeBiasBeforeSoftmax(64, 4), d_model=64, n_heads=4, only=["attention", "ffn_share"])
+    assert [c.status.value for c in good.checks] == ["pass", "pass"], good.checks
+    assert good.checks[1].facts["scoring"] == ["rel"], good.checks[1].facts
     p = torch.rand(2, 3, 5, 5).softmax(-1)
     assert not reshaped_after_softmax(p) and not reshaped_after_softmax(p[..., :4])  # sinks sliced off: rows under 1
     assert not reshaped_after_softmax(p - 0.5 * p.flip(1))  # differential attention: every row 1 - lambda

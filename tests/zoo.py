@@ -284,7 +284,8 @@ CORRECT["ManualSoftmax"] = {}
 
 
 PLANTED_2["NoSoftmax"] = ("attention", {})
-PLANTED_2["RelativeBiasOnProbabilities"] = ("attention", {})  # its twin: RelativeBiasBeforeSoftmax (see test_checks)
+PLANTED_2["RelativeBiasOnProbabilities"] = ("attention", {})
+CORRECT["RelativeBiasBeforeSoftmax"] = {}
 
 
 # Correct blocks in the ten styles of issue 20 (CachedRoPE: RoPE with a KV cache; Rel3 in bfloat16: RoPE in bf16).

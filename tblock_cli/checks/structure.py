@@ -149,9 +149,70 @@ def check_ffn_share(ctx: Context) -> Outcome:
     if flow.linear_chains:
         return warned("ffn_share.linear", round(share, 4), chains=[list(c) for c in flow.linear_chains], **facts)
     other = flow.stray / flow.total
+    if other > OTHER_SHARE_MAX:  # parameters added to the scores or put beside the keys are attention's
+        scoring = _scoring(ctx, flow)
+        facts["scoring"] = sorted(scoring)
+        other = (flow.stray - sum(scoring.values())) / flow.total
     if other > OTHER_SHARE_MAX:
         return warned("ffn_share.other", round(share, 4), other=other, **facts)
     return passed("ffn_share.measured", round(share, 4), **facts)
+
+
+def _scoring(ctx: Context, flow) -> dict[str, int]:
+    """Parameters of the dataflow's `other` rows that reach what attention is computed from, a softmax's input (a
+    relative-position bias table the block itself holds, added to the scores) or sdpa's mask, keys and values (learned
+    memory slots concatenated to them), and no input of a projection run before attention (a position table added to
+    the stream reaches attention through the q, k, v projections). name -> elements. One forward and two backwards, only where
+    `other` is large."""
+    from torch.overrides import TorchFunctionMode
+
+    module = ctx.subject.module
+    params = dict(module.named_parameters())
+    mods = dict(module.named_modules())
+    rows = {}
+    for m in flow.modules:
+        if m.group != "other":
+            continue
+        name = "" if m.name == "(root)" else m.name
+        if name in params:
+            rows[name] = params[name]
+        elif name in mods:
+            rows.update({(f"{name}.{k}" if name else k): q for k, q in mods[name].named_parameters(recurse=False)})
+    rows = {n: q for n, q in rows.items() if q.requires_grad}
+    seen: list[torch.Tensor] = []
+    projected: list[torch.Tensor] = []
+
+    class Inputs(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func in (torch.softmax, torch.nn.functional.softmax, torch.Tensor.softmax) and args:
+                seen.append(args[0])
+            elif func is torch.nn.functional.linear and args and not seen:  # the projections before attention
+                projected.append(args[0])
+            elif func is torch.nn.functional.scaled_dot_product_attention:
+                seen.extend(t for t in (*args[1:4], kwargs.get("attn_mask"), kwargs.get("key"), kwargs.get("value"))
+                            if isinstance(t, torch.Tensor) and t.is_floating_point())
+            return func(*args, **kwargs)
+
+    if not rows:
+        return {}
+    gen = torch.Generator().manual_seed(0)
+    try:
+        with train_mode(module, False), torch.enable_grad(), Inputs():
+            ctx.subject(ctx.standard()[0].clone())
+        reached = []
+        for ts in (seen, projected):
+            live = [t for t in ts if t.requires_grad]
+            loss = sum((t.float() * torch.randn(t.shape, generator=gen).to(t.device)).sum() for t in live) if live else None
+            grads = torch.autograd.grad(loss, list(rows.values()), allow_unused=True, retain_graph=True) if live else ()
+            reached.append({n for (n, _), g in zip(rows.items(), grads) if g is not None and bool(g.any())})
+    except Exception as e:  # noqa: BLE001 - a block this cannot run: its parameters stay where the dataflow put them
+        from tblock_cli.errors import is_out_of_memory
+
+        if is_out_of_memory(e):
+            raise
+        return {}
+    return {n: q.numel() for n, q in rows.items() if n in reached[0] and n not in reached[1]}
 
 
 def check_reference(ctx: Context) -> Outcome:
