@@ -310,16 +310,16 @@ def read(probe: Probe) -> list[Entry]:
     H, E = call.q.shape[1], call.q.shape[-1]
     k = call.k
     first = key_classes(k) if k.shape[1] == H else None
-    heads_read = "distinct key heads in the product"
+    heads, why = "distinct key heads", ""
     if first is not None and call.v is not None and call.v.shape[1] == H and (values := key_classes(call.v)) != first:
         # a query head reads a key head and a value head together: where values are grouped unlike the keys (k
         # repeat_interleaved, v repeated), the pairs are the heads, and more of them than the block keeps
         first = [next(g for g in range(H) if (first[g], values[g]) == (first[h], values[h])) for h in range(H)]
-        heads_read = "distinct (key, value) head pairs in the product: values grouped unlike the keys"
+        heads, why = "distinct (key, value) head pairs", ": values grouped unlike the keys"
     kv = len(set(first)) if first is not None else k.shape[1]
     out += [Entry("attn.heads", H, f"q.k products per token ({call.kind})", judged=False),
-            Entry("attn.kv_heads", kv, heads_read, judged=False),
-            Entry("attn.group", H / kv, f"{H} query heads over {kv} {heads_read.split(' in the')[0]}", judged=False) if kv
+            Entry("attn.kv_heads", kv, f"{heads} in the product{why}", judged=False),
+            Entry("attn.group", H / kv, f"{H} query heads over {kv} {heads}", judged=False) if kv
             else skipped("attn.group", "no key heads read"),
             read_grouping(call, H, kv, first),
             Entry("attn.head_dim", E, "channels of q in the product", judged=False)]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from tblock_cli.anatomy.norms import CLAIM_SCALES, named_but_not_norms
+from tblock_cli.anatomy.norms import CLAIM_SCALES, NORM_CLASS, named_but_not_norms
 from tblock_cli.checks.context import Context
 from tblock_cli.checks.result import Outcome, failed, passed, skipped
 from tblock_cli.probes import f64, module_copy
@@ -108,7 +108,6 @@ def check_norms(ctx: Context) -> Outcome:
 
 def _unit_gain(m) -> bool:
     """A module named LayerNorm or RMSNorm whose every parameter is all ones or all zeros (its gain 1, or 1 + 0)."""
-    named = type(m).__name__.lower().replace("_", "")
-    if "layernorm" not in named and "rmsnorm" not in named:
+    if not NORM_CLASS.search(type(m).__name__):
         return False
     return all(bool((p == 1).all()) or not p.any() for p in m.parameters())

@@ -304,7 +304,7 @@ def check_precision(ctx: Context) -> Outcome:
                         and not KERNEL_GAP.search(str(cause)):
                     return failed("precision.dtype_clash", how=e.args[0], error=one_line(cause), **clash)
                 return skipped("precision.unsupported", error=one_line(cause or e))
-    got = results["autocast"][1][0][1]
+    got = results["autocast"][1][0][1]  # the autocast run's output (its first named part: "output")
     if isinstance(got, torch.Tensor) and got.is_floating_point() and got.dtype != ref.dtype:
         return failed("precision.autocast_dtype", got=str(got.dtype).replace("torch.", ""),
                       want=str(ref.dtype).replace("torch.", ""))

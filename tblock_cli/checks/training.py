@@ -206,12 +206,15 @@ def check_derivative(ctx: Context) -> Outcome:
 # ----------------------------------------------------------------------------- gradients accumulate
 
 
-def _backward_into(ctx: Context, x: torch.Tensor, weight: torch.Tensor) -> None:
-    """One seeded train forward of x and the backward of a fixed projection, into whatever .grad holds."""
+def _backward_into(ctx: Context, x: torch.Tensor, weight: torch.Tensor, between=None) -> None:
+    """One seeded train forward of x and the backward of a fixed projection, into whatever .grad holds; `between`,
+    where given, is called after the forward and before its backward (another micro-batch's forward)."""
     module = ctx.subject.module
     with seeded(ctx.device), train_mode(module, True), torch.enable_grad():
         out = ctx.subject(x.clone().requires_grad_(True))
+        later = between() if between is not None else None  # kept alive until the backward, as a graph in flight is
         (out.float() * weight).sum().backward()
+        del later
 
 
 def _grads(params) -> dict[str, torch.Tensor | None]:
@@ -280,16 +283,10 @@ def _first_of_two(ctx: Context, x: torch.Tensor, weight: torch.Tensor, params) -
     backward, as pipeline schedules and micro-batches in flight do: a backward that reads what the later forward
     overwrote (an input stashed on the module, a buffer) gives other gradients than the step alone. None where that
     backward raises (a tensor it saved written in place by the later forward): not judged here."""
-    module = ctx.subject.module
     for _, p in params:
         p.grad = None
     try:
-        with train_mode(module, True), torch.enable_grad():
-            with seeded(ctx.device):
-                out = ctx.subject(x.clone().requires_grad_(True))
-            later = ctx.subject(x.flip(1).requires_grad_(True))
-            (out.float() * weight).sum().backward()
-            del later
+        _backward_into(ctx, x, weight, between=lambda: ctx.subject(x.flip(1).requires_grad_(True)))
     except RuntimeError as e:
         if is_out_of_memory(e):
             raise

@@ -359,7 +359,7 @@ MESSAGES.update({
         f"{o['name']} is a (1 + w) norm whose output RMS at init is {o['gain']:.2f} (> {f['limit']:g}): its w is "
         f"initialised to 1, as a plain norm's weight would be, so it doubles its input" for o in f["offset"]),
     "norms.not_unit": lambda f: "; ".join(f"{n['name']} (width {n['width']}) at unit gain returns tokens of RMS {n['rms']:.6f}, not 1: a "
-                                          f"LayerNorm or RMSNorm divides by the biased variance (x.var() is n - 1's)" for n in f["off_unit"]),
+                                          f"LayerNorm or RMSNorm divides by the variance over n (x.var() divides by n - 1)" for n in f["off_unit"]),
     "norms.random_gain": lambda f: "; ".join(
         f"{r['name']}'s gain at init is negative in {r['negative']:.0%} of its channels (RMS {r['gain']:.3g}): drawn at "
         f"random, not a constant (an init loop over every parameter, `normal_(p, 0, 0.02)`, reached the norms; a norm's "
