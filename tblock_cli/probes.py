@@ -237,6 +237,20 @@ def parameters_replaced(params: dict[str, torch.Tensor], names, fn):
 
 
 @contextmanager
+def parameters_swapped(new: dict):
+    """Parameter objects put in place of others for a while: {(module, name): parameter}; the originals, untouched
+    (their versions too, so no probe computed from them is invalidated), are put back after, even on error."""
+    saved = {(m, n): m._parameters[n] for m, n in new}
+    try:
+        for (m, n), p in new.items():
+            m._parameters[n] = p
+        yield
+    finally:
+        for (m, n), p in saved.items():
+            m._parameters[n] = p
+
+
+@contextmanager
 def same_draws(device: torch.device, seed: int = 0):
     """torch's random stream (CPU, and the device's) seeded for a while and put back after: two forwards run under it
     draw the same dropout masks, and the caller's own stream is left where it was."""

@@ -237,3 +237,36 @@ def test_position_bias_alone_pays_the_identical_token_probe_itself(monkeypatch):
     monkeypatch.setattr(positions, "head_biases", lambda ctx: probed.append(1) or real(ctx))
     alone = battery("Rel3", only=("position_bias",), **zoo.CORRECT_3["Rel3"])["position_bias"]
     assert alone.kind == "position_bias.none" and not probed, alone
+
+
+class _GainFirstLayerNorm(torch.nn.LayerNorm):
+    def forward(self, x):  # the gain before the statistics: LayerNorm of (x * w), then the bias
+        return torch.nn.functional.layer_norm(x * self.weight, self.normalized_shape, None, None, self.eps) + self.bias
+
+
+class _OffsetRMSNorm(torch.nn.RMSNorm):
+    def forward(self, x):  # Gemma's (1 + w): the gain acts after normalising, only offset
+        return torch.nn.functional.rms_norm(x, self.normalized_shape, None, self.eps) * (1 + self.weight)
+
+
+@pytest.mark.parametrize("norm,inside", [(torch.nn.LayerNorm(16), False), (torch.nn.RMSNorm(16), False),
+                                         (_OffsetRMSNorm(16), False), (_GainFirstLayerNorm(16), True)])
+def test_a_norm_with_its_gain_redrawn_is_a_per_channel_affine_map_of_itself_unless_the_gain_comes_first(norm, inside):
+    from tblock_cli.checks.norms import AFFINE_TOL, _affine_residual
+
+    if isinstance(norm, _OffsetRMSNorm):
+        torch.nn.init.zeros_(norm.weight)
+    x = torch.randn(2, 8, 16, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    res = _affine_residual(norm, x, 16, torch.Generator().manual_seed(1))
+    # the fit is exact for a gain and bias per channel; a gain inside the statistics mixes channels through them
+    assert (res > 100 * AFFINE_TOL) if inside else (res < 1e-12), res
+
+
+def test_a_parameter_swapped_for_a_while_leaves_the_original_objects_and_versions():
+    from tblock_cli.probes import parameters_swapped, state_key
+
+    m = torch.nn.LayerNorm(4)
+    before, key = m.weight, state_key(m)
+    with parameters_swapped({(m, "weight"): torch.nn.Parameter(torch.full((4,), 2.0))}):
+        assert m(torch.ones(1, 4) * torch.arange(4.0)).abs().max() > 2.5  # the swapped gain is the one used
+    assert m.weight is before and state_key(m) == key

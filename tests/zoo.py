@@ -114,7 +114,16 @@ from zoo_mixing import (  # noqa: F401
     TokenShift,
     TokenShiftNoMask,
 )
-from zoo_norms import HalfRMSNorm, HandLayerNormBlock, NormSquaresInHalf, OffsetNormInitOne, UnbiasedVarianceNorm  # noqa: F401
+from zoo_norms import (  # noqa: F401
+    GainBeforeStatistics,
+    HalfRMSNorm,
+    HandLayerNormBlock,
+    NormSquaresInHalf,
+    OffsetNormInitOne,
+    QKNormAfterRotary,
+    QKNormBeforeRotary,
+    UnbiasedVarianceNorm,
+)
 from zoo_positions import (  # noqa: F401
     GQA3,
     AbsPos3,
@@ -294,7 +303,8 @@ POS = {"positional": True}
 
 CORRECT_3 = {"Rel3": POS, "CachedRoPE": {"causal": True}, "GQA3": POS, "Window3": POS, "Alibi3": POS, "AbsPos3": POS,
              "Mask3D3": POS, "Fp16Llama3": POS, "Gemma3": POS, "RoPEValues3": POS, "FirstCallInit": {},
-             "SublayerPostNorm": {"causal": True}, "InferenceModeCacheCloned": POS, "LayerScaleRoPEValues": POS}
+             "SublayerPostNorm": {"causal": True}, "InferenceModeCacheCloned": POS, "LayerScaleRoPEValues": POS,
+             "QKNormBeforeRotary": POS}
 
 
 # The third generation: name -> (the check that must flag it, its flags; "dtype" names the run dtype it needs).
@@ -309,6 +319,8 @@ PLANTED_3 = {
     "NormSquaresInHalf": ("norms", {"dtype": "float16"}),
     "OffsetNormInitOne": ("norms", {}),
     "UnbiasedVarianceNorm": ("norms", {}),
+    "GainBeforeStatistics": ("norms", {}),
+    "QKNormAfterRotary": ("relative", POS),
     "AlibiWrongSlopes": ("position_bias", {}),
     "AlibiSlopesReversed": ("position_bias", {}),
     "ActOnUp": ("names", {}),

@@ -1,9 +1,9 @@
-"""Norms in half precision, offset norms and a hand-written LayerNorm: the bugs the norms check catches, and the
-hand-written LayerNorm's twin."""
+"""Norms in half precision, offset norms, a hand-written LayerNorm, gains that act before a norm's statistics or on
+rotated q/k channels: the bugs the norms and relative checks catch, and their twins."""
 
 import torch
 import torch.nn as nn
-from zoo_correct import Good, UpcastRMSNorm
+from zoo_correct import Good, UpcastRMSNorm, heads, merge
 from zoo_positions import Gemma3, Rel3
 
 
@@ -58,3 +58,41 @@ class UnbiasedLayerNorm(HandLayerNorm):
 
 class UnbiasedVarianceNorm(HandLayerNormBlock):
     norm = UnbiasedLayerNorm
+
+
+class GainFirstRMSNorm(UpcastRMSNorm):
+    def normed(self, x):
+        h = x.float() * (self.offset + self.weight.float())  # bug: the gain before the statistics, which it then cancels
+        return (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
+
+
+class GainBeforeStatistics(Rel3):
+    """Rel3 whose RMSNorms scale before they normalise: the same at unit gain, another function once trained."""
+
+    def __init__(self, d_model=64, n_heads=4, d_ff=None, dropout=0.0, causal=True):
+        super().__init__(d_model, n_heads, d_ff, dropout, causal)
+        self.attn_norm, self.ffn_norm = GainFirstRMSNorm(d_model), GainFirstRMSNorm(d_model)
+
+
+class QKNormBeforeRotary(Rel3):
+    """Per-head RMSNorms on q and k, then the rotation (Qwen3, OLMo-2, Gemma 3): twin."""
+
+    rotate_first = False
+
+    def __init__(self, d_model=64, n_heads=4, d_ff=None, dropout=0.0, causal=True):
+        super().__init__(d_model, n_heads, d_ff, dropout, causal)
+        self.q_norm, self.k_norm = UpcastRMSNorm(self.hd), UpcastRMSNorm(self.hd)
+
+    def attention(self, h, pad_mask):
+        B, T, _ = h.shape
+        q, k, v = heads(self.q_proj(h), self.n), heads(self.k_proj(h), self.n), heads(self.v_proj(h), self.n)
+        pos = self.positions(pad_mask, B, T, h.device)
+        if self.rotate_first:
+            q, k = self.q_norm(self.rotate(q, pos)), self.k_norm(self.rotate(k, pos))
+        else:
+            q, k = self.rotate(self.q_norm(q), pos), self.rotate(self.k_norm(k), pos)
+        return self.o_proj(merge(self.attend(q, k, v, self.allowed(B, T, pad_mask, h.device))))
+
+
+class QKNormAfterRotary(QKNormBeforeRotary):
+    rotate_first = True  # bug: the per-channel gains act on rotated channels: scores depend on i, not only i - j

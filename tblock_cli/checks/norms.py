@@ -30,6 +30,12 @@ RANDOM_GAIN_SHARE = 0.25
 # tokens of RMS exactly 1 at LARGE_RMS (eps is 1e-11 of the variance there): measured 1 to 1e-7 in float32. Dividing by
 # the unbiased variance (`x.var()`, n - 1) gives sqrt((n - 1) / n): 7.8e-3 off at width 64, 1e-4 at 5000.
 UNIT_RMS_TOL = 1e-5
+# A norm's per-channel parameters (gain, bias, Gemma's 1 + w) act on the token after it is normalised: with each of
+# them redrawn, every output channel is an affine function, over tokens, of the same channel as built. A gain applied
+# before normalising (x * w divided by the RMS of x * w) reaches the statistics, which mix channels. Residual of that
+# fit (float64 copies), relative to the output's spread: correct norms ~1e-16 (a float32 step inside: ~1e-7); a gain
+# before the statistics 0.1-0.3 (gains redrawn by +-0.5).
+AFFINE_TOL = 1e-4
 
 
 def rms(t: torch.Tensor) -> float:
@@ -53,7 +59,7 @@ def check_norms(ctx: Context) -> Outcome:
     if not norms:
         return skipped("norms.none")
     mods = dict(ctx.subject.module.named_modules())
-    large, offset, random_gain, seen, errors, off_unit = [], [], [], [], [], []
+    large, offset, random_gain, seen, errors, off_unit, not_affine = [], [], [], [], [], [], []
     for name, width in norms.items():
         m = mods[name]
         x = torch.randn(2, 8, width, generator=ctx.gen, dtype=torch.float64)
@@ -85,6 +91,9 @@ def check_norms(ctx: Context) -> Outcome:
             token_rms = f64(got).pow(2).mean(-1).sqrt()
             if (token_rms - 1).abs().max().item() > UNIT_RMS_TOL:
                 off_unit.append({"name": name, "rms": token_rms.mean().item(), "width": width})
+        if NORM_CLASS.search(type(m).__name__) and (res := _affine_residual(m, x, width, torch.Generator().manual_seed(ctx.cfg.seed + 17))) is not None \
+                and res > AFFINE_TOL:
+            not_affine.append({"name": name, "residual": res})
         signs = (odd * x.to(odd)).flatten(0, -2).sum(0)
         if any(True for _ in m.parameters()) and signs.numel() > 1 and (signs < 0).double().mean() > RANDOM_GAIN_SHARE:
             random_gain.append({"name": name, "negative": (signs < 0).double().mean().item(), "gain": rms(odd) / 2})
@@ -101,6 +110,9 @@ def check_norms(ctx: Context) -> Outcome:
     if off_unit:
         worst = max(off_unit, key=lambda n: abs(n["rms"] - 1))
         return failed("norms.not_unit", round(worst["rms"], 6), off_unit=off_unit, limit=UNIT_RMS_TOL, **facts)
+    if not_affine:
+        worst = max(not_affine, key=lambda n: n["residual"])
+        return failed("norms.gain_inside", round(worst["residual"], 4), not_affine=not_affine, limit=AFFINE_TOL, **facts)
     if not seen:
         return skipped("norms.none")
     return passed("norms.ok", len(seen), worst=max(errors), **facts)
@@ -111,3 +123,26 @@ def _unit_gain(m) -> bool:
     if not NORM_CLASS.search(type(m).__name__):
         return False
     return all(bool((p == 1).all()) or not p.any() for p in m.parameters())
+
+
+def _affine_residual(m, x: torch.Tensor, width: int, gen: torch.Generator) -> float | None:
+    """How far, relative to the output's spread, a float64 copy of norm m with its per-channel parameters redrawn
+    (each moved by up to 0.5) is from a per-channel affine function of the copy as built, over x's tokens. None where
+    m has no per-channel parameter or cannot be called so."""
+    try:
+        built = module_copy(m).to(device="cpu", dtype=torch.float64)
+        drawn = module_copy(built)
+        own = [p for p in drawn.parameters() if p.ndim == 1 and p.shape[0] == width]
+        if not own:
+            return None
+        with torch.no_grad():
+            for p in own:
+                p.add_(torch.rand(p.shape, generator=gen, dtype=torch.float64) - 0.5)
+            u, y = (f(x).flatten(0, -2) for f in (built, drawn))
+    except Exception:  # noqa: BLE001 - a norm that needs more than a tensor: no evidence
+        return None
+    if not isinstance(y, torch.Tensor) or y.shape != u.shape:
+        return None
+    uc, yc = u - u.mean(0), y - y.mean(0)
+    slope = (uc * yc).sum(0) / (uc * uc).sum(0).clamp_min(1e-300)
+    return (yc - slope * uc).norm().item() / max(yc.norm().item(), 1e-300)

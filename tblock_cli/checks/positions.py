@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass
 
 import torch
+import torch.nn as nn
 
 from tblock_cli.anatomy.attention import Captured
 from tblock_cli.anatomy.mha import MASKED_LOGIT
@@ -14,7 +15,7 @@ from tblock_cli.anatomy.tracer import Tracer
 from tblock_cli.checks.context import IDENTICAL_SCORES, Context
 from tblock_cli.checks.result import Outcome, failed, passed, skipped, warned
 from tblock_cli.errors import is_out_of_memory
-from tblock_cli.probes import train_mode
+from tblock_cli.probes import parameters_swapped, train_mode
 
 # Largest deviation of identical-token scores from a Toeplitz matrix (each row shifted so its own diagonal entry is 0,
 # a row offset being invisible to softmax), relative to max(1, |score|). Measured at d_model 64/512: correct relative
@@ -134,8 +135,16 @@ def positions_in_scores(ctx: Context) -> str | None:
 
 def relative_calls(ctx: Context, T: int) -> list[dict]:
     """Per square attention call whose q and k projections read identical rows: its Toeplitz error at length T."""
+    return toeplitz_calls(identical_scores(ctx) if T == identical_length(ctx) else identical(ctx, T), T)
+
+
+def relative_calls_fresh(ctx: Context, T: int) -> list[dict]:
+    """relative_calls from a forward of its own (the block's parameters changed for a while), not the shared probe."""
+    return toeplitz_calls(identical(ctx, T), T)
+
+
+def toeplitz_calls(seen: Identical, T: int) -> list[dict]:
     out = []
-    seen = identical_scores(ctx) if T == identical_length(ctx) else identical(ctx, T)
     calls, uniform_in = seen.calls, seen.uniform_in
     for c, got in calls:
         if got is None or got.logits.shape[-1] != got.logits.shape[-2] or got.logits.shape[-1] != T:
@@ -144,8 +153,10 @@ def relative_calls(ctx: Context, T: int) -> list[dict]:
         if not sources or not all(uniform_in[n] for n in sources):
             continue  # positions entered before the projections (absolute): scores need not be Toeplitz
         z = got.logits
+        rows, live = centred_rows(z)
+        spread = rows.abs().max().item() / max(1.0, z[live].abs().max().item()) if live.any() else 0.0
         out.append({"where": c.where or "root", "seq": T, "error": toeplitz_error(z),
-                    "tail": toeplitz_error(z[..., T // 2:, T // 2:])})
+                    "tail": toeplitz_error(z[..., T // 2:, T // 2:]), "spread": spread})
     return out
 
 
@@ -173,6 +184,11 @@ def check_relative(ctx: Context) -> Outcome:
     limit = TOEPLITZ_LIMIT[ctx.dtype]
     worst = max(calls, key=lambda c: c["error"])
     facts = {"where": worst["where"], "seq": worst["seq"], "error": worst["error"], "limit": limit, "long_error": long_error}
+    # scores flat along every row carry no positions: gains acting after a rotation would have made them vary
+    positioned = any(c["spread"] > limit for c in calls)
+    if worst["error"] <= limit and positioned and (drawn := relative_with_gains_drawn(ctx)) is not None \
+            and drawn["drawn_error"] > limit:
+        return failed("relative.gains_inside", drawn["drawn_error"], **facts, **drawn)
     if worst["error"] > limit:
         tail = max(c["tail"] for c in calls)
         if tail > limit:
@@ -181,6 +197,32 @@ def check_relative(ctx: Context) -> Outcome:
         # the first positions (Primer's causal depthwise convolutions on q/k/v), not a position scheme
         return passed("relative.edge", tail, **facts, tail=tail, start=worst["seq"] // 2)
     return passed("relative.toeplitz", worst["error"], **facts)
+
+
+def relative_with_gains_drawn(ctx: Context) -> dict | None:
+    """relative's probe again with every norm's constant gain and bias (ones, zeros at init) redrawn by up to 0.5: a
+    per-channel gain that acts on q or k after the rotation (a q/k norm after the rotary embedding) breaks i - j only
+    once its channels differ. The worst call, with the norms redrawn; None where no norm keeps a constant parameter."""
+    from tblock_cli.anatomy.norms import NORM_CLASS
+
+    norms = ctx.dataflow().norms
+    drawn, gen = {}, torch.Generator().manual_seed(ctx.cfg.seed + 17)  # its own stream: later checks draw as before
+    for name, m in ctx.subject.module.named_modules():
+        if name not in norms and not NORM_CLASS.search(type(m).__name__):
+            continue
+        for pname, p in m.named_parameters(recurse=False):
+            if p.ndim == 1 and p.numel() > 1 and bool((p == p[0]).all()):
+                noise = torch.rand(p.shape, generator=gen, dtype=torch.float64) - 0.5
+                drawn[(m, pname)] = nn.Parameter((p.detach() + noise.to(p)), requires_grad=p.requires_grad)
+    if not drawn:
+        return None
+    with parameters_swapped(drawn):
+        calls = relative_calls_fresh(ctx, identical_length(ctx))
+    if not calls:
+        return None
+    worst = max(calls, key=lambda c: c["error"])
+    return {"drawn_where": worst["where"], "drawn_error": worst["error"],
+            "drawn": sorted({f"{n}.{pn}" for n, m in ctx.subject.module.named_modules() for (dm, pn) in drawn if dm is m})}
 
 
 def line_fit(f: torch.Tensor) -> tuple[float, float]:
