@@ -7,6 +7,7 @@ also keeps one JSON line per type. Slow (minutes per hundred types at one thread
     python scripts/hf_sweep.py --popular --per-process 8 --out /tmp/hf_sweep.jsonl  # the popular families
     python scripts/hf_sweep.py --out /tmp/hf_sweep.jsonl            # every buildable type (hours)
     python scripts/hf_sweep.py --types llama t5 vit --timeout 120   # a few
+    python scripts/hf_sweep.py --only norms,relative --per-process 16  # two checks over every buildable type
 """
 
 from __future__ import annotations
@@ -29,12 +30,12 @@ def alarm(*_):
     raise TimedOut()
 
 signal.signal(signal.SIGALRM, alarm)
-timeout = int(sys.argv[1])
-for t in sys.argv[2:]:
+timeout, only = int(sys.argv[1]), (sys.argv[2].split(",") if sys.argv[2] != "-" else None)
+for t in sys.argv[3:]:
     t0 = time.time()
     signal.alarm(timeout)
     try:
-        r = tblock_cli.check("hf:" + t, d_model=64, n_heads=4, d_ff=256, threads=1)
+        r = tblock_cli.check("hf:" + t, d_model=64, n_heads=4, d_ff=256, threads=1, only=only)
         row = {"driven": True, "statuses": {c.name: c.status.value for c in r.checks},
                "notes": {c.name: c.detail for c in r.checks if c.status.value in ("warn", "fail", "error")},
                "warnings": list(r.run.warnings) if r.run else []}
@@ -73,12 +74,12 @@ def buildable_types() -> list[str]:
     return out
 
 
-def run_group(types: list[str], timeout: float) -> list[dict]:
+def run_group(types: list[str], timeout: float, only: str | None = None) -> list[dict]:
     """One subprocess checks these types in turn (each under its own alarm); a type whose row never comes (the
     process crashed or hung past every alarm) is reported with the last line of the process's stderr."""
     start = time.time()
     try:
-        p = subprocess.run([sys.executable, "-c", CHILD, str(int(timeout)), *types], capture_output=True, text=True,
+        p = subprocess.run([sys.executable, "-c", CHILD, str(int(timeout)), only or "-", *types], capture_output=True, text=True,
                            timeout=timeout * len(types) + 60)
         out, err = p.stdout, p.stderr
     except subprocess.TimeoutExpired as e:
@@ -107,6 +108,7 @@ def main() -> None:
     ap.add_argument("--popular", action="store_true", help="the POPULAR families only")
     ap.add_argument("--timeout", type=float, default=180)
     ap.add_argument("--out")
+    ap.add_argument("--only", help="comma-separated checks to run (default: the whole battery)")
     ap.add_argument("--per-process", type=int, default=1,
                     help="types checked by one subprocess (start-up is most of a type's time on a busy machine)")
     args = ap.parse_args()
@@ -116,7 +118,7 @@ def main() -> None:
     print("| type | driven | statuses | s |\n|---|---|---|---|", flush=True)
     n = max(1, args.per_process)
     for i in range(0, len(types), n):
-        for row in run_group(types[i : i + n], args.timeout):
+        for row in run_group(types[i : i + n], args.timeout, args.only):
             rows.append(row)
             if out:
                 out.write(json.dumps(row) + "\n")

@@ -18,6 +18,10 @@ from tblock_cli.report import RunInfo
 SMALL = ["--d-model", "32", "--n-heads", "4", "--threads", "1"]
 
 
+def test_a_numeric_key_takes_none_only_where_it_says_so():
+    assert [c.value for c in parse_expect(["attn.softcap=none", "attn.window=none", "attn.group=2"])] == ["none", "none", 2.0]
+
+
 def test_values_parse_as_the_card_writes_them():
     assert parse_value("500000") == 500000.0
     assert parse_value("true") is True and parse_value("False") is False
@@ -27,7 +31,9 @@ def test_values_parse_as_the_card_writes_them():
         parse_value("inf")
 
 
-@pytest.mark.parametrize("items, needle", [(["rope.thta=1"], "rope.theta"), (["rope.theta"], "KEY=VALUE"), ([3], "KEY=VALUE")])
+@pytest.mark.parametrize("items, needle", [(["rope.thta=1"], "rope.theta"), (["rope.theta"], "KEY=VALUE"), ([3], "KEY=VALUE"),
+                                           (["attn.group=abc"], "takes a number"), (["ffn.hidden=true"], "takes a number"),
+                                           (["rope.theta=none"], "takes a number, got 'none'")])
 def test_a_bad_expect_is_refused_naming_what_to_write(items, needle):
     with pytest.raises(ConfigError, match=needle.replace(".", r"\.")):
         parse_expect(items)

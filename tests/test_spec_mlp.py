@@ -3,6 +3,8 @@ each planted variant is caught by a declared spec check naming the entry, and it
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from spec_blocks_mlp import (
@@ -240,3 +242,21 @@ def test_parallel_residual_forced_is_caught_against_a_sequential_gpt_neox():
     assert set(_like(NeoXLayer(), "hf:gpt_neox", like_kwargs=sequential)) == {"residual.form"}
     assert _like(NeoXSequential(), "hf:gpt_neox", like_kwargs=sequential) == {}
     assert _like(NeoXLayer(), "hf:gpt_neox") == {}  # the config's default: parallel
+
+
+@pytest.mark.parametrize("d_ff", [256, 4096])
+def test_a_curve_of_its_own_is_told_from_a_known_curve_normed_after_or_rounded(d_ff):
+    """A mistyped tanh GELU is a smooth curve no known one fits; GELU followed by a LayerNorm (NormFormer) is a known
+    curve up to a scale and shift per row, however wide (its statistics barely move between rows); GELU rounded to
+    bfloat16 misses by noise. Only the first is 'a curve of its own'."""
+    from tblock_cli.card.ffn import own_curve
+
+    p = torch.randn(16, d_ff, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    p = p * 4 / p.abs().max()
+    typo = 0.5 * p * (1 + torch.tanh(math.sqrt(2 / math.pi) * (p + 0.44715 * p ** 3)))
+    normed = torch.nn.functional.layer_norm(torch.nn.functional.gelu(p), (d_ff,))
+    rounded = torch.nn.functional.gelu(p.bfloat16()).double()
+    cands = {"up": p}
+    assert own_curve(typo, cands, fit(typo, cands)) is not None
+    assert own_curve(normed, cands, fit(normed, cands)) is None
+    assert own_curve(rounded, cands, fit(rounded, cands)) is None

@@ -1,7 +1,8 @@
 """Layouts built for one convention and read with another: a rotary table (what `spec` reads of the frequency each
 pair turns at, held against the base the rotary module says it has) and grouped key/value heads (which key and which
 value head each query head reads, held against the key/value head count the block takes); a soft-cap written as
-cap * tanh(s) where Gemma-2's cap * tanh(s / cap) was meant; Mixtral's renormalisation over Switch's single expert."""
+cap * tanh(s) where Gemma-2's cap * tanh(s / cap) was meant; Mixtral's renormalisation over Switch's single expert;
+a tanh GELU written out with a constant mistyped, held against the activation the block names."""
 
 import math
 
@@ -76,6 +77,25 @@ class OneExpertRenormalised(OneExpertRouted):
 
 
 # block -> the entry spec names where it contradicts what the block says of itself
-PLANTED = {"CatTableInterleaved": "rope.theta", "ValuesTiledApart": "attn.group"}
+class TanhGeluWritten(TrainBlock):
+    """GPT-2's tanh GELU written out, the block keeping the name it says (`activation = "gelu_new"`): twin."""
+
+    c = 0.044715
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.0, causal=True):
+        super().__init__(d_model, n_heads, dropout, causal)
+        self.activation = "gelu_new"
+        del self.w3  # no gate
+
+    def ffn(self, h):
+        u = self.w1(h)
+        return self.drop(self.w2(0.5 * u * (1 + torch.tanh(math.sqrt(2 / math.pi) * (u + self.c * u ** 3)))))
+
+
+class TanhGeluTypo(TanhGeluWritten):
+    c = 0.44715  # bug: the cubic term's constant ten times too large: a curve close to GELU's, not GELU
+
+
+PLANTED = {"CatTableInterleaved": "rope.theta", "ValuesTiledApart": "attn.group", "TanhGeluTypo": "ffn.act"}
 WARNED = {"SoftcapNotDivided": "spec", "OneExpertRenormalised": "spec"}
-CORRECT = ["OneExpertRouted"]
+CORRECT = ["OneExpertRouted", "TanhGeluWritten"]

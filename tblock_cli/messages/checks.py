@@ -347,8 +347,8 @@ MESSAGES.update({
         f"with every token identical the scores depend on i - j only as built ({f['error']:.1e}), but not once the norms' "
         f"constant gains are redrawn ({names(f['drawn'])}, each moved by up to 0.5): {f['drawn_where']} then deviates "
         f"by {f['drawn_error']:.1e} (limit {f['limit']:g}): a per-channel gain acts on q or k after the rotation (a "
-        f"q/k norm applied after the rotary embedding, where its channels are positions' sines and cosines); trained "
-        f"gains break relative positions"),
+        f"q/k norm applied after the rotary embedding, where its channels are positions' sines and cosines): trained "
+        f"gains break relative positions (a mistake, unless the design means it: HunYuan's checkpoints were trained so)"),
     "relative.toeplitz": lambda f: (f"with every token identical the scores depend on i - j only (max deviation "
                                     f"{f['error']:.1e}, limit {f['limit']:g}; {_relative(f)})"),
     "relative.edge": lambda f: (f"with every token identical the scores depend on i - j only from position {f['start']} on "

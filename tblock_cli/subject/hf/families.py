@@ -144,6 +144,9 @@ def by_design(model_type: str, layers: nn.Module, config=None) -> dict[str, str]
         rules["grad_params.missing"] = rules["train_eval.eval_unused"] = why
         rules["attention.no_softmax"] = (f"by design of {model_type}: {names} weigh relu(q.k) scores over heads to rank "
                                          f"keys, not to mix values")
+    if model_type in ("hunyuan_v1_dense", "hunyuan_v1_moe"):
+        rules["relative.gains_inside"] = (f"by design of {model_type}: its query and key layernorms act after the rotary "
+                                          f"embedding, as its checkpoints were trained")
     if model_type in CONDITIONAL_INPUTS:
         why = f"by design of {model_type}: {CONDITIONAL_INPUTS[model_type]}, which a layer driven on tokens alone does not get"
         rules["grad_params.missing"] = rules["train_eval.eval_unused"] = rules["ffn_share.other"] = why
