@@ -23,6 +23,7 @@ sys.path.insert(0, str(TESTS))
 import zoo_accumulation  # noqa: E402
 import zoo_autocast  # noqa: E402
 import zoo_claims  # noqa: E402
+import zoo_complex  # noqa: E402
 import zoo_construction  # noqa: E402
 import zoo_designs  # noqa: E402
 import zoo_device  # noqa: E402
@@ -62,6 +63,7 @@ CORRECT.update({f"zoo_numerics.py:{k}": {} for k in zoo_numerics.CORRECT})  # nu
 CORRECT.update({f"zoo_accumulation.py:{k}": {} for k in zoo_accumulation.CORRECT})  # custom backwards that accumulate
 CORRECT.update({f"zoo_tables.py:{k}": {"causal": True} for k in zoo_tables.CORRECT})  # Switch's top-1 routing
 CORRECT.update({f"zoo_construction.py:{k}": {} for k in zoo_construction.CORRECT})  # built as asked
+CORRECT.update({f"zoo_complex.py:{k}": {"causal": True} for k in zoo_complex.CORRECT})  # a complex rotary buffer
 CORRECT.update({f"zoo_designs.py:{k}": {"causal": k not in zoo_designs.BIDIRECTIONAL} for k in zoo_designs.CORRECT})  # libraries' designs
 # logits doubled at init by talking heads started as the identity: told from unscaled ones with heads of 64 or more
 CORRECT["zoo_designs.py:AddedTalkingHeadsBlock"] = {"causal": True, "n_heads": 1}
@@ -129,7 +131,8 @@ def missed_bugs(sizes) -> int:
                **{f"zoo_accumulation.py:{k}": (v, {}) for k, v in zoo_accumulation.PLANTED.items()},
                **{f"zoo_tables.py:{k}": (v, {"causal": True}) for k, v in zoo_tables.WARNED.items()},
                **{f"zoo_tables.py:{k}": ("spec", {"causal": True}) for k in zoo_tables.PLANTED},
-               **{f"zoo_construction.py:{k}": (v, {}) for k, v in zoo_construction.PLANTED.items()}}
+               **{f"zoo_construction.py:{k}": (v, {}) for k, v in zoo_construction.PLANTED.items()},
+               **{f"zoo_complex.py:{k}": (v, {"causal": True}) for k, v in zoo_complex.PLANTED.items()}}
     missed = runs = 0
     for name, (check, flags) in planted.items():
         for size in sizes:

@@ -64,6 +64,19 @@ def module_copy(module: nn.Module, memo: dict | None = None) -> nn.Module:
     return copy.deepcopy(module, {**held, **(memo or {})})
 
 
+def cast(module: nn.Module, dtype: torch.dtype | None = None, device=None) -> nn.Module:
+    """module.to(device=device, dtype=dtype), complex tensors kept complex: Module.to casts a complex buffer
+    (torchtitan's `freqs_cis`) to a real dtype by dropping its imaginary part. A complex tensor follows a float64 cast
+    (complex128) and keeps its own precision under any other (there is no usable half-precision complex)."""
+
+    def convert(t: torch.Tensor) -> torch.Tensor:
+        if t.is_complex():
+            return t.to(device=device or t.device, dtype=torch.complex128 if dtype == torch.float64 else t.dtype)
+        return t.to(device=device or t.device, dtype=dtype if dtype is not None and t.is_floating_point() else t.dtype)
+
+    return module._apply(convert)
+
+
 def state_key(module: nn.Module) -> tuple:
     """What a forward could read besides its input: every parameter's, buffer's and tensor attribute's identity and
     version, and plain scalar attributes, of the module and of modules it keeps as attributes (an HF layer's model).

@@ -290,3 +290,31 @@ def test_a_scramble_before_a_second_attention_still_warns_and_masks_and_views_ar
 
     m = SliceAdd(32, 4).eval()
     assert trace(m, m, torch.randn(2, 10, 32), 32).unnormed_ffn == ("w1", "w3")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_complex_rotary_buffer_survives_the_cast_and_the_battery(dtype):
+    """torchtitan's Llama keeps its rotary table as a complex buffer: Module.to(float32) would keep only its cosines
+    (the scores then not a function of i - j); tblock's casts leave it complex, and the block is clean."""
+    cfg = build_config(d_model=32, n_heads=4, causal=True)
+    subject = make_subject(cfg, CPU, dtype, f"{TESTS / 'zoo_complex.py'}:ComplexRotaryBlock")
+    assert subject.module.freqs_cis.is_complex()
+    report = run_checks(subject, cfg, CPU, dtype)
+    assert not [c for c in report.checks if c.status in BAD], [(c.name, c.detail) for c in report.checks if c.status in BAD]
+    bug = check(f"{TESTS / 'zoo_complex.py'}:ComplexRotaryThetaDefaulted", d_model=32, n_heads=4, causal=True, threads=1,
+                only="spec").checks[0]
+    assert bug.status == Status.FAIL and bug.facts["differs"][0]["key"] == "rope.theta"
+
+
+def test_cast_keeps_complex_tensors_complex_where_module_to_drops_their_imaginary_part():
+    from tblock_cli.probes import cast
+
+    m = torch.nn.Module()
+    m.register_buffer("table", torch.polar(torch.ones(3), torch.tensor([0.0, 1.0, 2.0])))
+    m.weight = torch.nn.Parameter(torch.ones(2))
+    kept = cast(m, torch.float64)
+    assert kept.table.dtype == torch.complex128 and kept.weight.dtype == torch.float64
+    assert torch.allclose(kept.table.imag, torch.sin(torch.tensor([0.0, 1.0, 2.0], dtype=torch.float64)), atol=1e-7)
+    assert cast(m, torch.bfloat16).table.dtype == torch.complex128  # no half-precision complex: kept as it was
+    with pytest.warns(UserWarning, match="imaginary"):
+        assert not torch.nn.Module.to(m, torch.float32).table.is_complex()  # what tblock avoids

@@ -11,7 +11,7 @@ import torch.nn as nn
 from torch.overrides import TorchFunctionMode
 
 from tblock_cli.config import BlockConfig
-from tblock_cli.probes import module_copy, train_mode
+from tblock_cli.probes import cast, module_copy, train_mode
 
 
 @dataclass(frozen=True)
@@ -151,5 +151,5 @@ def float64_probe(subject, cfg: BlockConfig, device: torch.device) -> Probe:
     """A Probe around a float64 copy of the subject (on the CPU where the device has no float64)."""
     module = module_copy(subject.module)
     where = torch.device("cpu") if device.type == "mps" else device
-    module = module.to(device=where, dtype=torch.float64)
+    module = cast(module, torch.float64, where)
     return Probe(subject.like(module), cfg, where, cfg.seed)

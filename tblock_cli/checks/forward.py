@@ -14,7 +14,7 @@ from tblock_cli.checks.context import TRAINING_INPUT, Context, eval_forward, for
 from tblock_cli.checks.result import Outcome, failed, passed, skipped, warned
 from tblock_cli.checks.streamed import float64_streamed
 from tblock_cli.errors import is_out_of_memory, one_line
-from tblock_cli.probes import changed, f64, module_copy, rel_diff, state_key, tensors, train_mode
+from tblock_cli.probes import cast, changed, f64, module_copy, rel_diff, state_key, tensors, train_mode
 from tblock_cli.report import Status
 from tblock_cli.runtime import dtype_name
 from tblock_cli.subject.through import raised_before_layer
@@ -289,7 +289,7 @@ def float64_reference(ctx: Context, x: torch.Tensor, device: torch.device) -> to
             return ctx.subject(x64.clone())
     except Exception:  # noqa: BLE001 - a tensor read where its module is not called: the whole copy runs it
         pass
-    ref_module = module_copy(module).to(device=device, dtype=torch.float64)
+    ref_module = cast(module_copy(module), torch.float64, device)
     with train_mode(ref_module, False), torch.no_grad():
         return ctx.subject.like(ref_module)(x64)
 

@@ -15,7 +15,7 @@ from tblock_cli.checks.context import Context
 from tblock_cli.checks.result import Outcome, failed, passed, skipped
 from tblock_cli.checks.training import all_modules, too_large
 from tblock_cli.errors import is_out_of_memory, one_line
-from tblock_cli.probes import dispatch_mode, module_copy, train_mode
+from tblock_cli.probes import cast, dispatch_mode, module_copy, train_mode
 from tblock_cli.subject.loading import first_tensor
 
 HALF = torch.bfloat16
@@ -170,7 +170,7 @@ def _half_runs(ctx: Context, module: nn.Module, ref32: nn.Module, ref, ref_parts
         raise HalfRaised(AUTOCAST, witness.first) from e
     results = {"autocast": ([("output", ref)] + ref_parts, [("output", got)] + parts)}
     ctx.step(".to(bfloat16)")
-    half = module_copy(module).to(HALF)
+    half = cast(module_copy(module), HALF)
     rounded = module_copy(half).float()  # float32 computing with the bfloat16-rounded weights and buffers
     xh = x.to(HALF)
     ref_r, parts_r = _outputs(rounded, ctx.subject.like(rounded), xh.float(), False, ctx.device)

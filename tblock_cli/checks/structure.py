@@ -9,7 +9,7 @@ import torch.nn as nn
 from tblock_cli.anatomy.dataflow import OTHER_SHARE_MAX
 from tblock_cli.checks.context import Context, eval_forward
 from tblock_cli.checks.result import Outcome, failed, passed, skipped, warned
-from tblock_cli.probes import module_copy, raise_dropout, rel_diff, train_mode, zero_dropout  # noqa: F401 - raise_dropout: part of this room's vocabulary
+from tblock_cli.probes import cast, module_copy, raise_dropout, rel_diff, train_mode, zero_dropout  # noqa: F401 - raise_dropout: part of this room's vocabulary
 
 # The reference check's tolerance: issue #2's, float32 max |diff| against nn.TransformerEncoderLayer.
 REFERENCE_TOL = 1e-5
@@ -31,7 +31,7 @@ def rebuilt_with_dropout(ctx: Context, p: float) -> nn.Module | None:
             return None
         module = rebuild(ctx.cfg.seed, "cpu", dropout=p)
         module.load_state_dict(ctx.subject.module.state_dict())
-        return module.to(device=ctx.device, dtype=ctx.dtype)
+        return cast(module, ctx.dtype, ctx.device)
     except Exception:  # noqa: BLE001 - any failure: fall back to zeroing the copy's dropout
         return None
 

@@ -11,7 +11,7 @@ import torch.nn as nn
 from tblock_cli.checks.context import Context
 from tblock_cli.checks.result import Outcome, failed, passed, skipped
 from tblock_cli.errors import is_out_of_memory, one_line
-from tblock_cli.probes import f64, module_copy, reseed, train_mode
+from tblock_cli.probes import cast, f64, module_copy, reseed, train_mode
 
 # The seed every evaluation of the block starts from (dropout draws the same masks in each).
 PROBE_SEED = 1234
@@ -104,7 +104,7 @@ def check_derivative(ctx: Context) -> Outcome:
         return large
     device = ctx.device if ctx.device.type != "mps" else torch.device("cpu")
     try:
-        m64 = copied(ctx.subject.module).to(device=device, dtype=torch.float64)
+        m64 = cast(copied(ctx.subject.module), torch.float64, device)
     except Exception as e:  # noqa: BLE001 - a block that has no float64 cannot be differenced precisely
         if is_out_of_memory(e):
             raise

@@ -19,7 +19,7 @@ from torch.overrides import TorchFunctionMode
 
 from tblock_cli.config import BlockConfig
 from tblock_cli.errors import USER_ERRORS, LoadError, is_out_of_memory, one_line
-from tblock_cli.probes import reseed
+from tblock_cli.probes import cast, reseed
 from tblock_cli.subject import caches
 from tblock_cli.subject.through import drive, is_causal, positional
 
@@ -324,5 +324,5 @@ def rebuilder(spec: str, factory, cfg: BlockConfig, extra: dict, layer: int, lik
         shape = caches.prepared(like._model) if conv is not None and conv.tensors(like._model) else None
         if shape is not None:  # caches that are buffers belong to the state_dict: a fresh copy holds the same ones
             module.convention.prepare(module._model, *shape)
-        return module.to(dtype=dtype)
+        return cast(module, dtype)
     return rebuild

@@ -16,7 +16,7 @@ import torch.nn as nn
 
 from tblock_cli.config import TO_CONSTRUCTOR, BlockConfig, Flag, parse_kwargs
 from tblock_cli.errors import USER_ERRORS, LoadError, is_out_of_memory, one_line
-from tblock_cli.probes import reseed, train_mode
+from tblock_cli.probes import cast, reseed, train_mode
 from tblock_cli.subject import Subject, first_tensor  # noqa: F401 - Subject: where callers long found it
 from tblock_cli.subject.builtin import build_block
 from tblock_cli.subject.portable import missing_dependency, on_this_machine
@@ -75,7 +75,7 @@ def rebuilder(spec: str, factory: Callable, cfg: BlockConfig, extra: dict, dtype
             kwargs = {k: dropout if k in ALIASES["dropout"] else v for k, v in extra.items()}
         with torch.device(where):
             module = construct(spec, factory, flags, kwargs)
-        module = module.to(dtype=dtype)
+        module = cast(module, dtype)
         if where != "meta":
             materialised(module, flags, torch.device(where), dtype)
         return module
@@ -89,7 +89,7 @@ def user_subject(module: nn.Module, name: str, cfg: BlockConfig, device: torch.d
         raise LoadError(f"--block {name}: it builds a TorchScript module (torch.jit.script or trace), which tblock does "
                         f"not support (its forward cannot be traced); build the module without scripting it")
     try:
-        module = module.to(device=device, dtype=dtype)
+        module = cast(module, dtype, device)
     except Exception as e:  # noqa: BLE001 - any failure here is the user's block
         if is_out_of_memory(e):
             raise
@@ -103,7 +103,7 @@ def user_layers(cfg: BlockConfig, device: torch.device, dtype: torch.dtype, spec
     """n independent instances of the user's block (seeds seed, seed+1, ...), for a stack of copies."""
     factory = load_factory(spec)
     first = user_subject(construct(spec, factory, cfg, extra), spec, cfg, device, dtype)  # probed once
-    return [first] + [first.like(construct(spec, factory, replace(cfg, seed=cfg.seed + i), extra).to(device=device, dtype=dtype))
+    return [first] + [first.like(cast(construct(spec, factory, replace(cfg, seed=cfg.seed + i), extra), dtype, device))
                       for i in range(1, n)]
 
 

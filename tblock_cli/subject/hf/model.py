@@ -11,6 +11,7 @@ import torch.nn as nn
 from tblock_cli import runtime
 from tblock_cli.config import BlockConfig
 from tblock_cli.errors import ConfigError, LoadError, TBlockError, is_out_of_memory
+from tblock_cli.probes import cast
 from tblock_cli.subject.hf import families, sizes
 from tblock_cli.subject.hf.drive import HFLayers
 from tblock_cli.subject.through import is_causal, positional
@@ -177,7 +178,7 @@ def rebuilder(model_type: str, cfg: BlockConfig, extra: dict, like: HFLayers, dt
         path, layers = families.find_layers(part, stack, _layer_count(config, which))
         module = HFLayers(part, config, _entry(stack, path, layers), layers, like.span, like.memory)
         module.causal, module.positional, module.by_design, module.warnings = like.causal, like.positional, like.by_design, like.warnings
-        return module.to(dtype=dtype)
+        return cast(module, dtype)
     return rebuild
 
 
