@@ -151,3 +151,22 @@ def test_history_skips_where_a_fresh_instance_cannot_load_the_blocks_tensors():
 
     (c,) = tblock_cli.check(GrowingSavedTable, d_model=32, n_heads=4, threads=1, only="history").checks
     assert (c.status, c.kind) == (Status.SKIP, "history.unloadable") and "loading state_dict" in c.facts["error"], c
+
+
+def test_a_frozen_weight_is_a_slip_and_a_frozen_table_of_its_own_name_is_a_design():
+    from tblock_cli.checks.optimizer import frozen_slips
+
+    class Gain(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gamma = torch.nn.Parameter(torch.ones(4))
+
+    m = torch.nn.Module()
+    m.norm, m.table = torch.nn.LayerNorm(4), torch.nn.Embedding(8, 4)
+    m.a, m.b = Gain(), Gain()
+    m.pos = torch.nn.Parameter(torch.zeros(8, 4), requires_grad=False)  # a fixed sin-cos table (MAE's pos_embed)
+    m.table.weight.requires_grad_(False)  # a sinusoidal embedding frozen on purpose
+    assert frozen_slips(m) == []
+    m.norm.weight.requires_grad_(False)
+    m.b.gamma.requires_grad_(False)  # its sibling a.gamma trains
+    assert frozen_slips(m) == ["norm.weight", "b.gamma"]

@@ -157,3 +157,17 @@ class LoRAFrozenBase(LoRAValue):
 
 
 CORRECT.append("LoRAFrozenBase")
+
+
+class FrozenRotaryTable(TrainBlock):
+    """The rotary inv_freq kept as a frozen Parameter (requires_grad=False), as some repositories keep fixed tables:
+    by design, not a weight frozen by mistake (no weight or bias, no sibling of its class trains it)."""
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
+        super().__init__(d_model, n_heads, dropout, causal)
+        table = self.rotary.inv_freq
+        del self.rotary.inv_freq
+        self.rotary.inv_freq = nn.Parameter(table.clone(), requires_grad=False)
+
+
+CORRECT.append("FrozenRotaryTable")

@@ -17,6 +17,23 @@ from tblock_cli.probes import parameters_replaced, rel_diff, train_mode
 STEP_LR = 1e-4
 # Two parameters are a broken tie only when their values look random: at least this many elements, mostly distinct
 # (a ones or zeros initialisation, or any constant, is shared by design and is not evidence).
+def frozen_slips(module: nn.Module) -> list[str]:
+    """Parameters with requires_grad=False that look frozen by mistake: a `weight` or `bias` (of any module but an
+    embedding table, which a fixed sinusoidal table freezes), or one whose name another module of the same class
+    trains. A frozen parameter of another name that no sibling trains is a fixed table (rotary `inv_freq`, MAE's
+    sin-cos `pos_embed`) kept as a parameter by design."""
+    trained = {(type(m), n) for m in module.modules() for n, p in m.named_parameters(recurse=False) if p.requires_grad}
+    out = []
+    for mname, m in module.named_modules():
+        for n, p in m.named_parameters(recurse=False):
+            if p.requires_grad:
+                continue
+            layer = n in ("weight", "bias") and not isinstance(m, nn.Embedding)
+            if layer or (type(m), n) in trained:
+                out.append(f"{mname}.{n}" if mname else n)
+    return out
+
+
 TIE_MIN_NUMEL = 16
 TIE_DISTINCT = 0.5
 # A parameter no step will ever move: its gradient exactly zero at init and still after the step, and alive once the
@@ -121,8 +138,9 @@ def check_optimizer_step(ctx: Context) -> Outcome:
     exactly 0, at init and after the step, alive once given random values: an FFN or v and o zero-initialised
     together); two distinct parameters holding the same random values (a tie broken by a copy), or sharing one
     storage (`b.weight.data = a.weight.data`: each step updates it twice); parameters with
-    `requires_grad=False` are a **warning** where they hold less than half the block's parameters (a norm weight
-    frozen by mistake; a frozen base under adapters is the design); after the step, an eval forward without gradients
+    `requires_grad=False` are a **warning** where they hold less than half the block's parameters and are a layer's
+    weight or bias, or a parameter another module of the same class trains (a norm weight frozen by mistake; a frozen
+    base under adapters, a fixed table kept as a frozen parameter, `inv_freq` or MAE's `pos_embed`, are designs); after the step, an eval forward without gradients
     that differs from one with them (a fused or cached weight an inference call kept from before the step); one module
     object at several entries of a ModuleList or Sequential is a **warning** (`[Head()] * n`: n heads that are one)"""
     if (large := too_large(ctx)) is not None:
@@ -141,7 +159,7 @@ def check_optimizer_step(ctx: Context) -> Outcome:
         # judged in eval mode, where one forward is the same function before and after the step
         step = _adamw_step(ctx, x, target, train=False)
     first, second = step.pop("loss_before"), step.pop("loss_after")
-    unchanged, frozen = step["unchanged"], step["frozen"]
+    unchanged = step["unchanged"]
     facts = {"loss_before": first, "loss_after": second, "lr": STEP_LR, "ties": ties, "aliases": aliases, **step}
     value = f"{first:.4g} -> {second:.4g}"
     if not second < first:
@@ -158,8 +176,8 @@ def check_optimizer_step(ctx: Context) -> Outcome:
         return failed("optimizer_step.stuck", value, **facts)
     if repeats:
         return warned("optimizer_step.repeated", value, repeats=repeats, **facts)
-    if frozen and step["frozen_share"] < FROZEN_SHARE:
-        return warned("optimizer_step.frozen", value, **facts)
+    if (slips := frozen_slips(ctx.subject.module)) and step["frozen_share"] < FROZEN_SHARE:
+        return warned("optimizer_step.frozen", value, **{**facts, "frozen": slips})
     return passed("optimizer_step.ok", value, **facts)
 
 
