@@ -120,6 +120,8 @@ from zoo_norms import (  # noqa: F401
     HandLayerNormBlock,
     NormSquaresInHalf,
     OffsetNormInitOne,
+    QKBiasAfterRotary,
+    QKBiasBeforeRotary,
     QKNormAfterRotary,
     QKNormBeforeRotary,
     UnbiasedVarianceNorm,
@@ -304,7 +306,7 @@ POS = {"positional": True}
 CORRECT_3 = {"Rel3": POS, "CachedRoPE": {"causal": True}, "GQA3": POS, "Window3": POS, "Alibi3": POS, "AbsPos3": POS,
              "Mask3D3": POS, "Fp16Llama3": POS, "Gemma3": POS, "RoPEValues3": POS, "FirstCallInit": {},
              "SublayerPostNorm": {"causal": True}, "InferenceModeCacheCloned": POS, "LayerScaleRoPEValues": POS,
-             "QKNormBeforeRotary": POS}
+             "QKNormBeforeRotary": POS, "QKBiasBeforeRotary": POS}
 
 
 # The third generation: name -> (the check that must flag it, its flags; "dtype" names the run dtype it needs).
@@ -321,6 +323,7 @@ PLANTED_3 = {
     "UnbiasedVarianceNorm": ("norms", {}),
     "GainBeforeStatistics": ("norms", {}),
     "QKNormAfterRotary": ("relative", POS),
+    "QKBiasAfterRotary": ("relative", POS),
     "AlibiWrongSlopes": ("position_bias", {}),
     "AlibiSlopesReversed": ("position_bias", {}),
     "ActOnUp": ("names", {}),

@@ -1,5 +1,5 @@
 """Norms in half precision, offset norms, a hand-written LayerNorm, gains that act before a norm's statistics or on
-rotated q/k channels: the bugs the norms and relative checks catch, and their twins."""
+rotated q/k channels, biases added to rotated q and k: the bugs the norms and relative checks catch, and their twins."""
 
 import torch
 import torch.nn as nn
@@ -96,3 +96,28 @@ class QKNormBeforeRotary(Rel3):
 
 class QKNormAfterRotary(QKNormBeforeRotary):
     rotate_first = True  # bug: the per-channel gains act on rotated channels: scores depend on i, not only i - j
+
+
+class QKBiasBeforeRotary(Rel3):
+    """Qwen2's biased q/k projections, rotated after the bias: twin."""
+
+    bias_first = True
+
+    def __init__(self, d_model=64, n_heads=4, d_ff=None, dropout=0.0, causal=True):
+        super().__init__(d_model, n_heads, d_ff, dropout, causal)
+        self.q_bias, self.k_bias = nn.Parameter(torch.zeros(d_model)), nn.Parameter(torch.zeros(d_model))
+
+    def attention(self, h, pad_mask):
+        B, T, _ = h.shape
+        q, k, v = heads(self.q_proj(h), self.n), heads(self.k_proj(h), self.n), heads(self.v_proj(h), self.n)
+        qb, kb = heads(self.q_bias.expand(1, 1, -1), self.n), heads(self.k_bias.expand(1, 1, -1), self.n)
+        pos = self.positions(pad_mask, B, T, h.device)
+        if self.bias_first:
+            q, k = self.rotate(q + qb, pos), self.rotate(k + kb, pos)
+        else:
+            q, k = self.rotate(q, pos) + qb, self.rotate(k, pos) + kb
+        return self.o_proj(merge(self.attend(q, k, v, self.allowed(B, T, pad_mask, h.device))))
+
+
+class QKBiasAfterRotary(QKBiasBeforeRotary):
+    bias_first = False  # bug: the biases added to rotated q and k: their products with the rotated keys depend on j

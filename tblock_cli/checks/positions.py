@@ -168,8 +168,8 @@ def check_relative(ctx: Context) -> Outcome:
     precision (probed at 320 tokens in fp16/bf16); blocks whose positions enter before the q/k projections
     (absolute) are skipped; scores that are a function of i - j from the middle of the sequence on pass (a
     convolution's zero padding reaching the first positions: Primer); scores that are a function of i - j only at the
-    block's init, not once its norms' constant gains are redrawn, are a **warning** (a q/k norm after the rotary
-    embedding: its trained gains break relative positions)"""
+    block's init, not once its constant gains and biases are redrawn, are a **warning** (a q/k norm after the rotary
+    embedding, a bias added to rotated queries: trained, they break relative positions)"""
     if not ctx.dataflow().attention:
         return skipped("relative.no_attention")
     lengths = [identical_length(ctx)] + ([LONG_SEQ] if ctx.dtype in (torch.float16, torch.bfloat16) else [])
@@ -203,18 +203,14 @@ def check_relative(ctx: Context) -> Outcome:
 
 
 def relative_with_gains_drawn(ctx: Context) -> dict | None:
-    """relative's probe again with every norm's constant gain and bias (ones, zeros at init) redrawn by up to 0.5: a
-    per-channel gain that acts on q or k after the rotation (a q/k norm after the rotary embedding) breaks i - j only
-    once its channels differ. The worst call, with the norms redrawn; None where no norm keeps a constant parameter."""
-    from tblock_cli.anatomy.norms import NORM_CLASS
-
-    norms = ctx.dataflow().norms
+    """relative's probe again with every constant per-channel parameter (a norm's gain or bias, a projection's bias:
+    ones or zeros at init) redrawn by up to 0.5: a gain or bias that acts on q or k after the rotation (a q/k norm after
+    the rotary embedding, a bias added to rotated queries) breaks i - j only once it is not constant. The worst call;
+    None where the block keeps no such parameter."""
     drawn, gen = {}, torch.Generator().manual_seed(ctx.cfg.seed + 17)  # its own stream: later checks draw as before
-    for name, m in ctx.subject.module.named_modules():
-        if name not in norms and not NORM_CLASS.search(type(m).__name__):
-            continue
+    for m in ctx.subject.module.modules():
         for pname, p in m.named_parameters(recurse=False):
-            if p.ndim == 1 and p.numel() > 1 and bool((p == p[0]).all()):
+            if p.ndim == 1 and p.numel() > 1 and p.is_floating_point() and bool((p == p[0]).all()):
                 noise = torch.rand(p.shape, generator=gen, dtype=torch.float64) - 0.5
                 drawn[(m, pname)] = nn.Parameter((p.detach() + noise.to(p)), requires_grad=p.requires_grad)
     if not drawn:

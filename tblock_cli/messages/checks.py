@@ -344,11 +344,11 @@ MESSAGES.update({
     "relative.absolute": "no attention call whose q and k projections read position-free inputs (absolute positions enter "
                          "before them): not a relative scheme",
     "relative.gains_inside": lambda f: (
-        f"with every token identical the scores depend on i - j only as built ({f['error']:.1e}), but not once the norms' "
-        f"constant gains are redrawn ({names(f['drawn'])}, each moved by up to 0.5): {f['drawn_where']} then deviates "
-        f"by {f['drawn_error']:.1e} (limit {f['limit']:g}): a per-channel gain acts on q or k after the rotation (a "
-        f"q/k norm applied after the rotary embedding, where its channels are positions' sines and cosines): trained "
-        f"gains break relative positions (a mistake, unless the design means it: HunYuan's checkpoints were trained so)"),
+        f"with every token identical the scores depend on i - j only as built ({f['error']:.1e}), but not once the "
+        f"constant gains and biases are redrawn ({names(f['drawn'])}, each moved by up to 0.5): {f['drawn_where']} then "
+        f"deviates by {f['drawn_error']:.1e} (limit {f['limit']:g}): a per-channel gain or bias acts on q or k after "
+        f"the rotation (a q/k norm after the rotary embedding, a bias added to rotated queries or keys); trained, it "
+        f"breaks relative positions (a mistake, unless the design means it: HunYuan's checkpoints were trained so)"),
     "relative.toeplitz": lambda f: (f"with every token identical the scores depend on i - j only (max deviation "
                                     f"{f['error']:.1e}, limit {f['limit']:g}; {_relative(f)})"),
     "relative.edge": lambda f: (f"with every token identical the scores depend on i - j only from position {f['start']} on "
