@@ -4,6 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import tblock_cli
 from tblock_cli.checks import CHECK_NAMES, CheckReport, Status, run_checks
 from tblock_cli.config import build_config
 from tblock_cli.subject.loading import make_subject
@@ -327,3 +328,23 @@ def test_a_bias_added_to_the_probabilities_is_no_softmax_and_the_same_bias_on_th
     assert not reshaped_after_softmax(p) and not reshaped_after_softmax(p[..., :4])  # sinks sliced off: rows under 1
     assert not reshaped_after_softmax(p - 0.5 * p.flip(1))  # differential attention: every row 1 - lambda
     assert reshaped_after_softmax(p + 0.05 * torch.rand(5, 5))
+
+
+def test_a_block_that_refuses_one_token_is_warned_by_shape_and_judged_causal_on_the_rest():
+    """A top-k over at least 4 keys (x-transformers' sparse_topk) raises on shorter sequences: `shape` warns, `causal`
+    judges the half-sequence prefix and does not error."""
+    class TopKAttention(torch.nn.Module):
+        def __init__(self, d=32):
+            super().__init__()
+            self.qkv, self.o = torch.nn.Linear(d, 3 * d), torch.nn.Linear(d, d)
+
+        def forward(self, x):
+            q, k, v = self.qkv(x).chunk(3, -1)
+            s = (q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5).masked_fill(
+                torch.ones(x.shape[1], x.shape[1], dtype=torch.bool).triu(1), float("-inf"))
+            kth = s.topk(4, dim=-1).values[..., -1:]  # raises where fewer than 4 keys exist
+            return x + self.o(s.masked_fill(s < kth, float("-inf")).softmax(-1) @ v)
+
+    r = tblock_cli.check(TopKAttention(), d_model=32, n_heads=4, causal=True, threads=1, only="shape,causal")
+    by = {c.name: c for c in r.checks}
+    assert by["shape"].status == Status.WARN and by["causal"].status == Status.PASS, by
