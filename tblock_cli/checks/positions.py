@@ -206,7 +206,11 @@ def relative_with_gains_drawn(ctx: Context) -> dict | None:
     """relative's probe again with every constant per-channel parameter (a norm's gain or bias, a projection's bias:
     ones or zeros at init) redrawn by up to 0.5: a gain or bias that acts on q or k after the rotation (a q/k norm after
     the rotary embedding, a bias added to rotated queries) breaks i - j only once it is not constant. The worst call;
-    None where the block keeps no such parameter."""
+    None where the block keeps no such parameter, or is above the training-time checks' size (50M parameters)."""
+    from tblock_cli.checks.training import too_large
+
+    if too_large(ctx) is not None:  # a forward more over every weight: left to blocks of training-check size
+        return None
     drawn, gen = {}, torch.Generator().manual_seed(ctx.cfg.seed + 17)  # its own stream: later checks draw as before
     for m in ctx.subject.module.modules():
         for pname, p in m.named_parameters(recurse=False):
