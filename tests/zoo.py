@@ -118,6 +118,7 @@ from zoo_norms import (  # noqa: F401
     GainBeforeStatistics,
     HalfRMSNorm,
     HandLayerNormBlock,
+    LengthTemperature,
     NormSquaresInHalf,
     OffsetNormInitOne,
     QKBiasAfterRotary,
@@ -306,7 +307,8 @@ POS = {"positional": True}
 CORRECT_3 = {"Rel3": POS, "CachedRoPE": {"causal": True}, "GQA3": POS, "Window3": POS, "Alibi3": POS, "AbsPos3": POS,
              "Mask3D3": POS, "Fp16Llama3": POS, "Gemma3": POS, "RoPEValues3": POS, "FirstCallInit": {},
              "SublayerPostNorm": {"causal": True}, "InferenceModeCacheCloned": POS, "LayerScaleRoPEValues": POS,
-             "QKNormBeforeRotary": POS, "QKBiasBeforeRotary": POS}
+             "QKNormBeforeRotary": POS, "QKBiasBeforeRotary": POS,
+             "LengthTemperature": POS}
 
 
 # The third generation: name -> (the check that must flag it, its flags; "dtype" names the run dtype it needs).

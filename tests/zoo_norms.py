@@ -1,6 +1,8 @@
 """Norms in half precision, offset norms, a hand-written LayerNorm, gains that act before a norm's statistics or on
 rotated q/k channels, biases added to rotated q and k: the bugs the norms and relative checks catch, and their twins."""
 
+import math
+
 import torch
 import torch.nn as nn
 from zoo_correct import Good, UpcastRMSNorm, heads, merge
@@ -121,3 +123,18 @@ class QKBiasBeforeRotary(Rel3):
 
 class QKBiasAfterRotary(QKBiasBeforeRotary):
     bias_first = False  # bug: the biases added to rotated q and k: their products with the rotated keys depend on j
+
+
+class LengthTemperature(Rel3):
+    """A per-head softmax temperature that grows with the query's position, t_h = 1 + b_h log(1 + i), b_h = 0 at init
+    (scalable softmax, SSMax; Mistral Large 3 keeps one): rows scaled by design, per head, not per channel: twin."""
+
+    def __init__(self, d_model=64, n_heads=4, d_ff=None, dropout=0.0, causal=True):
+        super().__init__(d_model, n_heads, d_ff, dropout, causal)
+        self.temperature = nn.Parameter(torch.zeros(n_heads))
+
+    def attend(self, q, k, v, allowed):
+        T = q.shape[-2]
+        rows = torch.log1p(torch.arange(T, device=q.device, dtype=q.dtype))[:, None]
+        s = q @ k.transpose(-2, -1) / math.sqrt(self.hd) * (1 + self.temperature[:, None, None] * rows)
+        return self.softmax(self.fill(s, allowed)) @ v

@@ -214,7 +214,9 @@ def relative_with_gains_drawn(ctx: Context) -> dict | None:
     drawn, gen = {}, torch.Generator().manual_seed(ctx.cfg.seed + 17)  # its own stream: later checks draw as before
     for m in ctx.subject.module.modules():
         for pname, p in m.named_parameters(recurse=False):
-            if p.ndim == 1 and p.numel() > 1 and p.is_floating_point() and bool((p == p[0]).all()):
+            # per channel (wider than the head count): a per-head factor or bias (a position-dependent softmax
+            # temperature, SSMax and Mistral Large 3's) is a design that scales whole rows, not a channel's
+            if p.ndim == 1 and p.numel() > max(1, ctx.cfg.n_heads) and p.is_floating_point() and bool((p == p[0]).all()):
                 noise = torch.rand(p.shape, generator=gen, dtype=torch.float64) - 0.5
                 drawn[(m, pname)] = nn.Parameter((p.detach() + noise.to(p)), requires_grad=p.requires_grad)
     if not drawn:
