@@ -66,12 +66,12 @@ KEYS: dict[str, str] = {
 }
 
 # Keys whose value is a number (or numbers): a word for one of them is refused (exit 2), not judged as a mismatch.
-# "none" stays allowed where a key says so (a soft-cap, a window, a scaling factor of 1).
+# The words such a key may still take are those the card writes for it (WORDS).
 NUMERIC = ("attn.heads", "attn.kv_heads", "attn.group", "attn.head_dim", "attn.scale", "attn.softcap", "attn.window",
            "rope.theta", "rope.dims", "rope.factor", "rope.freqs", "rope.low_freq_wavelen", "rope.high_freq_wavelen",
            "alibi.slopes", "relbias.curve", "relbias.steps", "ffn.hidden", "norm.eps", "residual.stream_gain",
            "residual.attn_gain", "residual.ffn_gain", "moe.experts", "moe.top_k", "moe.weight_sum", "moe.scale")
-NONE_ALLOWED = ("attn.softcap", "attn.window")
+WORDS = {"attn.softcap": ("none",), "attn.window": ("none",), "moe.weight_sum": ("varies",)}
 
 
 @dataclass(frozen=True)
@@ -192,9 +192,8 @@ def parse_expect(items) -> tuple[Claim, ...]:
             hint = f"did you mean {', '.join(close)}? " if close else ""
             raise ConfigError(f"--expect: no card entry {key!r}; {hint}see `tblock spec --help` or docs/spec.md")
         parsed = parse_value(value)
-        if key in NUMERIC and (isinstance(parsed, bool) or isinstance(parsed, str)) \
-                and not (parsed == "none" and key in NONE_ALLOWED):
-            allowed = " or none" if key in NONE_ALLOWED else ""
+        if key in NUMERIC and (isinstance(parsed, bool) or isinstance(parsed, str)) and parsed not in WORDS.get(key, ()):
+            allowed = "".join(f" or {w}" for w in WORDS.get(key, ()))
             raise ConfigError(f"--expect {key} takes a number{allowed}, got {value.strip()!r}")
         claims.append(Claim(key, parsed, "--expect"))
     return tuple(claims)
