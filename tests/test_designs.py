@@ -318,3 +318,15 @@ def test_cast_keeps_complex_tensors_complex_where_module_to_drops_their_imaginar
     assert cast(m, torch.bfloat16).table.dtype == torch.complex128  # no half-precision complex: kept as it was
     with pytest.warns(UserWarning, match="imaginary"):
         assert not torch.nn.Module.to(m, torch.float32).table.is_complex()  # what tblock avoids
+
+
+def test_a_plain_table_that_follows_the_input_device_is_not_warned_and_one_left_behind_is():
+    """Checked by moving a copy to the meta device: Meta's `self.freqs_cis.to(x.device)` runs there, a table left
+    where it was built mixes devices."""
+    def state_dict_of(name):
+        return check(f"{TESTS / 'zoo_complex.py'}:{name}", d_model=32, n_heads=4, causal=True, threads=1,
+                     only="state_dict").checks[0]
+
+    followed, left = state_dict_of("PlainTableFollowed"), state_dict_of("PlainTableLeft")
+    assert followed.kind == "state_dict.round_trip" and followed.facts["plain_tensors"] == ["PlainTableFollowed.freqs_cis"]
+    assert left.kind == "state_dict.plain_tensors" and left.status == Status.WARN

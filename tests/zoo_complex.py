@@ -1,7 +1,8 @@
 """A Llama-3 block as Meta's reference and torchtitan write it: rotary angles as a complex `freqs_cis` buffer (which
 `Module.to(float32)` would turn real, dropping the sines), a ModelArgs dataclass kept as `self.args`, grouped
 key/value heads through repeat_kv, the SwiGLU width by the 2/3 rule. Correct, and a twin that computes its table
-with the default base while its args say 500000."""
+with the default base while its args say 500000; the table kept as a plain attribute, moved to the input's device at
+each call (Meta's reference), and left where it was built."""
 import math
 from dataclasses import dataclass
 
@@ -121,5 +122,31 @@ class ComplexRotaryThetaDefaulted(ComplexRotaryBlock):
     theta_from_args = False  # bug: precompute_freqs_cis called without the args' rope_theta
 
 
-CORRECT = ["ComplexRotaryBlock"]
-PLANTED = {"ComplexRotaryThetaDefaulted": "spec"}
+class PlainTableFollowed(ComplexRotaryBlock):
+    """Meta's reference keeps freqs_cis as a plain attribute and moves it to the input's device at every call: not
+    saved and not moved by .to(), yet it follows the block wherever it runs (twin)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        table = self.freqs_cis
+        del self.freqs_cis
+        self.freqs_cis = table
+
+    def table(self, x):
+        self.freqs_cis = self.freqs_cis.to(x.device)
+        return self.freqs_cis
+
+    def forward(self, x):
+        T = x.shape[1]
+        mask = torch.full((T, T), float("-inf"), device=x.device).triu(1)
+        h = x + self.attention(self.attention_norm(x), self.table(x)[:T], mask)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+
+class PlainTableLeft(PlainTableFollowed):
+    def table(self, x):
+        return self.freqs_cis  # bug: a plain attribute .to() does not move: on a GPU the forward mixes devices
+
+
+CORRECT = ["ComplexRotaryBlock", "PlainTableFollowed"]
+PLANTED = {"ComplexRotaryThetaDefaulted": "spec", "PlainTableLeft": "state_dict"}

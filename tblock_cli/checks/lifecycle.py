@@ -14,7 +14,7 @@ from tblock_cli.checks.context import Context, eval_forward
 from tblock_cli.checks.result import Outcome, failed, passed, skipped, warned
 from tblock_cli.checks.training import all_modules, seeded, too_large
 from tblock_cli.errors import is_out_of_memory, one_line
-from tblock_cli.probes import module_copy, rel_diff, reseed, train_mode
+from tblock_cli.probes import cast, module_copy, rel_diff, reseed, train_mode
 
 # A buffer rebuilt by the block's own init equals the normal build's up to the run dtype's rounding of the same
 # computation (ctx.tol); left untouched after to_empty() it holds the NaN tblock wrote there, or garbage.
@@ -228,7 +228,8 @@ def hidden_params(module: nn.Module) -> list[str]:
 def check_state_dict(ctx: Context) -> Outcome:
     """Catches: a fresh instance (another seed) loaded with the block's `state_dict` whose outputs differ, missing or
     unexpected keys, parameters hidden in a Python list; tensors the forward reads that are plain attributes (not
-    moved by `.to()`, not saved) are a **warning**"""
+    moved by `.to()`, not saved) are a **warning**, unless a copy moved to the meta device runs its forward there (a
+    cache rebuilt for the input's device)"""
     if (large := too_large(ctx)) is not None:
         return large
     module = ctx.subject.module
@@ -271,9 +272,22 @@ def check_state_dict(ctx: Context) -> Outcome:
         return failed("state_dict.keys", f"{len(missing)} missing, {len(unexpected)} unexpected", **facts)
     if diff > ctx.tol:
         return failed("state_dict.outputs", diff, **facts)
-    if read_plain:
+    if read_plain and not follows_device(ctx, x):
         return warned("state_dict.plain_tensors", f"{len(read_plain)} plain", **facts)
     return passed("state_dict.round_trip", diff, **facts)
+
+
+def follows_device(ctx: Context, x: torch.Tensor) -> bool:
+    """Whether a copy of the block moved to the meta device (a second device every machine has: shapes only, no
+    arithmetic) runs a forward there: the plain tensors it reads are then re-derived or moved with the input (a cache
+    rebuilt when the device changes, `self.freqs_cis.to(x.device)`), not left behind as `.to()` leaves them."""
+    try:
+        copy = cast(module_copy(ctx.subject.module), device=torch.device("meta"))
+        with train_mode(copy, False), torch.no_grad():
+            out = ctx.subject.like(copy)(x.to("meta"))
+    except Exception:  # noqa: BLE001 - a tensor left on the old device, or an operator meta lacks: not shown to follow
+        return False
+    return isinstance(out, torch.Tensor) and out.device.type == "meta"
 
 
 # ----------------------------------------------------------------------------- history
