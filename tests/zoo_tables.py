@@ -76,6 +76,19 @@ class OneExpertRenormalised(OneExpertRouted):
         super().__init__(d_model, n_heads, dropout, causal, norm_topk_prob=True)
 
 
+class ExpertsCounted(MoEBlock):
+    """Qwen-MoE's and OLMoE's `num_experts` kept as the block's own: 4, as many as it routes over (twin)."""
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True, num_experts=4):
+        super().__init__(d_model, n_heads, dropout, causal)
+        self.num_experts = num_experts
+
+
+class ExpertsMiscounted(ExpertsCounted):
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
+        super().__init__(d_model, n_heads, dropout, causal, num_experts=8)  # bug: says 8, builds and routes over 4
+
+
 # block -> the entry spec names where it contradicts what the block says of itself
 class TanhGeluWritten(TrainBlock):
     """GPT-2's tanh GELU written out, the block keeping the name it says (`activation = "gelu_new"`): twin."""
@@ -96,6 +109,7 @@ class TanhGeluTypo(TanhGeluWritten):
     c = 0.44715  # bug: the cubic term's constant ten times too large: a curve close to GELU's, not GELU
 
 
-PLANTED = {"CatTableInterleaved": "rope.theta", "ValuesTiledApart": "attn.group", "TanhGeluTypo": "ffn.act"}
+PLANTED = {"CatTableInterleaved": "rope.theta", "ValuesTiledApart": "attn.group", "TanhGeluTypo": "ffn.act",
+           "ExpertsMiscounted": "moe.experts"}
 WARNED = {"SoftcapNotDivided": "spec", "OneExpertRenormalised": "spec"}
-CORRECT = ["OneExpertRouted", "TanhGeluWritten"]
+CORRECT = ["OneExpertRouted", "TanhGeluWritten", "ExpertsCounted"]

@@ -20,14 +20,15 @@ FRACTION = "rope.fraction"
 FIELDS = {
     "rope_theta": "rope.theta", "rope_base": "rope.theta", "rotary_base": "rope.theta", "rotary_emb_base": "rope.theta",
     "rope_freq_base": "rope.theta",
-    "rotary_dim": "rope.dims", "rotary_ndims": "rope.dims", "rope_dim": "rope.dims",
+    "rotary_dim": "rope.dims", "rotary_ndims": "rope.dims", "rope_dim": "rope.dims", "qk_rope_head_dim": "rope.dims",
     "attn_logit_softcapping": "attn.softcap", "logit_softcap": "attn.softcap", "logit_softcapping": "attn.softcap",
     "attn_softcap": "attn.softcap", "softcap": "attn.softcap",
     "query_pre_attn_scalar": "attn.scale",
     "hidden_act": "ffn.act", "hidden_activation": "ffn.act", "activation_function": "ffn.act", "activation": "ffn.act",
     "activation_fn": "ffn.act", "act_fn": "ffn.act", "ffn_activation": "ffn.act", "mlp_activation": "ffn.act",
     "num_experts_per_tok": "moe.top_k", "moe_top_k": "moe.top_k", "n_activated_experts": "moe.top_k",
-    "num_local_experts": "moe.experts", "n_routed_experts": "moe.experts",
+    "num_local_experts": "moe.experts", "n_routed_experts": "moe.experts", "num_experts": "moe.experts",
+    "moe_num_experts": "moe.experts",
     "norm_topk_prob": "moe.renorm", "scoring_func": "moe.router", "routed_scaling_factor": "moe.scale",
     # a fraction of each head's channels that rotate: rope.dims once the card has read the head's width
     "partial_rotary_factor": FRACTION, "rotary_pct": FRACTION,
