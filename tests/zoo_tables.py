@@ -7,8 +7,9 @@ a tanh GELU written out with a constant mistyped, held against the activation th
 import math
 
 import torch
+import torch.nn.functional as F
 from zoo_claims import GroupedQuery
-from zoo_training import MoEBlock, Rotary, TrainBlock, attend
+from zoo_training import MoEBlock, RMSNorm, Rotary, TrainBlock, attend, heads, merge
 
 
 class CatTableRotary(Rotary):
@@ -89,6 +90,29 @@ class ExpertsMiscounted(ExpertsCounted):
         super().__init__(d_model, n_heads, dropout, causal, num_experts=8)  # bug: says 8, builds and routes over 4
 
 
+class QKNormApplied(TrainBlock):
+    """Built with `qk_norm=True` (Llama 4's use_qk_norm, StableLM's qk_layernorm): per-head RMSNorms on q and k (twin)."""
+
+    applied = True
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True, qk_norm=True):
+        super().__init__(d_model, n_heads, dropout, causal)
+        self.qk_norm = qk_norm
+        self.q_norm, self.k_norm = RMSNorm(d_model // n_heads), RMSNorm(d_model // n_heads)
+
+    def attention(self, h):
+        q, k, v = (heads(p(h), self.n_heads) for p in (self.q_proj, self.k_proj, self.v_proj))
+        if self.qk_norm and self.applied:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.rotary(q), self.rotary(k)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal, dropout_p=self.p if self.training else 0.0)
+        return self.o_proj(merge(y))
+
+
+class QKNormBuiltNotApplied(QKNormApplied):
+    applied = False  # bug: the norms are built and kept, the switch is on, and attention never calls them
+
+
 # block -> the entry spec names where it contradicts what the block says of itself
 class TanhGeluWritten(TrainBlock):
     """GPT-2's tanh GELU written out, the block keeping the name it says (`activation = "gelu_new"`): twin."""
@@ -110,6 +134,6 @@ class TanhGeluTypo(TanhGeluWritten):
 
 
 PLANTED = {"CatTableInterleaved": "rope.theta", "ValuesTiledApart": "attn.group", "TanhGeluTypo": "ffn.act",
-           "ExpertsMiscounted": "moe.experts"}
+           "ExpertsMiscounted": "moe.experts", "QKNormBuiltNotApplied": "attn.qk_norm"}
 WARNED = {"SoftcapNotDivided": "spec", "OneExpertRenormalised": "spec"}
-CORRECT = ["OneExpertRouted", "TanhGeluWritten", "ExpertsCounted"]
+CORRECT = ["OneExpertRouted", "TanhGeluWritten", "ExpertsCounted", "QKNormApplied"]

@@ -23,7 +23,7 @@ KEYS: dict[str, str] = {
     "attn.softcap": "the logit soft-cap c of c*tanh(s/c), or none",
     "attn.window": "sliding-window size in tokens (a query sees this many keys, itself included), or none",
     "attn.causal": "queries ignore later keys",
-    "attn.qk_norm": "a norm on queries and keys: none, head (per head) or width (over the whole projection)",
+    "attn.qk_norm": "a norm on queries and keys: none, head (per head) or width (over the whole projection); any (claimed: either)",
     # positions
     "pos.kind": "how positions enter: none, absolute, rotary, alibi, relative_bias, bias or other",
     "rope.theta": "the rotary base theta (frequencies theta^(-2i/dims))",
@@ -206,6 +206,8 @@ def claims_from_card(card: Card, source: str) -> tuple[Claim, ...]:
 
 def same(claimed, measured, tol: float) -> bool:
     """Equal within a relative tolerance (numbers, and tuples of numbers elementwise); words and bools exactly."""
+    if claimed == "any" and isinstance(measured, str):  # a switch that claims the trait in whichever form
+        return measured.lower() != "none"
     if isinstance(claimed, bool) or isinstance(measured, bool):
         return isinstance(claimed, bool) and isinstance(measured, bool) and claimed == measured
     if isinstance(claimed, (int, float)) and isinstance(measured, (int, float)):

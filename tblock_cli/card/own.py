@@ -39,6 +39,9 @@ FIELDS = {
     # a switch: True pairs channels (2i, 2i + 1) (Meta's and DeepSeek-V3's layout), False (i, i + dims/2)
     "rope_interleave": "rope.pairing", "rope_interleaved": "rope.pairing", "rotary_interleaved": "rope.pairing",
     "interleaved_rope": "rope.pairing",
+    # a switch: True claims a norm on q and k (per head or over the width: "any"), False none (Cohere's use_qk_norm,
+    # StableLM's and Persimmon's qk_layernorm, Llama 4's use_qk_norm)
+    "qk_norm": "attn.qk_norm", "use_qk_norm": "attn.qk_norm", "qk_layernorm": "attn.qk_norm",
 }
 # a second rotary base for some layers (sliding-window ones): the config's base then speaks for the others only
 LOCAL_BASES = ("rope_local_base_freq", "local_rope_theta", "rope_local_theta", "local_rope_base", "rope_local_base")
@@ -229,6 +232,8 @@ def _value(key: str, v):
         # construction (litgpt declares it False for every model, Mixtral's included, and takes the softmax after
         # the top-k, which renormalises)
         return True if v is True else None
+    if key == "attn.qk_norm":
+        return ("any" if v else "none") if isinstance(v, bool) else None
     if key == "residual.form":
         return ("parallel" if v else "sequential") if isinstance(v, bool) else None
     if key == "rope.pairing":
