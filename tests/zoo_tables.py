@@ -7,6 +7,7 @@ a tanh GELU written out with a constant mistyped, held against the activation th
 import math
 
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
 from zoo_claims import GroupedQuery
 from zoo_training import MoEBlock, RMSNorm, Rotary, TrainBlock, attend, heads, merge
@@ -90,6 +91,41 @@ class ExpertsMiscounted(ExpertsCounted):
         super().__init__(d_model, n_heads, dropout, causal, num_experts=8)  # bug: says 8, builds and routes over 4
 
 
+class SparseMoeWithShared(nn.Module):
+    """Qwen2-MoE's mixture as a module of its own: top-2 of 4 routed experts (softmax, not renormalised) plus a shared
+    expert every token goes through, its width kept as `shared_expert_intermediate_size`."""
+
+    def __init__(self, d, added=True):
+        super().__init__()
+        self.added, self.shared_expert_intermediate_size = added, 2 * d
+        self.gate = nn.Linear(d, 4, bias=False)
+        self.experts = nn.ModuleList(nn.Sequential(nn.Linear(d, 2 * d), nn.GELU(), nn.Linear(2 * d, d)) for _ in range(4))
+        self.shared_expert = nn.Sequential(nn.Linear(d, 2 * d), nn.GELU(), nn.Linear(2 * d, d))
+
+    def forward(self, h):
+        top, idx = self.gate(h).softmax(-1).topk(2, dim=-1)
+        out = sum((top * (idx == e)).sum(-1, keepdim=True) * expert(h) for e, expert in enumerate(self.experts))
+        return out + self.shared_expert(h) if self.added else out
+
+
+class SharedExpertAdded(TrainBlock):
+    """A block whose FFN is that mixture (twin)."""
+
+    added = True
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
+        super().__init__(d_model, n_heads, dropout, causal)
+        del self.w1, self.w2, self.w3
+        self.mlp = SparseMoeWithShared(d_model, self.added)
+
+    def ffn(self, h):
+        return self.drop(self.mlp(h))
+
+
+class SharedExpertDropped(SharedExpertAdded):
+    added = False  # bug: the shared expert built and kept, never added: no token goes through it
+
+
 class QKNormApplied(TrainBlock):
     """Built with `qk_norm=True` (Llama 4's use_qk_norm, StableLM's qk_layernorm): per-head RMSNorms on q and k (twin)."""
 
@@ -134,6 +170,7 @@ class TanhGeluTypo(TanhGeluWritten):
 
 
 PLANTED = {"CatTableInterleaved": "rope.theta", "ValuesTiledApart": "attn.group", "TanhGeluTypo": "ffn.act",
-           "ExpertsMiscounted": "moe.experts", "QKNormBuiltNotApplied": "attn.qk_norm"}
+           "ExpertsMiscounted": "moe.experts", "QKNormBuiltNotApplied": "attn.qk_norm",
+           "SharedExpertDropped": "moe.shared"}
 WARNED = {"SoftcapNotDivided": "spec", "OneExpertRenormalised": "spec"}
-CORRECT = ["OneExpertRouted", "TanhGeluWritten", "ExpertsCounted", "QKNormApplied"]
+CORRECT = ["OneExpertRouted", "TanhGeluWritten", "ExpertsCounted", "QKNormApplied", "SharedExpertAdded"]

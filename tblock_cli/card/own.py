@@ -30,6 +30,8 @@ FIELDS = {
     "num_local_experts": "moe.experts", "n_routed_experts": "moe.experts", "num_experts": "moe.experts",
     "moe_num_experts": "moe.experts",
     "norm_topk_prob": "moe.renorm", "scoring_func": "moe.router", "routed_scaling_factor": "moe.scale",
+    # a count or width of shared experts: above 0 claims one (DeepSeek's n_shared_experts, Qwen2-MoE's width)
+    "n_shared_experts": "moe.shared", "num_shared_experts": "moe.shared", "shared_expert_intermediate_size": "moe.shared",
     # a fraction of each head's channels that rotate: rope.dims once the card has read the head's width
     "partial_rotary_factor": FRACTION, "rotary_pct": FRACTION,
     "norm_eps": "norm.eps", "rms_norm_eps": "norm.eps", "layer_norm_eps": "norm.eps", "layer_norm_epsilon": "norm.eps",
@@ -232,6 +234,8 @@ def _value(key: str, v):
         # construction (litgpt declares it False for every model, Mixtral's included, and takes the softmax after
         # the top-k, which renormalises)
         return True if v is True else None
+    if key == "moe.shared":  # only a positive count claims: 0 or None is many configs' default for "no shared expert"
+        return True if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
     if key == "attn.qk_norm":
         return ("any" if v else "none") if isinstance(v, bool) else None
     if key == "residual.form":
