@@ -2,7 +2,8 @@
 pair turns at, held against the base the rotary module says it has) and grouped key/value heads (which key and which
 value head each query head reads, held against the key/value head count the block takes); a soft-cap written as
 cap * tanh(s) where Gemma-2's cap * tanh(s / cap) was meant; Mixtral's renormalisation over Switch's single expert;
-a tanh GELU written out with a constant mistyped, held against the activation the block names."""
+a tanh GELU written out with a constant mistyped, held against the activation the block names; switches and counts a
+block keeps (num_experts, a shared expert's width, qk_norm, norm_first) that its computation does not honour."""
 
 import math
 
@@ -149,6 +150,26 @@ class QKNormBuiltNotApplied(QKNormApplied):
     applied = False  # bug: the norms are built and kept, the switch is on, and attention never calls them
 
 
+class NormFirstHonoured(TrainBlock):
+    """Built with torch's `norm_first` switch: True normalises each sublayer's input (Pre-LN), False the sum (twin)."""
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True, norm_first=True):
+        super().__init__(d_model, n_heads, dropout, causal)
+        self.pre = norm_first
+
+    def forward(self, x):
+        if self.pre:
+            return super().forward(x)
+        x = self.attn_norm(x + self.drop(self.attention(x)))
+        return self.ffn_norm(x + self.ffn(x))
+
+
+class NormFirstIgnored(NormFirstHonoured):
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True, norm_first=True):
+        super().__init__(d_model, n_heads, dropout, causal, norm_first)
+        self.pre = False  # bug: the switch taken and overridden: Post-LN whatever the caller asked
+
+
 # block -> the entry spec names where it contradicts what the block says of itself
 class TanhGeluWritten(TrainBlock):
     """GPT-2's tanh GELU written out, the block keeping the name it says (`activation = "gelu_new"`): twin."""
@@ -171,6 +192,7 @@ class TanhGeluTypo(TanhGeluWritten):
 
 PLANTED = {"CatTableInterleaved": "rope.theta", "ValuesTiledApart": "attn.group", "TanhGeluTypo": "ffn.act",
            "ExpertsMiscounted": "moe.experts", "QKNormBuiltNotApplied": "attn.qk_norm",
-           "SharedExpertDropped": "moe.shared"}
+           "SharedExpertDropped": "moe.shared", "NormFirstIgnored": "norm.placement"}
 WARNED = {"SoftcapNotDivided": "spec", "OneExpertRenormalised": "spec"}
-CORRECT = ["OneExpertRouted", "TanhGeluWritten", "ExpertsCounted", "QKNormApplied", "SharedExpertAdded"]
+CORRECT = ["OneExpertRouted", "TanhGeluWritten", "ExpertsCounted", "QKNormApplied", "SharedExpertAdded",
+           "NormFirstHonoured"]

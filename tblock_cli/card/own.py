@@ -44,6 +44,8 @@ FIELDS = {
     # a switch: True claims a norm on q and k (per head or over the width: "any"), False none (Cohere's use_qk_norm,
     # StableLM's and Persimmon's qk_layernorm, Llama 4's use_qk_norm)
     "qk_norm": "attn.qk_norm", "use_qk_norm": "attn.qk_norm", "qk_layernorm": "attn.qk_norm",
+    # torch's nn.TransformerEncoderLayer switch: True normalises each sublayer's input (pre), False the sum (post)
+    "norm_first": "norm.placement",
 }
 # a second rotary base for some layers (sliding-window ones): the config's base then speaks for the others only
 LOCAL_BASES = ("rope_local_base_freq", "local_rope_theta", "rope_local_theta", "local_rope_base", "rope_local_base")
@@ -236,6 +238,8 @@ def _value(key: str, v):
         return True if v is True else None
     if key == "moe.shared":  # only a positive count claims: 0 or None is many configs' default for "no shared expert"
         return True if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
+    if key == "norm.placement":
+        return ("pre" if v else "post") if isinstance(v, bool) else None
     if key == "attn.qk_norm":
         return ("any" if v else "none") if isinstance(v, bool) else None
     if key == "residual.form":
