@@ -140,7 +140,8 @@ def check_optimizer_step(ctx: Context) -> Outcome:
     storage (`b.weight.data = a.weight.data`: each step updates it twice); parameters with
     `requires_grad=False` are a **warning** where they hold less than half the block's parameters and are a layer's
     weight or bias, or a parameter another module of the same class trains (a norm weight frozen by mistake; a frozen
-    base under adapters, a fixed table kept as a frozen parameter, `inv_freq` or MAE's `pos_embed`, are designs); after the step, an eval forward without gradients
+    base under adapters, a fixed table kept as a frozen parameter, `inv_freq` or MAE's `pos_embed`, are designs);
+    after the step, an eval forward without gradients
     that differs from one with them (a fused or cached weight an inference call kept from before the step); one module
     object at several entries of a ModuleList or Sequential is a **warning** (`[Head()] * n`: n heads that are one)"""
     if (large := too_large(ctx)) is not None:

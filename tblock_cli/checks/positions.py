@@ -211,23 +211,29 @@ def relative_with_gains_drawn(ctx: Context) -> dict | None:
 
     if too_large(ctx) is not None:  # a forward more over every weight: left to blocks of training-check size
         return None
-    drawn, gen = {}, torch.Generator().manual_seed(ctx.cfg.seed + 17)  # its own stream: later checks draw as before
-    for m in ctx.subject.module.modules():
+    drawn, names, gen = {}, [], torch.Generator().manual_seed(ctx.cfg.seed + 17)  # its own stream: later checks as before
+    for mname, m in ctx.subject.module.named_modules():
         for pname, p in m.named_parameters(recurse=False):
             # per channel (wider than the head count): a per-head factor or bias (a position-dependent softmax
             # temperature, SSMax and Mistral Large 3's) is a design that scales whole rows, not a channel's
             if p.ndim == 1 and p.numel() > max(1, ctx.cfg.n_heads) and p.is_floating_point() and bool((p == p[0]).all()):
                 noise = torch.rand(p.shape, generator=gen, dtype=torch.float64) - 0.5
-                drawn[(m, pname)] = nn.Parameter((p.detach() + noise.to(p)), requires_grad=p.requires_grad)
+                if (m, pname) not in drawn:  # a module reached twice (shared) is drawn once
+                    drawn[(m, pname)] = nn.Parameter(p.detach() + noise.to(p), requires_grad=p.requires_grad)
+                    names.append(f"{mname}.{pname}" if mname else pname)
     if not drawn:
         return None
-    with parameters_swapped(drawn):
-        calls = relative_calls_fresh(ctx, identical_length(ctx))
+    try:
+        with parameters_swapped(drawn):
+            calls = relative_calls_fresh(ctx, identical_length(ctx))
+    except Exception as e:  # noqa: BLE001 - a block that refuses other values of its parameters: no evidence
+        if is_out_of_memory(e):
+            raise
+        return None
     if not calls:
         return None
     worst = max(calls, key=lambda c: c["error"])
-    return {"drawn_where": worst["where"], "drawn_error": worst["error"],
-            "drawn": sorted({f"{n}.{pn}" for n, m in ctx.subject.module.named_modules() for (dm, pn) in drawn if dm is m})}
+    return {"drawn_where": worst["where"], "drawn_error": worst["error"], "drawn": sorted(names)}
 
 
 def line_fit(f: torch.Tensor) -> tuple[float, float]:
