@@ -270,3 +270,23 @@ def test_a_parameter_swapped_for_a_while_leaves_the_original_objects_and_version
     with parameters_swapped({(m, "weight"): torch.nn.Parameter(torch.full((4,), 2.0))}):
         assert m(torch.ones(1, 4) * torch.arange(4.0)).abs().max() > 2.5  # the swapped gain is the one used
     assert m.weight is before and state_key(m) == key
+
+
+def test_a_norm_named_for_scaling_its_input_first_is_not_judged_for_it():
+    """MuseSpark's InputScaledRMSNorm multiplies by (1 + w) before it normalises, by design and by name: the same code
+    under a plain RMSNorm name warns."""
+    import zoo_norms
+
+    class InputScaledRMSNorm(zoo_norms.GainFirstRMSNorm):
+        pass
+
+    class Named(zoo_norms.GainBeforeStatistics):
+        def __init__(self, d_model=64, n_heads=4, d_ff=None, dropout=0.0, causal=True):
+            super().__init__(d_model, n_heads, d_ff, dropout, causal)
+            self.attn_norm, self.ffn_norm = InputScaledRMSNorm(d_model), InputScaledRMSNorm(d_model)
+
+    import tblock_cli
+
+    for block, status in ((Named(32, 4), Status.PASS), (zoo_norms.GainBeforeStatistics(32, 4), Status.WARN)):
+        c = tblock_cli.check(block, d_model=32, n_heads=4, threads=1, only="norms").checks[0]
+        assert c.status == status, c.detail
