@@ -3,7 +3,8 @@ pair turns at, held against the base the rotary module says it has) and grouped 
 value head each query head reads, held against the key/value head count the block takes); a soft-cap written as
 cap * tanh(s) where Gemma-2's cap * tanh(s / cap) was meant; Mixtral's renormalisation over Switch's single expert;
 a tanh GELU written out with a constant mistyped, held against the activation the block names; switches and counts a
-block keeps (num_experts, a shared expert's width, qk_norm, norm_first) that its computation does not honour."""
+block keeps (num_experts, a shared expert's width, qk_norm, norm_first, use_rope) that its computation does not
+honour."""
 
 import math
 
@@ -170,6 +171,27 @@ class NormFirstIgnored(NormFirstHonoured):
         self.pre = False  # bug: the switch taken and overridden: Post-LN whatever the caller asked
 
 
+class RopeSwitchOn(TrainBlock):
+    """A `use_rope=True` switch kept (SmolLM3's and Llama 4's per-layer switch), honoured: q and k rotate (twin)."""
+
+    rotates = True
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True, use_rope=True):
+        super().__init__(d_model, n_heads, dropout, causal)
+        self.use_rope = use_rope
+
+    def attention(self, h):
+        q, k, v = (heads(p(h), self.n_heads) for p in (self.q_proj, self.k_proj, self.v_proj))
+        if self.use_rope and self.rotates:
+            q, k = self.rotary(q), self.rotary(k)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal, dropout_p=self.p if self.training else 0.0)
+        return self.o_proj(merge(y))
+
+
+class RopeSwitchIgnored(RopeSwitchOn):
+    rotates = False  # bug: the switch on, the rotary module built, and no rotation reaches the scores
+
+
 # block -> the entry spec names where it contradicts what the block says of itself
 class TanhGeluWritten(TrainBlock):
     """GPT-2's tanh GELU written out, the block keeping the name it says (`activation = "gelu_new"`): twin."""
@@ -192,7 +214,8 @@ class TanhGeluTypo(TanhGeluWritten):
 
 PLANTED = {"CatTableInterleaved": "rope.theta", "ValuesTiledApart": "attn.group", "TanhGeluTypo": "ffn.act",
            "ExpertsMiscounted": "moe.experts", "QKNormBuiltNotApplied": "attn.qk_norm",
-           "SharedExpertDropped": "moe.shared", "NormFirstIgnored": "norm.placement"}
+           "SharedExpertDropped": "moe.shared", "NormFirstIgnored": "norm.placement",
+           "RopeSwitchIgnored": "pos.kind"}
 WARNED = {"SoftcapNotDivided": "spec", "OneExpertRenormalised": "spec"}
 CORRECT = ["OneExpertRouted", "TanhGeluWritten", "ExpertsCounted", "QKNormApplied", "SharedExpertAdded",
-           "NormFirstHonoured"]
+           "NormFirstHonoured", "RopeSwitchOn"]

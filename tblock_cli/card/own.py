@@ -46,7 +46,12 @@ FIELDS = {
     "qk_norm": "attn.qk_norm", "use_qk_norm": "attn.qk_norm", "qk_layernorm": "attn.qk_norm",
     # torch's nn.TransformerEncoderLayer switch: True normalises each sublayer's input (pre), False the sum (post)
     "norm_first": "norm.placement",
+    # how positions enter the layer, where it is one the layer itself applies: rotary or alibi (an "absolute" type is
+    # added to the embeddings, outside any layer, and claims nothing)
+    "position_embedding_type": "pos.kind",
 }
+# switches that, set True, claim pos.kind (False says nothing: a layer without positions of its own, NoPE's)
+POSITION_SWITCHES = {"use_rotary": "rotary", "use_rope": "rotary", "use_alibi": "alibi"}
 # a second rotary base for some layers (sliding-window ones): the config's base then speaks for the others only
 LOCAL_BASES = ("rope_local_base_freq", "local_rope_theta", "rope_local_theta", "local_rope_base", "rope_local_base")
 # the same switch the other way round: vLLM's is_neox_style (True: GPT-NeoX's half-split pairing)
@@ -113,6 +118,8 @@ def own_claims(modules: list[nn.Module], arguments: dict | None = None) -> tuple
                 put(asked, "attn.window", _count(v), f"{at} `{field}`")
             elif field in HALF_SPLIT and isinstance(v, bool):
                 put(asked, "rope.pairing", _value("rope.pairing", not v), f"{at} `{field}`")
+            elif field in POSITION_SWITCHES and v is True:
+                put(asked, "pos.kind", POSITION_SWITCHES[field], f"{at} `{field}`")
 
     fields(arguments or {}, "constructor argument")
     for m in modules:
@@ -138,6 +145,9 @@ def own_claims(modules: list[nn.Module], arguments: dict | None = None) -> tuple
                 continue
             if name in HALF_SPLIT and isinstance(value, bool):
                 put(kept, "rope.pairing", _value("rope.pairing", not value), f"{owner}.{name}")
+                continue
+            if name in POSITION_SWITCHES and value is True:
+                put(kept, "pos.kind", POSITION_SWITCHES[name], f"{owner}.{name}")
                 continue
             key = (FIELDS.get(name) or (ON_ROTARY.get(name) if is_rotary_name(owner) else None)
                    or (ON_NORM.get(name) if own_norm(m) else None))
@@ -238,6 +248,10 @@ def _value(key: str, v):
         return True if v is True else None
     if key == "moe.shared":  # only a positive count claims: 0 or None is many configs' default for "no shared expert"
         return True if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
+    if key == "pos.kind":
+        if isinstance(v, str):
+            return v.lower() if v.lower() in ("rotary", "alibi") else None
+        return None
     if key == "norm.placement":
         return ("pre" if v else "post") if isinstance(v, bool) else None
     if key == "attn.qk_norm":
