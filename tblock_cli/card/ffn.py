@@ -4,6 +4,7 @@ input projections wrote, fitted pointwise in float64), whether it is gated, and 
 from __future__ import annotations
 
 import math
+import re
 
 import torch
 import torch.nn.functional as F
@@ -133,8 +134,6 @@ def read(probe: Probe) -> list[Entry]:
 
 def _form(how: str, cands: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None] | None:
     """A fitted form's pre-activation and, gated, the factor it multiplies: act(p) or act(p) * u. None for act(g * u)."""
-    import re
-
     gated = re.fullmatch(r"\w+\(([^()]+)\) \* (.+)", how)
     plain = re.fullmatch(r"\w+\(([^()*]+)\)", how)
     m = gated or plain
@@ -169,21 +168,18 @@ def own_curve(h: torch.Tensor, cands: dict[str, torch.Tensor], tries: list) -> f
     """Where what reaches the output projection is a curve of its own: no known curve's best form, followed by a
     per-row scale and shift (a norm after the activation, NormFormer's), fits it, and the best form's misfit is a smooth
     function of its pre-activation (its unexplained share, returned). None otherwise."""
-    best = {}
+    forms = {}  # each known curve's best form (tries come best first), as (pre-activation, gated factor or None)
     for _err, act, _gated, how in tries:
-        best.setdefault(act, how)
-    for act, how in best.items():
-        form = _form(how, cands)
-        if form is not None and act in ACTS and h.ndim == 2:
-            p, u = form
-            value = ACTS[act](p) * (u if u is not None else 1)
-            if _row_affine_residual(h, value) <= OTHER_MIN:
-                return None
-    err, act, _, how = tries[0]
-    form = _form(how, cands)
-    if form is None or act not in ACTS:
+        if act in ACTS and act not in forms:
+            forms[act] = _form(how, cands)
+    for act, form in forms.items():
+        if form is not None and h.ndim == 2 and \
+                _row_affine_residual(h, ACTS[act](form[0]) * (form[1] if form[1] is not None else 1)) <= OTHER_MIN:
+            return None
+    act = tries[0][1]
+    if forms.get(act) is None:
         return None
-    p, u = form
+    p, u = forms[act]
     if u is not None:  # the gate's curve: h / up where up is not small
         keep = u.abs() >= 0.25 * u.abs().max()
         p, r = p[keep], h[keep] / u[keep] - ACTS[act](p[keep])

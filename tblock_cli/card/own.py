@@ -50,6 +50,9 @@ FIELDS = {
     # added to the embeddings, outside any layer, and claims nothing)
     "position_embedding_type": "pos.kind",
 }
+# The card's words for a switch's True and False, for the keys a boolean field claims
+SWITCHED = {"residual.form": ("parallel", "sequential"), "rope.pairing": ("interleaved", "half"),
+            "attn.qk_norm": ("any", "none"), "norm.placement": ("pre", "post")}
 # switches that, set True, claim pos.kind (False says nothing: a layer without positions of its own, NoPE's)
 POSITION_SWITCHES = {"use_rotary": "rotary", "use_rope": "rotary", "use_alibi": "alibi"}
 # a second rotary base for some layers (sliding-window ones): the config's base then speaks for the others only
@@ -249,17 +252,9 @@ def _value(key: str, v):
     if key == "moe.shared":  # only a positive count claims: 0 or None is many configs' default for "no shared expert"
         return True if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
     if key == "pos.kind":
-        if isinstance(v, str):
-            return v.lower() if v.lower() in ("rotary", "alibi") else None
-        return None
-    if key == "norm.placement":
-        return ("pre" if v else "post") if isinstance(v, bool) else None
-    if key == "attn.qk_norm":
-        return ("any" if v else "none") if isinstance(v, bool) else None
-    if key == "residual.form":
-        return ("parallel" if v else "sequential") if isinstance(v, bool) else None
-    if key == "rope.pairing":
-        return ("interleaved" if v else "half") if isinstance(v, bool) else None
+        return v.lower() if isinstance(v, str) and v.lower() in ("rotary", "alibi") else None
+    if key in SWITCHED:
+        return SWITCHED[key][not v] if isinstance(v, bool) else None
     if key == "moe.router":
         return v.lower() if isinstance(v, str) and v.lower() in ("softmax", "sigmoid") else None
     if key == FRACTION and isinstance(v, (int, float)) and not 0 < v <= 1:

@@ -16,6 +16,9 @@ from tblock_cli.subject import Subject
 # is known to keep samples apart (the batch check passed) and the batch stays this small: at a 7B-size layer a
 # forward of 20 tokens costs 0.45 s and one of 80 tokens 0.87 s, most of it reading the weights once.
 BATCHED_TOKENS = 512
+# The seed offset of a stream a check draws its redrawn parameters from (own_gen): ctx.gen, and so every input the
+# checks after it draw, stays where it was.
+OWN_STREAM = 17
 
 
 # What invalidates a probe's memo.
@@ -90,6 +93,10 @@ class Context:
     @property
     def tol(self) -> float:
         return TOLERANCE[self.dtype]
+
+    def own_gen(self) -> torch.Generator:
+        """A fresh generator of the run's seed offset by OWN_STREAM: draws a check makes from it move nothing else."""
+        return torch.Generator().manual_seed(self.cfg.seed + OWN_STREAM)
 
     def randn(self, *shape: int, scale: float = 1.0) -> torch.Tensor:
         x = torch.randn(*shape, generator=self.gen) * scale

@@ -99,7 +99,7 @@ def check_norms(ctx: Context) -> Outcome:
             if (token_rms - 1).abs().max().item() > UNIT_RMS_TOL:
                 off_unit.append({"name": name, "rms": token_rms.mean().item(), "width": width})
         if NORM_CLASS.search(type(m).__name__) and not SCALES_FIRST.search(type(m).__name__) \
-                and (res := _affine_residual(m, x, width, torch.Generator().manual_seed(ctx.cfg.seed + 17))) is not None \
+                and (res := _affine_residual(m, x, width, ctx.own_gen())) is not None \
                 and res > AFFINE_TOL:
             not_affine.append({"name": name, "residual": res})
         signs = (odd * x.to(odd)).flatten(0, -2).sum(0)

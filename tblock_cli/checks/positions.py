@@ -64,6 +64,13 @@ def centred_rows(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return (z - diag).masked_fill(~live, 0.0), live
 
 
+def row_spread(z: torch.Tensor) -> float:
+    """How far the live scores of any row move from the row's own diagonal entry, relative to max(1, |live score|):
+    0 where every row is flat (no positions in the scores), or nothing is live."""
+    rows, live = centred_rows(z)
+    return rows.abs().max().item() / max(1.0, z[live].abs().max().item()) if live.any() else 0.0
+
+
 def toeplitz_error(z: torch.Tensor) -> float:
     """Largest deviation of each diagonal's live entries from their mean, relative to max(1, |live score|)."""
     c, live = centred_rows(z)
@@ -124,8 +131,7 @@ def positions_in_scores(ctx: Context) -> str | None:
         if got is None or got.logits.shape[-1] != got.logits.shape[-2]:
             continue
         z = got.logits
-        rows, live = centred_rows(z)
-        if not live.any() or rows.abs().max().item() <= limit * max(1.0, z[live].abs().max().item()):
+        if row_spread(z) <= limit:
             continue
         sources = [n for n in c.q + c.k if n in seen.uniform_in]
         if sources and all(seen.uniform_in[n] for n in sources) and toeplitz_error(z) <= limit:
@@ -153,10 +159,8 @@ def toeplitz_calls(seen: Identical, T: int) -> list[dict]:
         if not sources or not all(uniform_in[n] for n in sources):
             continue  # positions entered before the projections (absolute): scores need not be Toeplitz
         z = got.logits
-        rows, live = centred_rows(z)
-        spread = rows.abs().max().item() / max(1.0, z[live].abs().max().item()) if live.any() else 0.0
         out.append({"where": c.where or "root", "seq": T, "error": toeplitz_error(z),
-                    "tail": toeplitz_error(z[..., T // 2:, T // 2:]), "spread": spread})
+                    "tail": toeplitz_error(z[..., T // 2:, T // 2:]), "spread": row_spread(z)})
     return out
 
 
@@ -211,7 +215,7 @@ def relative_with_gains_drawn(ctx: Context) -> dict | None:
 
     if too_large(ctx) is not None:  # a forward more over every weight: left to blocks of training-check size
         return None
-    drawn, names, gen = {}, [], torch.Generator().manual_seed(ctx.cfg.seed + 17)  # its own stream: later checks as before
+    drawn, names, gen = {}, [], ctx.own_gen()  # its own stream: the checks after it draw as before
     for mname, m in ctx.subject.module.named_modules():
         for pname, p in m.named_parameters(recurse=False):
             # per channel (wider than the head count): a per-head factor or bias (a position-dependent softmax
