@@ -348,3 +348,40 @@ def test_a_block_that_refuses_one_token_is_warned_by_shape_and_judged_causal_on_
     r = tblock_cli.check(TopKAttention(), d_model=32, n_heads=4, causal=True, threads=1, only="shape,causal")
     by = {c.name: c for c in r.checks}
     assert by["shape"].status == Status.WARN and by["causal"].status == Status.PASS, by
+
+
+class _Node:
+    """An autograd node as torch 2.11 hands it out: each read of next_functions makes new wrapper objects, freed with
+    their last reference (so an id() of a dropped one names the next wrapper made)."""
+
+    def __init__(self, depth: int, leaf):
+        self._depth, self._leaf = depth, leaf
+
+    @property
+    def next_functions(self):
+        if self._depth == 0:
+            return ((_Leaf(self._leaf), 0),)
+        return ((_Node(self._depth - 1, self._leaf), 0), (None, 0))
+
+
+class _Leaf:
+    def __init__(self, variable):
+        self.variable = variable
+        self.next_functions = ()
+
+
+def test_graph_walks_reach_every_node_when_wrappers_are_made_anew_on_each_read():
+    """reached_parameters and the held-graph walk must hold each node they read: keyed by id() alone, a walk over
+    fresh wrappers meets a recycled id and stops after a few nodes (train_eval then failed every block on torch 2.11)."""
+    from tblock_cli.checks.gradients import graph_nodes, reached_parameters
+    from tblock_cli.checks.safety import reaches
+
+    leaf = torch.zeros(1, requires_grad=True)
+    root = _Node(200, leaf)
+    assert sum(1 for _ in graph_nodes(root)) == 202
+    assert reaches(root, {id(leaf)})
+
+    class Out:
+        grad_fn = root
+
+    assert reached_parameters(Out()) == {id(leaf)}

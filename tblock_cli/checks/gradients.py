@@ -79,18 +79,25 @@ class TrainingBackward:
     reached: set = field(default_factory=set)  # ids of the parameters the training graph reaches
 
 
+def graph_nodes(grad_fn, limit: int | None = None):
+    """The nodes of an autograd graph, each once, from grad_fn down (at most `limit`). Every node walked is held until
+    the walk ends: some torch versions (2.11) hand out a new Python wrapper for a node on each `next_functions` read
+    and free it with the last reference, so an id() of a dropped wrapper names the next node read, and a walk keyed
+    by id() alone stops after a few nodes."""
+    held: dict[int, object] = {}
+    todo = [grad_fn]
+    while todo and (limit is None or len(held) < limit):
+        node = todo.pop()
+        if node is None or id(node) in held:
+            continue
+        held[id(node)] = node
+        yield node
+        todo.extend(n for n, _ in getattr(node, "next_functions", ()))
+
+
 def reached_parameters(out: torch.Tensor) -> set[int]:
     """ids of the leaves a backward from out would reach: the graph's AccumulateGrad nodes (no backward runs)."""
-    reached, seen, todo = set(), set(), [out.grad_fn]
-    while todo:
-        node = todo.pop()
-        if node is None or id(node) in seen:
-            continue
-        seen.add(id(node))
-        if hasattr(node, "variable"):
-            reached.add(id(node.variable))
-        todo.extend(n for n, _ in node.next_functions)
-    return reached
+    return {id(node.variable) for node in graph_nodes(out.grad_fn) if hasattr(node, "variable")}
 
 
 def training_backward(ctx: Context) -> TrainingBackward:

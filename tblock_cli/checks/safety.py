@@ -20,15 +20,11 @@ GRAPH_WALK_MAX = 20000
 def reaches(grad_fn, inputs: set[int]) -> bool:
     """Whether a graph leads back to one of the inputs (a weight recomputed from parameters, as the old weight_norm
     keeps it, does not: that is per-step state by design, not a graph of the data)."""
-    seen, todo = set(), [grad_fn]
-    while todo and len(seen) < GRAPH_WALK_MAX:
-        node = todo.pop()
-        if node is None or id(node) in seen:
-            continue
-        seen.add(id(node))
+    from tblock_cli.checks.gradients import graph_nodes
+
+    for node in graph_nodes(grad_fn, GRAPH_WALK_MAX):
         if id(getattr(node, "variable", None)) in inputs:
             return True
-        todo.extend(n for n, _ in getattr(node, "next_functions", ()))
     return False
 
 
