@@ -379,3 +379,4 @@ def test_what_the_model_does_is_read_behind_a_small_branch_gain(causal):
     (probes.update_share)."""
     _, subject = built_any(functools.partial(ScaledModel, causal=causal))
     assert subject.module.causal is causal
+

@@ -170,7 +170,7 @@ class ModelLayers(nn.Module):
         ids = torch.zeros(B, T, dtype=torch.long, device=x.device)
         call = lambda: self.call_forward(model, ids, **kwargs)  # noqa: E731
         try:
-            return drive(call, self._all[self.span[0]], self._all[self.span[1]], x, before=self._all[0])
+            return drive(call, self._all[self.span[0]], self._all[self.span[1]], x, before=self._all[0], model=model)
         finally:
             if cached:  # caches the model's forward insists on are tblock's way in, not state the layer trains with
                 caches.detach_state(model)

@@ -3,7 +3,9 @@ stopped after the last. Shared by Hugging Face models (`hf/drive.py`) and any mo
 
 from __future__ import annotations
 
+import functools
 import inspect
+from contextlib import contextmanager
 from typing import Callable
 
 import torch
@@ -42,10 +44,46 @@ def first_output(out):
     return out[0] if isinstance(out, (tuple, list)) else getattr(out, "last_hidden_state", out)
 
 
+def _bound_to(fn) -> object:
+    """The object a callable is bound to, through functools.partial: `layer.__call__`, `partial(super().__call__)`,
+    `partial(forward, layer)`."""
+    while isinstance(fn, functools.partial):
+        if fn.args and not hasattr(fn.func, "__self__"):
+            return fn.args[0]
+        fn = fn.func
+    return getattr(fn, "__self__", None)
+
+
+@contextmanager
+def checkpoints_fed(model: nn.Module | None, first: nn.Module, x: torch.Tensor):
+    """The model's own checkpoint functions (`_gradient_checkpointing_func`, Hugging Face's) handed x, not the
+    placeholder, when they run the first layer. Where a model checkpoints a layer's `__call__` (transformers before
+    5.2x, and 4.x's loop), the hooks run inside the checkpoint and the backward's recompute runs after they are
+    removed: it would recompute the layer on the placeholder (other gradients, another count of saved tensors)."""
+    held = [(m, vars(m)["_gradient_checkpointing_func"]) for m in (model.modules() if model is not None else ())
+            if callable(vars(m).get("_gradient_checkpointing_func"))]
+    for m, own in held:
+
+        def fed(fn, *args, _own=own, **kwargs):
+            if args and _bound_to(fn) is first:
+                h = args[0]
+                args = tuple(x if a is h else a for a in args)
+            return _own(fn, *args, **kwargs)
+
+        m._gradient_checkpointing_func = fed
+    try:
+        yield
+    finally:
+        for m, own in held:
+            m._gradient_checkpointing_func = own
+
+
 def drive(call: Callable[[], object], first: nn.Module, last: nn.Module, x: torch.Tensor,
-          entered: Callable[[tuple, dict], None] | None = None, before: nn.Module | None = None):
+          entered: Callable[[tuple, dict], None] | None = None, before: nn.Module | None = None,
+          model: nn.Module | None = None):
     """`call()` (the model's forward on placeholders) with x in place of the hidden states `first` is given, stopped
     with `last`'s output, which is returned. `entered(args, kwargs)` sees what the model hands the first layer.
+    `model`: the model whose checkpoint functions are handed x too (checkpoints_fed).
 
     `before`: the model's first layer when the span starts later (--layer N). The layers before the span run on the
     placeholders, as the model's plumbing; from `before` until `first` is entered, torch functions are hidden from
@@ -78,7 +116,8 @@ def drive(call: Callable[[], object], first: nn.Module, last: nn.Module, x: torc
     if before is not None and before is not first:
         hooks.append(before.register_forward_pre_hook(hide))
     try:
-        call()
+        with checkpoints_fed(model, first, x):
+            call()
     except Done as done:
         return done.out
     except Exception as e:

@@ -99,7 +99,7 @@ class HFLayers(nn.Module):
         if self.memory is not None:
             kwargs["encoder_hidden_states"] = self.memory.to(device=x.device, dtype=x.dtype).expand(B, -1, -1)
         call = lambda: self._stack(**accepted(self._stack.forward, kwargs))  # noqa: E731
-        out = drive(call, self._all[self.span[0]], self._all[self.span[1]], x, entered, self._all[0])
+        out = drive(call, self._all[self.span[0]], self._all[self.span[1]], x, entered, self._all[0], self._stack)
         return out, seen.get("cache")
 
     def forward(self, x: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
