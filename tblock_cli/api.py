@@ -63,11 +63,12 @@ def check(block=None, *, strict: bool = False, progress: Callable[[str, str | No
     from tblock_cli.checks import globalstate, run_checks
     from tblock_cli.checks.battery import select
     from tblock_cli.distributed import prepare
+    from tblock_cli.subject.portable import indexes_checked
     from tblock_cli.subject.setup import setup
 
     chosen = select(only, skip, fast)  # a misspelt name is refused before the block is built
     s = setup(block, options, same_shape=False)
-    with s.session():
+    with s.session(), indexes_checked(s.device):  # an index out of range raises on a CUDA device as on the CPU
         switches = globalstate.snapshot()  # what the block's constructor and build-time probes leave changed
         try:
             subject = s.build(lambda cfg, n: runtime.check_estimate(cfg, params=n, hf=s.hf), "check")
@@ -102,10 +103,11 @@ def spec(block=None, *, like: str | None = None, like_kwargs=None, expect=None,
     from tblock_cli.card.read import read_card
     from tblock_cli.card.report import SpecReport
     from tblock_cli.checks.zeros import drawn_at_random, hiding_zeros, zeros_note
+    from tblock_cli.subject.portable import indexes_checked
     from tblock_cli.subject.setup import setup
 
     s = setup(block, options, trains=False)
-    with s.session():
+    with s.session(), indexes_checked(s.device):
         subject = s.build(lambda cfg, n: runtime.estimate_bytes(cfg, params=n, copies=2), "spec")
         zeros = hiding_zeros(subject.module)  # a zero output projection hides its branch: read at random weights
         with drawn_at_random(subject.module, zeros):

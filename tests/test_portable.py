@@ -85,3 +85,73 @@ def test_an_installed_module_lacking_a_name_is_not_called_missing(tmp_path):
     with pytest.raises(LoadError) as e:
         load_factory(f"{tmp_path / 'bad_name.py'}:B")
     assert "pip install" not in str(e.value) and "no_such_thing_here" in str(e.value)
+
+
+OUT_OF_RANGE = {  # an indexing op with one index past its dimension (or below it), as tblock's length probes meet them
+    "embedding": lambda t, w: torch.nn.functional.embedding(torch.tensor([1, 10]), w),
+    "advanced index": lambda t, w: t[:, torch.tensor([0, 5])],
+    "negative index": lambda t, w: t[torch.tensor([-4])],
+    "index assignment": lambda t, w: t.clone().__setitem__(torch.tensor([7]), 0.0),
+    "gather": lambda t, w: t.gather(1, torch.tensor([[5]])),
+    "scatter": lambda t, w: t.clone().scatter_(1, torch.tensor([[5]]), 1.0),
+    "index_select": lambda t, w: t.index_select(0, torch.tensor([-1])),
+    "index_add": lambda t, w: t.clone().index_add_(0, torch.tensor([3]), torch.ones(1, 5)),
+    "take": lambda t, w: torch.take(t, torch.tensor([15])),
+}
+
+
+def _raised(fn) -> type | None:
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001
+        return type(e)
+    return None
+
+
+@pytest.mark.parametrize("op", list(OUT_OF_RANGE))
+def test_indices_checked_before_the_op_raise_what_the_cpu_raises(op):
+    """On a CUDA device an index out of range is a device-side assert that loses the process's CUDA context; the guard
+    raises first, the exception the CPU's own op raises (here the guard is pointed at the CPU to compare the two)."""
+    from tblock_cli.subject.portable import IndexesChecked
+
+    t, w = torch.randn(3, 5), torch.randn(10, 4)
+    fn = lambda: OUT_OF_RANGE[op](t, w)  # noqa: E731
+    own = _raised(fn)
+    with IndexesChecked(("cpu",)):
+        guarded = _raised(fn)
+    assert own is not None and guarded is own
+
+
+def test_indices_in_range_and_boolean_masks_pass_the_guard_unchanged():
+    from tblock_cli.subject.portable import IndexesChecked
+
+    t = torch.randn(3, 5)
+    with IndexesChecked(("cpu",)):
+        got = [t[torch.tensor([-3, 2])], t[torch.tensor([True, False, True]), torch.tensor([4, 0])], t.gather(1, torch.tensor([[4]]))]
+    assert all(torch.equal(a, b) for a, b in zip(got, [t[[0, 2]], torch.stack((t[0, 4], t[2, 0])), t[:1, 4:5]]))
+
+
+def test_the_battery_under_the_index_guard_reports_what_it_reports_without(monkeypatch):
+    """A relative-bias table of 127 offsets, indexed past its end by the probes of sequences longer than 64 (history's
+    twice-as-long input at seq 64): the same report with the guard on (what a CUDA device runs) as without, and the
+    guard did raise."""
+    import tblock_cli
+    from tblock_cli.subject import portable
+
+    spec, sizes = "tests/zoo_attention.py:RelativeBiasBeforeSoftmax", dict(d_model=32, n_heads=4, seq=64, threads=1)
+    plain = tblock_cli.check(spec, **sizes)
+    raised = []
+    own = portable._checked
+
+    def counted(*args):
+        try:
+            own(*args)
+        except IndexError:
+            raised.append(args[1])
+            raise
+
+    monkeypatch.setattr(portable, "_checked", counted)
+    monkeypatch.setattr(portable, "indexes_checked", lambda device: portable.IndexesChecked(("cpu",)))
+    guarded = tblock_cli.check(spec, **sizes)
+    assert raised and plain.ok
+    assert [(c.name, c.status, c.kind) for c in guarded.checks] == [(c.name, c.status, c.kind) for c in plain.checks]

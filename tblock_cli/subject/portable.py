@@ -1,5 +1,5 @@
-"""What a block's code needs from this machine: CUDA-only constructors built on the device at hand, and a missing
-optional dependency named with the command that installs it."""
+"""What a block's code needs from this machine: CUDA-only constructors built on the device at hand, indices checked
+on a CUDA device as the CPU checks them, and a missing optional dependency named with the command that installs it."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import importlib.util
 
 import torch
 from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
 
 # Import names whose distribution is published under another name (pip install NAME).
 PIP_NAMES = {"sklearn": "scikit-learn", "yaml": "pyyaml", "PIL": "pillow", "cv2": "opencv-python",
@@ -65,3 +66,79 @@ def missing_dependency(e: BaseException) -> str | None:
     except (ImportError, ValueError):
         pass
     return f"needs the module {top!r}, which is not installed here: pip install {PIP_NAMES.get(top, top)}"
+
+
+def _checked(index, size: int, dim: int, negative: bool, kind: type, what: str, on: tuple[str, ...]) -> None:
+    """Raise what the CPU raises where an integer index on a device of the types `on` lies outside [-size or 0, size)."""
+    if not isinstance(index, torch.Tensor) or index.device.type not in on or index.numel() == 0 \
+            or index.is_floating_point() or index.dtype == torch.bool:
+        return
+    lo, hi = torch.stack(torch.aminmax(index.detach())).tolist()  # one synchronisation
+    if hi >= size or lo < (-size if negative else 0):
+        raise kind(what.format(index=hi if hi >= size else lo, dim=dim, size=size))
+
+
+_BOUNDS = "index {index} is out of bounds for dimension {dim} with size {size}"
+_RANGE = "index out of range in self"
+
+
+def _index_list(args, on) -> None:
+    """aten.index / index_put: a list of optional index tensors, one per dimension (a boolean mask takes its own)."""
+    self, indices = args[0], args[1]
+    dim = 0
+    for idx in indices:
+        if idx is not None and idx.dtype in (torch.bool, torch.uint8):
+            dim += idx.dim()
+            continue
+        if idx is not None and dim < self.dim():
+            _checked(idx, self.shape[dim], dim, True, IndexError, _BOUNDS, on)
+        dim += 1
+
+
+def _along(kind: type, what: str):
+    """Ops of (self, dim, index, ...): gather, scatter, index_select, index_add, index_copy, index_fill."""
+    def rule(args, on) -> None:
+        self, dim, index = args[0], args[1], args[2]
+        d = dim % max(self.dim(), 1)
+        _checked(index, self.shape[d] if self.dim() else 1, d, False, kind, what, on)
+    return rule
+
+
+class IndexesChecked(TorchDispatchMode):
+    """Integer indices checked before an indexing op launches on a CUDA device, raising what the CPU raises.
+
+    On the CPU an index out of range raises at the op, and tblock's probes read that as the block refusing an input (a
+    sequence longer than its position table, a relative-bias table indexed past its distance). On a CUDA device it is a
+    device-side assert: the CUDA context is lost and every later operation of the process fails, the report with it
+    (measured on an H100: a relative-position block, hf:roberta). One synchronisation per indexing op, for the checks
+    and the spec card only (bench does not run under it). `on`: the device types checked."""
+
+    def __init__(self, on: tuple[str, ...] = ("cuda",)):
+        super().__init__()
+        self.on = on
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        rule = _RULES.get(func.overloadpacket)
+        if rule is not None:
+            rule(args, self.on)
+        return func(*args, **kwargs)
+
+
+_aten = torch.ops.aten
+_RULES = {
+    _aten.embedding: lambda a, on: _checked(a[1], a[0].shape[0], 0, False, IndexError, _RANGE, on),
+    _aten.take: lambda a, on: _checked(a[1], a[0].numel(), 0, True, IndexError, "out of range: tried to access index "
+                                       "{index} on a tensor of {size} elements", on),
+    **{op: _index_list for op in (_aten.index, _aten.index_put, _aten.index_put_, _aten._index_put_impl_)},
+    **{op: _along(RuntimeError, _BOUNDS) for op in (_aten.gather, _aten.scatter, _aten.scatter_, _aten.scatter_add,
+                                                   _aten.scatter_add_, _aten.scatter_reduce, _aten.scatter_reduce_)},
+    **{op: _along(RuntimeError, _BOUNDS) for op in (_aten.index_add, _aten.index_add_)},
+    **{op: _along(IndexError, _RANGE) for op in (_aten.index_select, _aten.index_copy, _aten.index_copy_, _aten.index_fill,
+                                                _aten.index_fill_)},
+}
+
+
+def indexes_checked(device: torch.device):
+    """IndexesChecked where the work runs on a CUDA device; nothing elsewhere (the CPU checks its own indices)."""
+    return IndexesChecked() if device.type == "cuda" else contextlib.nullcontext()
