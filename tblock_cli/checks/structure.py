@@ -11,8 +11,11 @@ from tblock_cli.checks.context import Context, eval_forward
 from tblock_cli.checks.result import Outcome, failed, passed, skipped, warned
 from tblock_cli.probes import cast, module_copy, raise_dropout, rel_diff, train_mode, zero_dropout  # noqa: F401 - raise_dropout: part of this room's vocabulary
 
-# The reference check's tolerance: issue #2's, float32 max |diff| against nn.TransformerEncoderLayer.
-REFERENCE_TOL = 1e-5
+# The reference check's tolerance, max |diff| against nn.TransformerEncoderLayer: issue #2's 1e-5 in float32, where
+# float32 is all the device has (MPS). Elsewhere both run in float64 (to 1e-9): a CUDA device's float32 kernels differ
+# by 1e-4 between two correct paths (measured on an H100: the fused attention of one against the other's), which says
+# nothing of the block.
+REFERENCE_TOL = {torch.float32: 1e-5, torch.float64: 1e-9}
 
 
 def rebuilt_with_dropout(ctx: Context, p: float) -> nn.Module | None:
@@ -216,17 +219,20 @@ def _scoring(ctx: Context, flow) -> dict[str, int]:
 
 
 def check_reference(ctx: Context) -> Outcome:
-    """Catches: the built-in block against `nn.TransformerEncoderLayer` with copied weights (1e-5, float32)"""
+    """Catches: the built-in block against `nn.TransformerEncoderLayer` with copied weights (1e-9 in float64; 1e-5 in
+    float32 on MPS, which has no float64)"""
     if not ctx.subject.builtin:
         return skipped("reference.user_block")
     from tblock_cli.subject.reference import reference_output
 
-    x = ctx.x().float()
-    module = module_copy(ctx.subject.module).float()
+    dtype = torch.float32 if ctx.device.type == "mps" else torch.float64
+    x = ctx.x().to(dtype)
+    module = module_copy(ctx.subject.module).to(dtype)
     with train_mode(module, False), torch.no_grad():
         ours = ctx.subject.like(module)(x)
         theirs = reference_output(module, ctx.cfg, x)
     diff = (ours - theirs).abs().max().item()
-    if not diff <= REFERENCE_TOL:
-        return failed("reference.differs", diff, diff=diff, limit=REFERENCE_TOL)
-    return passed("reference.equal", diff)
+    where = str(dtype).removeprefix("torch.")
+    if not diff <= REFERENCE_TOL[dtype]:
+        return failed("reference.differs", diff, diff=diff, limit=REFERENCE_TOL[dtype], dtype=where)
+    return passed("reference.equal", diff, dtype=where)

@@ -258,8 +258,8 @@ MESSAGES = {
     "ffn_share.other": lambda f: f"{_ffn_share(f)}; {f['other']:.1%} of parameters sit outside attention, FFN and norms",
     # reference
     "reference.user_block": "needs the built-in block's structure; a user block has no reference",
-    "reference.differs": "differs from nn.TransformerEncoderLayer with the same weights by {diff:.2e} (> {limit:g}, float32)",
-    "reference.equal": "max |diff| to nn.TransformerEncoderLayer with copied weights (float32, eval)",
+    "reference.differs": "differs from nn.TransformerEncoderLayer with the same weights by {diff:.2e} (> {limit:g}, {dtype})",
+    "reference.equal": "max |diff| to nn.TransformerEncoderLayer with copied weights ({dtype}, eval)",
     # device
     "device.on_accelerator": "the battery runs on {device} already",
     "device.not_traced": "the training pass raised with tensors followed ({error}): not judged",
