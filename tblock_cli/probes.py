@@ -123,6 +123,21 @@ def train_mode(module: nn.Module, on: bool):
 
 
 @contextmanager
+def math_attention():
+    """scaled_dot_product_attention computed by its reference (math) backend for a while, on every device: a probe
+    that judges a block's own arithmetic is not the device's fused kernels' (their fully masked rows give finite
+    outputs and, on a CUDA device in half precision, NaN gradients: PyTorch's, not the block's)."""
+    try:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+    except ImportError:  # torch < 2.3
+        with torch.backends.cuda.sdp_kernel(enable_flash=False, enable_math=True, enable_mem_efficient=False):
+            yield
+        return
+    with sdpa_kernel([SDPBackend.MATH]):
+        yield
+
+
+@contextmanager
 def _dropouts(module: nn.Module, for_module, for_attribute, configs: bool = False):
     """Dropout probabilities set for a while (modules' p, float attributes named *drop*), put back after; yields how
     many changed. for_module(p) / for_attribute(value): the new value, or None to leave it. configs: also the float

@@ -19,7 +19,7 @@ from tblock_cli.checks.context import (
 )
 from tblock_cli.checks.result import Outcome, failed, passed, skipped, warned
 from tblock_cli.errors import is_out_of_memory, one_line
-from tblock_cli.probes import beyond, f64, rel_diff, train_mode, update_share
+from tblock_cli.probes import beyond, f64, math_attention, rel_diff, train_mode, update_share
 
 # Names that mark position machinery inside a block; token order then matters by design.
 POSITIONAL_NAMES = re.compile(r"rotary|rope|alibi|rel_?pos|relative|pos_?emb|position|inv_freq|sinusoid|wpe|(^|[._])pos([._]|$)", re.I)
@@ -200,11 +200,13 @@ def nonfinite_grads(ctx: Context, x: torch.Tensor, mask: torch.Tensor) -> list[s
     """The parameters (and `input`) whose gradient is non-finite after a train forward of the padded batch x and a
     backward of a loss on its real positions only; [] where the forward itself is not finite everywhere (its NaN
     rows are then what is reported). A causal block's first left-padded rows see no real key: a -inf fill turns them
-    to NaN, and a `nan_to_num` after the softmax hides it from the forward but not from the backward (0 * NaN)."""
+    to NaN, and a `nan_to_num` after the softmax hides it from the forward but not from the backward (0 * NaN).
+    sdpa runs its math backend here: a fused kernel's backward gives NaN for such rows on a CUDA device in half
+    precision whatever the block does (measured on an H100: nine correct blocks, Hugging Face's among them)."""
     module = ctx.subject.module
     params = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
     x = x.detach().clone().requires_grad_(True)
-    with train_mode(module, True), torch.enable_grad():
+    with train_mode(module, True), torch.enable_grad(), math_attention():
         out = ctx.subject(x.clone(), mask)
         if not torch.isfinite(out).all():
             return []
