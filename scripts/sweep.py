@@ -2,6 +2,7 @@
 
     python scripts/sweep.py            # both sweeps; exit 1 on any false alarm or missed bug
     python scripts/sweep.py --quick    # float32 only, d_model 64 only
+    python scripts/sweep.py --quick --device cuda --shard 1/4   # a quarter of the blocks, on a GPU
 
 False alarms: every correct block x float32/float16/bfloat16 x d_model 64/512 x seq 10/64 must give no
 warn, fail or error. Missed bugs: every planted bug must make `check --strict` fail, at the default sizes
@@ -84,9 +85,15 @@ def correct_blocks() -> list[tuple[str, dict]]:
     return blocks + [(f"hf:{t}", {}) for t in HF]
 
 
-def false_alarms(dtypes, widths, seqs, only=None) -> int:
+def shard(items: list, part: tuple[int, int]) -> list:
+    """Every n-th item from the k-th on (part = (k, n), k from 1): shards that run side by side split a sweep."""
+    k, n = part
+    return items[k - 1::n]
+
+
+def false_alarms(dtypes, widths, seqs, only=None, device="cpu", part=(1, 1)) -> int:
     alarms = runs = refused = 0
-    blocks = [b for b in correct_blocks() if only is None or b[0] in only]
+    blocks = shard([b for b in correct_blocks() if only is None or b[0] in only], part)
     for name, flags in blocks:
         for dtype in dtypes:
             if name in FLOAT32_ONLY and dtype != "float32":
@@ -97,7 +104,7 @@ def false_alarms(dtypes, widths, seqs, only=None) -> int:
                     try:
                         heads = flags.get("n_heads", 8 if d >= 512 else 4)
                         rest = {k: v for k, v in flags.items() if k != "n_heads"}
-                        r = tblock_cli.check(block, d_model=d, n_heads=heads, seq=seq, dtype=dtype, **rest)
+                        r = tblock_cli.check(block, d_model=d, n_heads=heads, seq=seq, dtype=dtype, device=device, **rest)
                     except LoadError as e:  # a block written for float32 that cannot run in this dtype: exit 2, one line
                         refused += 1
                         print(f"  {name} {dtype} d_model {d} seq {seq}: refused ({str(e)[-100:]})", flush=True)
@@ -114,7 +121,7 @@ def false_alarms(dtypes, widths, seqs, only=None) -> int:
     return alarms
 
 
-def missed_bugs(sizes) -> int:
+def missed_bugs(sizes, device="cpu", part=(1, 1)) -> int:
     planted = {**{k: v for k, v in zoo.PLANTED.items()}, **zoo.PLANTED_2, **{k: (v, {}) for k, v in zoo.WARNED.items()},
                **{k: ("kv_cache", {"causal": True}) for k in zoo.CACHE_BUGS}, **zoo.PLANTED_3,
                **{f"zoo_training.py:{k}": (v, {}) for k, v in zoo_training.PLANTED.items()},
@@ -134,15 +141,28 @@ def missed_bugs(sizes) -> int:
                **{f"zoo_construction.py:{k}": (v, {}) for k, v in zoo_construction.PLANTED.items()},
                **{f"zoo_complex.py:{k}": (v, {"causal": True}) for k, v in zoo_complex.PLANTED.items()}}
     missed = runs = 0
+    planted = dict(shard(list(planted.items()), part))
+    # On an accelerator a block that leaves a tensor on the host fails wherever it meets the device: at load (its
+    # forward refuses to run, exit 2) or in any training check; the `device` check is the CPU's way to see it.
+    elsewhere = device != "cpu"
     for name, (check, flags) in planted.items():
         for size in sizes:
             merged = {**size, **flags}  # a "dtype" flag names the run dtype the bug needs
-            r = tblock_cli.check(spec(name), strict=True, **merged)
-            by = {c.name: c for c in r.checks}
             runs += 1
+            try:
+                r = tblock_cli.check(spec(name), strict=True, device=device, **merged)
+            except LoadError as e:
+                if not (elsewhere and name.startswith("zoo_device.py:")):
+                    missed += 1
+                print(f"{'REFUSED' if elsewhere else 'MISSED'} {name} {merged}: at load ({str(e)[-120:]})")
+                continue
+            by = {c.name: c for c in r.checks}
+            if elsewhere and name.startswith("zoo_device.py:") and not r.ok:
+                continue
             if r.ok or by[check].status not in BAD:
                 missed += 1
-                print(f"MISSED {name} {merged}: {check} is {by[check].status.value}: {by[check].detail[:120]}")
+                print(f"MISSED {name} {merged}: {check} is {by[check].status.value}: {by[check].detail[:120]}"
+                      + (f" | {str(by[check].facts)[:600]}" if elsewhere else ""))
     print(f"planted-bug sweep: {len(planted)} planted bugs x {len(sizes)} sizes = {runs} runs, {missed} not caught by check --strict")
     return missed
 
@@ -154,15 +174,18 @@ def main() -> int:
     parser.add_argument("--widths", help="comma-separated d_model values for the false-alarm sweep (default: by --quick)")
     parser.add_argument("--only", help="comma-separated block names (zoo names or hf:TYPE) to sweep for false alarms")
     parser.add_argument("--no-bugs", action="store_true", help="skip the planted-bug sweep")
+    parser.add_argument("--device", default="cpu", help="where the blocks run (cuda on a GPU machine)")
+    parser.add_argument("--shard", default="1/1", metavar="K/N", help="every N-th block from the K-th: shards side by side")
     args = parser.parse_args()
     torch.set_num_threads(1)
     t0 = time.perf_counter()
     dtypes = args.dtypes.split(",") if args.dtypes else ["float32"] if args.quick else ["float32", "float16", "bfloat16"]
     widths = [int(w) for w in args.widths.split(",")] if args.widths else [64] if args.quick else [64, 512]
-    bad = false_alarms(dtypes, widths, [10, 64], args.only.split(",") if args.only else None)
+    part = tuple(int(x) for x in args.shard.split("/"))
+    bad = false_alarms(dtypes, widths, [10, 64], args.only.split(",") if args.only else None, args.device, part)
     if not args.no_bugs:
-        bad += missed_bugs([{}, {"d_model": 64, "n_heads": 4, "d_ff": 256}])
-    print(f"{time.perf_counter() - t0:.0f} s, torch {torch.__version__}, 1 thread")
+        bad += missed_bugs([{}, {"d_model": 64, "n_heads": 4, "d_ff": 256}], args.device, part)
+    print(f"{time.perf_counter() - t0:.0f} s, torch {torch.__version__}, 1 thread, {args.device}, shard {args.shard}")
     return 1 if bad else 0
 
 
