@@ -109,13 +109,19 @@ def false_alarms(dtypes, widths, seqs, only=None, device="cpu", part=(1, 1)) -> 
                         refused += 1
                         print(f"  {name} {dtype} d_model {d} seq {seq}: refused ({str(e)[-100:]})", flush=True)
                         continue
+                    except Exception as e:  # noqa: BLE001 - tblock itself raised: an alarm, and the sweep goes on
+                        runs += 1
+                        alarms += 1
+                        print(f"FALSE ALARM {name} {dtype} d_model {d} seq {seq}: tblock raised {type(e).__name__}: "
+                              f"{str(e)[:300]}", flush=True)
+                        continue
                     bad = [c for c in r.checks if c.status in BAD]
                     runs += 1
                     print(f"  {name} {dtype} d_model {d} seq {seq}: {'ok' if not bad else 'ALARM'}", flush=True)
                     if bad:
                         alarms += 1
                         print(f"FALSE ALARM {name} {dtype} d_model {d} seq {seq}: " +
-                              "; ".join(f"{c.name} {c.status.value}: {c.detail[:120]}" for c in bad))
+                              "; ".join(f"{c.name} {c.status.value}: {c.detail[:120 if device == 'cpu' else 400]}" for c in bad))
     print(f"false-alarm sweep: {runs} runs of {len(blocks)} correct blocks, {alarms} with a warn/fail/error"
           + (f"; {refused} refused to load in their dtype (exit 2)" if refused else ""))
     return alarms

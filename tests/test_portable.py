@@ -112,21 +112,21 @@ def _raised(fn) -> type | None:
 def test_indices_checked_before_the_op_raise_what_the_cpu_raises(op):
     """On a CUDA device an index out of range is a device-side assert that loses the process's CUDA context; the guard
     raises first, the exception the CPU's own op raises (here the guard is pointed at the CPU to compare the two)."""
-    from tblock_cli.subject.portable import IndexesChecked
+    from tblock_cli.subject.portable import indices_checked
 
     t, w = torch.randn(3, 5), torch.randn(10, 4)
     fn = lambda: OUT_OF_RANGE[op](t, w)  # noqa: E731
     own = _raised(fn)
-    with IndexesChecked(("cpu",)):
+    with indices_checked(("cpu",)):
         guarded = _raised(fn)
     assert own is not None and guarded is own
 
 
 def test_indices_in_range_and_boolean_masks_pass_the_guard_unchanged():
-    from tblock_cli.subject.portable import IndexesChecked
+    from tblock_cli.subject.portable import indices_checked
 
     t = torch.randn(3, 5)
-    with IndexesChecked(("cpu",)):
+    with indices_checked(("cpu",)):
         got = [t[torch.tensor([-3, 2])], t[torch.tensor([True, False, True]), torch.tensor([4, 0])], t.gather(1, torch.tensor([[4]]))]
     assert all(torch.equal(a, b) for a, b in zip(got, [t[[0, 2]], torch.stack((t[0, 4], t[2, 0])), t[:1, 4:5]]))
 
@@ -151,7 +151,7 @@ def test_the_battery_under_the_index_guard_reports_what_it_reports_without(monke
             raise
 
     monkeypatch.setattr(portable, "_checked", counted)
-    monkeypatch.setattr(portable, "indexes_checked", lambda device: portable.IndexesChecked(("cpu",)))
+    monkeypatch.setattr(portable, "indexes_checked", lambda device: portable.indices_checked(("cpu",)))
     guarded = tblock_cli.check(spec, **sizes)
     assert raised and plain.ok
     assert [(c.name, c.status, c.kind) for c in guarded.checks] == [(c.name, c.status, c.kind) for c in plain.checks]

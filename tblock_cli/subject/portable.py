@@ -8,7 +8,6 @@ import importlib.util
 
 import torch
 from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import TorchDispatchMode
 
 # Import names whose distribution is published under another name (pip install NAME).
 PIP_NAMES = {"sklearn": "scikit-learn", "yaml": "pyyaml", "PIL": "pillow", "cv2": "opencv-python",
@@ -104,25 +103,24 @@ def _along(kind: type, what: str):
     return rule
 
 
-class IndexesChecked(TorchDispatchMode):
-    """Integer indices checked before an indexing op launches on a CUDA device, raising what the CPU raises.
+def indices_checked(on: tuple[str, ...] = ("cuda",)):
+    """A dispatch mode that checks integer indices before an indexing op launches on a device of the types `on`,
+    raising what the CPU raises.
 
     On the CPU an index out of range raises at the op, and tblock's probes read that as the block refusing an input (a
     sequence longer than its position table, a relative-bias table indexed past its distance). On a CUDA device it is a
     device-side assert: the CUDA context is lost and every later operation of the process fails, the report with it
     (measured on an H100: a relative-position block, hf:roberta). One synchronisation per indexing op, for the checks
-    and the spec card only (bench does not run under it). `on`: the device types checked."""
+    and the spec card only (bench does not run under it)."""
+    from tblock_cli.probes import dispatch_mode
 
-    def __init__(self, on: tuple[str, ...] = ("cuda",)):
-        super().__init__()
-        self.on = on
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
+    def handler(func, args, kwargs):
         rule = _RULES.get(func.overloadpacket)
         if rule is not None:
-            rule(args, self.on)
+            rule(args, on)
         return func(*args, **kwargs)
+
+    return dispatch_mode(handler)
 
 
 _aten = torch.ops.aten
@@ -140,5 +138,5 @@ _RULES = {
 
 
 def indexes_checked(device: torch.device):
-    """IndexesChecked where the work runs on a CUDA device; nothing elsewhere (the CPU checks its own indices)."""
-    return IndexesChecked() if device.type == "cuda" else contextlib.nullcontext()
+    """indices_checked() where the work runs on a CUDA device; nothing elsewhere (the CPU checks its own indices)."""
+    return indices_checked() if device.type == "cuda" else contextlib.nullcontext()
