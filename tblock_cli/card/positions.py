@@ -229,7 +229,7 @@ def layout_pairing(probe: Probe, x: torch.Tensor, call: Scores, rot: dict) -> st
             err = (z(su) - z(sv)).abs().amax(-1)
             best = int(err.argmin())
             if float(err[best]) <= LAYOUT_TOL:
-                at = torch.empty(n, dtype=torch.long)
+                at = torch.empty(n, dtype=torch.long, device=order_u.device)
                 at[order_v] = order_u[best]  # each rotating channel's place in the projection's window
                 break
         if at is None:

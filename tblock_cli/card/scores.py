@@ -216,7 +216,7 @@ def trace_scores(probe: Probe, x: torch.Tensor, targets: frozenset[int] = frozen
         if got is None or info is None:
             continue
         kind, ordinal, q, k, fold, sources, *v = info
-        logits = got.logits
+        logits = got.logits.to(probe.device)  # the tracer keeps scores on the CPU; the readers meet them with q and k
         if logits.ndim == 3 and logits.shape[0] % B == 0:  # (B * H, L, S), fairseq's and ESM's bmm: batch-major
             logits = logits.reshape(B, logits.shape[0] // B, *logits.shape[1:])
         q4, k4 = _heads(q, logits), _heads(k, logits)

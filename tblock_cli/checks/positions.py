@@ -242,7 +242,7 @@ def relative_with_gains_drawn(ctx: Context) -> dict | None:
 
 def line_fit(f: torch.Tensor) -> tuple[float, float]:
     """Slope of f(d) = c - m d over d = 0..n-1 (least squares), and the fit's worst residual."""
-    d = torch.arange(f.numel(), dtype=torch.float64)
+    d = torch.arange(f.numel(), dtype=torch.float64, device=f.device)
     A = torch.stack((torch.ones_like(d), -d), dim=1)
     coef = torch.linalg.lstsq(A, f[:, None]).solution[:, 0]
     return coef[1].item(), (A @ coef - f).abs().max().item()
