@@ -137,11 +137,14 @@ from zoo_positions import (  # noqa: F401
     CrossToLatents,
     Fp16Llama3,
     Gemma3,
+    GQAKeysOnePositionAhead,
+    KeysOnePositionAhead,
     LayerScaleLengthTemperature,
     LayerScaleRoPEValues,
     LayerScaleValuesNotRotatedBack,
     LeftPadNaN,
     Mask3D3,
+    PositionsFromOne,
     Rel3,
     RoPEAnglesHalf,
     RoPELayoutMismatch,
@@ -308,7 +311,7 @@ CORRECT_3 = {"Rel3": POS, "CachedRoPE": {"causal": True}, "GQA3": POS, "Window3"
              "Mask3D3": POS, "Fp16Llama3": POS, "Gemma3": POS, "RoPEValues3": POS, "FirstCallInit": {},
              "SublayerPostNorm": {"causal": True}, "InferenceModeCacheCloned": POS, "LayerScaleRoPEValues": POS,
              "QKNormBeforeRotary": POS, "QKBiasBeforeRotary": POS,
-             "LengthTemperature": POS}
+             "LengthTemperature": POS, "PositionsFromOne": POS}
 
 
 # The third generation: name -> (the check that must flag it, its flags; "dtype" names the run dtype it needs).
@@ -326,6 +329,8 @@ PLANTED_3 = {
     "GainBeforeStatistics": ("norms", {}),
     "QKNormAfterRotary": ("relative", POS),
     "QKBiasAfterRotary": ("relative", POS),
+    "KeysOnePositionAhead": ("relative", POS),
+    "GQAKeysOnePositionAhead": ("relative", POS),
     "AlibiWrongSlopes": ("position_bias", {}),
     "AlibiSlopesReversed": ("position_bias", {}),
     "ActOnUp": ("names", {}),

@@ -49,6 +49,9 @@ class Rel3(nn.Module):
     def positions(self, pad_mask, B, T, device):
         return torch.arange(T, device=device).expand(B, T)  # a relative scheme needs no restart after padding
 
+    def key_positions(self, pos):
+        return pos
+
     def cos_sin(self, pos, dtype):
         f = rope_freqs(pos, self.hd)
         emb = torch.cat((f, f), dim=-1)
@@ -93,7 +96,7 @@ class Rel3(nn.Module):
         B, T, _ = h.shape
         q, k, v = heads(self.q_proj(h), self.n), heads(self.k_proj(h), self.nkv), heads(self.v_proj(h), self.nkv)
         pos = self.positions(pad_mask, B, T, h.device)
-        q, k, v = self.rotate(q, pos), self.rotate(k, pos), self.values(v, pos)
+        q, k, v = self.rotate(q, pos), self.rotate(k, self.key_positions(pos)), self.values(v, pos)
         if self.nkv != self.n:
             k, v = k.repeat_interleave(self.n // self.nkv, dim=1), v.repeat_interleave(self.n // self.nkv, dim=1)
         y = self.unvalues(self.attend(q, k, v, self.allowed(B, T, pad_mask, h.device)), pos)
@@ -278,3 +281,23 @@ class LayerScaleLengthTemperature(LayerScaleRoPEValues):
     def attend(self, q, k, v, allowed):
         T = q.shape[-2]
         return super().attend(q * math.log(T + 1) / math.log(17), k, v, allowed)  # bug: a temperature read off T
+
+
+class KeysOnePositionAhead(Rel3):
+    """k rotated at positions 1..T, q at 0..T-1 (a cache's start position added to the keys alone): the scores are
+    still a function of i - j, each one token off."""
+
+    def key_positions(self, pos):
+        return pos + 1
+
+
+def GQAKeysOnePositionAhead(d_model=64, n_heads=4, d_ff=None, dropout=0.0, causal=True):
+    """The same with two query heads per key/value head."""
+    return KeysOnePositionAhead(d_model, n_heads, d_ff, dropout, causal, n_kv_heads=max(1, n_heads // 2))
+
+
+class PositionsFromOne(Rel3):
+    """Correct: q and k both rotated at positions 1..T (one-based positions): the same scores as from 0."""
+
+    def positions(self, pad_mask, B, T, device):
+        return torch.arange(1, T + 1, device=device).expand(B, T)

@@ -32,6 +32,7 @@ class Scores:
     logits: torch.Tensor  # (B, H, L, S) float64, -inf where masked
     sources: tuple[str, ...] = ()  # the projections whose outputs reach q
     v: torch.Tensor | None = None  # (B, Hv, S, E) float64 as it enters sdpa; None where not read (a softmax written out)
+    k_sources: tuple[str, ...] = ()  # the projections whose outputs reach k
 
     @property
     def square(self) -> bool:
@@ -119,6 +120,7 @@ class ScoreTracer(Tracer):
         self.n = -1  # ordinal of the call being handled
         self.products_at: dict[Product, tuple] = {}  # score marker -> (ordinal, q, k, fold, sources of q)
         self.calls: dict[int, tuple] = {}  # attention index -> (kind, ordinal, q, k, fold, sources of q)
+        self.k_sources: dict[int, tuple] = {}  # ordinal of a product -> the projections whose outputs reach its k
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -161,6 +163,7 @@ class ScoreTracer(Tracer):
             super().record(func, name, args, kwargs, out)
             if len(attn.calls) > before:
                 self.calls[before] = ("sdpa", self.n, q, k, self.fold(q, k), self.prov.sources(q), v)
+                self.k_sources[self.n] = self.prov.sources(k)
             return
         if func is F.multi_head_attention_forward:
             super().record(func, name, args, kwargs, out)
@@ -175,6 +178,7 @@ class ScoreTracer(Tracer):
             if got is not None:
                 _, q, k, a, b = got
                 self.products_at[Product(markers)] = (self.n, q, k, self.fold(a, b), self.prov.sources(a))
+                self.k_sources[self.n] = self.prov.sources(b)
         if len(attn.calls) > before and before in attn.origin:  # a softmax over a product, or weights written out
             kind, product = attn.origin[before]
             if product in self.products_at and (kind == "softmax" or attn.calls[before].normalised):
@@ -228,5 +232,5 @@ def trace_scores(probe: Probe, x: torch.Tensor, targets: frozenset[int] = frozen
             q4 = q4.detach().double()
         v4 = _heads(v[0], logits) if v and isinstance(v[0], torch.Tensor) else None
         out.append(Scores(kind, c.where, ordinal, q4, k4.detach().double(), fold, logits, sources,
-                          None if v4 is None else v4.detach().double()))
+                          None if v4 is None else v4.detach().double(), tr.k_sources.get(ordinal, ())))
     return out, tr

@@ -11,6 +11,7 @@ from typing import Callable
 import torch
 
 from tblock_cli.checks import (
+    alignment,
     attention,
     checkpointing,
     claims,
@@ -92,7 +93,7 @@ REGISTRY: tuple[Check, ...] = (
     Check("fsdp", check_fsdp, COMPARES + GRADS + ("independent",), None),
     Check("reference", structure.check_reference, ("shape", "deterministic"), None),
     Check("norms", norms.check_norms, ("finite", "copyable"), None),
-    Check("relative", positions.check_relative, ("finite",), None),
+    Check("relative", alignment.check_relative, ("finite",), None),
     Check("position_bias", positions.check_position_bias, ("finite",), None),
     Check("names", naming.check_names, (), None),
     Check("spec", claims.check_spec, (), None),

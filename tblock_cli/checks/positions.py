@@ -165,15 +165,8 @@ def toeplitz_calls(seen: Identical, T: int) -> list[dict]:
 
 
 def check_relative(ctx: Context) -> Outcome:
-    """With every token identical, scores of a relative (or no) position scheme depend on i - j only.
-
-    Catches: with every token identical, attention scores (each row taken relative to its own diagonal) that are not
-    a function of i - j: a rotary cos/sin layout that does not match its rotation, rotary angles computed in half
-    precision (probed at 320 tokens in fp16/bf16); blocks whose positions enter before the q/k projections
-    (absolute) are skipped; scores that are a function of i - j from the middle of the sequence on pass (a
-    convolution's zero padding reaching the first positions: Primer); scores that are a function of i - j only at the
-    block's init, not once its constant gains and biases are redrawn, are a **warning** (a q/k norm after the rotary
-    embedding, a bias added to rotated queries: trained, they break relative positions)"""
+    """With every token identical, scores of a relative (or no) position scheme depend on i - j only (the registry
+    runs it through alignment.check_relative, which says what it catches)"""
     if not ctx.dataflow().attention:
         return skipped("relative.no_attention")
     lengths = [identical_length(ctx)] + ([LONG_SEQ] if ctx.dtype in (torch.float16, torch.bfloat16) else [])
@@ -192,6 +185,7 @@ def check_relative(ctx: Context) -> Outcome:
     facts = {"where": worst["where"], "seq": worst["seq"], "error": worst["error"], "limit": limit, "long_error": long_error}
     # scores flat along every row carry no positions: gains acting after a rotation would have made them vary
     positioned = any(c["spread"] > limit for c in calls)
+    facts["positioned"] = positioned
     if worst["error"] <= limit and positioned and (drawn := relative_with_gains_drawn(ctx)) is not None \
             and drawn["drawn_error"] > limit:
         # a warning: a q/k norm after the rotation is a bug in most blocks, and one family's design (HunYuan's)

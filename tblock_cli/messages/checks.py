@@ -349,6 +349,10 @@ MESSAGES.update({
         f"deviates by {f['drawn_error']:.1e} (limit {f['limit']:g}): a per-channel gain or bias acts on q or k after "
         f"the rotation (a q/k norm after the rotary embedding, a bias added to rotated queries or keys); trained, it "
         f"breaks relative positions (a mistake, unless the design means it: HunYuan's checkpoints were trained so)"),
+    "relative.qk_offset": lambda f: (
+        f"q and k are rotated at different positions: with {f['k_proj']} given {f['q_proj']}'s weights, k's rotating "
+        f"pairs stand {f['phase']:.2g} rad from q's" + (f", k {f['offset']:+.2f} positions from q" if f.get("offset") is
+        not None else "") + ": the scores stay a function of i - j, shifted, and every token attends off by that much"),
     "relative.toeplitz": lambda f: (f"with every token identical the scores depend on i - j only (max deviation "
                                     f"{f['error']:.1e}, limit {f['limit']:g}; {_relative(f)})"),
     "relative.edge": lambda f: (f"with every token identical the scores depend on i - j only from position {f['start']} on "
