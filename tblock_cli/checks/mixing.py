@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import re
 
 import torch
+import torch.nn.functional as F
 
 from tblock_cli.anatomy.mha import attention_modules
 from tblock_cli.checks.context import (
@@ -163,9 +165,9 @@ def check_padding(ctx: Context) -> Outcome:
     if g is not None and g[mask].any():
         return failed("padding.gradient", f64(g[mask]).abs().max().item(), **full)
     # Second half: the real positions of a padded batch equal the same real tokens run alone.
-    # nn.MultiheadAttention gives NaN at a fully masked query row (PyTorch's own behaviour, PYTORCH-NOTES): reported,
-    # not failed; a block's own -inf fill doing the same fails
-    mha = bool(attention_modules(ctx.subject.module))
+    # nn.MultiheadAttention gives NaN at a fully masked query row (PyTorch's own behaviour, PYTORCH-NOTES), and so does
+    # sdpa before torch 2.5: reported, not failed; a block's own -inf fill doing the same fails
+    mha = bool(attention_modules(ctx.subject.module)) or (uses_sdpa(ctx) and sdpa_fills_nan(ctx.device, ctx.dtype))
     nonfinite = []
     worst, alone = 0.0, None
     for side in sides:
@@ -194,6 +196,19 @@ def check_padding(ctx: Context) -> Outcome:
         if bad:
             return failed("padding.grad_nonfinite", None, side="left", params=bad, **full)
     return passed("padding.respected", worst, sides=sides, diff=worst, nonfinite=nonfinite, **full)
+
+
+def uses_sdpa(ctx: Context) -> bool:
+    return any(c.kind == "scaled_dot_product_attention" for c in ctx.dataflow().attention)
+
+
+@functools.lru_cache(maxsize=None)
+def sdpa_fills_nan(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether this torch's sdpa gives NaN for a query whose every key is masked (before torch 2.5 it does, as
+    nn.MultiheadAttention does; from 2.5 on a zero row): PyTorch's behaviour, which padding reports and does not fail."""
+    q = torch.ones(1, 1, 1, 8, device=device, dtype=dtype)
+    out = F.scaled_dot_product_attention(q, q, q, attn_mask=torch.zeros(1, 1, 1, 1, dtype=torch.bool, device=device))
+    return bool(torch.isnan(out).any())
 
 
 def nonfinite_grads(ctx: Context, x: torch.Tensor, mask: torch.Tensor) -> list[str]:

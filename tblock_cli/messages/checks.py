@@ -35,7 +35,8 @@ def _fully_padded(f: dict) -> str:
 def _padding_respected(f: dict) -> str:
     sides = "right and left padding" if len(f["sides"]) == 2 else "right padding"
     notes = "".join(f"; {n['side']} padding gives {n['got']} at real positions "
-                    + ("after a second pass (nn.MultiheadAttention's NaN at fully masked pad rows spreads)" if n.get("twice")
+                    + ("after a second pass (PyTorch's NaN at fully masked pad rows spreads: nn.MultiheadAttention, "
+                       "sdpa before torch 2.5)" if n.get("twice")
                        else "(fully masked pad rows spread); not compared") for n in f["nonfinite"])
     return f"padded inputs reach no real output; {sides} = tokens run alone (max {f['diff']:.1e}); {_fully_padded(f)}{notes}"
 
