@@ -3,7 +3,11 @@ backward's recompute must see the hidden states tblock handed the layer."""
 
 from __future__ import annotations
 
+import functools
+
+import pytest
 import torch.nn as nn
+from torch.utils.checkpoint import checkpoint
 
 from tblock_cli import api
 
@@ -31,11 +35,22 @@ class CheckpointedLoop(nn.Module):
         return h
 
 
-def test_a_model_that_checkpoints_its_layers_call_recomputes_the_driven_layer_on_its_own_input():
+class ReentrantCheckpointedLoop(CheckpointedLoop):
+    """The same loop with its own reentrant checkpoint (transformers 4.x's default): the layer runs inside it without
+    grad, so the output a hook sees there carries no graph; the forward must stop with the checkpoint's output."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._gradient_checkpointing_func = functools.partial(checkpoint, use_reentrant=True)
+
+
+@pytest.mark.parametrize("model", [CheckpointedLoop, ReentrantCheckpointedLoop])
+def test_a_model_that_checkpoints_its_layers_call_recomputes_the_driven_layer_on_its_own_input(model):
     """The model's own checkpoint function runs the layer's hooks inside the checkpoint: the backward's recompute
     comes after tblock's hooks are gone, so the checkpoint must hold tblock's hidden states, not the model's placeholder
-    (on the placeholder the recompute computes another function: transformers 5.17's layers failed so)."""
-    r = api.check(CheckpointedLoop, layer=0, only="checkpointing", dropout=0.1, **SIZES)
+    (on the placeholder the recompute computes another function: transformers 5.17's layers failed so), and the
+    forward must stop with what the checkpoint returns (transformers 4.46's reentrant one: every gradient None)."""
+    r = api.check(model, layer=0, only="checkpointing", dropout=0.1, **SIZES)
     (c,) = r.checks
     assert c.status.value == "pass", c.detail
     assert c.facts["switches"] == ["gradient_checkpointing = True"]

@@ -55,20 +55,31 @@ def _bound_to(fn) -> object:
 
 
 @contextmanager
-def checkpoints_fed(model: nn.Module | None, first: nn.Module, x: torch.Tensor):
+def checkpoints_fed(model: nn.Module | None, first: nn.Module, last: nn.Module, x: torch.Tensor, quiet: list):
     """The model's own checkpoint functions (`_gradient_checkpointing_func`, Hugging Face's) handed x, not the
-    placeholder, when they run the first layer. Where a model checkpoints a layer's `__call__` (transformers before
-    5.2x, and 4.x's loop), the hooks run inside the checkpoint and the backward's recompute runs after they are
-    removed: it would recompute the layer on the placeholder (other gradients, another count of saved tensors)."""
+    placeholder, when they run the first layer, and stopping the forward with the checkpoint's own output when they
+    run the last. Where a model checkpoints a layer's `__call__` (transformers before 5.2x, and 4.x's loop), the hooks
+    run inside the checkpoint: the backward's recompute, after the hooks are removed, would recompute the layer on the
+    placeholder (other gradients, another count of saved tensors); and a reentrant checkpoint (4.x's default) computes
+    its inside without grad, so the output the stop hook sees inside it carries no graph. `quiet` holds the stop hook
+    while the last layer runs in its checkpoint."""
     held = [(m, vars(m)["_gradient_checkpointing_func"]) for m in (model.modules() if model is not None else ())
             if callable(vars(m).get("_gradient_checkpointing_func"))]
     for m, own in held:
 
         def fed(fn, *args, _own=own, **kwargs):
-            if args and _bound_to(fn) is first:
+            layer = _bound_to(fn)
+            if args and layer is first:
                 h = args[0]
                 args = tuple(x if a is h else a for a in args)
-            return _own(fn, *args, **kwargs)
+            if layer is not last:
+                return _own(fn, *args, **kwargs)
+            quiet.append(True)
+            try:
+                out = _own(fn, *args, **kwargs)
+            finally:
+                quiet.pop()
+            raise Done(first_output(out))
 
         m._gradient_checkpointing_func = fed
     try:
@@ -109,14 +120,17 @@ def drive(call: Callable[[], object], first: nn.Module, last: nn.Module, x: torc
         # every argument that is the hidden states (funnel passes them as query, key and value)
         return tuple(x if a is h else a for a in args), {k: x if v is h else v for k, v in kwargs.items()}
 
+    quiet: list = []  # the last layer running inside the model's own checkpoint: checkpoints_fed stops the forward
+
     def stop(_m, _args, out):
-        raise Done(first_output(out))
+        if not quiet:
+            raise Done(first_output(out))
 
     hooks = [first.register_forward_pre_hook(swap_in, with_kwargs=True), last.register_forward_hook(stop)]
     if before is not None and before is not first:
         hooks.append(before.register_forward_pre_hook(hide))
     try:
-        with checkpoints_fed(model, first, x):
+        with checkpoints_fed(model, first, last, x, quiet):
             call()
     except Done as done:
         return done.out

@@ -117,9 +117,21 @@ class HFLayers(nn.Module):
 
     @property
     def decodes(self) -> bool:
-        """Whether the model's forward takes a cache at all (kvcache.has_decode reads it): one that takes none
-        (decision_transformer's) leaves nothing to compare."""
-        return self.cache_name is not None
+        """Whether the model's forward takes a cache and hands its layers one (kvcache.has_decode reads it): one that
+        takes none (decision_transformer's) leaves nothing to compare, and transformers 4.x's gpt2 hands its layers
+        tuples of its own past (no cache object tblock follows). The second is found by one one-token forward, once."""
+        if self.cache_name is None or not self.causal:
+            return self.cache_name is not None
+        if "_hands_cache" not in self.__dict__:
+            p = next(self.layers.parameters())
+            width = getattr(self.config, "hidden_size", None) or getattr(self.config, "d_model", None)
+            try:
+                with torch.no_grad():
+                    x = torch.zeros(1, 1, width, device=p.device, dtype=p.dtype)
+                    self.__dict__["_hands_cache"] = self.run(x, None, None, use_cache=True)[1] is not None
+            except Exception:  # noqa: BLE001 - no width to probe with, or a refusal: the decode itself will say why
+                self.__dict__["_hands_cache"] = True
+        return self.__dict__["_hands_cache"]
 
     def decode(self, x: torch.Tensor, cache=None):
         """tblock's decode protocol through the cache the model itself makes (hybrid models make a hybrid one)."""

@@ -19,7 +19,11 @@ import torch.nn as nn
 
 @contextmanager
 def _torch_init_marks():
-    from transformers.initialization import TORCH_INIT_FUNCTIONS, TORCH_MODULES_TO_PATCH
+    try:
+        from transformers.initialization import TORCH_INIT_FUNCTIONS, TORCH_MODULES_TO_PATCH
+    except ImportError:  # transformers 4.x keeps no such table: the model is built the ordinary way, initialised twice
+        yield
+        return
 
     def mark(tensor, *_args, **_kwargs):
         with torch.no_grad():
