@@ -388,3 +388,4 @@ def test_a_count_the_recompute_runs_again_is_caught_and_the_buffers_are_put_back
     assert c.kind == "checkpointing.state" and c.facts["buffers"] == ["tokens_per_expert"], c
     ok = run("ExpertCountsOnce", only=("checkpointing",), spec_file="zoo_construction.py")["checkpointing"]
     assert ok.kind == "checkpointing.same", ok
+
