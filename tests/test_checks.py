@@ -245,6 +245,10 @@ def test_attention_axis_diagonal_and_overscaling():
     assert axis["attention"].status == Status.FAIL and "query axis" in axis["attention"].detail
     _, diag = battery("DiagonalMasked", causal=True)
     assert diag["attention"].status == Status.WARN and "attends to itself" in diag["attention"].detail
+    _, first_open = battery("DiagonalMaskedFirstOpen", causal=True)  # the first row reopened: the others still blind
+    assert first_open["attention"].kind == "attention.self_masked", first_open["attention"].detail
+    _, twice = battery("SoftmaxTwice")  # the scores' scale is right: the weights were flattened after the softmax
+    assert twice["attention"].kind == "attention.reweighted" and twice["attention"].value < 0.2, twice["attention"].detail
     _, d_model = battery("ScaledByDModel", d_model=64, n_heads=4)
     assert d_model["attention"].status == Status.WARN and 0.4 < d_model["attention"].value < 0.6  # 1/sqrt(4 heads)
 

@@ -212,3 +212,23 @@ def test_the_scale_note_is_data_and_its_sentence_is_the_one_the_check_always_wro
     block = zoo.LlamaBlock(D, H)
     (call,) = trace(block, block, x, D).attention
     assert call.scale_note.kind == "qk" and isinstance(call.scale_note.folded, float)
+
+
+def test_reweighting_reads_a_second_softmax_and_not_a_renormalised_subset_or_a_mix_of_heads():
+    """std of log w over std of log p, each row-centred: a softmax of the probabilities flattens them (log w = p + c,
+    whose spread is the probabilities', ~1/keys of the logits'); a renormalised top-k keeps every log-difference (1);
+    weights that are p, or that mix heads (no longer in p's order within a row), are not read."""
+    from tblock_cli.anatomy.attention import reweighting
+
+    g = torch.Generator().manual_seed(0)
+    s = torch.randn(2, 4, 10, 10, generator=g, dtype=torch.float64)
+    p = s.softmax(-1)
+    twice = reweighting(p.softmax(-1), p)
+    expected = ((p - p.mean(-1, keepdim=True)).norm() / (p.log() - p.log().mean(-1, keepdim=True)).norm()).item()
+    assert twice == pytest.approx(expected, rel=1e-9) and twice < 0.2
+    top = p.topk(4, dim=-1)
+    kept = torch.zeros_like(p).scatter(-1, top.indices, top.values)
+    assert reweighting(kept / kept.sum(-1, keepdim=True), p) == pytest.approx(1.0, abs=1e-9)
+    assert reweighting(p.clone(), p) is None
+    mix = torch.full((4, 4), 0.2, dtype=torch.float64) + 0.2 * torch.eye(4, dtype=torch.float64)  # rows sum to 1
+    assert reweighting(torch.einsum("hg,bgij->bhij", mix, p), p) is None  # talking heads after the softmax

@@ -234,3 +234,18 @@ def test_a_block_built_bidirectional_that_is_exactly_causal_is_warned():
     assert c.status is Status.WARN and c.kind == "causal.said_bidirectional", c
     assert c.facts["said"] == "constructor argument `causal=False`"
     assert causal_check("CausalArgumentHonoured").kind == "causal.not_asked"
+
+
+def test_a_scale_the_block_says_it_applies_is_not_warned_and_one_it_contradicts_is():
+    """Granite's muP scale 1/d_head, kept as `attention_multiplier`, is the block's design: `attention` passes it
+    (0.27x what 1/sqrt(d_head) predicts, the claim predicts 0.25x); a scale module keeping 1/sqrt(d_head) and dividing
+    by sqrt(d_model) is still warned (0.5x, the claim predicts 1x)."""
+    def attention(zoo, name):
+        return tblock_cli.check(f"{TESTS / zoo}:{name}", d_model=64, n_heads=4, causal=True, threads=1,
+                                only="attention").checks[0]
+
+    honoured = attention("zoo_tables.py", "GraniteMultipliers")
+    assert honoured.status is Status.PASS and honoured.kind == "attention.declared_scale", honoured
+    assert honoured.facts["declared"] == pytest.approx(256.0) and "attention_multiplier" in honoured.facts["source"]
+    contradicted = attention("zoo_claims.py", "ScaleAttributeContradicted")
+    assert contradicted.status is Status.WARN and contradicted.kind == "attention.overscaled", contradicted

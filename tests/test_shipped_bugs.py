@@ -290,3 +290,19 @@ def test_a_norm_named_for_scaling_its_input_first_is_not_judged_for_it():
     for block, status in ((Named(32, 4), Status.PASS), (zoo_norms.GainBeforeStatistics(32, 4), Status.WARN)):
         c = tblock_cli.check(block, d_model=32, n_heads=4, threads=1, only="norms").checks[0]
         assert c.status == status, c.detail
+
+
+def test_a_norm_whose_variance_cancels_under_a_large_mean_fails_and_two_passes_do_not():
+    """Tokens of spread 1 shifted by 1e3 in every channel: a LayerNorm's output must not move; the one-pass variance
+    E[x^2] - E[x]^2 in float32 moves it by ~5e-2 (its own float32 upcast hides it from a float64 copy); torch's
+    LayerNorm and the two-pass one written out move it by < 1e-4; an RMSNorm, not invariant to a shift, is not judged."""
+    import zoo_norms
+
+    import tblock_cli
+
+    for block, status in ((zoo_norms.OnePassVarianceNorm(32, 4), Status.FAIL), (zoo_norms.HandLayerNormBlock(32, 4), Status.PASS),
+                          (zoo.Good(32, 4), Status.PASS), (zoo.LlamaBlock(32, 4), Status.PASS)):
+        c = tblock_cli.check(block, d_model=32, n_heads=4, threads=1, only="norms").checks[0]
+        assert c.status == status, c.detail
+        if status == Status.FAIL:
+            assert c.kind == "norms.shifted" and c.facts["shifted"][0]["error"] > 1e-2, c.facts

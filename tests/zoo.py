@@ -11,6 +11,7 @@ the tables the tests and scripts/zoo_json.py walk.
 from zoo_attention import (  # noqa: F401
     AttentionOnly,
     DiagonalMasked,
+    DiagonalMaskedFirstOpen,
     ManualSoftmax,
     NoSoftmax,
     RelativeBiasBeforeSoftmax,
@@ -19,6 +20,8 @@ from zoo_attention import (  # noqa: F401
     ScaledTwice,
     SoftmaxOverQueries,
     SoftmaxQueryAxisBidirectional,
+    SoftmaxTwice,
+    TopKRenormalised,
     Unscaled,
     UnscaledQKNorm,
     UnscaledSDPA,
@@ -121,6 +124,7 @@ from zoo_norms import (  # noqa: F401
     LengthTemperature,
     NormSquaresInHalf,
     OffsetNormInitOne,
+    OnePassVarianceNorm,
     QKBiasAfterRotary,
     QKBiasBeforeRotary,
     QKNormAfterRotary,
@@ -262,6 +266,7 @@ CACHED_CORRECT = ["CachedLlama", "CachedRoPE", "CachedLayerScale"]
 
 
 CORRECT["QKNorm"] = {"causal": True}
+CORRECT["TopKRenormalised"] = {"causal": True}  # sparse top-k attention: weights renormalised, not reweighted
 CORRECT["ParamFreeQKNorm"] = {"causal": True}
 CORRECT["WideHeadNorms"] = {"causal": True}
 CORRECT["ScaledBeforeRotary"] = {"positional": True}
@@ -278,6 +283,8 @@ PLANTED_2["UnscaledQKNorm"] = ("attention", {"causal": True})
 PLANTED_2.update({
     "SoftmaxQueryAxisBidirectional": ("attention", {}),
     "DiagonalMasked": ("attention", {"causal": True}),
+    "DiagonalMaskedFirstOpen": ("attention", {"causal": True}),
+    "SoftmaxTwice": ("attention", {}),
     "ScaledByDModel": ("attention", {}),
     "ScaledTwice": ("attention", {}),
     "ResidualTwice": ("residual", {}),
@@ -326,6 +333,7 @@ PLANTED_3 = {
     "NormSquaresInHalf": ("norms", {"dtype": "float16"}),
     "OffsetNormInitOne": ("norms", {}),
     "UnbiasedVarianceNorm": ("norms", {}),
+    "OnePassVarianceNorm": ("norms", {}),
     "GainBeforeStatistics": ("norms", {}),
     "QKNormAfterRotary": ("relative", POS),
     "QKBiasAfterRotary": ("relative", POS),

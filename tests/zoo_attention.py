@@ -75,6 +75,42 @@ class DiagonalMasked(HandSoftmax):
         return merge(s.softmax(dim=-1).nan_to_num(0.0) @ v)
 
 
+class DiagonalMaskedFirstOpen(HandSoftmax):
+    """Causal mask from triu(0), the first query's own score reopened so its row is not empty: no other token sees
+    itself, and nothing is NaN."""
+
+    def attend(self, h, mask):
+        q, k, v = (heads(t, self.n) for t in self.qkv(h).chunk(3, dim=-1))
+        T = h.shape[1]
+        blocked = torch.ones(T, T, dtype=torch.bool, device=h.device).triu(0)  # bug: the diagonal too
+        blocked[0, 0] = False
+        return merge(self.scores(q, k).masked_fill(blocked, float("-inf")).softmax(dim=-1) @ v)
+
+
+class SoftmaxTwice(HandSoftmax):
+    """The probabilities put through a softmax again (a helper that normalises what it is handed): still a distribution
+    in the first one's order, flattened to ~1/keys."""
+
+    def attend(self, h, mask):
+        q, k, v = (heads(t, self.n) for t in self.qkv(h).chunk(3, dim=-1))
+        allowed = allowed_mask(h.shape[1], h.device, self.causal, mask)
+        p = self.scores(q, k).masked_fill(~allowed, float("-inf")).softmax(dim=-1)
+        return merge(p.masked_fill(~allowed, float("-inf")).softmax(dim=-1) @ v)  # bug: a second softmax
+
+
+class TopKRenormalised(HandSoftmax):
+    """Each query keeps its 4 largest weights, renormalised (sparse top-k attention): the kept log-differences are the
+    softmax's, so the weights are not reweighted (twin of SoftmaxTwice)."""
+
+    def attend(self, h, mask):
+        q, k, v = (heads(t, self.n) for t in self.qkv(h).chunk(3, dim=-1))
+        allowed = allowed_mask(h.shape[1], h.device, self.causal, mask)
+        p = self.scores(q, k).masked_fill(~allowed, float("-inf")).softmax(dim=-1)
+        top = p.topk(min(4, p.shape[-1]), dim=-1)
+        kept = torch.zeros_like(p).scatter(-1, top.indices, top.values)
+        return merge(kept / kept.sum(-1, keepdim=True) @ v)
+
+
 class ScaledByDModel(HandSoftmax):
     def scores(self, q, k):
         return q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1] * self.n)  # bug: 1/sqrt(d_model), not 1/sqrt(d_head)

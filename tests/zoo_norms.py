@@ -1,4 +1,5 @@
-"""Norms in half precision, offset norms, a hand-written LayerNorm, gains that act before a norm's statistics or on
+"""Norms in half precision, offset norms, a hand-written LayerNorm (and one whose variance cancels under a large
+mean), gains that act before a norm's statistics or on
 rotated q/k channels, biases added to rotated q and k: the bugs the norms and relative checks catch, and their twins."""
 
 import math
@@ -60,6 +61,21 @@ class UnbiasedLayerNorm(HandLayerNorm):
 
 class UnbiasedVarianceNorm(HandLayerNormBlock):
     norm = UnbiasedLayerNorm
+
+
+class OnePassLayerNorm(HandLayerNorm):
+    """The variance in one pass, E[x^2] - E[x]^2 (a fused kernel's shortcut): exact in real numbers, and in float32 it
+    loses every digit of a token's spread once its mean is ~1e3x that spread (a stream's massive activations)."""
+
+    def forward(self, x):
+        h = x.float()
+        mean = h.mean(-1, keepdim=True)
+        var = (h.pow(2).mean(-1, keepdim=True) - mean.pow(2)).clamp_min(0)  # bug: cancels under a large mean
+        return ((h - mean) * torch.rsqrt(var + self.eps) * self.weight.float() + self.bias.float()).to(x.dtype)
+
+
+class OnePassVarianceNorm(HandLayerNormBlock):
+    norm = OnePassLayerNorm
 
 
 class GainFirstRMSNorm(UpcastRMSNorm):

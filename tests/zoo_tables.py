@@ -7,6 +7,7 @@ block keeps (num_experts, a shared expert's width, qk_norm, norm_first, use_rope
 honour."""
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
@@ -212,10 +213,52 @@ class TanhGeluTypo(TanhGeluWritten):
     c = 0.44715  # bug: the cubic term's constant ten times too large: a curve close to GELU's, not GELU
 
 
+@dataclass
+class GraniteArgs:
+    """Granite's muP multipliers, as its config keeps them (residual_multiplier 0.22 in Granite-3.0-8B's)."""
+    d_model: int = 64
+    n_heads: int = 4
+    residual_multiplier: float = 0.22
+    attention_multiplier: float | None = None  # None: 1 / d_head, Granite's muP score scale
+
+
+class GraniteMultipliers(TrainBlock):
+    """Each sublayer's output scaled by `residual_multiplier` at its add, scores by `attention_multiplier`: twin."""
+
+    def __init__(self, config: GraniteArgs):
+        super().__init__(config.d_model, config.n_heads, 0.0, True)
+        if config.attention_multiplier is None:
+            config.attention_multiplier = config.n_heads / config.d_model
+        self.config = config
+
+    def attention(self, h):
+        return attend(self, h, scale=self.config.attention_multiplier)
+
+    def forward(self, x):
+        m = self.config.residual_multiplier
+        x = x + m * self.drop(self.attention(self.attn_norm(x)))
+        return x + m * self.ffn(self.ffn_norm(x))
+
+
+class ResidualMultiplierDropped(GraniteMultipliers):
+    """A port that keeps the config and adds each sublayer's output unscaled (llama's forward)."""
+
+    def forward(self, x):
+        return TrainBlock.forward(self, x)
+
+
+class AttentionMultiplierDropped(GraniteMultipliers):
+    """A port that keeps the config and scales scores by llama's 1/sqrt(d_head)."""
+
+    def attention(self, h):
+        return attend(self, h)
+
+
 PLANTED = {"CatTableInterleaved": "rope.theta", "ValuesTiledApart": "attn.group", "TanhGeluTypo": "ffn.act",
            "ExpertsMiscounted": "moe.experts", "QKNormBuiltNotApplied": "attn.qk_norm",
            "SharedExpertDropped": "moe.shared", "NormFirstIgnored": "norm.placement",
-           "RopeSwitchIgnored": "pos.kind"}
+           "RopeSwitchIgnored": "pos.kind", "ResidualMultiplierDropped": ("residual.attn_gain", "residual.ffn_gain"),
+           "AttentionMultiplierDropped": "attn.scale"}
 WARNED = {"SoftcapNotDivided": "spec", "OneExpertRenormalised": "spec"}
 CORRECT = ["OneExpertRouted", "TanhGeluWritten", "ExpertsCounted", "QKNormApplied", "SharedExpertAdded",
-           "NormFirstHonoured", "RopeSwitchOn"]
+           "NormFirstHonoured", "RopeSwitchOn", "GraniteMultipliers"]

@@ -55,6 +55,10 @@ class AttentionCall:
     self_masked: bool = False  # L == S and every query's own position is masked: no token attends to itself
     normalised: bool = True  # the weights multiplied into the values are non-negative and each row sums to 1
     gated: bool = False  # not normalised: a sigmoid of the q.k product per key (sigmoid attention), by design
+    # the spread of log(weights reaching the values) over that of log(softmax output), where the weights are still a
+    # distribution, changed, and a per-row increasing function of the softmax's: 1 for the softmax itself, a renormalised
+    # mask or top-k (same log-differences); ~1/keys for a second softmax over the probabilities. None: not measured
+    reweighted: float | None = None
 
 
 
@@ -89,13 +93,14 @@ def unit_rows(q: torch.Tensor, k: torch.Tensor) -> bool:
 
 def self_masked(logits: torch.Tensor) -> bool:
     """Square scores whose diagonal is masked everywhere, with one triangle beside it: a causal mask built with triu(0)
-    instead of triu(1). The diagonal alone masked, keys open on both sides, is a design: Locality Self-Attention
+    instead of triu(1). The first query's own score may be open (the fix that keeps its row from having no key at all,
+    and NaN). The diagonal alone masked, keys open on both sides, is a design: Locality Self-Attention
     (Lee et al. 2021, "Vision Transformer for Small-Size Datasets") masks each token's own score on purpose."""
     if logits.ndim < 2 or logits.shape[-1] != logits.shape[-2] or logits.shape[-1] < 2:
         return False
     s = logits.detach().double()
     masked = ~(torch.isfinite(s) & (s > MASKED_LOGIT))
-    if not masked.diagonal(dim1=-2, dim2=-1).all():
+    if not masked.diagonal(dim1=-2, dim2=-1)[..., 1:].all():
         return False
     upper = torch.ones(s.shape[-1], s.shape[-1], dtype=torch.bool, device=s.device).triu(1)
     return bool(masked[..., upper].all() or masked[..., upper.T].all())
@@ -211,3 +216,30 @@ def apply_masks(logits: torch.Tensor, attn_mask, is_causal: bool) -> torch.Tenso
             logits = logits + m.double()
     return logits
 
+
+
+# Weights equal to the softmax's output to this (absolute): nothing was done to them on the way to the values.
+SAME_WEIGHTS = 1e-6
+
+
+def reweighting(w: torch.Tensor, p: torch.Tensor) -> float | None:
+    """std of log w over std of log p (each row-centred over the entries both keep), where w (the weights that reach
+    the values) is a distribution again, differs from p (the softmax's output), and keeps each row's order of p (an
+    elementwise increasing map per row: a second softmax, a power; not a mix of heads, talking heads' design)."""
+    if w.shape != p.shape or w.ndim < 2 or not w.is_floating_point() or not p.is_floating_point():
+        return None
+    W, P = w.detach().double(), p.detach().double().to(w.device)
+    if not bool(torch.isfinite(W).all()) or (W - P).abs().max().item() <= SAME_WEIGHTS:
+        return None
+    rows = W.sum(-1)
+    live = rows.abs() > 1e-6
+    if not (bool((W >= -1e-6).all()) and bool(live.any()) and bool(((rows[live] - 1).abs() <= WEIGHT_SUM_TOL).all())):
+        return None
+    order = P.argsort(-1)
+    if bool((W.gather(-1, order).diff(dim=-1) < -1e-9).any()):  # not increasing in p within a row: something else
+        return None
+    valid = (W > 0) & (P > 0)
+    lw = row_centred(W.clamp_min(1e-300).log(), valid).masked_fill(~valid, 0)
+    lp = row_centred(P.clamp_min(1e-300).log(), valid).masked_fill(~valid, 0)
+    spread = lp.pow(2).sum().sqrt().item()
+    return lw.pow(2).sum().sqrt().item() / spread if spread > 1e-12 else None

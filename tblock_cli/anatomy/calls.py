@@ -18,6 +18,7 @@ from tblock_cli.anatomy.attention import (
     ScaleNote,
     apply_masks,
     qk_std,
+    reweighting,
     rms,
     row_centred,
     score_stats,
@@ -42,6 +43,7 @@ class AttentionRecorder:
         self.calls: list[AttentionCall] = []
         self.scores: dict[Product, tuple] = {}  # marker -> (A, B, q.k part) of a product of two activations
         self.probs: dict[Probs, int] = {}  # marker -> index into self.calls
+        self.probs_out: dict[Probs, torch.Tensor] = {}  # marker -> the softmax's output (a reference, not a copy)
         self.origin: dict[int, tuple[str, Product]] = {}  # index of a written-out call -> ("softmax" | "weights", its product)
         self.mha_out: set[str] = set()
         self.capture = capture
@@ -194,6 +196,8 @@ class AttentionRecorder:
             call = self.calls[i]
             if call.normalised and reshaped_after_softmax(w):  # a bias added to the probabilities, say
                 call = replace(call, normalised=False)
+            elif call.normalised and (p := self.probs_out.get(probs[0])) is not None and w is not p:
+                call = replace(call, reweighted=reweighting(w, p))
             mix = 2 * other.numel() * call.q_len  # (..., S, d_v) values, each weighted for L queries
             v_width = self.cached_width(other, other.numel() // max(1, call.batch * call.k_len))
             self.calls[i] = replace(call, v=prov.sources(other), flops=call.flops + mix, kv_width=call.kv_width + v_width)
@@ -283,6 +287,8 @@ class AttentionRecorder:
             scale_note=note, flops=flops, kv_width=k_width, key_axis=key_axis, self_masked=self_masked(x)))
         marker = Probs(len(self.calls) - 1)
         self.probs[marker] = len(self.calls) - 1
+        if isinstance(out, torch.Tensor):
+            self.probs_out[marker] = out
         prov.put(out, {marker: 0})
 
 

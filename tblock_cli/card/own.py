@@ -50,6 +50,10 @@ FIELDS = {
     # added to the embeddings, outside any layer, and claims nothing)
     "position_embedding_type": "pos.kind",
 }
+# Granite's muP multipliers (and every layer that copied them: HyperCLOVA X, NeoMME): `residual_multiplier` scales
+# each sublayer's output at its add (x + m * f(x), attention and FFN alike), `attention_multiplier` is the score
+# scale itself (q.k * m, the card's attn.scale 1 / m^2). A multiplier of 1 claims nothing: left out, nothing differs.
+MULTIPLIERS = {"residual_multiplier": ("residual.attn_gain", "residual.ffn_gain"), "attention_multiplier": ("attn.scale",)}
 # The card's words for a switch's True and False, for the keys a boolean field claims
 SWITCHED = {"residual.form": ("parallel", "sequential"), "rope.pairing": ("interleaved", "half"),
             "attn.qk_norm": ("any", "none"), "norm.placement": ("pre", "post")}
@@ -110,6 +114,9 @@ def own_claims(modules: list[nn.Module], arguments: dict | None = None) -> tuple
         for field, v, at in _fields(values, where):
             if field in FIELDS:
                 put(asked, FIELDS[field], _value(FIELDS[field], v), f"{at} `{field}`")
+            elif field in MULTIPLIERS:
+                for key in MULTIPLIERS[field]:
+                    put(asked, key, _multiplier(key, v), f"{at} `{field}`")
             elif field in HEADS + KV_HEADS + GROUPS:
                 put(asked, f"count.{field}", _count(v), f"{at} `{field}`")
             elif field in MULTI_QUERY and v is True:
@@ -135,6 +142,10 @@ def own_claims(modules: list[nn.Module], arguments: dict | None = None) -> tuple
                 continue
             if name in HEADS + KV_HEADS + GROUPS:
                 put(kept, f"count.{name}", _count(value), f"{owner}.{name}")
+                continue
+            if name in MULTIPLIERS:
+                for key in MULTIPLIERS[name]:
+                    put(kept, key, _multiplier(key, value), f"{owner}.{name}")
                 continue
             if name in MULTI_QUERY and value is True:
                 put(kept, "count.multi_query", True, f"{owner}.{name}")
@@ -278,6 +289,14 @@ def is_rotary_name(name: str) -> bool:
     """A class name that says rotary or RoPE (LlamaRotaryEmbedding, Llama3ScaledRoPE, RopeEmbedding; not DropEmbed)."""
     return bool(re.search(r"[Rr]otary|ROTARY|(?:^|[a-z0-9_])(?:RoPE|Rope|ROPE|rope)(?=[A-Z0-9_]|$)", name)) and \
         not re.search(r"no_?rope|nope", name, re.I)
+
+
+def _multiplier(key: str, v):
+    """A Granite multiplier as the card writes it: the score scale's X = 1 / m^2, or the branch gain m itself; None for
+    1 (the default, nothing to hold against) and for anything not a positive finite number."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0 or v == 1:
+        return None
+    return _scale_claim(v) if key == "attn.scale" else float(v)
 
 
 def _scale_claim(v):

@@ -35,6 +35,15 @@ SATURATED_MAX_P = 0.9
 # softmax (not SDPA's or nn.MultiheadAttention's): its q operand scaled so the largest |logit| reaches OVERFLOW_LOGIT
 # (the product still fits float16), and the output must stay finite.
 OVERFLOW_LOGIT = 1e3
+# A scale the block says it applies (Granite's `attention_multiplier` 1/d_head, an attention module's `scaling`) is
+# its design, not an accident: where the measured ratio lies within this factor of the one the claim predicts
+# (sqrt(d_head / X) for the card's attn.scale X), the scale is not warned of; `spec` judges the claim itself closely.
+DECLARED_SCALE_FACTOR = 1.5
+# The weights that reach the values, still a distribution and an increasing function of the softmax's output in each
+# row, whose log-spread is not the softmax's: the scores' temperature changed after the softmax. A second softmax over
+# the probabilities reads ~1/keys (0.10 over 10 keys, 0.17 causal: fewer keys per row); renormalised masks and top-k
+# keep every log-difference (1 exactly).
+REWEIGHT_FACTOR = 1.5
 # The scale is judged only where a head has enough channels for the ratio to mean something.
 MIN_HEAD_DIM = 4
 # Positions decoded by kv_cache: enough that a window or an off-by-one shows, small enough to be quick.
@@ -55,9 +64,13 @@ def check_attention(ctx: Context) -> Outcome:
 
     Catches: per attention call: logit std, entropy relative to uniform, mean max probability; fails on a softmax
     over the query axis, and on a softmax of the block's own that overflows to NaN once its logits reach 1e3 (exp(s) /
-    sum(exp(s)) without the row maximum subtracted); **warns** when the scores look unscaled or scaled more than 1/sqrt(d_head), when no token
-    attends to itself (a causal mask that masks the diagonal too; the diagonal alone masked
-    in bidirectional scores is Locality Self-Attention's design), when a q.k product weights the values with no softmax (a softmax
+    sum(exp(s)) without the row maximum subtracted); **warns** when the scores look unscaled or scaled more than
+    1/sqrt(d_head) (not where the block says it applies that scale: muP's 1/d_head kept as Granite's
+    `attention_multiplier`), when no token attends to itself (a causal mask that masks the diagonal too, the first
+    query's own score reopened or not; the diagonal alone masked in bidirectional scores is Locality Self-Attention's
+    design), when the weights that reach the values are the softmax's output made flatter or sharper on the way, each
+    row in the same order (log-spread outside 1/1.5 to 1.5x the softmax's: a second softmax over the probabilities,
+    ~1/keys), when a q.k product weights the values with no softmax (a softmax
     written out by hand, rows non-negative and summing to 1, counts as one; weights each in [0, 1], a sigmoid per key as
     sigmoid attention has, are its design), and when attention is saturated as built
     (entropy below 0.1 of uniform, each query on one key: q/k weights initialised far too large)"""
@@ -81,6 +94,16 @@ def check_attention(ctx: Context) -> Outcome:
     blind = next((c for c in flow.attention if c.self_masked), None)
     if blind is not None:
         return warned("attention.self_masked", value, where=blind.where or "root", calls=calls)
+    changed = next((c for c in flow.attention if c.reweighted is not None
+                    and not 1 / REWEIGHT_FACTOR <= c.reweighted <= REWEIGHT_FACTOR), None)
+    if changed is not None:
+        return warned("attention.reweighted", round(changed.reweighted, 3), where=changed.where or "root",
+                      factor=changed.reweighted, limit=REWEIGHT_FACTOR, calls=calls)
+    odd = [c for c in scaled if c.head_dim >= MIN_HEAD_DIM
+           and (c.scale_ratio <= OVERSCALED_RATIO or c.scale_ratio >= unscaled_limit(c.head_dim))]
+    declared = declared_scale(ctx) if odd else None
+    if declared is not None and all(_as_declared(c, declared) for c in odd):
+        return passed("attention.declared_scale", value, declared=declared[0], source=declared[1], calls=calls)
     low = min(scaled, key=lambda c: c.scale_ratio, default=None)
     if low is not None and low.scale_ratio <= OVERSCALED_RATIO and low.head_dim >= MIN_HEAD_DIM:
         return warned("attention.overscaled", round(low.scale_ratio, 3), where=low.where or "root", ratio=low.scale_ratio,
@@ -95,6 +118,25 @@ def check_attention(ctx: Context) -> Outcome:
         return warned("attention.saturated", round(hot.entropy, 3), where=hot.where or "root", entropy=hot.entropy,
                       max_prob=hot.max_prob, logit_std=hot.logit_std, calls=calls)
     return passed("attention.stats", value, calls=calls)
+
+
+def declared_scale(ctx: Context) -> tuple[float, str] | None:
+    """The score scale a block of the user's says it applies (the card's attn.scale X, and where it says so); None for
+    an hf: layer (its family's rules say what is by design) or a block that says nothing of it."""
+    if ctx.subject.name.startswith("hf:"):
+        return None
+    from tblock_cli.card.own import own_claims
+    from tblock_cli.checks.training import all_modules
+    from tblock_cli.subject.loading import constructed_arguments
+
+    module = ctx.subject.module
+    return next(((c.value, c.source) for c in own_claims(all_modules(module), constructed_arguments(module))
+                 if c.key == "attn.scale"), None)
+
+
+def _as_declared(c, declared: tuple[float, str]) -> bool:
+    expected = (c.head_dim / declared[0]) ** 0.5  # the ratio to 1/sqrt(d_head) of a scale 1/sqrt(X)
+    return 1 / DECLARED_SCALE_FACTOR <= c.scale_ratio / expected <= DECLARED_SCALE_FACTOR
 
 
 def softmax_overflows(ctx: Context, flow) -> str | None:

@@ -19,6 +19,16 @@ LARGE_RMS = 1e3
 # (built-in), Llama's upcasting RMSNorm and Gemma's (1 + w): <= 6.4e-8 float32, <= 3.0e-4 fp16, <= 2.4e-3 bf16; an
 # fp16 RMSNorm squaring before it upcasts: 1.0 (it returns 0). 0.1 in half precision sits 40x above the worst.
 NORM_ERROR = {torch.float64: 1e-9, torch.float32: 1e-4, torch.float16: 0.1, torch.bfloat16: 0.1}
+# A stream whose mean dwarfs its spread (massive activations: a token's channels offset together ~1e3x the spread)
+# leaves a norm's statistics to cancellation: the one-pass variance E[x^2] - E[x]^2 in float32 loses every digit of a
+# spread 1e3x below the mean. A norm that subtracts the mean (its output the same, within SHIFT_INVARIANT, with its
+# input shifted by 1 in every channel: LayerNorm's kind, not RMSNorm's) must give the same output shifted by SHIFT
+# (float32 runs; relative RMS difference, the shifted input's own rounding included). At widths 32 to 4096: torch's
+# LayerNorm <= 4.5e-5, two-pass and var_mean by hand <= 5.5e-5; the one-pass variance 4.3e-2 to 6.9e-2 (upcast to
+# float32 or not: a float64 copy would compute it in float32 too). Shifted by 1: LayerNorms <= 1.3e-7, RMSNorm 0.7.
+SHIFT = 1e3
+SHIFT_INVARIANT = 1e-4
+SHIFT_ERROR = 1e-3
 # Output RMS at init of a (1 + w) norm (one whose output is not zero with its parameters zeroed), on unit-RMS
 # input: 1.0 with w = 0 at init (Gemma); 2.0 with w initialised to 1, as a plain norm's weight is. 1.5 between.
 OFFSET_GAIN_MAX = 1.5
@@ -50,7 +60,8 @@ def check_norms(ctx: Context) -> Outcome:
     """Catches: a module whose class says LayerNorm or RMSNorm but whose output moves when its input is scaled (the
     square root forgotten: x / (mean x^2 + eps)) or whose output for one token moves with the other tokens (statistics
     over the sequence axis); each norm alone: relative RMS error against its float64 copy at input RMS 1e3 (an fp16 RMSNorm squaring
-    before it upcasts returns 0: error 1.0; limit 0.1 half, 1e-4 float32); a `(1 + w)` norm whose output RMS at init
+    before it upcasts returns 0: error 1.0; limit 0.1 half, 1e-4 float32) and, in float32, on tokens of spread 1 shifted by
+    1e3, where it subtracts the mean (a one-pass variance E[x^2] - E[x]^2 cancels: 4e-2 to 7e-2 off; limit 1e-3); a `(1 + w)` norm whose output RMS at init
     exceeds 1.5 (w initialised to 1 doubles it); a norm whose gain has random signs at init (over a quarter of its
     channels negative: an init loop meant for the projections drew its weight from N(0, 0.02)); a module named
     LayerNorm or RMSNorm at unit gain whose tokens do not come out at RMS 1 (the unbiased variance, `x.var()`); one whose
@@ -66,7 +77,7 @@ def check_norms(ctx: Context) -> Outcome:
     if not norms:
         return skipped("norms.none")
     mods = dict(ctx.subject.module.named_modules())
-    large, offset, random_gain, seen, errors, off_unit, not_affine = [], [], [], [], [], [], []
+    large, offset, random_gain, seen, errors, off_unit, not_affine, shifted = [], [], [], [], [], [], [], []
     for name, width in norms.items():
         m = mods[name]
         x = torch.randn(2, 8, width, generator=ctx.gen, dtype=torch.float64)
@@ -81,6 +92,7 @@ def check_norms(ctx: Context) -> Outcome:
                     p.zero_()
                 bare = zeroed(x.to(device=ctx.device, dtype=ctx.dtype))
                 odd = f64(unit) - f64(m((-x).to(device=ctx.device, dtype=ctx.dtype)))
+                shift = _shift_error(m, x, ctx) if ctx.dtype == torch.float32 else None
             except Exception:  # noqa: BLE001 - a norm that needs more than a tensor: find_norms called it, but be safe
                 continue
         if not isinstance(got, torch.Tensor) or got.shape != big.shape:
@@ -90,6 +102,8 @@ def check_norms(ctx: Context) -> Outcome:
         errors.append(err)
         if not err <= NORM_ERROR[ctx.dtype]:
             large.append({"name": name, "error": err, "got_rms": rms(got), "expected_rms": rms(ref)})
+        if shift is not None and not shift <= SHIFT_ERROR:
+            shifted.append({"name": name, "error": shift})
         if any(True for _ in m.parameters()) and rms(bare) > 0.5:
             gain = rms(unit)
             if gain > OFFSET_GAIN_MAX:
@@ -109,6 +123,9 @@ def check_norms(ctx: Context) -> Outcome:
     if large:
         worst = max(large, key=lambda n: n["error"])
         return failed("norms.large", round(worst["error"], 4), large=large, limit=NORM_ERROR[ctx.dtype], **facts)
+    if shifted:
+        worst = max(shifted, key=lambda n: n["error"])
+        return failed("norms.shifted", round(worst["error"], 4), shifted=shifted, limit=SHIFT_ERROR, shift=SHIFT, **facts)
     if offset:
         return failed("norms.offset_init", round(max(o["gain"] for o in offset), 3), offset=offset, limit=OFFSET_GAIN_MAX,
                       **facts)
@@ -125,6 +142,24 @@ def check_norms(ctx: Context) -> Outcome:
     if not seen:
         return skipped("norms.none")
     return passed("norms.ok", len(seen), worst=max(errors), **facts)
+
+
+def _shift_error(m, x: torch.Tensor, ctx: Context) -> float | None:
+    """Relative RMS difference of m alone on x's tokens and on them shifted by SHIFT in every channel; None where m is
+    not invariant to a shift (it does not subtract the mean: an RMSNorm) or returns something else than a tensor."""
+    def run(shift: float):
+        out = m((x + shift).to(device=ctx.device, dtype=torch.float32))
+        return f64(out) if isinstance(out, torch.Tensor) else None
+
+    base, near = run(0.0), run(1.0)
+    if base is None or near is None or near.shape != base.shape or rel_rms(near, base) > SHIFT_INVARIANT:
+        return None
+    far = run(SHIFT)
+    return rel_rms(far, base) if far is not None and far.shape == base.shape else None
+
+
+def rel_rms(a: torch.Tensor, b: torch.Tensor) -> float:
+    return (a - b).norm().item() / max(b.norm().item(), 1e-30)
 
 
 def _unit_gain(m) -> bool:

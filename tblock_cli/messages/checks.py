@@ -202,6 +202,12 @@ MESSAGES = {
                                       f"largest weight {f['max_prob']:.2f} on average, logit std {f['logit_std']:.3g}: each "
                                       f"query sits on one key, so the softmax passes almost no gradient (q/k weights "
                                       f"initialised far too large, std 1 where ~1/sqrt(d_model) was meant?)"),
+    "attention.declared_scale": lambda f: (f"scores scaled as the block says (attn.scale {f['declared']:g}, "
+                                           f"{f['source']}): a deliberate scale, judged by `spec`; {_calls(f)}"),
+    "attention.reweighted": lambda f: (f"the weights that reach the values in {f['where']} are not the softmax's: still a "
+                                       f"distribution, each row in the softmax's order, but their log-spread is "
+                                       f"{f['factor']:.3g}x the softmax's (a second softmax over the probabilities flattens "
+                                       f"them to ~1/keys; a temperature applied after the softmax); {_calls(f)}"),
     "attention.overscaled": lambda f: (f"scores scaled more than 1/sqrt(d_head) in {f['where']}: logit std is {f['ratio']:.2f}x "
                                        f"what q.k/sqrt(d_head) predicts (1/sqrt(d_model) gives 1/sqrt(n_heads); the scale applied "
                                        f"twice gives 1/sqrt(d_head); muP's 1/d_head is deliberate); {_calls(f)}"),

@@ -19,6 +19,10 @@ MESSAGES = {
         f"{n['name']} alone at input RMS {f['scale']:g} ({f['dtype']}) differs from float64 by {n['error']:.2e} "
         f"(> {f['limit']:g}; output RMS {n['got_rms']:.3g}, expected {n['expected_rms']:.3g}): it squares before it "
         f"upcasts? (fp16 overflows above |x| ~ 256)" for n in f["large"]),
+    "norms.shifted": lambda f: "; ".join(
+        f"{n['name']} subtracts the mean, yet alone on tokens of spread 1 shifted by {f['shift']:g} ({f['dtype']}) "
+        f"moves by {n['error']:.2e} of its output (> {f['limit']:g}): its statistics cancel (a one-pass variance, E[x^2] - E[x]^2, loses the "
+        f"spread under a large mean; a stream's massive activations reach it)" for n in f["shifted"]),
     "norms.offset_init": lambda f: "; ".join(
         f"{o['name']} is a (1 + w) norm whose output RMS at init is {o['gain']:.2f} (> {f['limit']:g}): its w is "
         f"initialised to 1, as a plain norm's weight would be, so it doubles its input" for o in f["offset"]),
