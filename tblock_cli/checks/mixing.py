@@ -221,6 +221,15 @@ def nonfinite_grads(ctx: Context, x: torch.Tensor, mask: torch.Tensor) -> list[s
     module = ctx.subject.module
     params = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
     x = x.detach().clone().requires_grad_(True)
+    bad: list[str] = []
+
+    def judged(name: str):
+        def hook(g: torch.Tensor):  # each gradient judged as it is computed and not kept: the peak is one tensor's
+            if not bool(torch.isfinite(g).all()):
+                bad.append(name)
+            return torch.zeros((), dtype=g.dtype, device=g.device).expand_as(g)
+        return hook
+
     with train_mode(module, True), torch.enable_grad(), math_attention():
         out = ctx.subject(x.clone(), mask)
         if not torch.isfinite(out).all():
@@ -228,9 +237,15 @@ def nonfinite_grads(ctx: Context, x: torch.Tensor, mask: torch.Tensor) -> list[s
         loss = projected(ctx, out[~mask])
         if not loss.requires_grad:
             return []
-        grads = torch.autograd.grad(loss, [x] + [p for _, p in params], allow_unused=True)
-    names = ["input"] + [n for n, _ in params]
-    return [n for n, g in zip(names, grads) if g is not None and not bool(torch.isfinite(g).all())]
+        handles = [p.register_hook(judged(n)) for n, p in params]
+        try:
+            (gx,) = torch.autograd.grad(loss, [x] + [p for _, p in params], allow_unused=True)[:1]
+        finally:
+            for h in handles:
+                h.remove()
+    seen = set(bad)
+    return (["input"] if gx is not None and not bool(torch.isfinite(gx).all()) else []) + \
+        [n for n, _ in params if n in seen]
 
 
 def spread_through_twice(ctx: Context, once: torch.Tensor, mask: torch.Tensor) -> str | None:
