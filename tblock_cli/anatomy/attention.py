@@ -222,6 +222,13 @@ def apply_masks(logits: torch.Tensor, attn_mask, is_causal: bool) -> torch.Tenso
 SAME_WEIGHTS = 1e-6
 
 
+def is_distribution(W: torch.Tensor) -> bool:
+    """Weights non-negative whose every live row (not zeroed: a fully masked row carries no weight) sums to 1."""
+    rows = W.sum(-1)
+    live = rows.abs() > 1e-6
+    return bool((W >= -1e-6).all() and live.any() and ((rows[live] - 1).abs() <= WEIGHT_SUM_TOL).all())
+
+
 def reweighting(w: torch.Tensor, p: torch.Tensor) -> float | None:
     """std of log w over std of log p (each row-centred over the entries both keep), where w (the weights that reach
     the values) is a distribution again, differs from p (the softmax's output), and keeps each row's order of p (an
@@ -231,9 +238,7 @@ def reweighting(w: torch.Tensor, p: torch.Tensor) -> float | None:
     W, P = w.detach().double(), p.detach().double().to(w.device)
     if not bool(torch.isfinite(W).all()) or (W - P).abs().max().item() <= SAME_WEIGHTS:
         return None
-    rows = W.sum(-1)
-    live = rows.abs() > 1e-6
-    if not (bool((W >= -1e-6).all()) and bool(live.any()) and bool(((rows[live] - 1).abs() <= WEIGHT_SUM_TOL).all())):
+    if not is_distribution(W):
         return None
     order = P.argsort(-1)
     if bool((W.gather(-1, order).diff(dim=-1) < -1e-9).any()):  # not increasing in p within a row: something else

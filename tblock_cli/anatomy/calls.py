@@ -17,6 +17,7 @@ from tblock_cli.anatomy.attention import (
     Captured,
     ScaleNote,
     apply_masks,
+    is_distribution,
     qk_std,
     reweighting,
     rms,
@@ -226,9 +227,7 @@ class AttentionRecorder:
             self.prov.put(out, self.prov.union((self.prov.get(w), self.prov.get(values)), NONLINEAR))
             return
         W = w.detach().double()
-        rows = W.sum(-1)
-        live = rows.abs() > 1e-6  # fully masked rows, zeroed, carry no weight
-        normalised = bool((W >= -1e-6).all() and live.any() and ((rows[live] - 1).abs() <= WEIGHT_SUM_TOL).all())
+        normalised = is_distribution(W)
         L, S = W.shape[-2], W.shape[-1]
         if normalised:
             logits = torch.log(W).masked_fill(W <= 0, float("-inf"))

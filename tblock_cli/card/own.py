@@ -294,9 +294,9 @@ def is_rotary_name(name: str) -> bool:
 def _multiplier(key: str, v):
     """A Granite multiplier as the card writes it: the score scale's X = 1 / m^2, or the branch gain m itself; None for
     1 (the default, nothing to hold against) and for anything not a positive finite number."""
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0 or v == 1:
+    if v == 1:
         return None
-    return _scale_claim(v) if key == "attn.scale" else float(v)
+    return _scale_claim(v) if key == "attn.scale" else _value(key, v)
 
 
 def _scale_claim(v):

@@ -123,15 +123,9 @@ def check_attention(ctx: Context) -> Outcome:
 def declared_scale(ctx: Context) -> tuple[float, str] | None:
     """The score scale a block of the user's says it applies (the card's attn.scale X, and where it says so); None for
     an hf: layer (its family's rules say what is by design) or a block that says nothing of it."""
-    if ctx.subject.name.startswith("hf:"):
-        return None
-    from tblock_cli.card.own import own_claims
-    from tblock_cli.checks.training import all_modules
-    from tblock_cli.subject.loading import constructed_arguments
+    from tblock_cli.checks.training import block_claims
 
-    module = ctx.subject.module
-    return next(((c.value, c.source) for c in own_claims(all_modules(module), constructed_arguments(module))
-                 if c.key == "attn.scale"), None)
+    return next(((c.value, c.source) for c in block_claims(ctx) if c.key == "attn.scale"), None)
 
 
 def _as_declared(c, declared: tuple[float, str]) -> bool:

@@ -21,19 +21,15 @@ def check_spec(ctx: Context) -> Outcome:
     while no rotation reaches the scores: [spec.md](spec.md)); skips when neither"""
     from tblock_cli.card.attention import COSINE, SCALE_SEQ
     from tblock_cli.card.entries import Claim, judge
-    from tblock_cli.card.own import FRACTION, own_claims, with_fraction, with_window
+    from tblock_cli.card.own import FRACTION, with_fraction, with_window
     from tblock_cli.card.read import read_card
-    from tblock_cli.checks.training import all_modules, too_large
-    from tblock_cli.subject.loading import constructed_arguments
+    from tblock_cli.checks.training import block_claims, too_large
 
     decl = ctx.declaration
     claims = decl.claims if decl is not None else ()
     own = decl is None or (not decl.claims and decl.like is None)
     if own:
-        # an hf: layer's config is what transformers computes from (measured: the 89 driven types' cards agree with
-        # what their configs and modules state): only a block of the user's is held to what it says of itself
-        module = ctx.subject.module
-        claims = () if ctx.subject.name.startswith("hf:") else own_claims(all_modules(module), constructed_arguments(module))
+        claims = block_claims(ctx)  # only a block of the user's is held to what it says of itself
         if not claims:
             return skipped("spec.undeclared")
         if too_large(ctx) is not None:  # its float64 probe would copy the weights: only declared claims pay that

@@ -97,7 +97,7 @@ def check_norms(ctx: Context) -> Outcome:
                 continue
         if not isinstance(got, torch.Tensor) or got.shape != big.shape:
             continue
-        err = (f64(got) - f64(ref)).norm().item() / max(f64(ref).norm().item(), 1e-30)
+        err = rel_rms(got, ref)
         seen.append(name)
         errors.append(err)
         if not err <= NORM_ERROR[ctx.dtype]:
@@ -158,8 +158,10 @@ def _shift_error(m, x: torch.Tensor, ctx: Context) -> float | None:
     return rel_rms(far, base) if far is not None and far.shape == base.shape else None
 
 
-def rel_rms(a: torch.Tensor, b: torch.Tensor) -> float:
-    return (a - b).norm().item() / max(b.norm().item(), 1e-30)
+def rel_rms(a: torch.Tensor, ref: torch.Tensor) -> float:
+    """|a - ref| / |ref| over all elements, in float64."""
+    a, ref = f64(a), f64(ref)
+    return (a - ref).norm().item() / max(ref.norm().item(), 1e-30)
 
 
 def _unit_gain(m) -> bool:

@@ -71,6 +71,18 @@ def all_modules(module: nn.Module) -> list[nn.Module]:
     return out
 
 
+def block_claims(ctx: Context) -> tuple:
+    """What a block of the user's says of itself (card.own's claims); nothing for an hf: layer, whose config is what
+    transformers computes from (measured: the 89 driven types' cards agree with what their configs and modules state)."""
+    from tblock_cli.card.own import own_claims
+    from tblock_cli.subject.loading import constructed_arguments
+
+    if ctx.subject.name.startswith("hf:"):
+        return ()
+    module = ctx.subject.module
+    return own_claims(all_modules(module), constructed_arguments(module))
+
+
 def has_dropout(module: nn.Module) -> bool:
     """A dropout that is active in train mode: a Dropout module with p > 0, or a dropout rate an attention reads."""
     for m in all_modules(module):
