@@ -45,7 +45,8 @@ CAUSAL_BY_ITSELF = Probe("causal_by_itself", "one eval backward through the outp
 DATAFLOW = Probe("dataflow", "one traced forward of the probe input: context.py")
 IDENTICAL_SCORES = Probe("identical_scores", "one traced eval forward of identical tokens: positions.identical_scores",
                          failure_kept=True)
-PROBES = (STANDARD, TRAINING_BACKWARD, TRAINING_INPUT, CAUSAL_BY_ITSELF, DATAFLOW, IDENTICAL_SCORES)
+OWN_CLAIMS = Probe("own_claims", "no forward: the block's attributes and configs read: training.block_claims")
+PROBES = (STANDARD, TRAINING_BACKWARD, TRAINING_INPUT, CAUSAL_BY_ITSELF, DATAFLOW, IDENTICAL_SCORES, OWN_CLAIMS)
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from contextlib import contextmanager
 import torch
 import torch.nn as nn
 
-from tblock_cli.checks.context import Context
+from tblock_cli.checks.context import OWN_CLAIMS, Context
 from tblock_cli.checks.result import Outcome, failed, passed, skipped
 from tblock_cli.errors import is_out_of_memory, one_line
 from tblock_cli.probes import cast, f64, module_copy, reseed, train_mode
@@ -80,7 +80,7 @@ def block_claims(ctx: Context) -> tuple:
     if ctx.subject.name.startswith("hf:"):
         return ()
     module = ctx.subject.module
-    return own_claims(all_modules(module), constructed_arguments(module))
+    return ctx.probe(OWN_CLAIMS, lambda: own_claims(all_modules(module), constructed_arguments(module)))
 
 
 def has_dropout(module: nn.Module) -> bool:
