@@ -10,6 +10,7 @@ the tables the tests and scripts/zoo_json.py walk.
 
 from zoo_attention import (  # noqa: F401
     AttentionOnly,
+    BandRenormalised,
     DiagonalMasked,
     DiagonalMaskedFirstOpen,
     ManualSoftmax,
@@ -21,7 +22,6 @@ from zoo_attention import (  # noqa: F401
     SoftmaxOverQueries,
     SoftmaxQueryAxisBidirectional,
     SoftmaxTwice,
-    TopKRenormalised,
     Unscaled,
     UnscaledQKNorm,
     UnscaledSDPA,
@@ -266,7 +266,7 @@ CACHED_CORRECT = ["CachedLlama", "CachedRoPE", "CachedLayerScale"]
 
 
 CORRECT["QKNorm"] = {"causal": True}
-CORRECT["TopKRenormalised"] = {"causal": True}  # sparse top-k attention: weights renormalised, not reweighted
+CORRECT["BandRenormalised"] = {"positional": True}  # a window after the softmax: renormalised, not reweighted
 CORRECT["ParamFreeQKNorm"] = {"causal": True}
 CORRECT["WideHeadNorms"] = {"causal": True}
 CORRECT["ScaledBeforeRotary"] = {"positional": True}

@@ -98,17 +98,19 @@ class SoftmaxTwice(HandSoftmax):
         return merge(p.masked_fill(~allowed, float("-inf")).softmax(dim=-1) @ v)  # bug: a second softmax
 
 
-class TopKRenormalised(HandSoftmax):
-    """Each query keeps its 4 largest weights, renormalised (sparse top-k attention): the kept log-differences are the
-    softmax's, so the weights are not reweighted (twin of SoftmaxTwice)."""
+class BandRenormalised(HandSoftmax):
+    """The softmax's weights kept within 4 positions of each query and renormalised (a local window applied after the
+    softmax): the kept log-differences are the softmax's, so the weights are not reweighted (twin of SoftmaxTwice).
+    A band, not a top-k: a top-k over the near-tied keys of an untrained block picks other keys in half precision."""
 
     def attend(self, h, mask):
         q, k, v = (heads(t, self.n) for t in self.qkv(h).chunk(3, dim=-1))
-        allowed = allowed_mask(h.shape[1], h.device, self.causal, mask)
+        T = h.shape[1]
+        allowed = allowed_mask(T, h.device, self.causal, mask)
         p = self.scores(q, k).masked_fill(~allowed, float("-inf")).softmax(dim=-1)
-        top = p.topk(min(4, p.shape[-1]), dim=-1)
-        kept = torch.zeros_like(p).scatter(-1, top.indices, top.values)
-        return merge(kept / kept.sum(-1, keepdim=True) @ v)
+        i = torch.arange(T, device=h.device)
+        kept = p.float() * ((i[:, None] - i[None, :]).abs() <= 4)  # float32: a half sum would underflow to 0
+        return merge((kept / kept.sum(-1, keepdim=True).clamp_min(1e-30)).to(v.dtype) @ v)  # a padding row stays 0
 
 
 class ScaledByDModel(HandSoftmax):
