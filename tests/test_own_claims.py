@@ -249,3 +249,12 @@ def test_a_scale_the_block_says_it_applies_is_not_warned_and_one_it_contradicts_
     assert honoured.facts["declared"] == pytest.approx(256.0) and "attention_multiplier" in honoured.facts["source"]
     contradicted = attention("zoo_claims.py", "ScaleAttributeContradicted")
     assert contradicted.status is Status.WARN and contradicted.kind == "attention.overscaled", contradicted
+
+
+def test_a_kv_head_count_claims_the_grouped_layout_and_no_count_claims_none():
+    """num_key_value_heads below the query heads claims attn.group and the one layout grouped-query attention has
+    (query head h reads key head h // group); equal counts group nothing and claim no layout."""
+    grouped = {c.key: c.value for c in own_claims([zoo_claims.GroupedQuery(32, 4, 2)], {})}
+    assert (grouped["attn.group"], grouped["attn.kv_grouping"]) == (2.0, "contiguous")
+    full = {c.key for c in own_claims([zoo_claims.GroupedQuery(32, 4, 4)], {})}
+    assert "attn.kv_grouping" not in full

@@ -257,9 +257,10 @@ def test_a_norm_with_its_gain_redrawn_is_a_per_channel_affine_map_of_itself_unle
     if isinstance(norm, _OffsetRMSNorm):
         torch.nn.init.zeros_(norm.weight)
     x = torch.randn(2, 8, 16, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
-    res = _affine_residual(norm, x, 16, torch.Generator().manual_seed(1))
+    affine, linear = _affine_residual(norm, x, 16, torch.Generator().manual_seed(1))
     # the fit is exact for a gain and bias per channel; a gain inside the statistics mixes channels through them
-    assert (res > 100 * AFFINE_TOL) if inside else (res < 1e-12), res
+    assert (affine > 100 * AFFINE_TOL) if inside else (affine < 1e-12), affine
+    assert inside or linear < 1e-12, linear  # and the output is linear in those parameters
 
 
 def test_a_parameter_swapped_for_a_while_leaves_the_original_objects_and_versions():
@@ -306,3 +307,38 @@ def test_a_norm_whose_variance_cancels_under_a_large_mean_fails_and_two_passes_d
         assert c.status == status, c.detail
         if status == Status.FAIL:
             assert c.kind == "norms.shifted" and c.facts["shifted"][0]["error"] > 1e-2, c.facts
+
+
+def test_a_gain_applied_twice_warns_and_norms_linear_in_their_parameters_pass():
+    """A norm's gain and bias enter linearly (x * w + b, Gemma's x * (1 + w)): with them at the midpoint of two draws,
+    the output is the midpoint of the two outputs. (y * w) * w is per-channel affine for any one draw, the same at
+    unit gain, and off that midpoint by (w1 - w2)^2 / 4 against (w1^2 - w2^2): a few percent for draws of +-0.5."""
+    import zoo_norms
+
+    import tblock_cli
+
+    for block, status in ((zoo_norms.GainAppliedTwice(32, 4), Status.WARN), (zoo_norms.HandLayerNormBlock(32, 4), Status.PASS),
+                          (zoo.Good(32, 4), Status.PASS), (zoo.LlamaBlock(32, 4), Status.PASS), (zoo.Gemma3(32, 4), Status.PASS)):
+        c = tblock_cli.check(block, d_model=32, n_heads=4, threads=1, only="norms").checks[0]
+        assert c.status == status, (type(block).__name__, c.detail)
+        if status == Status.WARN:
+            assert c.kind == "norms.gain_not_linear" and c.facts["not_linear"][0]["residual"] > 1e-2, c.facts
+
+
+def test_an_eps_that_is_zero_in_float16_warns_where_the_norm_computes_in_float16():
+    """BERT's TF-style LayerNorm in the input's dtype, eps 1e-12: 0 in float16 (its smallest step is 6e-8), so a
+    constant token gives 0 / 0. The same norm with eps 1e-6, one with float32 statistics, and torch's LayerNorm with
+    eps 1e-12 (its kernel accumulates in float32) return finite tokens."""
+    import zoo_norms
+
+    import tblock_cli
+
+    class Eps6(zoo_norms.HandLayerNormBlock):
+        norm = staticmethod(lambda d: zoo_norms.BertLayerNorm(d, eps=1e-6))
+
+    for block, status in ((zoo_norms.EpsVanishesInHalf(32, 4), Status.WARN), (Eps6(32, 4), Status.PASS),
+                          (zoo_norms.HandLayerNormBlock(32, 4), Status.PASS), (zoo.Good(32, 4, eps=1e-12), Status.PASS)):
+        c = tblock_cli.check(block, d_model=32, n_heads=4, threads=1, only="norms").checks[0]
+        assert c.status == status, (type(block).__name__, c.detail)
+        if status == Status.WARN:
+            assert c.kind == "norms.half_eps" and {n["got"] for n in c.facts["half_nan"]} == {"NaN"}, c.facts

@@ -118,6 +118,8 @@ from zoo_mixing import (  # noqa: F401
     TokenShiftNoMask,
 )
 from zoo_norms import (  # noqa: F401
+    EpsVanishesInHalf,
+    GainAppliedTwice,
     GainBeforeStatistics,
     HalfRMSNorm,
     HandLayerNormBlock,
@@ -335,6 +337,8 @@ PLANTED_3 = {
     "UnbiasedVarianceNorm": ("norms", {}),
     "OnePassVarianceNorm": ("norms", {}),
     "GainBeforeStatistics": ("norms", {}),
+    "GainAppliedTwice": ("norms", {}),
+    "EpsVanishesInHalf": ("norms", {}),
     "QKNormAfterRotary": ("relative", POS),
     "QKBiasAfterRotary": ("relative", POS),
     "KeysOnePositionAhead": ("relative", POS),

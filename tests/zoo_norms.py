@@ -45,6 +45,29 @@ class HandLayerNorm(nn.Module):
         return (y * self.weight.float() + self.bias.float()).to(x.dtype)
 
 
+class GainTwiceLayerNorm(HandLayerNorm):
+    """The gain multiplied in twice ((y * w) * w + b): the same function at unit gain, w^2 once trained."""
+
+    def forward(self, x):
+        h = x.float()
+        c = h - h.mean(-1, keepdim=True)
+        y = c / torch.sqrt(c.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (y * self.weight * self.weight + self.bias).to(x.dtype)
+
+
+class BertLayerNorm(HandLayerNorm):
+    """The TF-style LayerNorm of the first BERT ports, eps 1e-12 inside the root, computed in the input's dtype: in
+    float16 the eps is 0 and a constant token gives 0 / 0."""
+
+    def __init__(self, d, eps=1e-12):
+        super().__init__(d, eps)
+
+    def forward(self, x):
+        u = x.mean(-1, keepdim=True)
+        s = (x - u).pow(2).mean(-1, keepdim=True)
+        return self.weight * ((x - u) / torch.sqrt(s + self.eps)) + self.bias
+
+
 class HandLayerNormBlock(Good):
     """Good with both norms written out (twin)."""
 
@@ -154,3 +177,11 @@ class LengthTemperature(Rel3):
         rows = torch.log1p(torch.arange(T, device=q.device, dtype=q.dtype))[:, None]
         s = q @ k.transpose(-2, -1) / math.sqrt(self.hd) * (1 + self.temperature[:, None, None] * rows)
         return self.softmax(self.fill(s, allowed)) @ v
+
+
+class GainAppliedTwice(HandLayerNormBlock):
+    norm = GainTwiceLayerNorm
+
+
+class EpsVanishesInHalf(HandLayerNormBlock):
+    norm = BertLayerNorm

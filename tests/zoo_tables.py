@@ -43,6 +43,15 @@ class ValuesTiledApart(GroupedQuery):
         return k.repeat_interleave(group, 1), v.repeat(1, group, 1, 1)
 
 
+class GroupsStrided(GroupedQuery):
+    """num_key_value_heads 2 of 4 with keys and values repeated whole (`k.repeat(1, group, 1, 1)`): query heads 0 and 2
+    read kv head 0, where grouped-query attention's layout (repeat_kv, sdpa's enable_gqa) has 0 and 1 read it. It trains,
+    and reads every grouped checkpoint wrong. Twin: zoo_claims' GroupedQuery."""
+
+    def tiled(self, k, v, group):
+        return k.repeat(1, group, 1, 1), v.repeat(1, group, 1, 1)
+
+
 class SoftcapNotDivided(TrainBlock):
     """Keeps `softcap` 20 and computes cap * tanh(q.k / sqrt(d_head)): bounded at the cap, as claimed, but its slope
     at small logits is the cap's, 20x the scale. Twin: zoo_claims' SoftcapApplied (cap * tanh(s / cap))."""
@@ -258,7 +267,7 @@ PLANTED = {"CatTableInterleaved": "rope.theta", "ValuesTiledApart": "attn.group"
            "ExpertsMiscounted": "moe.experts", "QKNormBuiltNotApplied": "attn.qk_norm",
            "SharedExpertDropped": "moe.shared", "NormFirstIgnored": "norm.placement",
            "RopeSwitchIgnored": "pos.kind", "ResidualMultiplierDropped": ("residual.attn_gain", "residual.ffn_gain"),
-           "AttentionMultiplierDropped": "attn.scale"}
+           "AttentionMultiplierDropped": "attn.scale", "GroupsStrided": "attn.kv_grouping"}
 WARNED = {"SoftcapNotDivided": "spec", "OneExpertRenormalised": "spec"}
 CORRECT = ["OneExpertRouted", "TanhGeluWritten", "ExpertsCounted", "QKNormApplied", "SharedExpertAdded",
            "NormFirstHonoured", "RopeSwitchOn", "GraniteMultipliers"]

@@ -212,6 +212,10 @@ def _group(tier: dict) -> None:
         claimed.setdefault(float(group[0]), group[1])
     if len(claimed) == 1:
         tier["attn.group"] = claimed
+        (group, where), = claimed.items()
+        if group > 1:  # grouped-query attention has one layout: query head h reads key head h // group
+            tier["attn.kv_grouping"] = {"contiguous": f"{where} (grouped query heads read key head h // {int(group)}, "
+                                                      "as sdpa's enable_gqa and transformers' repeat_kv)"}
 
 
 def _fields(values: dict, where: str):

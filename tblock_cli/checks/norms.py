@@ -48,6 +48,13 @@ UNIT_RMS_TOL = 1e-5
 # fit (float64 copies), relative to the output's spread: correct norms ~1e-16 (a float32 step inside: ~1e-7); a gain
 # before the statistics (gains redrawn by +-0.5) 0.05-0.07 at width 64, 0.015-0.023 at 512, falling as 1/sqrt(width).
 AFFINE_TOL = 1e-4
+# The same parameters enter linearly: with them redrawn twice (d1, d2), the output at their midpoint is the midpoint of
+# the two outputs (x * w + b, x * (1 + w) alike). A gain applied twice (x * w * w) is per-channel affine for any one
+# draw, but not linear in w: residual (w1 - w2) / 4 (w1 + w2) of the spread, 0.02-0.06 for draws within +-0.5 of 1.
+# Correct norms: float64 rounding, ~1e-16 (a float32 step inside ~1e-7). Same limit as the affine fit.
+# A norm computing in float16 adds its eps there: an eps below float16's smallest step (6e-8; BERT's 1e-12, F.normalize's
+# 1e-12) is 0, and a constant token (every channel equal: a zeroed padding embedding) divides 0 by 0.
+HALF_CONSTANTS = (0.0, 1.0)
 # A norm whose class name says it scales its input first (MuseSpark's InputScaledRMSNorm, by design) is not judged so.
 SCALES_FIRST = re.compile(r"input_?scal|pre_?scal", re.I)
 
@@ -67,7 +74,10 @@ def check_norms(ctx: Context) -> Outcome:
     LayerNorm or RMSNorm at unit gain whose tokens do not come out at RMS 1 (the unbiased variance, `x.var()`); one whose
     output, with its per-channel parameters redrawn, is not a per-channel scale and shift of its output as built is a
     **warning** (the gain applied before the statistics: the same at unit gain, another function once trained; not
-    judged on a class named for it, `InputScaledRMSNorm`)"""
+    judged on a class named for it, `InputScaledRMSNorm`), and so is one whose output is not linear in those parameters
+    (a gain applied twice, `x * w * w`: the midpoint of two draws against the midpoint of their outputs) and a norm
+    whose float16 copy returns NaN or inf for a constant token (its eps, 1e-12 in BERT's LayerNorm written out, is 0
+    in float16)"""
     norms = ctx.dataflow().norms
     claimed = named_but_not_norms(ctx.subject.module, norms, ctx.cfg.d_model, ctx.device)
     if scaled := [m for m in claimed if m["scaled"]]:
@@ -78,6 +88,7 @@ def check_norms(ctx: Context) -> Outcome:
         return skipped("norms.none")
     mods = dict(ctx.subject.module.named_modules())
     large, offset, random_gain, seen, errors, off_unit, not_affine, shifted = [], [], [], [], [], [], [], []
+    not_linear, half_nan = [], []
     for name, width in norms.items():
         m = mods[name]
         x = torch.randn(2, 8, width, generator=ctx.gen, dtype=torch.float64)
@@ -113,9 +124,13 @@ def check_norms(ctx: Context) -> Outcome:
             if (token_rms - 1).abs().max().item() > UNIT_RMS_TOL:
                 off_unit.append({"name": name, "rms": token_rms.mean().item(), "width": width})
         if NORM_CLASS.search(type(m).__name__) and not SCALES_FIRST.search(type(m).__name__) \
-                and (res := _affine_residual(m, x, width, ctx.own_gen())) is not None \
-                and res > AFFINE_TOL:
-            not_affine.append({"name": name, "residual": res})
+                and (res := _affine_residual(m, x, width, ctx.own_gen())) is not None:
+            if res[0] > AFFINE_TOL:
+                not_affine.append({"name": name, "residual": res[0]})
+            elif res[1] > AFFINE_TOL:
+                not_linear.append({"name": name, "residual": res[1]})
+        if ctx.dtype != torch.float16 and (got_half := _half_constant(m, width)) is not None:
+            half_nan.append({"name": name, "got": got_half})
         signs = (odd * x.to(odd)).flatten(0, -2).sum(0)
         if any(True for _ in m.parameters()) and signs.numel() > 1 and (signs < 0).double().mean() > RANDOM_GAIN_SHARE:
             random_gain.append({"name": name, "negative": (signs < 0).double().mean().item(), "gain": rms(odd) / 2})
@@ -139,6 +154,14 @@ def check_norms(ctx: Context) -> Outcome:
         worst = max(not_affine, key=lambda n: n["residual"])
         # a warning: a mistake in most norms, one family's design (MuseSpark's input-scaled RMSNorm, named so)
         return warned("norms.gain_inside", round(worst["residual"], 4), not_affine=not_affine, limit=AFFINE_TOL, **facts)
+    if not_linear:
+        worst = max(not_linear, key=lambda n: n["residual"])
+        # a warning: a gain kept positive by squaring it is a parametrisation someone may choose
+        return warned("norms.gain_not_linear", round(worst["residual"], 4), not_linear=not_linear, limit=AFFINE_TOL,
+                      **facts)
+    if half_nan:
+        # a warning: a norm that is never run in float16 (bfloat16 keeps float32's range) never meets it
+        return warned("norms.half_eps", len(half_nan), half_nan=half_nan, constants=list(HALF_CONSTANTS), **facts)
     if not seen:
         return skipped("norms.none")
     return passed("norms.ok", len(seen), worst=max(errors), **facts)
@@ -171,24 +194,46 @@ def _unit_gain(m) -> bool:
     return all(bool((p == 1).all()) or not p.any() for p in m.parameters())
 
 
-def _affine_residual(m, x: torch.Tensor, width: int, gen: torch.Generator) -> float | None:
+def _affine_residual(m, x: torch.Tensor, width: int, gen: torch.Generator) -> tuple[float, float] | None:
     """How far, relative to the output's spread, a float64 copy of norm m with its per-channel parameters redrawn
-    (each moved by up to 0.5) is from a per-channel affine function of the copy as built, over x's tokens. None where
-    m has no per-channel parameter or cannot be called so."""
+    (each moved by up to 0.5) is from a per-channel affine function of the copy as built, over x's tokens; and how far
+    the output with the parameters at the midpoint of two such draws is from the midpoint of their outputs (linear in
+    the parameters). None where m has no per-channel parameter or cannot be called so."""
     try:
         built = cast(module_copy(m), torch.float64, torch.device("cpu"))
-        drawn = module_copy(built)
-        own = [p for p in drawn.parameters() if p.ndim == 1 and p.shape[0] == width]
-        if not own:
+        drawn = [module_copy(built) for _ in range(3)]
+        own = [[p for p in d.parameters() if p.ndim == 1 and p.shape[0] == width] for d in drawn]
+        if not own[0]:
             return None
         with torch.no_grad():
-            for p in own:
+            for p, q, mid in zip(*own):
                 p.add_(torch.rand(p.shape, generator=gen, dtype=torch.float64) - 0.5)
-            u, y = (f(x).flatten(0, -2) for f in (built, drawn))
+                q.add_(torch.rand(q.shape, generator=gen, dtype=torch.float64) - 0.5)
+                mid.copy_((p + q) / 2)
+            u, y, z, w = (f(x).flatten(0, -2) for f in (built, *drawn))
     except Exception:  # noqa: BLE001 - a norm that needs more than a tensor: no evidence
         return None
-    if not isinstance(y, torch.Tensor) or y.shape != u.shape:
+    if not all(isinstance(t, torch.Tensor) and t.shape == u.shape for t in (y, z, w)):
         return None
     uc, yc = u - u.mean(0), y - y.mean(0)
     slope = (uc * yc).sum(0) / (uc * uc).sum(0).clamp_min(1e-300)
-    return (yc - slope * uc).norm().item() / max(yc.norm().item(), 1e-300)
+    affine = (yc - slope * uc).norm().item() / max(yc.norm().item(), 1e-300)
+    linear = (w - (y + z) / 2).norm().item() / max((y - z).norm().item(), 1e-300)
+    return affine, linear
+
+
+def _half_constant(m, width: int) -> str | None:
+    """What non-finite value a float16 copy of norm m (on the CPU) returns for constant tokens (HALF_CONSTANTS in every
+    channel); None where they come out finite, or the copy cannot run in float16 (no evidence)."""
+    from tblock_cli.checks.context import nonfinite_kind
+
+    try:
+        half = cast(module_copy(m), torch.float16, torch.device("cpu"))
+        tokens = torch.tensor(HALF_CONSTANTS, dtype=torch.float16)[None, :, None].expand(1, len(HALF_CONSTANTS), width)
+        with torch.no_grad():
+            out = half(tokens.clone())
+    except Exception:  # noqa: BLE001 - a norm with no float16 kernel here, or one that needs more than a tensor
+        return None
+    if not isinstance(out, torch.Tensor) or bool(torch.isfinite(out).all()):
+        return None
+    return nonfinite_kind(out)

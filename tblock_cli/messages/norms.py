@@ -37,4 +37,14 @@ MESSAGES = {
         f"as built (residual {n['residual']:.2g}, limit {f['limit']:g}): its gain reaches the statistics, applied "
         f"before it normalises (x * w divided by the RMS of x * w), where a LayerNorm or RMSNorm scales the "
         f"normalised token; at unit gain the two agree" for n in f["not_affine"]),
+    "norms.gain_not_linear": lambda f: "; ".join(
+        f"{n['name']}'s output is not linear in its per-channel parameters: with them at the midpoint of two draws it "
+        f"is off the midpoint of the two outputs by {n['residual']:.2g} of their difference (limit {f['limit']:g}): "
+        f"its gain is applied twice (x * w * w) or through a function, where a LayerNorm or RMSNorm multiplies by it "
+        f"once; at unit gain the two agree" for n in f["not_linear"]),
+    "norms.half_eps": lambda f: "; ".join(
+        f"{n['name']} run in float16 returns {n['got']} for a constant token (every channel "
+        f"{' or '.join(f'{c:g}' for c in f['constants'])}): it adds its eps in float16, where an eps below 6e-8 "
+        f"(1e-12, BERT's) is 0 and 0 / 0 follows; keep eps >= 1e-6, or compute the statistics in float32"
+        for n in f["half_nan"]),
 }
