@@ -258,3 +258,22 @@ def test_a_kv_head_count_claims_the_grouped_layout_and_no_count_claims_none():
     assert (grouped["attn.group"], grouped["attn.kv_grouping"]) == (2.0, "contiguous")
     full = {c.key for c in own_claims([zoo_claims.GroupedQuery(32, 4, 4)], {})}
     assert "attn.kv_grouping" not in full
+
+
+def test_head_dim_claims_the_head_width_except_beside_latent_attention_widths_or_on_torch_modules():
+    """A kept head_dim claims attn.head_dim; beside DeepSeek's MLA widths (its config's head_dim is the rotary part
+    alone) it claims nothing, and nn.MultiheadAttention's own head_dim (computed with by construction) neither."""
+    import torch
+
+    class Attn(nn.Module):
+        def __init__(self, **widths):
+            super().__init__()
+            self.head_dim = 32
+            vars(self).update(widths)
+
+    def claimed(m):
+        return {c.key: c.value for c in own_claims([m], {})}.get("attn.head_dim")
+
+    assert claimed(Attn()) == 32.0
+    assert claimed(Attn(qk_rope_head_dim=32, qk_nope_head_dim=64)) is None
+    assert claimed(torch.nn.MultiheadAttention(64, 4)) is None

@@ -52,6 +52,63 @@ class GroupsStrided(GroupedQuery):
         return k.repeat(1, group, 1, 1), v.repeat(1, group, 1, 1)
 
 
+class HeadDimIgnored(TrainBlock):
+    """Built with head_dim 32 apart from d_model / n_heads = 16 (Gemma's 256 beside 3072 / 16, Qwen3's 128 beside 2560 /
+    32) and keeping it, its heads split d_model / n_heads: a port's projections of the wrong width. Twin:
+    HeadDimHonoured."""
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True, head_dim=32):
+        super().__init__(d_model, n_heads, dropout, causal)
+        self.head_dim = head_dim
+
+
+class HeadDimHonoured(HeadDimIgnored):
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True, head_dim=32):
+        super().__init__(d_model, n_heads, dropout, causal, head_dim)
+        self.q_proj, self.k_proj, self.v_proj = (nn.Linear(d_model, n_heads * head_dim, bias=False) for _ in range(3))
+        self.o_proj = nn.Linear(n_heads * head_dim, d_model, bias=False)
+        self.rotary = Rotary(head_dim)
+
+
+class Llama3Rotary(Rotary):
+    """Llama 3.1's scaled table (transformers' _compute_llama3_parameters), from `orig` as the original length."""
+
+    def __init__(self, dim, base, factor, low, high, orig):
+        self.factor, self.low, self.high, self.orig = factor, low, high, orig
+        super().__init__(dim, base)
+
+    def frequencies(self, device=None):
+        inv = super().frequencies(device)
+        wavelen = 2 * math.pi / inv
+        scaled = torch.where(wavelen > self.orig / self.low, inv / self.factor, inv)
+        smooth = (self.orig / wavelen - self.low) / (self.high - self.low)
+        medium = (wavelen >= self.orig / self.high) & (wavelen <= self.orig / self.low)
+        return torch.where(medium, (1 - smooth) * scaled / self.factor + smooth * scaled, scaled)
+
+
+class Llama3Scaled(TrainBlock):
+    """Heads of 64 (three pairs in the band), theta 5e5 and Llama 3.1's rope_scaling, kept and applied."""
+
+    LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+              "original_max_position_embeddings": 8192}
+    used_orig = 8192
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True, rope_theta=500000.0, rope_scaling=None):
+        super().__init__(d_model, n_heads, dropout, causal)
+        self.rope_scaling, self.head_dim = rope_scaling or dict(self.LLAMA3), 64
+        self.q_proj, self.k_proj, self.v_proj = (nn.Linear(d_model, n_heads * 64, bias=False) for _ in range(3))
+        self.o_proj = nn.Linear(n_heads * 64, d_model, bias=False)
+        r = self.rope_scaling
+        self.rotary = Llama3Rotary(64, rope_theta, r["factor"], r["low_freq_factor"], r["high_freq_factor"], self.used_orig)
+
+
+class Llama3OriginalFromMax(Llama3Scaled):
+    """The same config, the table built from max_position_embeddings (131072) where the original length (8192) is
+    meant: factor and theta as claimed, the band 16x longer. Twin: Llama3Scaled."""
+
+    used_orig = 131072
+
+
 class SoftcapNotDivided(TrainBlock):
     """Keeps `softcap` 20 and computes cap * tanh(q.k / sqrt(d_head)): bounded at the cap, as claimed, but its slope
     at small logits is the cap's, 20x the scale. Twin: zoo_claims' SoftcapApplied (cap * tanh(s / cap))."""
@@ -267,7 +324,9 @@ PLANTED = {"CatTableInterleaved": "rope.theta", "ValuesTiledApart": "attn.group"
            "ExpertsMiscounted": "moe.experts", "QKNormBuiltNotApplied": "attn.qk_norm",
            "SharedExpertDropped": "moe.shared", "NormFirstIgnored": "norm.placement",
            "RopeSwitchIgnored": "pos.kind", "ResidualMultiplierDropped": ("residual.attn_gain", "residual.ffn_gain"),
-           "AttentionMultiplierDropped": "attn.scale", "GroupsStrided": "attn.kv_grouping"}
+           "AttentionMultiplierDropped": "attn.scale", "GroupsStrided": "attn.kv_grouping",
+           "HeadDimIgnored": "attn.head_dim", "Llama3OriginalFromMax": ("rope.low_freq_wavelen", "rope.high_freq_wavelen")}
 WARNED = {"SoftcapNotDivided": "spec", "OneExpertRenormalised": "spec"}
 CORRECT = ["OneExpertRouted", "TanhGeluWritten", "ExpertsCounted", "QKNormApplied", "SharedExpertAdded",
-           "NormFirstHonoured", "RopeSwitchOn", "GraniteMultipliers"]
+           "NormFirstHonoured", "RopeSwitchOn", "GraniteMultipliers", "HeadDimHonoured",
+           "Llama3Scaled"]

@@ -24,6 +24,9 @@ FIELDS = {
     "attn_logit_softcapping": "attn.softcap", "logit_softcap": "attn.softcap", "logit_softcapping": "attn.softcap",
     "attn_softcap": "attn.softcap", "softcap": "attn.softcap",
     "query_pre_attn_scalar": "attn.scale",
+    # the width of each head's q and k where a config gives it apart from the model's width (Gemma's 256 beside 3072 /
+    # 16 = 192, Qwen3's 128 beside 2560 / 32 = 80): a port that splits hidden_size / heads contradicts it
+    "head_dim": "attn.head_dim",
     "hidden_act": "ffn.act", "hidden_activation": "ffn.act", "activation_function": "ffn.act", "activation": "ffn.act",
     "activation_fn": "ffn.act", "act_fn": "ffn.act", "ffn_activation": "ffn.act", "mlp_activation": "ffn.act",
     "num_experts_per_tok": "moe.top_k", "moe_top_k": "moe.top_k", "n_activated_experts": "moe.top_k",
@@ -72,6 +75,11 @@ GROUPS = ("num_key_value_groups", "n_rep")
 # A multi-query switch set overrides a kv count that stays in the config (Falcon's `multi_query=True` beside its
 # `num_kv_heads`, used only with `new_decoder_architecture`): where one is True the counts claim nothing.
 MULTI_QUERY = ("multi_query", "multi_query_attention")
+# attributes torch's own modules keep and compute with by construction (nn.MultiheadAttention's head_dim): no claim
+TORCH_KEPT = ("head_dim",)
+# Multi-head latent attention's widths: q and k are nope + rope channels, and DeepSeek's configs keep `head_dim` for the
+# rope part alone; where one of these is read, `head_dim` claims nothing
+MLA_WIDTHS = ("qk_nope_head_dim", "qk_rope_head_dim", "qk_head_dim", "v_head_dim")
 # a rotary scaling as configs write it (HF's rope_scaling, transformers 5's rope_parameters): a dict whose type is
 # one of SCALED claims that scaling and its factor. "dynamic" is left out (it changes the table only past the
 # original length, which a probe does not reach), and so is anything else the card has no name for.
@@ -163,6 +171,8 @@ def own_claims(modules: list[nn.Module], arguments: dict | None = None) -> tuple
             if name in POSITION_SWITCHES and value is True:
                 put(kept, "pos.kind", POSITION_SWITCHES[name], f"{owner}.{name}")
                 continue
+            if name in TORCH_KEPT and type(m).__module__.startswith("torch."):
+                continue
             key = (FIELDS.get(name) or (ON_ROTARY.get(name) if is_rotary_name(owner) else None)
                    or (ON_NORM.get(name) if own_norm(m) else None))
             if key is not None:
@@ -177,6 +187,9 @@ def own_claims(modules: list[nn.Module], arguments: dict | None = None) -> tuple
         put(named, "norm.kind", "rmsnorm", f"class name `{norms[0]}` (every norm's class says RMSNorm)")
     for tier in (asked, kept):
         _group(tier)
+    if any(f in MLA_WIDTHS for f in _names_seen(modules, arguments)):
+        for tier in (asked, kept):
+            tier.pop("attn.head_dim", None)
     claims = []
     for key in {**named, **kept, **asked}:
         tier, values = next((t, v[key]) for t, v in (("asked", asked), ("kept", kept), ("named", named)) if v.get(key))
@@ -184,6 +197,11 @@ def own_claims(modules: list[nn.Module], arguments: dict | None = None) -> tuple
             (value, where), = values.items()
             claims.append(Claim(key, value, f"the block's own {where}", tier=tier))
     return tuple(claims)
+
+
+def _names_seen(modules: list[nn.Module], arguments: dict | None) -> set[str]:
+    """Every field name the block's arguments, configs and modules' attributes carry."""
+    return {field for v in [arguments or {}] + [vars(m) for m in modules] for field, _, _ in _fields(v, "")}
 
 
 def _count(v) -> int | None:
@@ -286,7 +304,12 @@ def _scaling(d: dict) -> dict:
     kind, factor = d.get("rope_type", d.get("type")), d.get("factor")
     if kind not in SCALED or isinstance(factor, bool) or not isinstance(factor, (int, float)) or not factor > 1:
         return {}
-    return ({} if kind == "yarn" else {"rope.scaling": kind}) | {"rope.factor": float(factor)}
+    out = ({} if kind == "yarn" else {"rope.scaling": kind}) | {"rope.factor": float(factor)}
+    if kind == "llama3":  # the band's ends: orig / low_freq_factor and orig / high_freq_factor (only their quotients)
+        orig, low, high = (d.get(k) for k in ("original_max_position_embeddings", "low_freq_factor", "high_freq_factor"))
+        if all(_value("rope.factor", v) for v in (orig, low, high)) and high > low:
+            out |= {"rope.low_freq_wavelen": orig / low, "rope.high_freq_wavelen": orig / high}
+    return out
 
 
 def is_rotary_name(name: str) -> bool:
