@@ -275,5 +275,9 @@ def test_head_dim_claims_the_head_width_except_beside_latent_attention_widths_or
         return {c.key: c.value for c in own_claims([m], {})}.get("attn.head_dim")
 
     assert claimed(Attn()) == 32.0
+    litgpt = Attn()
+    del litgpt.head_dim
+    litgpt.head_size = 48  # litgpt's name for it
+    assert claimed(litgpt) == 48.0
     assert claimed(Attn(qk_rope_head_dim=32, qk_nope_head_dim=64)) is None
     assert claimed(torch.nn.MultiheadAttention(64, 4)) is None

@@ -26,7 +26,7 @@ FIELDS = {
     "query_pre_attn_scalar": "attn.scale",
     # the width of each head's q and k where a config gives it apart from the model's width (Gemma's 256 beside 3072 /
     # 16 = 192, Qwen3's 128 beside 2560 / 32 = 80): a port that splits hidden_size / heads contradicts it
-    "head_dim": "attn.head_dim",
+    "head_dim": "attn.head_dim", "head_size": "attn.head_dim",
     "hidden_act": "ffn.act", "hidden_activation": "ffn.act", "activation_function": "ffn.act", "activation": "ffn.act",
     "activation_fn": "ffn.act", "act_fn": "ffn.act", "ffn_activation": "ffn.act", "mlp_activation": "ffn.act",
     "num_experts_per_tok": "moe.top_k", "moe_top_k": "moe.top_k", "n_activated_experts": "moe.top_k",
@@ -36,7 +36,7 @@ FIELDS = {
     # a count or width of shared experts: above 0 claims one (DeepSeek's n_shared_experts, Qwen2-MoE's width)
     "n_shared_experts": "moe.shared", "num_shared_experts": "moe.shared", "shared_expert_intermediate_size": "moe.shared",
     # a fraction of each head's channels that rotate: rope.dims once the card has read the head's width
-    "partial_rotary_factor": FRACTION, "rotary_pct": FRACTION,
+    "partial_rotary_factor": FRACTION, "rotary_pct": FRACTION, "rotary_percentage": FRACTION,
     "norm_eps": "norm.eps", "rms_norm_eps": "norm.eps", "layer_norm_eps": "norm.eps", "layer_norm_epsilon": "norm.eps",
     "layernorm_epsilon": "norm.eps",
     # a switch: True is the parallel form (attention and FFN read the same stream), False the sequential one
