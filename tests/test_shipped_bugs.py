@@ -327,8 +327,9 @@ def test_a_gain_applied_twice_warns_and_norms_linear_in_their_parameters_pass():
 
 def test_an_eps_that_is_zero_in_float16_warns_where_the_norm_computes_in_float16():
     """BERT's TF-style LayerNorm in the input's dtype, eps 1e-12: 0 in float16 (its smallest step is 6e-8), so a
-    constant token gives 0 / 0. The same norm with eps 1e-6, one with float32 statistics, and torch's LayerNorm with
-    eps 1e-12 (its kernel accumulates in float32) return finite tokens."""
+    constant token gives 0 / 0. The same norm with eps 1e-6, one with float32 statistics, torch's LayerNorm with
+    eps 1e-12 (its kernel accumulates in float32) and an RMS norm through F.normalize (0 / 0 only at the zero token,
+    which the probe leaves alone) return finite tokens."""
     import zoo_norms
 
     import tblock_cli
@@ -336,7 +337,19 @@ def test_an_eps_that_is_zero_in_float16_warns_where_the_norm_computes_in_float16
     class Eps6(zoo_norms.HandLayerNormBlock):
         norm = staticmethod(lambda d: zoo_norms.BertLayerNorm(d, eps=1e-6))
 
+    class NormalizeRMSNorm(torch.nn.Module):  # x-transformers' idiom: F.normalize (eps 1e-12) * sqrt(d) * g
+        def __init__(self, d):
+            super().__init__()
+            self.scale, self.g = d ** 0.5, torch.nn.Parameter(torch.ones(d))
+
+        def forward(self, x):
+            return torch.nn.functional.normalize(x, dim=-1) * self.scale * self.g
+
+    class Normalized(zoo_norms.HandLayerNormBlock):
+        norm = NormalizeRMSNorm
+
     for block, status in ((zoo_norms.EpsVanishesInHalf(32, 4), Status.WARN), (Eps6(32, 4), Status.PASS),
+                          (Normalized(32, 4), Status.PASS),
                           (zoo_norms.HandLayerNormBlock(32, 4), Status.PASS), (zoo.Good(32, 4, eps=1e-12), Status.PASS)):
         c = tblock_cli.check(block, d_model=32, n_heads=4, threads=1, only="norms").checks[0]
         assert c.status == status, (type(block).__name__, c.detail)

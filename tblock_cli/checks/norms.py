@@ -52,9 +52,11 @@ AFFINE_TOL = 1e-4
 # the two outputs (x * w + b, x * (1 + w) alike). A gain applied twice (x * w * w) is per-channel affine for any one
 # draw, but not linear in w: residual (w1 - w2) / 4 (w1 + w2) of the spread, 0.02-0.06 for draws within +-0.5 of 1.
 # Correct norms: float64 rounding, ~1e-16 (a float32 step inside ~1e-7). Same limit as the affine fit.
-# A norm computing in float16 adds its eps there: an eps below float16's smallest step (6e-8; BERT's 1e-12, F.normalize's
-# 1e-12) is 0, and a constant token (every channel equal: a zeroed padding embedding) divides 0 by 0.
-HALF_CONSTANTS = (0.0, 1.0)
+# A norm computing in float16 adds its eps there: an eps below float16's smallest step (6e-8; BERT's 1e-12) is 0, and a
+# LayerNorm's variance of a constant token (every channel equal, a zeroed padding embedding among them) is 0: 0 / 0. The
+# probe's token is ones, not zeros: an RMS norm (F.normalize's eps is 1e-12 too) meets 0 / 0 only at the zero token, and
+# that idiom (x-transformers' RMSNorm) is left alone.
+HALF_CONSTANTS = (1.0,)
 # A norm whose class name says it scales its input first (MuseSpark's InputScaledRMSNorm, by design) is not judged so.
 SCALES_FIRST = re.compile(r"input_?scal|pre_?scal", re.I)
 
@@ -76,8 +78,8 @@ def check_norms(ctx: Context) -> Outcome:
     **warning** (the gain applied before the statistics: the same at unit gain, another function once trained; not
     judged on a class named for it, `InputScaledRMSNorm`), and so is one whose output is not linear in those parameters
     (a gain applied twice, `x * w * w`: the midpoint of two draws against the midpoint of their outputs) and a norm
-    whose float16 copy returns NaN or inf for a constant token (its eps, 1e-12 in BERT's LayerNorm written out, is 0
-    in float16)"""
+    whose float16 copy returns NaN or inf for a token of ones (a LayerNorm's variance 0 there: its eps, 1e-12 in
+    BERT's LayerNorm written out, is 0 in float16)"""
     norms = ctx.dataflow().norms
     claimed = named_but_not_norms(ctx.subject.module, norms, ctx.cfg.d_model, ctx.device)
     if scaled := [m for m in claimed if m["scaled"]]:

@@ -44,7 +44,8 @@ MESSAGES = {
         f"once; at unit gain the two agree" for n in f["not_linear"]),
     "norms.half_eps": lambda f: "; ".join(
         f"{n['name']} run in float16 returns {n['got']} for a constant token (every channel "
-        f"{' or '.join(f'{c:g}' for c in f['constants'])}): it adds its eps in float16, where an eps below 6e-8 "
-        f"(1e-12, BERT's) is 0 and 0 / 0 follows; keep eps >= 1e-6, or compute the statistics in float32"
+        f"{' or '.join(f'{c:g}' for c in f['constants'])}; a zeroed padding embedding is one too): its variance there is "
+        f"0 and it adds its eps in float16, where an eps below 6e-8 (1e-12, BERT's) is 0; keep eps >= 1e-6, or compute "
+        f"the statistics in float32"
         for n in f["half_nan"]),
 }
