@@ -281,3 +281,13 @@ def test_head_dim_claims_the_head_width_except_beside_latent_attention_widths_or
     assert claimed(litgpt) == 48.0
     assert claimed(Attn(qk_rope_head_dim=32, qk_nope_head_dim=64)) is None
     assert claimed(torch.nn.MultiheadAttention(64, 4)) is None
+
+
+def test_a_scaled_rotary_table_float16_rounds_is_not_judged_in_float16():
+    """Llama 3.1's table at theta 5e5 and factor 8 has slow frequencies near 1e-6 per position, below float16's normal
+    range (6.1e-5): a float16 run holds them rounded, so its scaling and band read as another table. They are left
+    unread there; float32 still judges them, and the band built from the wrong length still fails."""
+    half = spec_check("Llama3Scaled", d_model=64, zoo="zoo_tables.py", dtype="float16")
+    assert half.status is Status.PASS and {"rope.scaling", "rope.low_freq_wavelen"} <= set(half.facts["unread_keys"]), half
+    assert spec_check("Llama3Scaled", d_model=64, zoo="zoo_tables.py").facts["unread_keys"] == []
+    assert spec_check("Llama3OriginalFromMax", d_model=64, zoo="zoo_tables.py").status is Status.FAIL

@@ -40,7 +40,7 @@ def check_spec(ctx: Context) -> Outcome:
     keys = tuple(c.key for c in claims if c.key != FRACTION) + (("moe.experts",) if routing else ())
     keys += ("attn.head_dim", "rope.dims") if any(c.key == FRACTION for c in claims) else ()
     keys += ("attn.scale", "attn.head_dim") if any(c.key == "attn.softcap" for c in claims) else ()
-    card = read_card(ctx.subject, ctx.cfg, ctx.device, progress=ctx.step, keys=keys if own else None)
+    card = _half_table(read_card(ctx.subject, ctx.cfg, ctx.device, progress=ctx.step, keys=keys if own else None), ctx.dtype)
     claims = with_window(with_fraction(claims, card.value("attn.head_dim")), SCALE_SEQ)
     if routing and not card.value("moe.experts"):  # a config's routing says nothing of a dense layer (DeepSeek's first)
         claims = tuple(c for c in claims if not c.key.startswith("moe."))
@@ -75,6 +75,25 @@ def check_spec(ctx: Context) -> Outcome:
         # one expert per token, its weight renormalised over the chosen one: p / p = 1 whatever the router computes
         return warned("spec.constant_gate", 1, experts=card.value("moe.experts"), **facts)
     return passed("spec.matches", matched, **facts)
+
+
+def _half_table(card, dtype):
+    """In a float16 run, a rotary table whose slowest frequencies sit below float16's normal range (6.1e-5 radians per
+    position: theta 5e5 at 64 dims, or a scaling's divided pairs) holds them rounded to its subnormal steps, so its
+    scaling and band are not what the block computes by design: those entries unread (the precision and dtype checks
+    judge the rounding)."""
+    import dataclasses
+
+    import torch
+
+    from tblock_cli.card.entries import skipped
+
+    freqs, tiny = card.value("rope.freqs"), torch.finfo(torch.float16).tiny
+    if dtype != torch.float16 or not isinstance(freqs, tuple) or not freqs or min(freqs) >= tiny:
+        return card
+    why = f"float16 holds this table's slowest frequencies ({min(freqs):.1e} per position) below its normal range ({tiny:.1e})"
+    rounded = ("rope.scaling", "rope.factor", "rope.low_freq_wavelen", "rope.high_freq_wavelen")
+    return dataclasses.replace(card, entries=tuple(skipped(e.key, why) if e.key in rounded else e for e in card.entries))
 
 
 def _capped_scale(card, claims) -> dict | None:
