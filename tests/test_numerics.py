@@ -165,3 +165,33 @@ def test_a_norm_is_held_to_its_class_name_only_where_it_does_not_normalise():
     # each channel normalised over the tokens: scale-invariant, but token 0 moves with the others (LayerNormAll, over
     # tokens and channels together, moves too but is no per-channel normalisation: a design)
     assert not got[1]["scaled"] and got[1]["tokens"] > 0.1
+
+
+def test_a_selection_that_rounding_flips_is_not_judged_for_precision_and_positions_in_half_still_fail():
+    """bfloat16 rounds a top-k's near-tied scores and picks other keys, anywhere along the sequence: `precision`
+    skips it (precision.jumps). Rotary positions in bfloat16 leave the first positions exact and fail as before."""
+    topk = run("zoo_attention.py:TopKAttention", ("precision",), causal=True)["precision"]
+    assert topk.status is Status.SKIP and topk.kind == "precision.jumps", topk
+    assert topk.facts["wrong_first"] >= 0.5 * topk.facts["wrong_last"] > 0 and topk.facts["exact"] < 0.01, topk.facts
+    for name in ("Bf16Positions", "AutocastAngles"):
+        c = run(f"zoo_training.py:{name}", ("precision",), causal=True)["precision"]
+        assert c.status is Status.FAIL and c.kind == "precision.differs", c
+
+
+def test_jumps_are_exact_positions_beside_wrong_ones_spread_along_the_sequence():
+    """_jumps, on errors per position: flips scattered over the sequence beside exact positions are jumps; errors
+    that start a third of the way in (positions past bfloat16's exact integers) are not, nor errors everywhere."""
+    from tblock_cli.checks.precision import _jumps
+
+    n = 90
+    ref = torch.ones(1, n, 4)
+    scattered = torch.full((n,), 1e-3)
+    scattered[::3] = 0.5  # a third of the positions, from the first on
+    late = torch.full((n,), 1e-3)
+    late[n // 3 :] = 0.5
+    everywhere = torch.full((n,), 0.5)
+    for errors, jumps in ((scattered, True), (late, False), (everywhere, False)):
+        got = ref + errors[None, :, None]  # each position's relative error (|got - ref| / |ref| over its channels)
+        found = _jumps(got, ref, n)
+        assert (found is not None) == jumps, (errors, found)
+    assert _jumps(ref, ref, n) is None  # nothing wrong: nothing to skip

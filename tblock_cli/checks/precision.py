@@ -32,6 +32,14 @@ PRECISION_SEQ = 768
 # d_head 16, 0.30 at d_head 64. 0.1 sits 2.2x above the worst correct block and 3x below the bugs.
 PRECISION_LIMIT = 0.1
 QUANTILE = 0.75
+# A selection that rounding flips (a top-k over an untrained block's near-tied keys, x-transformers' attn_sparse_topk)
+# moves whole positions, at random places: the positions it leaves alone stay exact (their error ~3e-3, the 10th
+# percentile under JUMP_EXACT) and the wrong ones (> the limit) are as frequent in the probe's first third as in its
+# last (0.26-0.47 against 0.27-0.43 for three top-k layers). A precision bug of positions or angles leaves the first
+# third exact (wrong 0.0-0.8 %, the last 63-88 %); one that degrades every position leaves none exact. Such jumps are
+# skipped, not failed: half precision's own error cannot be told from them.
+JUMP_EXACT = PRECISION_LIMIT / 10
+JUMP_SPREAD = 0.5
 # Under autocast some ops compute in bfloat16 and others in float32: code that then writes the one into the other by
 # index (an expert's bfloat16 output into a float32 buffer the forward made) raises one of these, on any device, and
 # the block cannot train in mixed precision. Judged under autocast only, and only for a write into a tensor the
@@ -185,6 +193,16 @@ def _token_error(got: torch.Tensor, ref: torch.Tensor, seq: int) -> float | None
     to other experts moves a few positions, lost positions or an unscaled softmax move most. None for an output
     with no axis of the probe's length (an expert's own batch of routed tokens) but the last, which holds features (an
     expert's hidden width can equal the probe's length: litgpt's Qwen3-30B-A3B, 768)."""
+    rel = _position_errors(got, ref, seq)
+    if rel is None:
+        return None
+    if not torch.isfinite(rel).all():  # a non-finite output anywhere shows here
+        return float("inf")
+    return torch.quantile(rel.double(), QUANTILE).item()
+
+
+def _position_errors(got: torch.Tensor, ref: torch.Tensor, seq: int) -> torch.Tensor | None:
+    """Each token position's relative error (_token_error's, before its quantile), in position order."""
     axis = next((i for i, n in enumerate(ref.shape[:-1]) if n == seq), None)
     if axis is None or got.shape != ref.shape or not ref.numel():
         return None
@@ -192,10 +210,20 @@ def _token_error(got: torch.Tensor, ref: torch.Tensor, seq: int) -> float | None
     dims = [i for i in range(ref.ndim) if i != axis]
     size = ref.pow(2).sum(dims).sqrt() if dims else ref.abs()
     err = (got - ref).pow(2).sum(dims).sqrt() if dims else (got - ref).abs()
-    rel = err / size.clamp_min(size.mean().item() * 1e-3 + 1e-30)
-    if not torch.isfinite(rel).all():  # a non-finite output anywhere shows here
-        return float("inf")
-    return torch.quantile(rel.double(), QUANTILE).item()
+    return err / size.clamp_min(size.mean().item() * 1e-3 + 1e-30)
+
+
+def _jumps(got: torch.Tensor, ref: torch.Tensor, seq: int) -> dict | None:
+    """A component's errors as a selection's jumps (JUMP_EXACT, JUMP_SPREAD): their facts, or None."""
+    rel = _position_errors(got, ref, seq)
+    if rel is None or rel.ndim != 1 or rel.numel() < 3 or not bool(torch.isfinite(rel).all()):
+        return None
+    third = rel.numel() // 3
+    wrong = (rel > PRECISION_LIMIT).double()
+    first, last, exact = wrong[:third].mean().item(), wrong[-third:].mean().item(), rel.double().quantile(0.1).item()
+    if exact > JUMP_EXACT or not last > 0 or first < JUMP_SPREAD * last:
+        return None
+    return {"exact": exact, "wrong_first": first, "wrong_last": last}
 
 
 def _outputs(module: nn.Module, subject, x: torch.Tensor, autocast: bool, device: torch.device):
@@ -226,9 +254,9 @@ def _outputs(module: nn.Module, subject, x: torch.Tensor, autocast: bool, device
     return out, seen
 
 
-def _component_errors(ref: list, got: list, seq: int) -> list[tuple[str, float]]:
-    """Each component's output error (_token_error), in the order the components finished; calls matched by name
-    and count (a router's switch may change which experts run)."""
+def _component_errors(ref: list, got: list, seq: int) -> list[tuple]:
+    """Each component's output error (_token_error), in the order the components finished, with its two outputs
+    (name, error, got, ref); calls matched by name and count (a router's switch may change which experts run)."""
     refs: dict[str, list] = {}
     for name, t in ref:
         refs.setdefault(name, []).append(t)
@@ -240,7 +268,7 @@ def _component_errors(ref: list, got: list, seq: int) -> list[tuple[str, float]]
         r = refs.get(name, [])
         err = _token_error(g, r[i], seq) if i < len(r) else None
         if err is not None:
-            out.append((name, err))
+            out.append((name, err, g, r[i]))
     return out
 
 
@@ -272,7 +300,8 @@ def check_precision(ctx: Context) -> Outcome:
     (rotary positions or angles computed in bfloat16); a block that raises on mixing dtypes under autocast (an
     expert's bfloat16 output written by index into a float32 buffer), in its forward or in a training step's backward
     (a custom autograd Function without custom_fwd/custom_bwd); a float32 input whose output autocast turns bfloat16
-    (the residual stream carried in bfloat16 from there on: `(x + y).type_as(y)`)"""
+    (the residual stream carried in bfloat16 from there on: `(x + y).type_as(y)`); skips an output whose error is
+    a selection's jumps (some positions exact, the wrong ones as frequent early as late: a top-k over near-tied keys)"""
     if (large := too_large(ctx)) is not None:
         return large
     if ctx.device.type not in ("cpu", "cuda"):
@@ -310,15 +339,19 @@ def check_precision(ctx: Context) -> Outcome:
                       want=str(ref.dtype).replace("torch.", ""))
     if (clash := _autocast_step(ctx, ref32, x[:, : ctx.cfg.seq])) is not None:
         return failed("precision.dtype_clash", how=AUTOCAST_STEP, error=clash)
-    errors, first = {}, {}
+    errors, first, worst = {}, {}, {}
     for how, (ref_parts, parts) in results.items():
         comps = _component_errors(ref_parts, parts, seq)
-        errors[how] = max(e for _, e in comps)
-        first[how] = next(((n, e) for n, e in comps if e > PRECISION_LIMIT), (None, 0.0))
+        errors[how] = max(e for _, e, _, _ in comps)
+        first[how] = next(((n, e) for n, e, _, _ in comps if e > PRECISION_LIMIT), (None, 0.0))
+        worst[how] = max(comps, key=lambda c: c[1])
     facts = {"errors": errors, "limit": PRECISION_LIMIT, "seq": seq,
              "products": "float32-accumulated" if emulate else "native"}
     how = max(errors, key=errors.get)
     if errors[how] > PRECISION_LIMIT:
+        name, _, got_w, ref_w = worst[how]
+        if (jumps := _jumps(got_w, ref_w, seq)) is not None:
+            return skipped("precision.jumps", how=how, component=name, **jumps, **facts)
         component, err = first[how]
         return failed("precision.differs", errors[how], how=how, component=component, component_error=err, **facts)
     return passed("precision.close", errors[how], **facts)

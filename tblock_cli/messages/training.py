@@ -133,6 +133,11 @@ MESSAGES = {
     "state_dict.round_trip": lambda f: f"a fresh instance loaded with its state_dict (strict) gives the same outputs (max {f['diff']:.1e})",
     "precision.device": lambda f: f"autocast to bfloat16 is not probed on {f['device']}",
     "precision.unsupported": lambda f: f"the block does not run in bfloat16: {f['error']}",
+    "precision.jumps": lambda f: (f"not judged: {'under torch.autocast' if f['how'] == 'autocast' else 'after .to'} "
+                                  f"(bfloat16) a tenth of the positions of {f['component']} are exact (error {f['exact']:.1e} or less) and "
+                                  f"{f['wrong_first']:.0%} of the first third, {f['wrong_last']:.0%} of the last, are "
+                                  f"off by more than {f['limit']:g}: a selection that rounding flips (a top-k over "
+                                  f"near-tied keys), not an error that grows along the sequence"),
     "precision.dtype_clash": lambda f: (f"under {f['how']} the block raises on mixing dtypes: {f['error']} (bfloat16 "
                                         f"results meeting float32 tensors: it cannot train so)"),
     "precision.autocast_dtype": lambda f: (f"under torch.autocast (bfloat16) a {f['want']} input comes out {f['got']}: "
