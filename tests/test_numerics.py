@@ -181,7 +181,7 @@ def test_a_selection_that_rounding_flips_is_not_judged_for_precision_and_positio
 def test_jumps_are_exact_positions_beside_wrong_ones_spread_along_the_sequence():
     """_jumps, on errors per position: flips scattered over the sequence beside exact positions are jumps; errors
     that start a third of the way in (positions past bfloat16's exact integers) are not, nor errors everywhere."""
-    from tblock_cli.checks.precision import _jumps
+    from tblock_cli.checks.precision import _jumps, _position_errors
 
     n = 90
     ref = torch.ones(1, n, 4)
@@ -192,6 +192,6 @@ def test_jumps_are_exact_positions_beside_wrong_ones_spread_along_the_sequence()
     everywhere = torch.full((n,), 0.5)
     for errors, jumps in ((scattered, True), (late, False), (everywhere, False)):
         got = ref + errors[None, :, None]  # each position's relative error (|got - ref| / |ref| over its channels)
-        found = _jumps(got, ref, n)
+        found = _jumps(_position_errors(got, ref, n))
         assert (found is not None) == jumps, (errors, found)
-    assert _jumps(ref, ref, n) is None  # nothing wrong: nothing to skip
+    assert _jumps(_position_errors(ref, ref, n)) is None  # nothing wrong: nothing to skip

@@ -118,8 +118,11 @@ def own_claims(modules: list[nn.Module], arguments: dict | None = None) -> tuple
         if value is not None:
             tier.setdefault(key, {}).setdefault(value, where)
 
+    seen: set[str] = set()  # every field and attribute name read (multi-head latent attention's widths, below)
+
     def fields(values: dict, where: str) -> None:
         for field, v, at in _fields(values, where):
+            seen.add(field)
             if field in FIELDS:
                 put(asked, FIELDS[field], _value(FIELDS[field], v), f"{at} `{field}`")
             elif field in MULTIPLIERS:
@@ -145,6 +148,7 @@ def own_claims(modules: list[nn.Module], arguments: dict | None = None) -> tuple
         for name, value in vars(m).items():
             if name.startswith("_"):
                 continue
+            seen.add(name)
             if _is_config(value):
                 fields(_config_fields(value), f"{owner}.{name}'s")
                 continue
@@ -187,7 +191,7 @@ def own_claims(modules: list[nn.Module], arguments: dict | None = None) -> tuple
         put(named, "norm.kind", "rmsnorm", f"class name `{norms[0]}` (every norm's class says RMSNorm)")
     for tier in (asked, kept):
         _group(tier)
-    if any(f in MLA_WIDTHS for f in _names_seen(modules, arguments)):
+    if seen.intersection(MLA_WIDTHS):
         for tier in (asked, kept):
             tier.pop("attn.head_dim", None)
     claims = []
@@ -197,11 +201,6 @@ def own_claims(modules: list[nn.Module], arguments: dict | None = None) -> tuple
             (value, where), = values.items()
             claims.append(Claim(key, value, f"the block's own {where}", tier=tier))
     return tuple(claims)
-
-
-def _names_seen(modules: list[nn.Module], arguments: dict | None) -> set[str]:
-    """Every field name the block's arguments, configs and modules' attributes carry."""
-    return {field for v in [arguments or {}] + [vars(m) for m in modules] for field, _, _ in _fields(v, "")}
 
 
 def _count(v) -> int | None:

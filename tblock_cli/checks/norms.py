@@ -7,7 +7,7 @@ import re
 import torch
 
 from tblock_cli.anatomy.norms import CLAIM_SCALES, NORM_CLASS, named_but_not_norms
-from tblock_cli.checks.context import Context
+from tblock_cli.checks.context import Context, nonfinite_kind
 from tblock_cli.checks.result import Outcome, failed, passed, skipped, warned
 from tblock_cli.probes import cast, f64, module_copy
 from tblock_cli.runtime import dtype_name
@@ -227,8 +227,6 @@ def _affine_residual(m, x: torch.Tensor, width: int, gen: torch.Generator) -> tu
 def _half_constant(m, width: int) -> str | None:
     """What non-finite value a float16 copy of norm m (on the CPU) returns for constant tokens (HALF_CONSTANTS in every
     channel); None where they come out finite, or the copy cannot run in float16 (no evidence)."""
-    from tblock_cli.checks.context import nonfinite_kind
-
     try:
         half = cast(module_copy(m), torch.float16, torch.device("cpu"))
         tokens = torch.tensor(HALF_CONSTANTS, dtype=torch.float16)[None, :, None].expand(1, len(HALF_CONSTANTS), width)

@@ -194,11 +194,12 @@ def _token_error(got: torch.Tensor, ref: torch.Tensor, seq: int) -> float | None
     with no axis of the probe's length (an expert's own batch of routed tokens) but the last, which holds features (an
     expert's hidden width can equal the probe's length: litgpt's Qwen3-30B-A3B, 768)."""
     rel = _position_errors(got, ref, seq)
-    if rel is None:
-        return None
-    if not torch.isfinite(rel).all():  # a non-finite output anywhere shows here
-        return float("inf")
-    return torch.quantile(rel.double(), QUANTILE).item()
+    return None if rel is None else _quantile(rel)
+
+
+def _quantile(rel: torch.Tensor) -> float:
+    """The QUANTILE of per-position errors; inf where any is not finite (a non-finite output anywhere shows here)."""
+    return torch.quantile(rel.double(), QUANTILE).item() if bool(torch.isfinite(rel).all()) else float("inf")
 
 
 def _position_errors(got: torch.Tensor, ref: torch.Tensor, seq: int) -> torch.Tensor | None:
@@ -213,10 +214,10 @@ def _position_errors(got: torch.Tensor, ref: torch.Tensor, seq: int) -> torch.Te
     return err / size.clamp_min(size.mean().item() * 1e-3 + 1e-30)
 
 
-def _jumps(got: torch.Tensor, ref: torch.Tensor, seq: int) -> dict | None:
-    """A component's errors as a selection's jumps (JUMP_EXACT, JUMP_SPREAD): their facts, or None."""
-    rel = _position_errors(got, ref, seq)
-    if rel is None or rel.ndim != 1 or rel.numel() < 3 or not bool(torch.isfinite(rel).all()):
+def _jumps(rel: torch.Tensor) -> dict | None:
+    """A component's errors per position (_position_errors) as a selection's jumps (JUMP_EXACT, JUMP_SPREAD): their
+    facts, or None."""
+    if rel.ndim != 1 or rel.numel() < 3 or not bool(torch.isfinite(rel).all()):
         return None
     third = rel.numel() // 3
     wrong = (rel > PRECISION_LIMIT).double()
@@ -254,9 +255,10 @@ def _outputs(module: nn.Module, subject, x: torch.Tensor, autocast: bool, device
     return out, seen
 
 
-def _component_errors(ref: list, got: list, seq: int) -> list[tuple]:
-    """Each component's output error (_token_error), in the order the components finished, with its two outputs
-    (name, error, got, ref); calls matched by name and count (a router's switch may change which experts run)."""
+def _component_errors(ref: list, got: list, seq: int) -> list[tuple[str, float, torch.Tensor]]:
+    """Each component's output error (_token_error), in the order the components finished, with its errors per
+    position (name, error, per position); calls matched by name and count (a router's switch may change which experts
+    run)."""
     refs: dict[str, list] = {}
     for name, t in ref:
         refs.setdefault(name, []).append(t)
@@ -266,9 +268,9 @@ def _component_errors(ref: list, got: list, seq: int) -> list[tuple]:
         i = seen.get(name, 0)
         seen[name] = i + 1
         r = refs.get(name, [])
-        err = _token_error(g, r[i], seq) if i < len(r) else None
-        if err is not None:
-            out.append((name, err, g, r[i]))
+        rel = _position_errors(g, r[i], seq) if i < len(r) else None
+        if rel is not None:
+            out.append((name, _quantile(rel), rel))
     return out
 
 
@@ -342,15 +344,15 @@ def check_precision(ctx: Context) -> Outcome:
     errors, first, worst = {}, {}, {}
     for how, (ref_parts, parts) in results.items():
         comps = _component_errors(ref_parts, parts, seq)
-        errors[how] = max(e for _, e, _, _ in comps)
-        first[how] = next(((n, e) for n, e, _, _ in comps if e > PRECISION_LIMIT), (None, 0.0))
         worst[how] = max(comps, key=lambda c: c[1])
+        errors[how] = worst[how][1]
+        first[how] = next(((n, e) for n, e, _ in comps if e > PRECISION_LIMIT), (None, 0.0))
     facts = {"errors": errors, "limit": PRECISION_LIMIT, "seq": seq,
              "products": "float32-accumulated" if emulate else "native"}
     how = max(errors, key=errors.get)
     if errors[how] > PRECISION_LIMIT:
-        name, _, got_w, ref_w = worst[how]
-        if (jumps := _jumps(got_w, ref_w, seq)) is not None:
+        name, _, rel = worst[how]
+        if (jumps := _jumps(rel)) is not None:
             return skipped("precision.jumps", how=how, component=name, **jumps, **facts)
         component, err = first[how]
         return failed("precision.differs", errors[how], how=how, component=component, component_error=err, **facts)
