@@ -20,7 +20,8 @@ from hf_sweep import POPULAR  # noqa: E402
 
 from tblock_cli.card.attention import SCALE_SEQ  # noqa: E402
 from tblock_cli.card.entries import judge  # noqa: E402
-from tblock_cli.card.own import FRACTION, own_claims, with_fraction, with_window  # noqa: E402
+from tblock_cli.card.own import own_claims  # noqa: E402
+from tblock_cli.card.own_fit import fitted, needed  # noqa: E402
 from tblock_cli.card.read import read_card  # noqa: E402
 from tblock_cli.checks.training import all_modules  # noqa: E402
 from tblock_cli.subject.setup import setup  # noqa: E402
@@ -37,11 +38,9 @@ def main() -> int:
             if not claims:
                 print(t, "no claims", flush=True)
                 continue
-            keys = tuple(c.key for c in claims if c.key != FRACTION) + ("moe.experts", "attn.head_dim", "rope.dims")
+            keys = needed(claims) + ("moe.experts", "attn.head_dim", "rope.dims")
             card = read_card(subject, s.cfg, s.device, keys=keys)
-            claims = with_window(with_fraction(claims, card.value("attn.head_dim")), SCALE_SEQ)  # as the check does
-            if not card.value("moe.experts"):
-                claims = tuple(c for c in claims if not c.key.startswith("moe."))
+            claims = fitted(claims, card, SCALE_SEQ)  # as the check does
             verdicts = judge(card, claims)
             bad = [v.to_dict() for v in verdicts if v.status == "differs"]
             differs += bool(bad)

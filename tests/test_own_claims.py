@@ -3,6 +3,7 @@ held against its card. Planted contradictions of tests/zoo_claims.py caught and 
 they say passing, and the reading rules: arguments before attributes, a key given two values claims nothing, only
 names whose meaning is not in doubt."""
 
+import dataclasses
 from dataclasses import dataclass
 
 import pytest
@@ -11,7 +12,8 @@ import zoo_claims
 import zoo_tables
 
 import tblock_cli
-from tblock_cli.card.own import FRACTION, own_causal, own_claims, with_fraction
+from tblock_cli.card.own import FRACTION, own_causal, own_claims
+from tblock_cli.card.own_fit import with_fraction
 from tblock_cli.checks import Status
 
 from conftest import TESTS
@@ -198,6 +200,46 @@ def test_head_count_reading_rules():
     assert group(Config(num_kv_heads=3)) is None  # not a whole ratio: claims nothing
     assert group(None, n_heads=8, n_rep=2) == 2.0  # Meta's llama keeps the group size itself
     assert group(None, n_heads=8, n_kv_heads=2, n_rep=2) is None  # 4 and 2: counts that disagree claim nothing
+
+
+def test_sizes_reading_rules():
+    """Query heads claim attn.heads, met by a whole multiple (differential attention splits each head in two); an FFN
+    width claims ffn.hidden from a config only, by its unambiguous names, and not where it gives another beside it;
+    the width is judged only against a dense FFN whose curve the card fitted."""
+    from tblock_cli.card.entries import Card, Entry, judge
+    from tblock_cli.card.own_fit import fitted
+
+    @dataclass
+    class Config:
+        num_attention_heads: int = 8
+        intermediate_size: int = 2048
+        moe_intermediate_size: int | None = None
+
+    def claims(cfg=None, **args):
+        layer = nn.Module()
+        layer.config = cfg
+        return {c.key: c for c in own_claims([layer], args)}
+
+    got = claims(Config())
+    assert got["attn.heads"].value == 8.0 and got["ffn.hidden"].value == 2048.0
+    assert "ffn.hidden" not in claims(Config(moe_intermediate_size=512))  # which width a layer uses is the layer's
+    assert "ffn.hidden" not in claims(None, d_ff=96)  # an argument may be tblock's own --d-ff, sized the block's way
+    assert claims(None, config=Config(intermediate_size=96))["ffn.hidden"].value == 96.0  # a config's is the width
+
+    def verdict(measured, claim):
+        return judge(Card("x", (Entry("attn.heads", measured),)), (claim,))[0].status
+
+    heads = got["attn.heads"]
+    assert [verdict(m, heads) for m in (8, 16, 4, 12)] == ["match", "match", "differs", "differs"]
+    assert verdict(16, dataclasses.replace(heads, multiple=False)) == "differs"  # --expect's count is exact
+
+    def kept(**entries):
+        card = Card("x", tuple(Entry(k, v) for k, v in entries.items()))
+        return [c.key for c in fitted((got["ffn.hidden"],), card, 513)]
+
+    assert kept(**{"ffn.act": "silu", "moe.experts": 0}) == ["ffn.hidden"]
+    assert kept(**{"ffn.act": "silu", "moe.experts": 8}) == []  # an expert's width is another
+    assert kept(**{"ffn.act": "other", "moe.experts": 0}) == []  # a Mamba mixer read as an FFN (hf:jamba)
 
 
 def test_a_table_whose_frequencies_repeat_is_read_not_raised_on():

@@ -70,6 +70,38 @@ class HeadDimHonoured(HeadDimIgnored):
         self.rotary = Rotary(head_dim)
 
 
+class HeadsIgnored(TrainBlock):
+    """Built with n_heads and splitting into 2 heads whatever it was given (a port that reads another config field):
+    the projections' shapes do not change, so every checkpoint loads and computes other attention. Twin: any block
+    that honours n_heads (zoo_claims' GroupedQuery; DifferentialHeads splits each head in two, a multiple)."""
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
+        super().__init__(d_model, n_heads, dropout, causal)
+        self.n_heads = 2
+        self.rotary = Rotary(d_model // 2)
+
+
+@dataclass
+class MLPConfig:
+    intermediate_size: int = 96
+
+
+class FFNWidthIgnored(TrainBlock):
+    """Keeps a config's intermediate_size and sizes its SwiGLU by llama's 8/3 d_model whatever the config says (a port's
+    hard-coded rule). Twin: FFNWidthHonoured."""
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True, intermediate_size=96):
+        super().__init__(d_model, n_heads, dropout, causal)
+        self.config = MLPConfig(intermediate_size)
+
+
+class FFNWidthHonoured(FFNWidthIgnored):
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True, intermediate_size=96):
+        super().__init__(d_model, n_heads, dropout, causal, intermediate_size)
+        self.w1, self.w3 = (nn.Linear(d_model, intermediate_size, bias=False) for _ in range(2))
+        self.w2 = nn.Linear(intermediate_size, d_model, bias=False)
+
+
 class Llama3Rotary(Rotary):
     """Llama 3.1's scaled table (transformers' _compute_llama3_parameters), from `orig` as the original length."""
 
@@ -325,8 +357,9 @@ PLANTED = {"CatTableInterleaved": "rope.theta", "ValuesTiledApart": "attn.group"
            "SharedExpertDropped": "moe.shared", "NormFirstIgnored": "norm.placement",
            "RopeSwitchIgnored": "pos.kind", "ResidualMultiplierDropped": ("residual.attn_gain", "residual.ffn_gain"),
            "AttentionMultiplierDropped": "attn.scale", "GroupsStrided": "attn.kv_grouping",
-           "HeadDimIgnored": "attn.head_dim", "Llama3OriginalFromMax": ("rope.low_freq_wavelen", "rope.high_freq_wavelen")}
+           "HeadDimIgnored": "attn.head_dim", "Llama3OriginalFromMax": ("rope.low_freq_wavelen", "rope.high_freq_wavelen"),
+           "HeadsIgnored": "attn.heads", "FFNWidthIgnored": "ffn.hidden"}
 WARNED = {"SoftcapNotDivided": "spec", "OneExpertRenormalised": "spec"}
 CORRECT = ["OneExpertRouted", "TanhGeluWritten", "ExpertsCounted", "QKNormApplied", "SharedExpertAdded",
            "NormFirstHonoured", "RopeSwitchOn", "GraniteMultipliers", "HeadDimHonoured",
-           "Llama3Scaled"]
+           "Llama3Scaled", "FFNWidthHonoured"]

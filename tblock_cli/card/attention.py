@@ -11,6 +11,8 @@ from tblock_cli.card.probe import Probe
 from tblock_cli.card.scores import Scores, capture_scores
 from tblock_cli.probes import parameters_replaced
 
+# the entries read by probing the scores (the rest are sizes, read off the first call as it is)
+PROBED = ("attn.scale", "attn.softcap", "attn.window", "attn.qk_norm")
 KEYS = ("attn.heads", "attn.kv_heads", "attn.group", "attn.kv_grouping", "attn.head_dim", "attn.scale", "attn.softcap", "attn.window", "attn.qk_norm")
 # Tokens of the random input the scores are read on: enough entries per head for the fits below.
 SCALE_SEQ = 16
@@ -317,12 +319,20 @@ def read(probe: Probe) -> list[Entry]:
         first = [next(g for g in range(H) if (first[g], values[g]) == (first[h], values[h])) for h in range(H)]
         heads, why = "distinct (key, value) head pairs", ": values grouped unlike the keys"
     kv = len(set(first)) if first is not None else k.shape[1]
-    out += [Entry("attn.heads", H, f"q.k products per token ({call.kind})", judged=False),
+    # heads written as modules of one head each (nanoGPT's lecture `Head`s, concatenated): every such module a head
+    single = {c.sources or i for i, c in calls if c.q.shape[1] == 1 and c.q.shape[-1] == E} if H == 1 else set()
+    heads_read = Entry("attn.heads", len(single), f"single-head attention modules ({call.kind}), one q.k product each",
+                       judged=False) if len(single) > 1 else Entry("attn.heads", H, f"q.k products per token ({call.kind})",
+                                                                     judged=False)
+    out += [heads_read,
             Entry("attn.kv_heads", kv, f"{heads} in the product{why}", judged=False),
             Entry("attn.group", H / kv, f"{H} query heads over {kv} {heads}", judged=False) if kv
             else skipped("attn.group", "no key heads read"),
             read_grouping(call, H, kv, first),
             Entry("attn.head_dim", E, "channels of q in the product", judged=False)]
+    wanted = probe.memo.get("keys")
+    if wanted is not None and not wanted.intersection(PROBED):  # sizes only: no scale, cap or window probe paid for
+        return out
     z0 = perturbed(probe, x, call, 0.0) if call.ordinal >= 0 else None  # the bias and the mask alone
     scale, s = read_scale(probe, x, call, z0)
     out.append(scale)

@@ -131,6 +131,7 @@ class Claim:
     tol: float = 0.0  # the reference entry's own tolerance (a --like card); --expect takes the measured entry's
     tier: str = ""  # what the block says of itself: asked (arguments, configs), kept (attributes) or named (classes);
     # convention: a --like family's way of doing something the block may not do at all (unread: no verdict)
+    multiple: bool = False  # a whole multiple of the value matches too (a block's head count: differential heads)
 
 
 @dataclass(frozen=True)
@@ -236,5 +237,11 @@ def judge(card: Card, claims: tuple[Claim, ...]) -> tuple[Verdict, ...]:
             out.append(Verdict(key, "unread", c.value, None, c.source, e.skip if e is not None else "not measured"))
             continue
         tol = max(e.tol, c.tol)
-        out.append(Verdict(key, "match" if same(c.value, e.value, tol) else "differs", c.value, e.value, c.source))
+        ok = same(c.value, e.value, tol) or (c.multiple and _multiple_of(e.value, c.value))
+        out.append(Verdict(key, "match" if ok else "differs", c.value, e.value, c.source))
     return tuple(out)
+
+
+def _multiple_of(measured, claimed) -> bool:
+    return isinstance(measured, (int, float)) and isinstance(claimed, (int, float)) and claimed > 0 \
+        and measured >= claimed and measured % claimed == 0

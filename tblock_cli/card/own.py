@@ -27,6 +27,11 @@ FIELDS = {
     # the width of each head's q and k where a config gives it apart from the model's width (Gemma's 256 beside 3072 /
     # 16 = 192, Qwen3's 128 beside 2560 / 32 = 80): a port that splits hidden_size / heads contradicts it
     "head_dim": "attn.head_dim", "head_size": "attn.head_dim",
+    # the FFN's hidden width, read from a config only (a `d_ff` argument is often tblock's own --d-ff default, which a
+    # block may take and size its own way), and never Meta's `hidden_dim`, which its FeedForward turns into 2/3 of
+    # itself rounded up, nor OLMo's `mlp_hidden_size`, gate and up together
+    "intermediate_size": "ffn.hidden", "ffn_dim": "ffn.hidden", "n_inner": "ffn.hidden", "ffn_hidden_size": "ffn.hidden",
+    "d_ff": "ffn.hidden", "dim_feedforward": "ffn.hidden",
     "hidden_act": "ffn.act", "hidden_activation": "ffn.act", "activation_function": "ffn.act", "activation": "ffn.act",
     "activation_fn": "ffn.act", "act_fn": "ffn.act", "ffn_activation": "ffn.act", "mlp_activation": "ffn.act",
     "num_experts_per_tok": "moe.top_k", "moe_top_k": "moe.top_k", "n_activated_experts": "moe.top_k",
@@ -75,8 +80,9 @@ GROUPS = ("num_key_value_groups", "n_rep")
 # A multi-query switch set overrides a kv count that stays in the config (Falcon's `multi_query=True` beside its
 # `num_kv_heads`, used only with `new_decoder_architecture`): where one is True the counts claim nothing.
 MULTI_QUERY = ("multi_query", "multi_query_attention")
-# attributes torch's own modules keep and compute with by construction (nn.MultiheadAttention's head_dim): no claim
-TORCH_KEPT = ("head_dim",)
+# attributes torch's own modules keep and compute with by construction (nn.MultiheadAttention's head_dim and
+# num_heads): no claim
+TORCH_KEPT = ("head_dim", "num_heads")
 # Multi-head latent attention's widths: q and k are nope + rope channels, and DeepSeek's configs keep `head_dim` for the
 # rope part alone; where one of these is read, `head_dim` claims nothing
 MLA_WIDTHS = ("qk_nope_head_dim", "qk_rope_head_dim", "qk_head_dim", "v_head_dim")
@@ -123,6 +129,8 @@ def own_claims(modules: list[nn.Module], arguments: dict | None = None) -> tuple
     def fields(values: dict, where: str) -> None:
         for field, v, at in _fields(values, where):
             seen.add(field)
+            if FIELDS.get(field) == "ffn.hidden" and at == "constructor argument":
+                continue
             if field in FIELDS:
                 put(asked, FIELDS[field], _value(FIELDS[field], v), f"{at} `{field}`")
             elif field in MULTIPLIERS:
@@ -149,6 +157,8 @@ def own_claims(modules: list[nn.Module], arguments: dict | None = None) -> tuple
             if name.startswith("_"):
                 continue
             seen.add(name)
+            if name in TORCH_KEPT and type(m).__module__.startswith("torch."):
+                continue
             if _is_config(value):
                 fields(_config_fields(value), f"{owner}.{name}'s")
                 continue
@@ -175,9 +185,7 @@ def own_claims(modules: list[nn.Module], arguments: dict | None = None) -> tuple
             if name in POSITION_SWITCHES and value is True:
                 put(kept, "pos.kind", POSITION_SWITCHES[name], f"{owner}.{name}")
                 continue
-            if name in TORCH_KEPT and type(m).__module__.startswith("torch."):
-                continue
-            key = (FIELDS.get(name) or (ON_ROTARY.get(name) if is_rotary_name(owner) else None)
+            key = ((FIELDS.get(name) if FIELDS.get(name) != "ffn.hidden" else None) or (ON_ROTARY.get(name) if is_rotary_name(owner) else None)
                    or (ON_NORM.get(name) if own_norm(m) else None))
             if key is not None:
                 put(kept, key, _value(key, value), f"{owner}.{name}")
@@ -199,7 +207,7 @@ def own_claims(modules: list[nn.Module], arguments: dict | None = None) -> tuple
         tier, values = next((t, v[key]) for t, v in (("asked", asked), ("kept", kept), ("named", named)) if v.get(key))
         if len(values) == 1:
             (value, where), = values.items()
-            claims.append(Claim(key, value, f"the block's own {where}", tier=tier))
+            claims.append(Claim(key, value, f"the block's own {where}", tier=tier, multiple=key == "attn.heads"))
     return tuple(claims)
 
 
@@ -219,9 +227,11 @@ def _group(tier: dict) -> None:
         found = {value: where for n in names for value, where in counts.get(n, {}).items()}
         return next(iter(found.items())) if len(found) == 1 else None
 
+    heads, kv, group = one(HEADS), one(KV_HEADS), one(GROUPS)
+    if heads:  # query heads: the product may split each in two (differential attention), so a multiple matches
+        tier["attn.heads"] = {float(heads[0]): heads[1]}
     if "multi_query" in counts:
         return
-    heads, kv, group = one(HEADS), one(KV_HEADS), one(GROUPS)
     claimed = {}
     if heads and kv and heads[0] % kv[0] == 0:
         claimed[float(heads[0] // kv[0])] = f"{heads[1]} over {kv[1]}"
@@ -269,6 +279,10 @@ def _config_fields(config) -> dict:
         fields["rope_theta"] = rope["rope_theta"]
     if any(fields.get(f) is not None for f in LOCAL_BASES):
         fields = {f: v for f, v in fields.items() if FIELDS.get(f) != "rope.theta"}
+    if any(_count(v) and FIELDS.get(f) != "ffn.hidden" and re.search("intermediate|ffn|inner", f) for f, v in fields.items()):
+        # another FFN width beside (Llama 4's intermediate_size_mlp, an expert's or a shared expert's): which a layer
+        # uses depends on the layer
+        fields = {f: v for f, v in fields.items() if FIELDS.get(f) != "ffn.hidden"}
     return fields
 
 
@@ -330,29 +344,6 @@ def _scale_claim(v):
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < 1:
         return None
     return 1.0 / (v * v)
-
-
-def with_fraction(claims: tuple[Claim, ...], head_dim) -> tuple[Claim, ...]:
-    """The rotating fraction of a head (partial_rotary_factor, rotary_pct) as a rope.dims claim, where the card read
-    the head's width and no other claim names rope.dims; dropped otherwise."""
-    out = tuple(c for c in claims if c.key != FRACTION)
-    fraction = next((c for c in claims if c.key == FRACTION), None)
-    if fraction is None or not head_dim or any(c.key == "rope.dims" for c in out):
-        return out
-    return out + (Claim("rope.dims", float(int(fraction.value * head_dim)), fraction.source),)
-
-
-def with_window(claims: tuple[Claim, ...], seq: int) -> tuple[Claim, ...]:
-    """An attn.window claim judged within one token either way, and only where the window (and one more) is shorter
-    than the card's probe of `seq` tokens, which reads any longer window as none; dropped otherwise."""
-    out = []
-    for c in claims:
-        if c.key == "attn.window" and c.source.startswith("the block's own"):
-            if not isinstance(c.value, (int, float)) or c.value + 1 >= seq:
-                continue
-            c = dataclasses.replace(c, value=float(c.value), tol=max(c.tol, 1.0 / c.value))
-        out.append(c)
-    return tuple(out)
 
 
 # A block's own word that its queries ignore later keys: a switch of one of these names set to True

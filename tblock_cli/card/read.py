@@ -34,6 +34,8 @@ def read_card(subject, cfg, device: torch.device, progress: Callable[[str], None
     keys, only the readers those keys need run (the others' entries are left unread)."""
     wanted = None if keys is None else {READS[k.partition(".")[0]] for k in keys}
     probe = float64_probe(subject, cfg, device)
+    if keys is not None:
+        probe.memo["keys"] = set(keys)  # a reader may leave out the probes no wanted key needs
     entries: dict[str, Entry] = {}
     slips = []
     for name, reader in READERS:

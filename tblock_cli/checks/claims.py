@@ -15,13 +15,13 @@ def check_spec(ctx: Context) -> Outcome:
     scale, soft-cap, window, key/value head grouping, activation, eps, norm offset, q/k-norm axis, residual form and
     gains, MoE routing; [spec.md](spec.md)) that differs from the declaration, each named with both values; without a declaration, one
     that differs from what the block says of itself (a kept `rope_theta`, `softcap`, `rotary_dim`, an attention
-    module's `scale`, a config's `hidden_act`, `num_experts_per_tok`, `head_dim` or `num_key_value_heads` (and with it grouped-query attention's layout, query head h reading key head h // group), Granite's `residual_multiplier` and
+    module's `scale`, a config's `hidden_act`, `num_experts_per_tok`, `head_dim`, `intermediate_size` or `num_key_value_heads` (and with it grouped-query attention's layout, query head h reading key head h // group), a head count the product does not split into, Granite's `residual_multiplier` and
     `attention_multiplier`, a `rope_scaling` (llama3's band ends too), a kept
     `sliding_window` shorter than the probe (within one token), a rotary module that runs
     while no rotation reaches the scores: [spec.md](spec.md)); skips when neither"""
     from tblock_cli.card.attention import COSINE, SCALE_SEQ
     from tblock_cli.card.entries import Claim, judge
-    from tblock_cli.card.own import FRACTION, with_fraction, with_window
+    from tblock_cli.card.own_fit import fitted, needed
     from tblock_cli.card.read import read_card
     from tblock_cli.checks.training import block_claims, too_large
 
@@ -36,14 +36,11 @@ def check_spec(ctx: Context) -> Outcome:
             return skipped("spec.own_claims_too_large", claims=[c.key for c in claims])
     elif not decl.claims:
         return skipped("spec.reference_unread", like=decl.like)
-    routing = own and any(c.key.startswith("moe.") for c in claims)
-    keys = tuple(c.key for c in claims if c.key != FRACTION) + (("moe.experts",) if routing else ())
-    keys += ("attn.head_dim", "rope.dims") if any(c.key == FRACTION for c in claims) else ()
+    keys = needed(claims)
     keys += ("attn.scale", "attn.head_dim") if any(c.key == "attn.softcap" for c in claims) else ()
     card = _half_table(read_card(ctx.subject, ctx.cfg, ctx.device, progress=ctx.step, keys=keys if own else None), ctx.dtype)
-    claims = with_window(with_fraction(claims, card.value("attn.head_dim")), SCALE_SEQ)
-    if routing and not card.value("moe.experts"):  # a config's routing says nothing of a dense layer (DeepSeek's first)
-        claims = tuple(c for c in claims if not c.key.startswith("moe."))
+    if own:  # a config's routing says nothing of a dense layer (DeepSeek's first), its FFN width nothing of an expert
+        claims = fitted(claims, card, SCALE_SEQ)
     if own:
         # a norm module's own eps or class name speaks for that module; the card reads the stream's norms, which may be
         # others (an F.layer_norm or nn.LayerNorm on the stream, RMSNorms on q and k): such a claim stands against the
