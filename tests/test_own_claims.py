@@ -12,7 +12,8 @@ import zoo_claims
 import zoo_tables
 
 import tblock_cli
-from tblock_cli.card.own import FRACTION, own_causal, own_claims
+from tblock_cli.card.own import FRACTION, own_claims
+from tblock_cli.card.own_causal import own_causal
 from tblock_cli.card.own_fit import with_fraction
 from tblock_cli.checks import Status
 
@@ -240,6 +241,27 @@ def test_sizes_reading_rules():
     assert kept(**{"ffn.act": "silu", "moe.experts": 0}) == ["ffn.hidden"]
     assert kept(**{"ffn.act": "silu", "moe.experts": 8}) == []  # an expert's width is another
     assert kept(**{"ffn.act": "other", "moe.experts": 0}) == []  # a Mamba mixer read as an FFN (hf:jamba)
+
+
+def test_layer_scale_reading_rules():
+    """LayerScale's start claims both branch gains; timm's plain `init_values` only as a constructor argument; a switch
+    beside it set False (FocalNet's use_layerscale) claims nothing; a start of 1 claims nothing."""
+    @dataclass
+    class Config:
+        layerscale_value: float = 1e-4
+        use_layerscale: bool = True
+
+    def gains(config=None, kept=None, **args):
+        layer = nn.Module()
+        layer.config = config
+        vars(layer).update(kept or {})
+        return {c.key: c.value for c in own_claims([layer], args) if c.key.startswith("residual.")}
+
+    assert gains(Config()) == {"residual.attn_gain": 1e-4, "residual.ffn_gain": 1e-4}
+    assert gains(Config(use_layerscale=False)) == {}
+    assert gains(init_values=0.1) == {"residual.attn_gain": 0.1, "residual.ffn_gain": 0.1}
+    assert gains(kept={"init_values": 0.1}) == {}  # an attribute of that name may be anything
+    assert gains(Config(layerscale_value=1.0)) == {}
 
 
 def test_a_table_whose_frequencies_repeat_is_read_not_raised_on():

@@ -40,7 +40,7 @@ KEYS: dict[str, str] = {
     "relbias.steps": "the distances j - i at which the relative bias changes value (its bucket boundaries)",
     # FFN
     "ffn.gated": "a gated FFN (act(gate) * up)",
-    "ffn.act": "the FFN activation: relu, relu2, gelu, gelu_tanh, silu, quick_gelu, ... (silu(gate*up): act of the product)",
+    "ffn.act": "the FFN activation: relu, relu2, gelu, gelu_tanh, silu, quick_gelu, ... (silu(gate*up): act of the product; silu(gate)*silu(up): act on both halves)",
     "ffn.hidden": "the FFN's hidden width",
     # norms
     "norm.kind": "layernorm or rmsnorm",

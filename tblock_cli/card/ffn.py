@@ -80,6 +80,8 @@ def fit(h: torch.Tensor, cands: dict[str, torch.Tensor]) -> list[tuple[float, st
                 tries.append((_err(h, f(pg) * pu), act, True, f"{act}({g}) * {u}"))
                 if g < u and act != "identity":
                     tries.append((_err(h, f(pg * pu)), f"{act}(gate*up)", True, f"{act}({g} * {u})"))
+                    # the activation on both halves (silu(gate) * silu(up)): no GLU's, whatever its config says
+                    tries.append((_err(h, f(pg) * f(pu)), f"{act}(gate)*{act}(up)", True, f"{act}({g}) * {act}({u})"))
     return sorted(tries, key=lambda t: (t[0] if math.isfinite(t[0]) else math.inf))
 
 

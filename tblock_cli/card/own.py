@@ -62,6 +62,20 @@ FIELDS = {
 # each sublayer's output at its add (x + m * f(x), attention and FFN alike), `attention_multiplier` is the score
 # scale itself (q.k * m, the card's attn.scale 1 / m^2). A multiplier of 1 claims nothing: left out, nothing differs.
 MULTIPLIERS = {"residual_multiplier": ("residual.attn_gain", "residual.ffn_gain"), "attention_multiplier": ("attn.scale",)}
+# LayerScale's start (CaiT, DeiT III, DINOv2, BEiT): each branch's per-channel gain at its add, as built. timm's
+# `init_values` is read only as a block's constructor argument (the name is too plain elsewhere).
+LAYER_SCALES = ("layer_scale_init_value", "layerscale_value", "layer_scale_init", "layerscale_init_value",
+                "ls_init_value", "layer_scale_init_values", "layerscale_init")
+MULTIPLIERS.update({n: ("residual.attn_gain", "residual.ffn_gain") for n in LAYER_SCALES})
+# a switch beside it that turns LayerScale off (FocalNet's use_layerscale=False next to its layerscale_value 1e-4)
+LAYER_SCALE_SWITCHES = ("use_layerscale", "use_layer_scale", "layerscale", "layer_scale")
+
+
+def _layer_scale_off(values: dict) -> dict:
+    """values without their LayerScale start where a switch beside it is False."""
+    if any(values.get(s) is False for s in LAYER_SCALE_SWITCHES):
+        return {f: v for f, v in values.items() if f not in LAYER_SCALES and f != "init_values"}
+    return values
 # The card's words for a switch's True and False, for the keys a boolean field claims
 SWITCHED = {"residual.form": ("parallel", "sequential"), "rope.pairing": ("interleaved", "half"),
             "attn.qk_norm": ("any", "none"), "norm.placement": ("pre", "post")}
@@ -127,14 +141,14 @@ def own_claims(modules: list[nn.Module], arguments: dict | None = None) -> tuple
     seen: set[str] = set()  # every field and attribute name read (multi-head latent attention's widths, below)
 
     def fields(values: dict, where: str) -> None:
-        for field, v, at in _fields(values, where):
+        for field, v, at in fields_of(values, where):
             seen.add(field)
             if FIELDS.get(field) == "ffn.hidden" and at == "constructor argument":
                 continue
             if field in FIELDS:
                 put(asked, FIELDS[field], _value(FIELDS[field], v), f"{at} `{field}`")
-            elif field in MULTIPLIERS:
-                for key in MULTIPLIERS[field]:
+            elif field in MULTIPLIERS or (field == "init_values" and at == "constructor argument"):
+                for key in MULTIPLIERS.get(field, MULTIPLIERS[LAYER_SCALES[0]]):
                     put(asked, key, _multiplier(key, v), f"{at} `{field}`")
             elif field in HEADS + KV_HEADS + GROUPS:
                 put(asked, f"count.{field}", _count(v), f"{at} `{field}`")
@@ -150,17 +164,17 @@ def own_claims(modules: list[nn.Module], arguments: dict | None = None) -> tuple
             elif field in POSITION_SWITCHES and v is True:
                 put(asked, "pos.kind", POSITION_SWITCHES[field], f"{at} `{field}`")
 
-    fields(arguments or {}, "constructor argument")
+    fields(_layer_scale_off(arguments or {}), "constructor argument")
     for m in modules:
         cls, owner = type(m).__name__.lower(), type(m).__name__
-        for name, value in vars(m).items():
+        for name, value in _layer_scale_off(vars(m)).items():
             if name.startswith("_"):
                 continue
             seen.add(name)
             if name in TORCH_KEPT and type(m).__module__.startswith("torch."):
                 continue
-            if _is_config(value):
-                fields(_config_fields(value), f"{owner}.{name}'s")
+            if is_config(value):
+                fields(config_fields(value), f"{owner}.{name}'s")
                 continue
             if name in HEADS + KV_HEADS + GROUPS:
                 put(kept, f"count.{name}", _count(value), f"{owner}.{name}")
@@ -245,11 +259,11 @@ def _group(tier: dict) -> None:
                                                       "as sdpa's enable_gqa and transformers' repeat_kv)"}
 
 
-def _fields(values: dict, where: str):
+def fields_of(values: dict, where: str):
     """(field, value, where) for each field of values and of the configs among them, nested ones included."""
     for field, v in values.items():
-        if _is_config(v):
-            yield from _fields(_config_fields(v), f"{where} `{field}`'s")
+        if is_config(v):
+            yield from fields_of(config_fields(v), f"{where} `{field}`'s")
         else:
             yield field, v, where
 
@@ -264,12 +278,12 @@ def is_rms_name(name: str) -> bool:
     return bool(re.search(r"rms_?norm", name, re.I))
 
 
-def _is_config(value) -> bool:
+def is_config(value) -> bool:
     return (dataclasses.is_dataclass(value) and not isinstance(value, type)) or (
         callable(getattr(value, "to_dict", None)) and hasattr(value, "model_type"))
 
 
-def _config_fields(config) -> dict:
+def config_fields(config) -> dict:
     """A config's fields; transformers 5 keeps the rotary base in `rope_parameters`. A config that also holds a local
     layers' base (Gemma-3's sliding layers rotate at 10000, its global ones at 1e6) claims neither: a layer's base
     depends on its index."""
@@ -277,6 +291,7 @@ def _config_fields(config) -> dict:
     rope = fields.get("rope_parameters")
     if isinstance(rope, dict) and "rope_theta" in rope and "rope_theta" not in fields:
         fields["rope_theta"] = rope["rope_theta"]
+    fields = _layer_scale_off(fields)
     if any(fields.get(f) is not None for f in LOCAL_BASES):
         fields = {f: v for f, v in fields.items() if FIELDS.get(f) != "rope.theta"}
     if any(_count(v) and FIELDS.get(f) != "ffn.hidden" and re.search("intermediate|ffn|inner", f) for f, v in fields.items()):
@@ -344,45 +359,3 @@ def _scale_claim(v):
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < 1:
         return None
     return 1.0 / (v * v)
-
-
-# A block's own word that its queries ignore later keys: a switch of one of these names set to True
-CAUSAL_NAMES = ("causal", "is_causal")
-
-
-def own_causal(modules: list[nn.Module], arguments: dict | None = None) -> str | None:
-    """Where the block says it is causal, or None where it does not say so (or says two things). In order, the first
-    tier that speaks decides: its constructor arguments and the configs among them (`causal=True`), its modules'
-    attributes (`self.is_causal = True`), and last an attention module's class name (`CausalSelfAttention`). Only a
-    True is a claim: a False may mean a mask the block builds another way."""
-    def tier(found: dict) -> str | None:
-        return found.get(True) if len(found) == 1 else None
-
-    asked: dict = {}
-
-    def fields(values: dict, where: str) -> None:
-        for field, v, at in _fields(values, where):
-            if field in CAUSAL_NAMES and isinstance(v, bool):
-                asked.setdefault(v, f"{at} `{field}={v}`")
-
-    fields(arguments or {}, "constructor argument")
-    for m in modules:
-        for name, value in vars(m).items():
-            if _is_config(value):
-                fields(_config_fields(value), f"{type(m).__name__}.{name}'s")
-    if asked:
-        return tier(asked)
-    kept = {}
-    for m in modules:
-        for name in CAUSAL_NAMES:
-            value = vars(m).get(name)
-            if isinstance(value, bool):
-                kept.setdefault(value, f"`{type(m).__name__}.{name} = {value}`")
-    if kept:
-        return tier(kept)
-    for m in modules:
-        cls = type(m).__name__.lower()
-        if ("attn" in cls or "attention" in cls) and "causal" in cls and not any(
-                w in cls for w in ("noncausal", "non_causal", "acausal", "bicausal")):
-            return f"class name `{type(m).__name__}`"
-    return None

@@ -15,7 +15,7 @@ def check_spec(ctx: Context) -> Outcome:
     scale, soft-cap, window, key/value head grouping, activation, eps, norm offset, q/k-norm axis, residual form and
     gains, MoE routing; [spec.md](spec.md)) that differs from the declaration, each named with both values; without a declaration, one
     that differs from what the block says of itself (a kept `rope_theta`, `softcap`, `rotary_dim`, an attention
-    module's `scale`, a config's `hidden_act`, `num_experts_per_tok`, `head_dim`, `intermediate_size` or `num_key_value_heads` (and with it grouped-query attention's layout, query head h reading key head h // group), a head count the product does not split into, Granite's `residual_multiplier` and
+    module's `scale`, a config's `hidden_act`, `num_experts_per_tok`, `head_dim`, `intermediate_size` or `num_key_value_heads` (and with it grouped-query attention's layout, query head h reading key head h // group), a head count the product does not split into, a LayerScale start (`layer_scale_init_value`), Granite's `residual_multiplier` and
     `attention_multiplier`, a `rope_scaling` (llama3's band ends too), a kept
     `sliding_window` shorter than the probe (within one token), a rotary module that runs
     while no rotation reaches the scores: [spec.md](spec.md)); skips when neither"""

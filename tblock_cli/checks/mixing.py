@@ -318,7 +318,7 @@ def said_bidirectional(ctx: Context) -> str | None:
     it was asked to be. Attributes and class names are not read: a kept False may mean a mask passed in."""
     if ctx.subject.builtin or ctx.subject.name.startswith("hf:"):
         return None
-    from tblock_cli.card.own import CAUSAL_NAMES
+    from tblock_cli.card.own_causal import CAUSAL_NAMES
     from tblock_cli.subject.loading import constructed_arguments
 
     built = constructed_arguments(ctx.subject.module) or {}
@@ -333,11 +333,11 @@ def mixes_past(ctx: Context, x: torch.Tensor) -> bool:
 
 
 def claimed_causal(ctx: Context) -> str | None:
-    """Where a block of the user's says it is causal (card.own.own_causal); None for the built-in block and hf:
+    """Where a block of the user's says it is causal (card.own_causal.own_causal); None for the built-in block and hf:
     layers, whose causality tblock sets from --causal and from what the model does."""
     if ctx.subject.builtin or ctx.subject.name.startswith("hf:"):
         return None
-    from tblock_cli.card.own import own_causal
+    from tblock_cli.card.own_causal import own_causal
     from tblock_cli.checks.training import all_modules
     from tblock_cli.subject.loading import constructed_arguments
 
