@@ -37,6 +37,7 @@ import zoo_length  # noqa: E402
 import zoo_numerics  # noqa: E402
 import zoo_tables  # noqa: E402
 import zoo_training  # noqa: E402
+import zoo_writes  # noqa: E402
 
 import tblock_cli  # noqa: E402
 from tblock_cli.checks import Status  # noqa: E402
@@ -64,6 +65,7 @@ CORRECT.update({f"zoo_numerics.py:{k}": {} for k in zoo_numerics.CORRECT})  # nu
 CORRECT.update({f"zoo_accumulation.py:{k}": {} for k in zoo_accumulation.CORRECT})  # custom backwards that accumulate
 CORRECT.update({f"zoo_tables.py:{k}": {"causal": True} for k in zoo_tables.CORRECT})  # Switch's top-1 routing
 CORRECT.update({f"zoo_construction.py:{k}": {} for k in zoo_construction.CORRECT})  # built as asked
+CORRECT.update({f"zoo_writes.py:{k}": {"causal": True} for k in zoo_writes.CORRECT})  # buffers a forward may write
 CORRECT.update({f"zoo_complex.py:{k}": {"causal": True} for k in zoo_complex.CORRECT})  # a complex rotary buffer
 CORRECT.update({f"zoo_designs.py:{k}": {"causal": k not in zoo_designs.BIDIRECTIONAL} for k in zoo_designs.CORRECT})  # libraries' designs
 # logits doubled at init by talking heads started as the identity: told from unscaled ones with heads of 64 or more
@@ -145,6 +147,7 @@ def missed_bugs(sizes, device="cpu", part=(1, 1)) -> int:
                **{f"zoo_tables.py:{k}": (v, {"causal": True}) for k, v in zoo_tables.WARNED.items()},
                **{f"zoo_tables.py:{k}": ("spec", {"causal": True}) for k in zoo_tables.PLANTED},
                **{f"zoo_construction.py:{k}": (v, {}) for k, v in zoo_construction.PLANTED.items()},
+               **{f"zoo_writes.py:{k}": (v, {}) for k, v in zoo_writes.PLANTED.items()},
                **{f"zoo_complex.py:{k}": (v, {"causal": True}) for k, v in zoo_complex.PLANTED.items()}}
     missed = runs = 0
     planted = dict(shard(list(planted.items()), part))

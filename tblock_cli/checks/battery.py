@@ -33,6 +33,7 @@ from tblock_cli.checks import (
 )
 from tblock_cli.checks.context import Context
 from tblock_cli.checks.cost import PassCounter, Passes
+from tblock_cli.checks.forward import fingerprint
 from tblock_cli.checks.result import CheckReport, CheckResult, Outcome
 from tblock_cli.checks.sharded import check_fsdp, check_tensor_parallel
 from tblock_cli.checks.zeros import as_built, drawn_at_random, hiding_zeros, zeros_note
@@ -208,6 +209,10 @@ def _battery(ctx: Context, strict: bool, run: RunInfo | None, only: tuple[str, .
     results = []
     battery_started = time.perf_counter()
     switches = globalstate.snapshot()
+    ctx.params_at_start = fingerprint(ctx.subject.module)
+    built = ctx.subject.trained_at_build  # noted before tblock's first forward, where the subject was loaded
+    ctx.trained_at_start = set(built) if built is not None else {
+        n for n, p in ctx.subject.module.named_parameters() if p.requires_grad}
     for check in REGISTRY:
         if only is not None and check.name not in only:
             continue

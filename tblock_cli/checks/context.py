@@ -82,6 +82,9 @@ class Context:
     # (check, {switch: [before, after]}) for each check whose run changed torch's process-wide switches (the battery
     # notes them and puts them back: checks.globalstate)
     state_changes: list = field(default_factory=list)
+    # each parameter's fingerprint (probes.fingerprint) as the battery starts: a forward must leave them as they are
+    params_at_start: dict = field(default_factory=dict)
+    trained_at_start: set = field(default_factory=set)  # the parameters that required grad as the battery started
 
     def step(self, detail: str) -> None:
         """Say which probe of the running check starts (a progress line on big layers)."""

@@ -224,10 +224,31 @@ def dropout_raised(ctx: Context, x: torch.Tensor) -> Outcome:
     return passed("determinism.identical", 0.0, raised=raised)
 
 
-def check_input_unchanged(ctx: Context) -> Outcome:
-    """The standard eval forward and the training step (both shared with other checks) leave their input alone.
+def fingerprint(module: nn.Module) -> dict[str, tuple[float, float]]:
+    """Each trainable parameter's sum and norm (accumulated in float32, float64 for float64 ones): equal for the same
+    values (the same reductions, on the same threads), moved by any write that changes them beyond float32's rounding
+    of the sum: a normalisation, a standardisation, a clamp, a decay. Frozen parameters are left out (a router's
+    balancing bias that a rule updates is a buffer in all but name), and so is an nn.Embedding with max_norm: torch
+    renormalises its looked-up rows in place by design."""
+    skip = {id(m.weight) for m in module.modules() if isinstance(m, nn.Embedding) and m.max_norm is not None}
+    out = {}
+    with torch.no_grad():
+        for n, p in module.named_parameters():
+            if id(p) in skip or not p.requires_grad or type(p.data) is not torch.Tensor or p.is_meta or \
+                    not p.is_floating_point():
+                continue
+            acc = torch.float64 if p.dtype == torch.float64 else torch.float32  # float64 reductions: 25x slower here
+            out[n] = (torch.sum(p, dtype=acc).item(), torch.linalg.vector_norm(p, dtype=acc).item())
+    return out
 
-    Catches: the caller's tensor changed in place, in eval or train"""
+
+def check_input_unchanged(ctx: Context) -> Outcome:
+    """The standard eval forward and the training step (both shared with other checks) leave their input alone, and
+    the block's parameters as the battery found them.
+
+    Catches: the caller's tensor changed in place, in eval or train; a forward that writes the block's own trainable
+    parameters, a **warning** (a weight standardised or normalised in place instead of on a copy: its gradient misses
+    the normalisation, and the optimizer steps a weight the next forward replaces)"""
     from tblock_cli.checks.gradients import train_backward
 
     changed_eval = ctx.standard_forward().changed_input
@@ -247,6 +268,10 @@ def check_input_unchanged(ctx: Context) -> Outcome:
         changed_train = changed(x, before)
     if changed_train[0]:
         return failed("input_unchanged.train", changed_train[1])
+    now = fingerprint(ctx.subject.module)
+    written = [n for n, f in ctx.params_at_start.items() if n in now and now[n] != f]
+    if written:  # a warning: a clamp or a normalisation kept in place is some designs' choice; the input was kept
+        return warned("input_unchanged.parameters", len(written), parameters=written[:8])
     return passed("input_unchanged.kept", 0.0)
 
 

@@ -46,7 +46,9 @@ def check_train_state(ctx: Context) -> Outcome:
     first graph); a training step that fails after an eval forward under `torch.inference_mode()` (`trainer.validate()`
     before `fit()`, an eval loop under `@torch.inference_mode()`: a cos/sin or mask cache built then is an inference
     tensor that autograd refuses to save) and tensors the module keeps that carry autograd history are a
-    **warning**"""
+    **warning**; parameters that required grad as the battery started and no longer do after its eval() and train()
+    switches and forwards (an eval() override that freezes them, a forward that does: the loop after a validation
+    trains nothing)"""
     module = ctx.subject.module
     saved = {n: p.grad for n, p in module.named_parameters()}
     done = ctx.noted(TRAINING_BACKWARD)  # the gradient checks' training backward, if one ran
@@ -68,6 +70,9 @@ def check_train_state(ctx: Context) -> Outcome:
     finally:
         for n, p in module.named_parameters():
             p.grad = saved[n]
+    frozen = [n for n, p in module.named_parameters() if n in ctx.trained_at_start and not p.requires_grad]
+    if frozen:  # the battery's eval and train switches (and forwards) left them frozen: a loop after eval() trains none
+        return failed("train_state.frozen", len(frozen), frozen=frozen[:8])
     poisoned = after_inference(ctx)
     if poisoned is not None:  # a warning: Lightning's fit() validates under no_grad; validate() first, or one's own
         return warned("train_state.inference_state", len(poisoned[0]), kept=poisoned[0], error=poisoned[1])

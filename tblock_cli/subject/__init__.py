@@ -30,6 +30,8 @@ class Subject:
     # builds the block anew from its factory: rebuild(seed, device) on "cpu" or "meta", in the run dtype, not moved;
     # None where the block was handed over as a module instance (nothing to build it from)
     rebuild: Callable[[int, str], nn.Module] | None = None
+    # the parameters that required grad as built, before tblock's first forward or mode switch (None: not noted)
+    trained_at_build: frozenset | None = field(default=None, compare=False, repr=False)
 
     def __call__(self, x: torch.Tensor, pad_mask: torch.Tensor | None = None) -> torch.Tensor:
         # pad_mask: (B, T) bool, True = padding, always; converted to the block's own convention here

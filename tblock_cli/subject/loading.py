@@ -95,6 +95,7 @@ def user_subject(module: nn.Module, name: str, cfg: BlockConfig, device: torch.d
             raise
         raise LoadError(f"--block {name}: moving it to {device}/{dtype} failed: {one_line(e)}") from None
     subject = Subject(module, name, False, pad_keyword(module, cfg.pad_keyword, name), cfg.causal, cfg.pad_means)
+    subject.trained_at_build = frozenset(n for n, p in module.named_parameters() if p.requires_grad)
     probe(subject, cfg, device, dtype, same_shape=same_shape)
     return subject
 
