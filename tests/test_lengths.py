@@ -65,3 +65,14 @@ def test_the_prefix_finding_is_the_block_run_alone_on_its_first_tokens():
         # the same block with the scale fixed at sqrt(d_head) is prefix-consistent
         block.attention = lambda h: zoo_training.attend(block, h, scale=1 / math.sqrt(8))
         assert torch.allclose(block(x)[:, :6], block(x[:, :6]), atol=1e-5)
+
+
+def test_half_precision_rounding_that_flips_a_top_k_is_not_a_length_read():
+    """bfloat16 rounds a sequence's scores and its prefix's differently (rows of other lengths), and a top-4 over
+    near-tied keys picks others: 0.05 apart while the block reads no length. A float64 copy agrees, so causal passes;
+    a scale by the key count differs in float64 too and still fails."""
+    spec = f"{TESTS / 'zoo_attention.py'}:TopKAttention"
+    topk = tblock_cli.check(spec, d_model=64, n_heads=4, causal=True, threads=1, dtype="bfloat16", only="causal").checks[0]
+    assert topk.status is Status.PASS, topk
+    scaled = checks("ScaleByKeyCount", only="causal", dtype="bfloat16")["causal"]
+    assert scaled.status is Status.FAIL and scaled.kind == "causal.prefix", scaled

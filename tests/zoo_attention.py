@@ -179,7 +179,8 @@ class TopKAttention(HandSoftmax):
     attn_sparse_topk), its scores at a tenth of the usual scale: on an untrained block the keys are near-tied, so
     bfloat16's rounding of the scores picks other keys for a quarter of the queries or more, anywhere along the
     sequence. A correct design whose precision is not judged (`precision.jumps`); half-precision runs flip its
-    selections as well, so it is not in the false-alarm sweep."""
+    selections as well (its prefix run alone is judged on a float64 copy there), and its scores' tenth of the scale is
+    warned by `attention`, so it is not in the false-alarm sweep."""
 
     def scores(self, q, k):
         return super().scores(q, k) / 10
