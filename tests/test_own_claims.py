@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import pytest
 import torch.nn as nn
 import zoo_claims
+import zoo_sizes
 import zoo_tables
 
 import tblock_cli
@@ -25,18 +26,19 @@ def spec_check(name, d_model=32, zoo="zoo_claims.py", **flags):
     return tblock_cli.check(spec, d_model=d_model, n_heads=4, causal=True, threads=1, only="spec", **flags).checks[0]
 
 
-@pytest.mark.parametrize("zoo, name", [("zoo_claims.py", n) for n in sorted(zoo_claims.PLANTED)]
-                         + [("zoo_tables.py", n) for n in sorted(zoo_tables.PLANTED)])
+ZOOS = {"zoo_claims.py": zoo_claims, "zoo_tables.py": zoo_tables, "zoo_sizes.py": zoo_sizes}
+
+
+@pytest.mark.parametrize("zoo, name", [(z, n) for z, m in ZOOS.items() for n in sorted(m.PLANTED)])
 def test_a_block_that_contradicts_itself_fails_naming_the_entry(zoo, name):
     c = spec_check(name, zoo=zoo)
     assert c.status is Status.FAIL and c.kind == "spec.not_like", c
-    want = (zoo_claims.PLANTED if zoo == "zoo_claims.py" else zoo_tables.PLANTED)[name]
+    want = ZOOS[zoo].PLANTED[name]
     assert [d["key"] for d in c.facts["differs"]] == (list(want) if isinstance(want, tuple) else [want])
     assert c.facts["own"] and "the block's own" in c.facts["differs"][0]["source"]
 
 
-@pytest.mark.parametrize("zoo, name", [("zoo_claims.py", n) for n in zoo_claims.CORRECT]
-                         + [("zoo_tables.py", n) for n in zoo_tables.CORRECT])
+@pytest.mark.parametrize("zoo, name", [(z, n) for z, m in ZOOS.items() for n in m.CORRECT])
 def test_a_block_that_honours_what_it_says_passes(zoo, name):
     c = spec_check(name, zoo=zoo)
     assert c.status is Status.PASS and c.kind == "spec.matches" and c.facts["matched"] >= 1, c

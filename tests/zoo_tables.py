@@ -70,69 +70,6 @@ class HeadDimHonoured(HeadDimIgnored):
         self.rotary = Rotary(head_dim)
 
 
-class HeadsIgnored(TrainBlock):
-    """Built with n_heads and splitting into 2 heads whatever it was given (a port that reads another config field):
-    the projections' shapes do not change, so every checkpoint loads and computes other attention. Twin: any block
-    that honours n_heads (zoo_claims' GroupedQuery; DifferentialHeads splits each head in two, a multiple)."""
-
-    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
-        super().__init__(d_model, n_heads, dropout, causal)
-        self.n_heads = 2
-        self.rotary = Rotary(d_model // 2)
-
-
-@dataclass
-class MLPConfig:
-    intermediate_size: int = 96
-
-
-class FFNWidthIgnored(TrainBlock):
-    """Keeps a config's intermediate_size and sizes its SwiGLU by llama's 8/3 d_model whatever the config says (a port's
-    hard-coded rule). Twin: FFNWidthHonoured."""
-
-    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True, intermediate_size=96):
-        super().__init__(d_model, n_heads, dropout, causal)
-        self.config = MLPConfig(intermediate_size)
-
-
-class FFNWidthHonoured(FFNWidthIgnored):
-    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True, intermediate_size=96):
-        super().__init__(d_model, n_heads, dropout, causal, intermediate_size)
-        self.w1, self.w3 = (nn.Linear(d_model, intermediate_size, bias=False) for _ in range(2))
-        self.w2 = nn.Linear(intermediate_size, d_model, bias=False)
-
-
-class SiluOnBothHalves(TrainBlock):
-    """Says hidden_act silu and applies it to both halves of its GLU: silu(gate) * silu(up), no SwiGLU. Twin: any
-    block that says silu over silu(gate) * up (zoo_claims' twins)."""
-
-    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True, hidden_act="silu"):
-        super().__init__(d_model, n_heads, dropout, causal)
-        self.hidden_act = hidden_act
-
-    def ffn(self, h):
-        return self.drop(self.w2(F.silu(self.w1(h)) * F.silu(self.w3(h))))
-
-
-class LayerScaleIgnored(TrainBlock):
-    """Built with layer_scale_init_value 1e-5 (CaiT's, DeiT III's) and starting both branch gains at 1: the deep
-    stack it was meant for trains unstably. Twin: LayerScaleHonoured."""
-
-    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True, layer_scale_init_value=1e-5):
-        super().__init__(d_model, n_heads, dropout, causal)
-        self.gamma_1, self.gamma_2 = (nn.Parameter(torch.ones(d_model)) for _ in range(2))
-
-    def forward(self, x):
-        x = x + self.gamma_1 * self.drop(self.attention(self.attn_norm(x)))
-        return x + self.gamma_2 * self.ffn(self.ffn_norm(x))
-
-
-class LayerScaleHonoured(LayerScaleIgnored):
-    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True, layer_scale_init_value=1e-5):
-        super().__init__(d_model, n_heads, dropout, causal, layer_scale_init_value)
-        self.gamma_1, self.gamma_2 = (nn.Parameter(torch.full((d_model,), layer_scale_init_value)) for _ in range(2))
-
-
 class Llama3Rotary(Rotary):
     """Llama 3.1's scaled table (transformers' _compute_llama3_parameters), from `orig` as the original length."""
 
@@ -388,10 +325,8 @@ PLANTED = {"CatTableInterleaved": "rope.theta", "ValuesTiledApart": "attn.group"
            "SharedExpertDropped": "moe.shared", "NormFirstIgnored": "norm.placement",
            "RopeSwitchIgnored": "pos.kind", "ResidualMultiplierDropped": ("residual.attn_gain", "residual.ffn_gain"),
            "AttentionMultiplierDropped": "attn.scale", "GroupsStrided": "attn.kv_grouping",
-           "HeadDimIgnored": "attn.head_dim", "Llama3OriginalFromMax": ("rope.low_freq_wavelen", "rope.high_freq_wavelen"),
-           "HeadsIgnored": "attn.heads", "FFNWidthIgnored": "ffn.hidden", "SiluOnBothHalves": "ffn.act",
-           "LayerScaleIgnored": ("residual.attn_gain", "residual.ffn_gain")}
+           "HeadDimIgnored": "attn.head_dim", "Llama3OriginalFromMax": ("rope.low_freq_wavelen", "rope.high_freq_wavelen")}
 WARNED = {"SoftcapNotDivided": "spec", "OneExpertRenormalised": "spec"}
 CORRECT = ["OneExpertRouted", "TanhGeluWritten", "ExpertsCounted", "QKNormApplied", "SharedExpertAdded",
            "NormFirstHonoured", "RopeSwitchOn", "GraniteMultipliers", "HeadDimHonoured",
-           "Llama3Scaled", "FFNWidthHonoured", "LayerScaleHonoured"]
+           "Llama3Scaled"]

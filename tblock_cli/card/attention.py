@@ -319,9 +319,10 @@ def read(probe: Probe) -> list[Entry]:
         first = [next(g for g in range(H) if (first[g], values[g]) == (first[h], values[h])) for h in range(H)]
         heads, why = "distinct (key, value) head pairs", ": values grouped unlike the keys"
     kv = len(set(first)) if first is not None else k.shape[1]
-    # heads written as modules of one head each (nanoGPT's lecture `Head`s, concatenated): every such module a head
-    single = {c.sources or i for i, c in calls if c.q.shape[1] == 1 and c.q.shape[-1] == E} if H == 1 else set()
-    heads_read = Entry("attn.heads", len(single), f"single-head attention modules ({call.kind}), one q.k product each",
+    # heads written one at a time (nanoGPT's lecture `Head` modules, concatenated; a loop over a projection's slices):
+    # every single-head call of the forward a head
+    single = [c for _, c in calls if c.q.shape[1] == 1 and c.q.shape[-1] == E] if H == 1 else []
+    heads_read = Entry("attn.heads", len(single), f"single-head attention calls ({call.kind}), one q.k product each",
                        judged=False) if len(single) > 1 else Entry("attn.heads", H, f"q.k products per token ({call.kind})",
                                                                      judged=False)
     out += [heads_read,

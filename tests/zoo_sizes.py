@@ -1,0 +1,95 @@
+"""What a block says of its sizes and gains, contradicted and honoured: its head count (attn.heads), a config's FFN
+width (ffn.hidden), LayerScale's start (the branch gains) and its activation on a GLU (ffn.act). Each planted block
+fails `spec` naming the entry; each twin passes."""
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from zoo_training import Rotary, TrainBlock
+
+
+class HeadsIgnored(TrainBlock):
+    """Built with n_heads and splitting into 2 heads whatever it was given (a port that reads another config field):
+    the projections' shapes do not change, so every checkpoint loads and computes other attention. Twin: any block
+    that honours n_heads (zoo_claims' GroupedQuery; DifferentialHeads splits each head in two, a multiple)."""
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
+        super().__init__(d_model, n_heads, dropout, causal)
+        self.n_heads = 2
+        self.rotary = Rotary(d_model // 2)
+
+
+class HeadsInALoop(TrainBlock):
+    """Correct: n_heads honoured one head at a time, a Python loop over slices of the projections (each a single-head
+    softmax of its own): counted as n_heads single-head calls, not as one head."""
+
+    def attention(self, h):
+        q, k, v = (p(h) for p in (self.q_proj, self.k_proj, self.v_proj))
+        T, hd = h.shape[1], q.shape[-1] // self.n_heads
+        allowed = torch.ones(T, T, dtype=torch.bool, device=h.device).tril()
+        outs = []
+        for i in range(self.n_heads):
+            part = slice(i * hd, (i + 1) * hd)
+            s = (q[..., part] @ k[..., part].transpose(-2, -1) / math.sqrt(hd)).masked_fill(~allowed, float("-inf"))
+            outs.append(F.dropout(s.softmax(-1), self.p, self.training) @ v[..., part])
+        return self.o_proj(torch.cat(outs, -1))
+
+
+@dataclass
+class MLPConfig:
+    intermediate_size: int = 96
+
+
+class FFNWidthIgnored(TrainBlock):
+    """Keeps a config's intermediate_size and sizes its SwiGLU by llama's 8/3 d_model whatever the config says (a port's
+    hard-coded rule). Twin: FFNWidthHonoured."""
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True, intermediate_size=96):
+        super().__init__(d_model, n_heads, dropout, causal)
+        self.config = MLPConfig(intermediate_size)
+
+
+class FFNWidthHonoured(FFNWidthIgnored):
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True, intermediate_size=96):
+        super().__init__(d_model, n_heads, dropout, causal, intermediate_size)
+        self.w1, self.w3 = (nn.Linear(d_model, intermediate_size, bias=False) for _ in range(2))
+        self.w2 = nn.Linear(intermediate_size, d_model, bias=False)
+
+
+class SiluOnBothHalves(TrainBlock):
+    """Says hidden_act silu and applies it to both halves of its GLU: silu(gate) * silu(up), no SwiGLU. Twin: any
+    block that says silu over silu(gate) * up (zoo_claims' twins)."""
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True, hidden_act="silu"):
+        super().__init__(d_model, n_heads, dropout, causal)
+        self.hidden_act = hidden_act
+
+    def ffn(self, h):
+        return self.drop(self.w2(F.silu(self.w1(h)) * F.silu(self.w3(h))))
+
+
+class LayerScaleIgnored(TrainBlock):
+    """Built with layer_scale_init_value 1e-5 (CaiT's, DeiT III's) and starting both branch gains at 1: the deep
+    stack it was meant for trains unstably. Twin: LayerScaleHonoured."""
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True, layer_scale_init_value=1e-5):
+        super().__init__(d_model, n_heads, dropout, causal)
+        self.gamma_1, self.gamma_2 = (nn.Parameter(torch.ones(d_model)) for _ in range(2))
+
+    def forward(self, x):
+        x = x + self.gamma_1 * self.drop(self.attention(self.attn_norm(x)))
+        return x + self.gamma_2 * self.ffn(self.ffn_norm(x))
+
+
+class LayerScaleHonoured(LayerScaleIgnored):
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True, layer_scale_init_value=1e-5):
+        super().__init__(d_model, n_heads, dropout, causal, layer_scale_init_value)
+        self.gamma_1, self.gamma_2 = (nn.Parameter(torch.full((d_model,), layer_scale_init_value)) for _ in range(2))
+
+
+PLANTED = {"HeadsIgnored": "attn.heads", "FFNWidthIgnored": "ffn.hidden", "SiluOnBothHalves": "ffn.act",
+           "LayerScaleIgnored": ("residual.attn_gain", "residual.ffn_gain")}
+CORRECT = ["FFNWidthHonoured", "LayerScaleHonoured", "HeadsInALoop"]
