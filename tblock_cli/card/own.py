@@ -61,12 +61,13 @@ FIELDS = {
 # Granite's muP multipliers (and every layer that copied them: HyperCLOVA X, NeoMME): `residual_multiplier` scales
 # each sublayer's output at its add (x + m * f(x), attention and FFN alike), `attention_multiplier` is the score
 # scale itself (q.k * m, the card's attn.scale 1 / m^2). A multiplier of 1 claims nothing: left out, nothing differs.
-MULTIPLIERS = {"residual_multiplier": ("residual.attn_gain", "residual.ffn_gain"), "attention_multiplier": ("attn.scale",)}
+BRANCH_GAINS = ("residual.attn_gain", "residual.ffn_gain")
+MULTIPLIERS = {"residual_multiplier": BRANCH_GAINS, "attention_multiplier": ("attn.scale",)}
 # LayerScale's start (CaiT, DeiT III, DINOv2, BEiT): each branch's per-channel gain at its add, as built. timm's
 # `init_values` is read only as a block's constructor argument (the name is too plain elsewhere).
 LAYER_SCALES = ("layer_scale_init_value", "layerscale_value", "layer_scale_init", "layerscale_init_value",
                 "ls_init_value", "layer_scale_init_values", "layerscale_init")
-MULTIPLIERS.update({n: ("residual.attn_gain", "residual.ffn_gain") for n in LAYER_SCALES})
+MULTIPLIERS.update({n: BRANCH_GAINS for n in LAYER_SCALES})
 # a switch beside it that turns LayerScale off (FocalNet's use_layerscale=False next to its layerscale_value 1e-4)
 LAYER_SCALE_SWITCHES = ("use_layerscale", "use_layer_scale", "layerscale", "layer_scale")
 
@@ -148,7 +149,7 @@ def own_claims(modules: list[nn.Module], arguments: dict | None = None) -> tuple
             if field in FIELDS:
                 put(asked, FIELDS[field], _value(FIELDS[field], v), f"{at} `{field}`")
             elif field in MULTIPLIERS or (field == "init_values" and at == "constructor argument"):
-                for key in MULTIPLIERS.get(field, MULTIPLIERS[LAYER_SCALES[0]]):
+                for key in MULTIPLIERS.get(field, BRANCH_GAINS):
                     put(asked, key, _multiplier(key, v), f"{at} `{field}`")
             elif field in HEADS + KV_HEADS + GROUPS:
                 put(asked, f"count.{field}", _count(v), f"{at} `{field}`")

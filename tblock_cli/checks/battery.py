@@ -209,10 +209,12 @@ def _battery(ctx: Context, strict: bool, run: RunInfo | None, only: tuple[str, .
     results = []
     battery_started = time.perf_counter()
     switches = globalstate.snapshot()
-    ctx.params_at_start = fingerprint(ctx.subject.module)
-    built = ctx.subject.trained_at_build  # noted before tblock's first forward, where the subject was loaded
-    ctx.trained_at_start = set(built) if built is not None else {
-        n for n, p in ctx.subject.module.named_parameters() if p.requires_grad}
+    if only is None or "input_unchanged" in only:  # what its forwards must leave as they find it
+        ctx.params_at_start = fingerprint(ctx.subject.module)
+    if only is None or "train_state" in only:  # what must still train after its eval and train switches
+        built = ctx.subject.trained_at_build  # noted before tblock's first forward, where the subject was loaded
+        ctx.trained_at_start = set(built) if built is not None else {
+            n for n, p in ctx.subject.module.named_parameters() if p.requires_grad}
     for check in REGISTRY:
         if only is not None and check.name not in only:
             continue

@@ -39,9 +39,9 @@ def check_spec(ctx: Context) -> Outcome:
     keys = needed(claims)
     keys += ("attn.scale", "attn.head_dim") if any(c.key == "attn.softcap" for c in claims) else ()
     card = _half_table(read_card(ctx.subject, ctx.cfg, ctx.device, progress=ctx.step, keys=keys if own else None), ctx.dtype)
-    if own:  # a config's routing says nothing of a dense layer (DeepSeek's first), its FFN width nothing of an expert
-        claims = fitted(claims, card, SCALE_SEQ)
     if own:
+        # a config's routing says nothing of a dense layer (DeepSeek's first), its FFN width nothing of an expert
+        claims = fitted(claims, card, SCALE_SEQ)
         # a norm module's own eps or class name speaks for that module; the card reads the stream's norms, which may be
         # others (an F.layer_norm or nn.LayerNorm on the stream, RMSNorms on q and k): such a claim stands against the
         # card only where one of those modules itself does not do what it says

@@ -82,9 +82,10 @@ class Context:
     # (check, {switch: [before, after]}) for each check whose run changed torch's process-wide switches (the battery
     # notes them and puts them back: checks.globalstate)
     state_changes: list = field(default_factory=list)
-    # each parameter's fingerprint (probes.fingerprint) as the battery starts: a forward must leave them as they are
+    # each trainable parameter's fingerprint (forward.fingerprint) as the battery starts: its forwards must leave them
     params_at_start: dict = field(default_factory=dict)
-    trained_at_start: set = field(default_factory=set)  # the parameters that required grad as the battery started
+    # the parameters that required grad as the block was built (Subject.trained_at_build), else as the battery started
+    trained_at_start: set = field(default_factory=set)
 
     def step(self, detail: str) -> None:
         """Say which probe of the running check starts (a progress line on big layers)."""

@@ -46,8 +46,8 @@ def check_train_state(ctx: Context) -> Outcome:
     first graph); a training step that fails after an eval forward under `torch.inference_mode()` (`trainer.validate()`
     before `fit()`, an eval loop under `@torch.inference_mode()`: a cos/sin or mask cache built then is an inference
     tensor that autograd refuses to save) and tensors the module keeps that carry autograd history are a
-    **warning**; parameters that required grad as the battery started and no longer do after its eval() and train()
-    switches and forwards (an eval() override that freezes them, a forward that does: the loop after a validation
+    **warning**; parameters that required grad as the block was built and no longer do after the battery's eval() and
+    train() switches and forwards (an eval() override that freezes them, a forward that does: the loop after a validation
     trains nothing)"""
     module = ctx.subject.module
     saved = {n: p.grad for n, p in module.named_parameters()}
