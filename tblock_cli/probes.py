@@ -200,6 +200,8 @@ class TorchDropoutOff(TorchFunctionMode):
         self.rates: list[float] = []
         self.attention_rates: list[float] = []
         self.calls: list[float] = []  # both, in the order asked
+        self.shapes: list[tuple] = []  # the input shape of each elementwise dropout in rates
+        self.attention_calls = 0  # SDPA and MHA calls, dropping or not
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = dict(kwargs or {})
@@ -209,11 +211,13 @@ class TorchDropoutOff(TorchFunctionMode):
             if p > 0 and _argument(args, kwargs, 2, "training", func not in _ALPHA):
                 self.rates.append(float(p))
                 self.calls.append(float(p))
+                self.shapes.append(tuple(x.shape))
                 if self.drop_all and func not in _ALPHA:
                     return x.zero_() if _argument(args, kwargs, 3, "inplace", False) else torch.zeros_like(x)
             return x
         where = _DROPOUT_P.get(func)
         if where is not None:
+            self.attention_calls += 1
             p = _argument(args, kwargs, where, "dropout_p", 0.0)
             if p > 0 and (func is not F.multi_head_attention_forward or _argument(args, kwargs, 13, "training", True)):
                 self.attention_rates.append(float(p))

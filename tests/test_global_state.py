@@ -43,11 +43,18 @@ def test_reseeding_is_told_by_stream_and_mode():
     assert battery("SetSeedInEval")["global_state"].facts["reseeds"] == {"eval": ["torch", "python", "numpy"]}
 
 
+# What a correct twin may be told: a layer skip drawn from Python's stream is drawn anew in torch's checkpoint's recompute
+TOLD = {"PythonLayerDrop": {"checkpointing": "checkpointing.host_streams"}}
+
+
 @pytest.mark.parametrize("name", zoo_global.CORRECT)
 def test_correct_twin_raises_no_alarm_in_the_whole_battery(name):
     by = battery(name, only=None, causal=True)
     assert by["global_state"].kind == "global_state.kept", by["global_state"].facts
-    assert not [c for c in by.values() if c.status.value in BAD], [(c.name, c.detail) for c in by.values() if c.status.value in BAD]
+    told = TOLD.get(name, {})
+    assert {c: by[c].kind for c in told} == told
+    bad = [(c.name, c.detail) for c in by.values() if c.status.value in BAD and c.name not in told]
+    assert not bad, bad
 
 
 def test_the_callers_random_streams_are_where_they_were():

@@ -13,7 +13,7 @@ import torch
 import torch.nn as nn
 
 from tblock_cli.checks.context import Context
-from tblock_cli.checks.result import Outcome, failed, passed
+from tblock_cli.checks.result import Outcome, failed, passed, warned
 from tblock_cli.checks.training import all_modules, has_dropout, seeded, too_large, trainable
 from tblock_cli.probes import f64, rel_diff, train_mode
 
@@ -22,11 +22,16 @@ SWITCHES = ("gradient_checkpointing", "use_checkpoint", "checkpoint", "grad_chec
             "activation_checkpointing", "checkpointing", "use_checkpointing")
 
 
-def recomputed(fn, x: torch.Tensor, device: torch.device) -> torch.Tensor:
+class RecomputeMismatch(RuntimeError):
+    """The recompute saved another number of tensors than the forward (torch's own CheckpointError)."""
+
+
+def recomputed(fn, x: torch.Tensor, device: torch.device, host_streams: bool = False) -> torch.Tensor:
     """fn(x) under activation checkpointing as torch.utils.checkpoint(use_reentrant=False) does it: the forward keeps
     none of the tensors autograd saves, the backward runs fn again under the forward's RNG state and uses what that run
-    saves, in the same order. (torch's own function imports torch._dynamo on its first call: 1 s on an idle machine,
-    several under load, for a probe of a few milliseconds.)"""
+    saves, in the same order. Only torch's streams are put back for the recompute, as torch's own function does: a
+    mask drawn from Python's or NumPy's stream is drawn anew there (put back too with host_streams). (torch's own function imports torch._dynamo on its
+    first call: 1 s on an idle machine, several under load, for a probe of a few milliseconds.)"""
     state = torch.get_rng_state()
     cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
     count, again = [0], []
@@ -36,14 +41,15 @@ def recomputed(fn, x: torch.Tensor, device: torch.device) -> torch.Tensor:
         return count[0] - 1
 
     def recompute() -> None:
-        with seeded(device), torch.enable_grad():
+        devices = [device.index if device.index is not None else torch.cuda.current_device()] if cuda is not None else []
+        with (seeded(device) if host_streams else torch.random.fork_rng(devices=devices)), torch.enable_grad():
             torch.set_rng_state(state)
             if cuda is not None:
                 torch.cuda.set_rng_state(cuda, device)
             with torch.autograd.graph.saved_tensors_hooks(lambda t: again.append(t) or len(again) - 1, lambda j: again[j]):
                 fn(x.detach().requires_grad_(x.requires_grad))
         if len(again) != count[0]:
-            raise RuntimeError(f"the recompute saved {len(again)} tensors where the forward saved {count[0]}: "
+            raise RecomputeMismatch(f"the recompute saved {len(again)} tensors where the forward saved {count[0]}: "
                                f"the block's forward is not the same function twice")
 
     def unpack(i: int) -> torch.Tensor:
@@ -169,7 +175,9 @@ def check_checkpointing(ctx: Context) -> Outcome:
     `use_checkpoint`/`checkpoint`/`grad_checkpointing` flag or keyword), that change outputs, input or parameter
     gradients with dropout active and the same seed, on a padded batch too (a padding mask its own path drops); parameters that get no gradient when the input does not require
     one (reentrant checkpointing inside); buffers a checkpointed step leaves otherwise than a plain one (a count or
-    statistic the recompute updates again; torch's own norms' running statistics excepted)"""
+    statistic the recompute updates again; torch's own norms' running statistics excepted); a **warning** where the
+    recompute differs only because it draws from Python's or NumPy's random stream (a mask or a layer skip), which
+    torch's checkpoint does not put back"""
     if (large := too_large(ctx)) is not None:
         return large
     subject, module = ctx.subject, ctx.subject.module
@@ -181,7 +189,7 @@ def check_checkpointing(ctx: Context) -> Outcome:
     ctx.step("plain and checkpointed backward")
     plain = _grads(ctx, lambda t: subject(t), x, w)
     probes, state = {}, {}
-    again = _grads(ctx, lambda t: recomputed(subject, t, ctx.device), x, w)
+    again, host = _recomputed_grads(ctx, x, w, plain)
     probes["non-reentrant checkpoint"] = _differs(plain, again)
     state["non-reentrant checkpoint"] = _state_differs(plain[3], again[3], ctx.tol)
     padded = _padded_plain(ctx, x, w) if _has_switch(module) else None
@@ -214,7 +222,33 @@ def check_checkpointing(ctx: Context) -> Outcome:
     counted = next(((how, names) for how, names in state.items() if names), None)
     if counted is not None:  # outputs and gradients right, and state the recompute updated a second time
         return failed("checkpointing.state", f"{len(counted[1])} buffers", how=counted[0], buffers=counted[1], **facts)
+    if host:  # the same once Python's and NumPy's streams are put back as well
+        return warned("checkpointing.host_streams", None, what=host, **facts)
     return passed("checkpointing.same", diff, switches=[k for k in probes if k != "non-reentrant checkpoint"], **facts)
+
+
+def _recomputed_grads(ctx: Context, x: torch.Tensor, w: torch.Tensor, plain) -> tuple:
+    """The checkpointed step's (output, gradients, buffers), and what differed (or the recompute's error) where it
+    differs from the plain step only because torch's checkpoint does not put back Python's and NumPy's streams (a mask
+    or layer skip drawn from them is drawn anew in the recompute); None where it does not differ, or differs anyway."""
+    subject = ctx.subject
+    try:
+        again = _grads(ctx, lambda t: recomputed(subject, t, ctx.device), x, w)
+        diff, where = _differs(plain, again)
+        if diff <= ctx.tol:
+            return again, None
+        what = f"the {where} differs by {diff:.1e}"
+    except RecomputeMismatch as e:
+        what, again = str(e), None
+    try:
+        kept = _grads(ctx, lambda t: recomputed(subject, t, ctx.device, host_streams=True), x, w)
+    except RecomputeMismatch:
+        kept = None
+    if kept is None or _differs(plain, kept)[0] > ctx.tol:
+        if again is None:  # a recompute that is not the forward's function whatever the streams: the error stands
+            raise RecomputeMismatch(what)
+        return again, None
+    return kept, what
 
 
 def _has_switch(module: nn.Module) -> bool:

@@ -24,6 +24,12 @@ STREAM_SHARE = 0.25
 # dropout's rescale rounds to ~1e-7 in float32; noise or a dropout before the projections moves them by far more.
 SCORES_TOL = 1e-4
 PROBE_SCORES_SEED = 11
+# A block's own words for the rate of the dropout on attention's probabilities (fairseq's, Megatron's, Hugging Face's,
+# GPT-2's, BERT's, nanoGPT's and timm's names): read from its constructor's arguments, configs among them, its
+# modules' float attributes and the nn.Dropout modules so named.
+ATTENTION_DROPOUTS = ("attention_dropout", "attn_dropout", "attn_pdrop", "attention_probs_dropout_prob", "attn_drop",
+                      "attn_drop_rate", "attention_dropout_prob", "attention_dropout_rate", "attn_dropout_rate",
+                      "attn_dropout_p", "attn_drop_prob", "dropout_attn")
 
 
 def on_stream(ctx: Context, run, module: nn.Module, x: torch.Tensor) -> Outcome | None:
@@ -70,9 +76,9 @@ def on_scores(ctx: Context, subject, x: torch.Tensor) -> Outcome | None:
         reseed(PROBE_SCORES_SEED)
         return captured_scores(ctx, x, subject, train)[0]
 
-    try:  # the shared trace (later checks read it too) says whether any softmax is the block's own
-        if not any(c.kind == "softmax(QK^T)V" for c in ctx.dataflow().attention):
-            return None  # sdpa and nn.MultiheadAttention drop the probabilities by construction
+    if not _softmax_attention(ctx):
+        return None  # sdpa and nn.MultiheadAttention drop the probabilities by construction
+    try:
         want, got = captured(False), captured(True)
     except Exception as e:  # noqa: BLE001 - a block the tracer cannot follow: no evidence either way
         if is_out_of_memory(e):
@@ -112,3 +118,54 @@ def never_applied(ctx: Context, module: nn.Module, asked: TorchDropoutOff, diff:
         return None
     return warned("dropout.never_applied", diff, rate=rate, modules=idle)
 
+
+
+def attention_ignored(ctx: Context, module: nn.Module, asked: TorchDropoutOff, x: torch.Tensor) -> Outcome | None:
+    """A block of the user's that says it drops attention's probabilities at a rate above 0 (ATTENTION_DROPOUTS), whose
+    training forward with torch's dropouts off is deterministic (every draw is torch's: the caller saw two equal) and
+    asked none to drop them: SDPA and nn.MultiheadAttention called with dropout_p 0, no elementwise dropout on a
+    (..., T, T or more keys) tensor. The rate is taken and ignored (transformers' SDPA paths that passed 0). None
+    otherwise; hf: layers take their rates from their configs, and are not judged so."""
+    if ctx.subject.name.startswith("hf:") or asked.attention_rates:
+        return None
+    said = _attention_dropout_said(ctx, module)
+    if said is None:
+        return None
+    T, d = x.shape[1], x.shape[-1]
+    if any(len(s) >= 3 and s[-2] == T and s[-1] >= T and (s[-1] != d or T == d) for s in asked.shapes):
+        return None
+    if not asked.attention_calls and not _softmax_attention(ctx):
+        return None  # no attention seen: what it would drop is not known
+    rate, where = said
+    return failed("dropout.attention_ignored", rate, rate=rate, where=where, attention_calls=asked.attention_calls)
+
+
+def _attention_dropout_said(ctx: Context, module: nn.Module) -> tuple[float, str] | None:
+    """(rate, where it is said) for the first attention dropout rate above 0 the block states, or None."""
+    from tblock_cli.card.own import fields_of
+    from tblock_cli.checks.training import all_modules
+    from tblock_cli.subject.loading import constructed_arguments
+
+    def rate(v) -> float | None:
+        if isinstance(v, nn.modules.dropout._DropoutNd):
+            v = v.p
+        return float(v) if isinstance(v, float) and 0 < v < 1 else None
+
+    for field, v, where in fields_of(constructed_arguments(ctx.subject.module), "the constructor's argument"):
+        if field in ATTENTION_DROPOUTS and rate(v) is not None:
+            return rate(v), f"{where} `{field}`"
+    for m in all_modules(module):
+        for k in ATTENTION_DROPOUTS:
+            v = vars(m).get(k, m._modules.get(k))
+            if rate(v) is not None:
+                return rate(v), f"`{type(m).__name__}.{k}`"
+    return None
+
+
+def _softmax_attention(ctx: Context) -> bool:
+    try:  # the shared trace (other checks read it too)
+        return any(c.kind == "softmax(QK^T)V" for c in ctx.dataflow().attention)
+    except Exception as e:  # noqa: BLE001 - a block the tracer cannot follow: no evidence
+        if is_out_of_memory(e):
+            raise
+        return False

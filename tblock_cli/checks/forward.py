@@ -31,7 +31,9 @@ LARGE_SCALE = {torch.float64: 1e4, torch.float32: 1e4, torch.float16: 1e2, torch
 def check_shape(ctx: Context) -> Outcome:
     """Catches: an output not of the input's (B, T, d) shape (batch and seq kept different so a (T, B) mix-up shows),
     also for a one-token sequence (a `squeeze()` that drops the length); a forward that raises on one token is a
-    **warning**; an output dtype other than the input's is a **warning** (something upcasts or downcasts)"""
+    **warning**; an output in float64 from an input that is not (a NumPy table, float64 by default, in the arithmetic:
+    the next layer's weights refuse it); any other output dtype than the input's is a **warning** (something upcasts or
+    downcasts)"""
     B, T = ctx.cfg.batch, ctx.cfg.seq
     if B == T:  # a (T, B) mix-up cannot show when B == T
         x = ctx.x(B, T + 1)
@@ -43,6 +45,8 @@ def check_shape(ctx: Context) -> Outcome:
     one = _one_token(ctx)
     if one is not None:
         return one
+    if out.dtype == torch.float64 and x.dtype != torch.float64:
+        return failed("shape.float64", list(out.shape), input_dtype=dtype_name(x.dtype), output_dtype=dtype_name(out.dtype))
     if out.dtype != x.dtype:
         kind = "shape.upcast" if out.dtype.itemsize > x.dtype.itemsize else "shape.downcast"
         return warned(kind, list(out.shape), input_dtype=dtype_name(x.dtype), output_dtype=dtype_name(out.dtype))
@@ -320,7 +324,13 @@ def float64_reference(ctx: Context, x: torch.Tensor, device: torch.device) -> to
 
 
 def check_dtype(ctx: Context) -> Outcome:
-    """Catches: the run's dtype differs from a float64 copy beyond its tolerance (relative RMS 2e-6, 5e-3, 4e-2)"""
+    """Catches: the run's dtype differs from a float64 copy beyond its tolerance (relative RMS 2e-6, 5e-3, 4e-2); a
+    block built with some trainable parameters narrower than the rest (a bfloat16 gain among float32 weights: tblock's
+    cast to the run's dtype hides it; trained as built, its gradient and updates round, and FSDP2 refuses a module
+    of mixed parameter dtypes)"""
+    if narrow := ctx.subject.narrow_at_build:  # read as built: no forward needed
+        return failed("dtype.narrow_at_build", len(narrow), params={n: d for n, (d, _) in narrow.items()},
+                      block=next(iter(narrow.values()))[1], dtype=dtype_name(ctx.dtype))
     ref_device = ctx.device if ctx.device.type != "mps" else torch.device("cpu")  # MPS has no float64
     x, out = ctx.standard()
     ctx.step("float64 forward")

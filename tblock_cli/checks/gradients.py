@@ -77,6 +77,7 @@ class TrainingBackward:
     key: tuple
     detached_losses: list = field(default_factory=list)
     reached: set = field(default_factory=set)  # ids of the parameters the training graph reaches
+    buffers: list = field(default_factory=list)  # buffers the backward left a gradient on (requires_grad=True)
 
 
 def graph_nodes(grad_fn, limit: int | None = None):
@@ -109,6 +110,7 @@ def training_backward(ctx: Context) -> TrainingBackward:
         saved = {n: p.grad for n, p in module.named_parameters()}
         for p in module.parameters():
             p.grad = None
+        learnable = [(n, b, b.grad) for n, b in module.named_buffers() if b.requires_grad and b.is_leaf]
         try:
             before = kept_losses(module)
             raw: list = []
@@ -127,10 +129,13 @@ def training_backward(ctx: Context) -> TrainingBackward:
                 (out.float() * w).sum().backward()
                 del out
             states = {n: grad_state(p.grad) for n, p in module.named_parameters() if p.requires_grad}
+            buffers = [n for n, b, was in learnable if b.grad is not None and b.grad is not was]
         finally:
             for n, p in module.named_parameters():
                 p.grad = saved[n]
-        return TrainingBackward(x.grad, states, x, state_key(module), detached, reached)
+            for _, b, was in learnable:
+                b.grad = was
+        return TrainingBackward(x.grad, states, x, state_key(module), detached, reached, buffers)
     return ctx.probe(TRAINING_BACKWARD, compute)
 
 
@@ -174,8 +179,9 @@ def check_grad_params(ctx: Context) -> Outcome:
     """Catches: a parameter with no gradient (unused, under `no_grad`, detached; one outside the step's graph that
     training forwards at other seeds reach is a path random draws skip, LayerDrop's); a loss the training forward keeps for
     the trainer to add (`self.aux_loss`, a load-balancing or z-loss) with no graph, where no kept or returned loss has
-    one (computed under `no_grad` or detached: it trains nothing); zero gradients are a note (a key bias can
-    legitimately get one)"""
+    one (computed under `no_grad` or detached: it trains nothing); a buffer the backward leaves a gradient on
+    (registered with requires_grad=True: learnable, and no optimizer built from `.parameters()` steps it); zero
+    gradients are a note (a key bias can legitimately get one)"""
     _, states = train_backward(ctx)
     if not states:
         return Outcome(Status.SKIP, "grad_params.no_params", 0)
@@ -192,6 +198,8 @@ def check_grad_params(ctx: Context) -> Outcome:
     detached = training_backward(ctx).detached_losses
     if detached:
         return failed("grad_params.loss_detached", value, losses=detached)
+    if buffers := training_backward(ctx).buffers:
+        return failed("grad_params.buffer_learns", value, buffers=buffers)
     return passed("grad_params.ok", value, zero=zero)
 
 

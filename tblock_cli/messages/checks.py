@@ -96,6 +96,9 @@ MESSAGES = {
     "shape.changed": lambda f: f"input {shape(f['input'])} came out as {shape(f['output'])}",
     "shape.upcast": lambda f: (f"shape kept, but a {f['input_dtype']} input came out as {f['output_dtype']}: something upcasts "
                                f"(a float64 constant? a softmax kept in float32?), and every later layer pays for it"),
+    "shape.float64": lambda f: (f"shape kept, but a {f['input_dtype']} input came out as float64: something computes in "
+                                f"float64 (a NumPy table? torch.from_numpy keeps float64), every op after it runs at "
+                                f"float64's cost, and the next layer's {f['input_dtype']} weights refuse it"),
     "shape.downcast": lambda f: (f"shape kept, but a {f['input_dtype']} input came out as {f['output_dtype']}: something "
                                  f"downcasts (a .half() or an autocast inside?), and the caller loses precision"),
     # finite
@@ -123,6 +126,9 @@ MESSAGES = {
     "grad_params.loss_detached": lambda f: (f"the training forward keeps {names(f['losses'])} without a graph (computed "
                                             "under no_grad or detached), and no loss it keeps or returns has one: "
                                             "added to the training loss, it trains nothing"),
+    "grad_params.buffer_learns": lambda f: (f"the backward reaches {names(f['buffers'])}, registered as buffers with "
+                                            f"requires_grad=True: learnable, yet no optimizer built from .parameters() "
+                                            f"steps them (register them as nn.Parameter)"),
     "grad_params.ok": _grad_params_ok,
     # residual
     "residual.not_linear": lambda f: (f"at {f['scale']:g}x the input the output is not a multiple of it (misfit "
@@ -250,12 +256,6 @@ MESSAGES = {
     "need_weights.on": lambda f: (f"{names(f['modules'])} called with need_weights=True: {fmt_bytes(f['bytes'])} of attention "
                                   f"weights computed and thrown away per forward; pass need_weights=False"),
     "need_weights.off": "{calls} nn.MultiheadAttention call(s), all need_weights=False",
-    # dtype
-    "dtype.nonfinite": lambda f: (f"{f['dtype']} output is not finite where float64 is" if f["reference_finite"]
-                                  else "not finite in float64 either"),
-    "dtype.differs": "{dtype} differs from a float64 copy by relative RMS {error:.2e} > {limit:g}",
-    "dtype.agrees": "{dtype} vs a float64 copy: relative RMS error (limit {limit:g})",
-    "dtype.no_float64": lambda f: f"a float64 copy does not run (code written for float32?): {f['error']}",
     # ffn_share
     "ffn_share.no_ffn": "no FFN found in the dataflow (a projection consuming another's output, outside attention)",
     "ffn_share.no_attention": "no attention found in the dataflow: the share has nothing to compare with",

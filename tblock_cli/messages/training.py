@@ -95,6 +95,10 @@ MESSAGES = {
     "checkpointing.state": lambda f: (f"under {f['how']} a training step leaves other buffers than a plain one: "
                                       f"{names(f['buffers'])} (outputs and gradients agree: the recompute in the backward "
                                       f"updated them a second time, a count or statistic kept in the forward)"),
+    "checkpointing.host_streams": lambda f: (f"under non-reentrant checkpointing {f['what']}, and not once Python's and "
+                                             f"NumPy's random streams are put back as well: the forward draws from them (a "
+                                             f"mask, a layer skip), torch's checkpoint restores only its own, so the "
+                                             f"recompute draws anew (other gradients, or a CheckpointError); draw from torch"),
     "checkpointing.input_without_grad": lambda f: (f"with an input that does not require grad these parameters get no gradient "
                                                    f"(reentrant checkpointing inside the block drops them): {names(f['params'])}"),
     "meta_init.no_factory": "the block was handed over as a module instance: there is no factory to build it on the meta device",
@@ -147,6 +151,11 @@ MESSAGES = {
     "precision.close": lambda f: (f"within {f['limit']:g} of float32 at {f['seq']} tokens: autocast {f['errors']['autocast']:.1e}, "
                                   f".to(bfloat16) {f['errors']['to_bfloat16']:.1e} (worst component's relative error per position, 75th percentile)"
                                   f"{_products(f)}"),
+    "dropout.attention_ignored": lambda f: (f"says it drops attention's probabilities at {f['rate']:g} ({f['where']}), and a "
+                                            f"training forward drops none: "
+                                            + ("its SDPA or MultiheadAttention calls ask dropout_p 0" if f["attention_calls"]
+                                               else "no dropout reads the softmax's output")
+                                            + " (the rate taken, never passed on)"),
     "dropout.never_applied": lambda f: (f"built with dropout {f['rate']:g}, a training forward drops nothing: no dropout "
                                         f"of torch's is asked to, and the block draws no mask of its own, while it keeps "
                                         f"{names(f['modules'])} (defined, never called: the rate is ignored)"),

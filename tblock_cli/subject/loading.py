@@ -88,6 +88,7 @@ def user_subject(module: nn.Module, name: str, cfg: BlockConfig, device: torch.d
     if isinstance(module, torch.jit.ScriptModule):
         raise LoadError(f"--block {name}: it builds a TorchScript module (torch.jit.script or trace), which tblock does "
                         f"not support (its forward cannot be traced); build the module without scripting it")
+    narrow = narrow_parameters(module)
     try:
         module = cast(module, dtype, device)
     except Exception as e:  # noqa: BLE001 - any failure here is the user's block
@@ -96,8 +97,25 @@ def user_subject(module: nn.Module, name: str, cfg: BlockConfig, device: torch.d
         raise LoadError(f"--block {name}: moving it to {device}/{dtype} failed: {one_line(e)}") from None
     subject = Subject(module, name, False, pad_keyword(module, cfg.pad_keyword, name), cfg.causal, cfg.pad_means)
     subject.trained_at_build = frozenset(n for n, p in module.named_parameters() if p.requires_grad)
+    subject.narrow_at_build = narrow
     probe(subject, cfg, device, dtype, same_shape=same_shape)
     return subject
+
+
+def narrow_parameters(module: nn.Module) -> dict[str, tuple[str, str]]:
+    """Floating parameters built in a narrower dtype than most of the block's (a `dtype=torch.bfloat16` left in one
+    constructor of a float32 block): name -> (its dtype, the block's). Wider ones are a design's (a router kept in
+    float32 in a bfloat16 block); one-byte (float8) weights are a quantisation's; frozen ones are not trained."""
+    from collections import Counter
+
+    floats = [(n, p.dtype) for n, p in module.named_parameters()
+              if p.is_floating_point() and p.dtype.itemsize > 1 and p.requires_grad]
+    counts = Counter(d for _, d in floats)
+    if len(counts) < 2:
+        return {}
+    major = counts.most_common(1)[0][0]
+    name = lambda d: str(d).removeprefix("torch.")  # noqa: E731
+    return {n: (name(d), name(major)) for n, d in floats if d.itemsize < major.itemsize}
 
 
 def user_layers(cfg: BlockConfig, device: torch.device, dtype: torch.dtype, spec: str, extra: dict, n: int) -> list[Subject]:

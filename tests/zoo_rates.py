@@ -1,0 +1,143 @@
+"""What a block says of its randomness and dtype against what its forward does: an attention dropout rate taken and
+never passed on (dropout.attention_ignored), masks drawn from NumPy's stream, which torch's checkpoint does not put
+back for its recompute (checkpointing.host_streams, a warning), a float64 table from NumPy in the arithmetic
+(shape.float64), a learnable buffer (grad_params.buffer_learns), a parameter built narrower than the rest
+(dtype.narrow_at_build); and correct blocks that drop attention's probabilities each way torch offers."""
+
+import math
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from zoo_training import TrainBlock, heads, merge
+
+
+class AttentionDropoutIgnored(TrainBlock):
+    """Takes attention_dropout and keeps it; its SDPA call passes dropout_p=0.0 in training too (transformers' SDPA
+    paths of several models did): the model trains without the regularisation it was configured with."""
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True, attention_dropout=0.1):
+        super().__init__(d_model, n_heads, dropout, causal)
+        self.attention_dropout = attention_dropout
+
+    def sdpa(self, q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=self.causal, dropout_p=0.0)
+
+    def attention(self, h):
+        q, k, v = (heads(p(h), self.n_heads) for p in (self.q_proj, self.k_proj, self.v_proj))
+        return self.o_proj(merge(self.sdpa(self.rotary(q), self.rotary(k), v)))
+
+
+class AttentionDropoutOnOutput(AttentionDropoutIgnored):
+    """An nn.Dropout named attn_drop applied to the attention's output instead of its probabilities."""
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True, attn_drop=0.1):
+        super().__init__(d_model, n_heads, dropout, causal, attention_dropout=0.0)
+        self.attn_drop = nn.Dropout(attn_drop)
+
+    def attention(self, h):
+        return self.attn_drop(super().attention(h))
+
+
+class AttentionDropoutSDPA(AttentionDropoutIgnored):
+    """Correct: the rate passed to SDPA in training."""
+
+    def sdpa(self, q, k, v):
+        p = self.attention_dropout if self.training else 0.0
+        return F.scaled_dot_product_attention(q, k, v, is_causal=self.causal, dropout_p=p)
+
+
+class AttentionDropoutOnProbs(AttentionDropoutIgnored):
+    """Correct: nanoGPT's path without flash attention, an nn.Dropout on the softmax's output."""
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True, attn_pdrop=0.1):
+        super().__init__(d_model, n_heads, dropout, causal, attention_dropout=0.0)
+        self.attn_dropout = nn.Dropout(attn_pdrop)
+
+    def sdpa(self, q, k, v):
+        T = q.shape[-2]
+        att = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
+        future = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1)
+        return self.attn_dropout(att.masked_fill(future, float("-inf")).softmax(-1)) @ v
+
+
+class AttentionDropoutMHA(nn.Module):
+    """Correct: nn.MultiheadAttention's own dropout on its probabilities."""
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True, attn_dropout=0.1):
+        super().__init__()
+        self.causal = causal
+        self.ln1, self.ln2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
+        self.mha = nn.MultiheadAttention(d_model, n_heads, dropout=attn_dropout, batch_first=True)
+        self.ff = nn.Sequential(nn.Linear(d_model, 4 * d_model), nn.GELU(), nn.Linear(4 * d_model, d_model),
+                                nn.Dropout(dropout))
+
+    def forward(self, x):
+        T = x.shape[1]
+        future = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1) if self.causal else None
+        h = self.ln1(x)
+        x = x + self.mha(h, h, h, attn_mask=future, need_weights=False)[0]
+        return x + self.ff(self.ln2(x))
+
+
+class NumPyMasks(TrainBlock):
+    """The FFN's dropout masks drawn from NumPy's stream: torch's checkpoint puts back only torch's streams for its
+    recompute, which draws other masks, so the weights' gradients are those of masks the forward never used."""
+
+    def ffn(self, h):
+        y = self.w2(F.silu(self.w1(h)) * self.w3(h))
+        if self.training and self.p > 0:
+            keep = torch.from_numpy((np.random.rand(*y.shape) >= self.p).astype(np.float32)).to(y.device)
+            y = y * keep / (1 - self.p)
+        return y
+
+
+class NumPyTable(TrainBlock):
+    """A per-channel FFN scale from a NumPy table: float64, so a float32 block returns float64."""
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
+        super().__init__(d_model, n_heads, dropout, causal)
+        self.table = np.linspace(0.5, 1.5, d_model)
+
+    def ffn(self, h):
+        return super().ffn(h) * torch.from_numpy(self.table).to(h.device)
+
+
+class LearnableBuffer(TrainBlock):
+    """A learnable FFN output gain registered as a buffer with requires_grad=True: the backward reaches it, and no
+    optimizer built from .parameters() ever steps it."""
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
+        super().__init__(d_model, n_heads, dropout, causal)
+        self.register_buffer("gain", torch.ones(d_model, requires_grad=True))
+
+    def ffn(self, h):
+        return super().ffn(h) * self.gain
+
+
+class GainBuiltInBfloat16(TrainBlock):
+    """An output gain created with dtype=torch.bfloat16 in a float32 block: tblock's cast to the run's dtype hides it;
+    trained as built, its gradient and update round to bfloat16."""
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
+        super().__init__(d_model, n_heads, dropout, causal)
+        self.out_gain = nn.Parameter(torch.ones(d_model, dtype=torch.bfloat16))
+
+    def forward(self, x):
+        return super().forward(x) * self.out_gain.to(x.dtype)
+
+
+class FrozenTableInBfloat16(GainBuiltInBfloat16):
+    """Correct: the same gain frozen (a fixed table): nothing trains it, its dtype is a storage choice."""
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
+        super().__init__(d_model, n_heads, dropout, causal)
+        self.out_gain.requires_grad_(False)
+
+
+PLANTED = {"AttentionDropoutIgnored": "dropout.attention_ignored", "AttentionDropoutOnOutput": "dropout.attention_ignored",
+           "NumPyMasks": "checkpointing.host_streams", "NumPyTable": "shape.float64",
+           "LearnableBuffer": "grad_params.buffer_learns", "GainBuiltInBfloat16": "dtype.narrow_at_build"}
+WARNED = {"checkpointing.host_streams"}
+CORRECT = ["AttentionDropoutSDPA", "AttentionDropoutOnProbs", "AttentionDropoutMHA", "FrozenTableInBfloat16"]
