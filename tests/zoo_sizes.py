@@ -1,6 +1,7 @@
 """What a block says of its sizes and gains, contradicted and honoured: its head count (attn.heads), a config's FFN
-width (ffn.hidden), LayerScale's start (the branch gains) and its activation on a GLU (ffn.act). Each planted block
-fails `spec` naming the entry; each twin passes."""
+width (ffn.hidden), LayerScale's start (the branch gains), its activation on a GLU (ffn.act), a window it says it
+does not have (attn.window none) and whether its projections add a bias (bias.*). Each planted block fails `spec`
+naming the entry; each twin passes."""
 
 import math
 from dataclasses import dataclass
@@ -8,7 +9,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from zoo_training import Rotary, TrainBlock
+from zoo_training import Rotary, TrainBlock, heads, merge
 
 
 class HeadsIgnored(TrainBlock):
@@ -90,6 +91,85 @@ class LayerScaleHonoured(LayerScaleIgnored):
         self.gamma_1, self.gamma_2 = (nn.Parameter(torch.full((d_model,), layer_scale_init_value)) for _ in range(2))
 
 
+class WindowWhereNone(TrainBlock):
+    """Keeps sliding_window=None (every key, as a full-attention layer of a sliding family keeps it) and masks to the
+    last 4 keys anyway: a window default of its own (`self.sliding_window or 4`). Twin: WindowNoneHonoured."""
+
+    window = 4
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True, sliding_window=None):
+        super().__init__(d_model, n_heads, dropout, causal)
+        self.sliding_window = sliding_window
+
+    def attention(self, h):
+        q, k, v = (heads(p(h), self.n_heads) for p in (self.q_proj, self.k_proj, self.v_proj))
+        q, k = self.rotary(q), self.rotary(k)
+        i = torch.arange(h.shape[1], device=h.device)
+        allowed = (i[:, None] >= i[None, :]) & (i[:, None] - i[None, :] < (self.sliding_window or self.window))
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=self.p if self.training else 0.0)
+        return self.o_proj(merge(y))
+
+
+class WindowNoneHonoured(WindowWhereNone):
+    window = 10**9
+
+
+@dataclass
+class SlidingConfig:
+    use_sliding_window: bool = False
+    sliding_window: int = 4
+
+
+class WindowSwitchedOffIgnored(WindowWhereNone):
+    """Qwen2's config: use_sliding_window=False beside a sliding_window of 4; the layer slides anyway (the switch
+    never read). Twin: WindowSwitchedOffHonoured."""
+
+    honoured = False
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True, config=None):
+        super().__init__(d_model, n_heads, dropout, causal)
+        self.config = config or SlidingConfig()
+        self.sliding_window = None if self.honoured else self.config.sliding_window
+
+
+class WindowSwitchedOffHonoured(WindowSwitchedOffIgnored):
+    honoured = True
+    window = 10**9
+
+
+class BiasIgnored(TrainBlock):
+    """Takes bias=False (nanoGPT's switch: no bias in any linear) and builds biased attention projections anyway."""
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True, bias=False):
+        super().__init__(d_model, n_heads, dropout, causal)
+        self.q_proj, self.k_proj, self.v_proj, self.o_proj = (nn.Linear(d_model, d_model, bias=not bias) for _ in range(4))
+
+
+class QKVBiasKeptApart(TrainBlock):
+    """Correct: BEiT's qkv_bias=True: q and v biases kept beside one bias-free fused projection (k none), passed to
+    F.linear in the forward."""
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True, qkv_bias=True):
+        super().__init__(d_model, n_heads, dropout, causal)
+        del self.q_proj, self.k_proj, self.v_proj
+        self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
+        self.q_bias, self.v_bias = nn.Parameter(torch.zeros(d_model)), nn.Parameter(torch.zeros(d_model))
+
+    def attention(self, h):
+        b = torch.cat([self.q_bias, torch.zeros_like(self.v_bias), self.v_bias])
+        q, k, v = (heads(t, self.n_heads) for t in F.linear(h, self.qkv.weight, b).chunk(3, -1))
+        y = F.scaled_dot_product_attention(self.rotary(q), self.rotary(k), v, is_causal=self.causal,
+                                           dropout_p=self.p if self.training else 0.0)
+        return self.o_proj(merge(y))
+
+
+class NoBiasHonoured(TrainBlock):
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True, bias=False):
+        super().__init__(d_model, n_heads, dropout, causal)  # bias-free projections, as bias=False asks
+
+
 PLANTED = {"HeadsIgnored": "attn.heads", "FFNWidthIgnored": "ffn.hidden", "SiluOnBothHalves": "ffn.act",
-           "LayerScaleIgnored": ("residual.attn_gain", "residual.ffn_gain")}
-CORRECT = ["FFNWidthHonoured", "LayerScaleHonoured", "HeadsInALoop"]
+           "LayerScaleIgnored": ("residual.attn_gain", "residual.ffn_gain"), "WindowWhereNone": "attn.window",
+           "WindowSwitchedOffIgnored": "attn.window", "BiasIgnored": "bias.any"}
+CORRECT = ["FFNWidthHonoured", "LayerScaleHonoured", "HeadsInALoop", "WindowNoneHonoured", "WindowSwitchedOffHonoured",
+           "QKVBiasKeptApart", "NoBiasHonoured"]

@@ -63,6 +63,11 @@ KEYS: dict[str, str] = {
     "moe.shared_gate": "the shared expert's per-token gate: sigmoid, none or other",
     "moe.scale": "a constant factor on the routing weights (DeepSeek-V3's routed_scaling_factor; 1 usually)",
     "moe.select": "which experts are chosen: top (the largest router outputs) or other (a selection bias, groups)",
+    # biases
+    "bias.qkv": "some query, key or value projection adds a bias",
+    "bias.attn": "some attention projection (query, key, value or output) adds a bias",
+    "bias.ffn": "some FFN projection adds a bias",
+    "bias.any": "some attention or FFN projection adds a bias",
 }
 
 # Keys whose value is a number (or numbers): a word for one of them is refused (exit 2), not judged as a mismatch.

@@ -57,6 +57,19 @@ FIELDS = {
     # how positions enter the layer, where it is one the layer itself applies: rotary or alibi (an "absolute" type is
     # added to the embeddings, outside any layer, and claims nothing)
     "position_embedding_type": "pos.kind",
+    # a switch: whether projections add a bias (Llama's attention_bias and mlp_bias, timm's and Qwen's qkv_bias,
+    # nanoGPT's and Megatron's bias for every linear): True claims some does, False that none does
+    # Meta's ModelArgs switch for Llama 3.1's frequency scaling (apply_scaling): True claims llama-3's kind (its factor
+    # is hard-coded in some versions, a field in others), False none
+    "use_scaled_rope": "rope.scaling",
+    # fairseq's placement switch: True normalises each sublayer's input (pre), False the sum (post)
+    "normalize_before": "norm.placement",
+    # flash-attn's MHA: the rotating channels per head
+    "rotary_emb_dim": "rope.dims",
+    # Megatron's switch for a (1 + w) norm weight initialised at 0
+    "layernorm_zero_centered_gamma": "norm.offset", "zero_centered_gamma": "norm.offset",
+    "qkv_bias": "bias.qkv", "use_qkv_bias": "bias.qkv", "add_qkv_bias": "bias.qkv", "attention_bias": "bias.attn", "mlp_bias": "bias.ffn", "bias": "bias.any",
+    "use_bias": "bias.any", "add_bias_linear": "bias.any",
 }
 # Granite's muP multipliers (and every layer that copied them: HyperCLOVA X, NeoMME): `residual_multiplier` scales
 # each sublayer's output at its add (x + m * f(x), attention and FFN alike), `attention_multiplier` is the score
@@ -119,6 +132,10 @@ QUERY_CHILDREN = ("q_proj", "query", "wq", "to_q", "q_lin", "qkv", "qkv_proj", "
 # only where it is shorter than the card's probe (see `with_window`); conventions differ by one (a query sees w keys, or
 # w + 1: HF's masks and flash-attention's), so one either way matches
 WINDOWS = ("sliding_window",)
+# A window of None says the layer attends to every key (a Hugging Face attention module's own sliding_window on its
+# full-attention layers), and so does a switch that turns sliding off for the whole model (Qwen2's
+# use_sliding_window=False, whatever sliding_window it also keeps)
+WINDOW_SWITCHES = ("use_sliding_window",)
 # read only on a norm module written outside torch (torch's own use the eps they keep, by construction)
 ON_NORM = {"eps": "norm.eps", "variance_epsilon": "norm.eps"}
 # activation names as configs write them -> the card's
@@ -159,7 +176,9 @@ def own_claims(modules: list[nn.Module], arguments: dict | None = None) -> tuple
                 for key, value in _scaling(v).items():
                     put(asked, key, value, f"{at} `{field}`")
             elif field in WINDOWS and at == "constructor argument":
-                put(asked, "attn.window", _count(v), f"{at} `{field}`")
+                put(asked, "attn.window", _window(v), f"{at} `{field}`")
+            elif field in WINDOW_SWITCHES and v is False:
+                put(asked, "attn.window", "none", f"{at} `{field}`")
             elif field in HALF_SPLIT and isinstance(v, bool):
                 put(asked, "rope.pairing", _value("rope.pairing", not v), f"{at} `{field}`")
             elif field in POSITION_SWITCHES and v is True:
@@ -192,7 +211,10 @@ def own_claims(modules: list[nn.Module], arguments: dict | None = None) -> tuple
                     put(kept, key, v, f"{owner}.{name}")
                 continue
             if name in WINDOWS:
-                put(kept, "attn.window", _count(value), f"{owner}.{name}")
+                put(kept, "attn.window", _window(value), f"{owner}.{name}")
+                continue
+            if name in WINDOW_SWITCHES and value is False:
+                put(kept, "attn.window", "none", f"{owner}.{name}")
                 continue
             if name in HALF_SPLIT and isinstance(value, bool):
                 put(kept, "rope.pairing", _value("rope.pairing", not value), f"{owner}.{name}")
@@ -224,6 +246,10 @@ def own_claims(modules: list[nn.Module], arguments: dict | None = None) -> tuple
             (value, where), = values.items()
             claims.append(Claim(key, value, f"the block's own {where}", tier=tier, multiple=key == "attn.heads"))
     return tuple(claims)
+
+
+def _window(v) -> int | str | None:
+    return "none" if v is None else _count(v)
 
 
 def _count(v) -> int | None:
@@ -315,6 +341,10 @@ def _value(key: str, v):
         return True if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
     if key == "pos.kind":
         return v.lower() if isinstance(v, str) and v.lower() in ("rotary", "alibi") else None
+    if key == "rope.scaling":
+        return ("llama3" if v else "none") if isinstance(v, bool) else None
+    if key.startswith("bias.") or key == "norm.offset":
+        return v if isinstance(v, bool) else None
     if key in SWITCHED:
         return SWITCHED[key][not v] if isinstance(v, bool) else None
     if key == "moe.router":

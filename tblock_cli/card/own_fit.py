@@ -41,10 +41,11 @@ def with_fraction(claims: tuple[Claim, ...], head_dim) -> tuple[Claim, ...]:
 
 def with_window(claims: tuple[Claim, ...], seq: int) -> tuple[Claim, ...]:
     """An attn.window claim judged within one token either way, and only where the window (and one more) is shorter
-    than the card's probe of `seq` tokens, which reads any longer window as none; dropped otherwise."""
+    than the card's probe of `seq` tokens, which reads any longer window as none; dropped otherwise. A claim of no
+    window stands as it is: the probe sees any window shorter than itself."""
     out = []
     for c in claims:
-        if c.key == "attn.window" and c.source.startswith("the block's own"):
+        if c.key == "attn.window" and c.source.startswith("the block's own") and c.value != "none":
             if not isinstance(c.value, (int, float)) or c.value + 1 >= seq:
                 continue
             c = dataclasses.replace(c, value=float(c.value), tol=max(c.tol, 1.0 / c.value))

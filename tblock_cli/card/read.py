@@ -6,7 +6,7 @@ from typing import Callable
 
 import torch
 
-from tblock_cli.card import attention, ffn, moe, norms, positions, residual
+from tblock_cli.card import attention, biases, ffn, moe, norms, positions, residual
 from tblock_cli.card.entries import KEYS, Card, Entry, skipped
 from tblock_cli.card.probe import Probe, float64_probe
 from tblock_cli.errors import is_out_of_memory, one_line
@@ -20,12 +20,13 @@ READERS: tuple[tuple[str, Callable[[Probe], list[Entry]]], ...] = (
     ("moe", moe.read),
     ("norms", norms.read),
     ("residual", residual.read),
+    ("biases", biases.read),
 )
 
 
 # The readers whose entries a key needs (a check judging a few keys runs only those).
 READS = {"attn": "attention", "pos": "positions", "rope": "positions", "alibi": "positions", "relbias": "positions",
-         "ffn": "ffn", "moe": "moe", "norm": "norms", "residual": "residual"}
+         "ffn": "ffn", "moe": "moe", "norm": "norms", "residual": "residual", "bias": "biases"}
 
 
 def read_card(subject, cfg, device: torch.device, progress: Callable[[str], None] | None = None,

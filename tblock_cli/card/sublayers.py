@@ -168,14 +168,20 @@ def sublayers(probe: Probe) -> Sublayers:
     return memo
 
 
-def _read(probe: Probe) -> Sublayers:
+def dataflow(probe: Probe, x: torch.Tensor | None = None):
+    """The anatomy of the probe's float64 copy, traced once and kept for any reader that needs it."""
     from tblock_cli.anatomy import trace
 
+    flow = probe.memo.get("dataflow")
+    if flow is None:
+        flow = probe.memo["dataflow"] = trace(probe.module, probe.subject, probe.x() if x is None else x, probe.d)
+    return flow
+
+
+def _read(probe: Probe) -> Sublayers:
     module = probe.module
     x = probe.x()
-    flow = probe.memo.get("dataflow")
-    if flow is None:  # the anatomy of the float64 copy, kept for any reader that needs it too
-        flow = probe.memo["dataflow"] = trace(module, probe.subject, x, probe.d)
+    flow = dataflow(probe, x)
     projections = {m.name: projection_params(module, m.name) for m in flow.modules if m.role.startswith(("attn", "ffn"))}
     full = tuple(n for n, w in flow.norms.items() if w == probe.d)
     branches = tuple(b for b in (holder([m.name for m in flow.modules if m.role.startswith(r)]) for r in ("attn", "ffn")) if b)

@@ -1,0 +1,101 @@
+"""Switches a block's config keeps, contradicted and honoured: Meta's `use_scaled_rope` (Llama 3.1's frequency scaling,
+`apply_scaling`), fairseq's `normalize_before` (the norms' placement) and Megatron's `layernorm_zero_centered_gamma`
+(a (1 + w) norm weight). Each planted block fails `spec` naming the
+entry; each twin passes."""
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+from zoo_training import RMSNorm, Rotary, TrainBlock
+
+
+def apply_scaling(freqs, scale_factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, old_context_len=8192):
+    """Meta's llama3.1 reference: pairs slower than old_context_len / low_freq_factor divided by the factor, faster than
+    old_context_len / high_freq_factor kept, a smooth mix in between."""
+    wavelen = 2 * math.pi / freqs
+    smooth = (old_context_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    mixed = (1 - smooth) * freqs / scale_factor + smooth * freqs
+    out = torch.where(wavelen > old_context_len / low_freq_factor, freqs / scale_factor, mixed)
+    return torch.where(wavelen < old_context_len / high_freq_factor, freqs, out)
+
+
+@dataclass
+class ModelArgs:
+    dim: int = 64
+    n_heads: int = 4
+    rope_theta: float = 500000.0
+    use_scaled_rope: bool = True
+    norm_eps: float = 1e-6
+
+
+class ScaledRotary(Rotary):
+    def frequencies(self, device=None):
+        return apply_scaling(super().frequencies(device))
+
+
+class ScaledRopeIgnored(TrainBlock):
+    """Meta's ModelArgs with use_scaled_rope=True, built as a Llama-3 port whose rotary never calls apply_scaling: the
+    long-context checkpoint is read at the unscaled frequencies. Twin: ScaledRopeHonoured."""
+
+    rotary_class = Rotary
+
+    def __init__(self, args: ModelArgs, dropout=0.1, causal=True):
+        super().__init__(args.dim, args.n_heads, dropout, causal)
+        self.args = args
+        self.rotary = self.rotary_class(args.dim // args.n_heads, base=args.rope_theta)
+
+
+class ScaledRopeHonoured(ScaledRopeIgnored):
+    rotary_class = ScaledRotary
+
+
+class PostNormWhereBeforeSaid(TrainBlock):
+    """fairseq's normalize_before=True (each sublayer reads a normalised stream), computed Post-LN: the norm after
+    each add. Twin: NormBeforeHonoured."""
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True, normalize_before=True):
+        super().__init__(d_model, n_heads, dropout, causal)
+        self.normalize_before = normalize_before
+
+    def forward(self, x):
+        x = self.attn_norm(x + self.drop(self.attention(x)))
+        return self.ffn_norm(x + self.ffn(x))
+
+
+class NormBeforeHonoured(PostNormWhereBeforeSaid):
+    def forward(self, x):
+        return TrainBlock.forward(self, x)
+
+
+class OffsetRMSNorm(RMSNorm):
+    """Megatron's zero-centred gamma: the weight starts at 0 and the norm scales by (1 + w)."""
+
+    def __init__(self, d, eps=1e-6):
+        super().__init__(d, eps)
+        nn.init.zeros_(self.weight)
+
+    def reset_parameters(self):
+        nn.init.zeros_(self.weight)
+
+    def forward(self, x):
+        h = x.float()
+        return (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * (1 + self.weight)
+
+
+class ZeroCenteredIgnored(TrainBlock):
+    """Megatron's layernorm_zero_centered_gamma=True, built with plain x * w norms (w starting at 1): a checkpoint
+    trained with (1 + w) loads its w near 0 and scales every token by about 0. Twin: ZeroCenteredHonoured."""
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True, layernorm_zero_centered_gamma=True):
+        super().__init__(d_model, n_heads, dropout, causal)
+
+
+class ZeroCenteredHonoured(ZeroCenteredIgnored):
+    norm_class = OffsetRMSNorm
+
+
+PLANTED = {"ScaledRopeIgnored": "rope.scaling", "PostNormWhereBeforeSaid": "norm.placement",
+           "ZeroCenteredIgnored": "norm.offset"}
+CORRECT = ["ScaledRopeHonoured", "NormBeforeHonoured", "ZeroCenteredHonoured"]
