@@ -17,6 +17,8 @@ from tblock_cli.errors import ConfigError
 from tblock_cli.probes import residual_probes
 from tblock_cli.subject.loading import make_subject
 
+from conftest import TESTS
+
 CPU = torch.device("cpu")
 
 
@@ -127,6 +129,24 @@ def test_check_and_bench_do_not_import_sympy_or_inductor():
             "print('sympy' in sys.modules, 'torch._inductor' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split("\n")[:2] == ["False False", "False False"], out
+
+
+def test_a_meta_device_build_leaves_dynamo_out_and_a_later_compile_gets_the_real_one():
+    """meta_init builds a rotary block on the meta device, where `1.0 / base ** (...)` runs torch's Python reference,
+    which asks torch._dynamo to disable itself (1.2-2.3 s of import). The build runs against a stub; after it dynamo
+    is still not imported, the functions keep no cached stub, and a compile afterwards traces with the real one."""
+    import subprocess
+    import sys
+
+    code = ("import sys, torch, tblock_cli; "
+            f"r = tblock_cli.check(r'{TESTS / 'zoo_training.py'}:TrainBlock', d_model=32, n_heads=4, threads=1, "
+            "only='meta_init'); "
+            "print(r.checks[0].status.value, 'torch._dynamo' in sys.modules); "
+            "f = torch.compile(lambda t: 1.0 / (t + 1), backend='eager'); "
+            "print(bool(f(torch.ones(2)).eq(0.5).all()), type(sys.modules['torch._dynamo'].disable).__name__, "
+            "hasattr(sys.modules['torch._dynamo'], 'optimize'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split("\n")[:2] == ["pass False", "True function True"], out
 
 
 class ModelKeptAside(nn.Module):

@@ -4,6 +4,8 @@ fresh instance."""
 from __future__ import annotations
 
 import inspect
+import sys
+import types
 
 import torch
 import torch.nn as nn
@@ -88,6 +90,47 @@ def _required_args(fn) -> bool:
         return True
 
 
+def meta_built(rebuild, seed: int) -> nn.Module:
+    """rebuild(seed, "meta") without importing torch._dynamo for it. On the meta device a Python number over a tensor
+    (`1.0 / base ** (arange(...) / dim)`, every rotary table) runs torch's Python reference, which wraps itself in
+    `torch._dynamo.disable` on its first call and so imports dynamo: 1.2-2.3 s measured here, most of a small block's
+    battery (the references import sympy too, 0.6 s, for their shape arithmetic: that stays). While the block is
+    built, `torch._dynamo` is a stub whose `disable` returns the function itself; after, the stub, what `disable`
+    cached on torch's functions and any module first imported meanwhile that kept the stub are gone, so a later
+    import (a `--compile`) is the real one. A build that raises under the stub is built again without it (the same
+    seed)."""
+    if "torch._dynamo" in sys.modules:
+        return rebuild(seed, "meta")
+    stub, cached = types.ModuleType("torch._dynamo"), []
+    stub.disable = lambda fn, recursive=True, wrapping=True: cached.append(fn) or fn
+    before = set(sys.modules)
+    sys.modules["torch._dynamo"] = stub
+    try:
+        return rebuild(seed, "meta")
+    except Exception:  # noqa: BLE001 - anything the stub lacks: built as torch would, with the real module
+        _unstubbed(stub, before, cached)
+        reseed(seed)
+        return rebuild(seed, "meta")
+    finally:
+        _unstubbed(stub, before, cached)
+
+
+def _unstubbed(stub, before: set, cached: list) -> None:
+    """The stub out of sys.modules and torch's namespace, the functions' cached `disable` dropped, and every module
+    first imported while it stood that holds it dropped too (imported afresh when next asked for)."""
+    if sys.modules.get("torch._dynamo") is stub:
+        del sys.modules["torch._dynamo"]
+    if vars(torch).get("_dynamo") is stub:
+        delattr(torch, "_dynamo")
+    for fn in cached:
+        vars(fn).pop("__dynamo_disable", None)
+    for name in set(sys.modules) - before:
+        module = sys.modules.get(name)
+        if module is not None and any(v is stub for v in list(vars(module).values())):
+            del sys.modules[name]
+    cached.clear()
+
+
 def materialise(module: nn.Module, device: torch.device) -> None:
     """Module.to_empty(device=...), but through torch.empty: empty_like of a meta tensor runs a Python reference that
     imports sympy (1-2 s) on its first call."""
@@ -126,7 +169,7 @@ def check_meta_init(ctx: Context) -> Outcome:
     ctx.step("meta-device build")
     try:
         with seeded(ctx.device, ctx.cfg.seed):
-            meta = rebuild(ctx.cfg.seed, "meta")
+            meta = meta_built(rebuild, ctx.cfg.seed)
             materialise(meta, ctx.device)
             _poison(meta)
             reseed(ctx.cfg.seed)
