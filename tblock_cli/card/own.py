@@ -58,7 +58,8 @@ FIELDS = {
     # added to the embeddings, outside any layer, and claims nothing)
     "position_embedding_type": "pos.kind",
     # a switch: whether projections add a bias (Llama's attention_bias and mlp_bias, timm's and Qwen's qkv_bias,
-    # nanoGPT's and Megatron's bias for every linear): True claims some does, False that none does
+    # nanoGPT's and Megatron's bias for every linear): True claims some does, False that none does (the generic
+    # switches False only: True may speak of the norms' biases alone)
     # Meta's ModelArgs switch for Llama 3.1's frequency scaling (apply_scaling): True claims llama-3's kind (its factor
     # is hard-coded in some versions, a field in others), False none
     "use_scaled_rope": "rope.scaling",
@@ -343,6 +344,8 @@ def _value(key: str, v):
         return v.lower() if isinstance(v, str) and v.lower() in ("rotary", "alibi") else None
     if key == "rope.scaling":
         return ("llama3" if v else "none") if isinstance(v, bool) else None
+    if key == "bias.any":  # a generic switch may govern the norms' biases too: only False (no bias anywhere) is judged
+        return False if v is False else None
     if key.startswith("bias.") or key == "norm.offset":
         return v if isinstance(v, bool) else None
     if key in SWITCHED:
