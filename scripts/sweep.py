@@ -35,9 +35,12 @@ import zoo_hooks  # noqa: E402
 import zoo_init  # noqa: E402
 import zoo_length  # noqa: E402
 import zoo_numerics  # noqa: E402
+import zoo_rates  # noqa: E402
 import zoo_sizes  # noqa: E402
+import zoo_switches  # noqa: E402
 import zoo_tables  # noqa: E402
 import zoo_training  # noqa: E402
+import zoo_values  # noqa: E402
 import zoo_writes  # noqa: E402
 
 import tblock_cli  # noqa: E402
@@ -66,6 +69,9 @@ CORRECT.update({f"zoo_numerics.py:{k}": {} for k in zoo_numerics.CORRECT})  # nu
 CORRECT.update({f"zoo_accumulation.py:{k}": {} for k in zoo_accumulation.CORRECT})  # custom backwards that accumulate
 CORRECT.update({f"zoo_tables.py:{k}": {"causal": True} for k in zoo_tables.CORRECT})  # Switch's top-1 routing
 CORRECT.update({f"zoo_sizes.py:{k}": {"causal": True} for k in zoo_sizes.CORRECT})  # sizes and gains as said
+CORRECT.update({f"zoo_switches.py:{k}": {"causal": True} for k in zoo_switches.CORRECT})  # switches as said
+CORRECT.update({f"zoo_rates.py:{k}": {"causal": True} for k in zoo_rates.CORRECT})  # attention dropout applied, a frozen table
+CORRECT.update({f"zoo_values.py:{k}": {"causal": True} for k in zoo_values.CORRECT})  # values without positions
 CORRECT.update({f"zoo_construction.py:{k}": {} for k in zoo_construction.CORRECT})  # built as asked
 CORRECT.update({f"zoo_writes.py:{k}": {"causal": True} for k in zoo_writes.CORRECT})  # buffers a forward may write
 CORRECT.update({f"zoo_complex.py:{k}": {"causal": True} for k in zoo_complex.CORRECT})  # a complex rotary buffer
@@ -149,6 +155,9 @@ def missed_bugs(sizes, device="cpu", part=(1, 1)) -> int:
                **{f"zoo_tables.py:{k}": (v, {"causal": True}) for k, v in zoo_tables.WARNED.items()},
                **{f"zoo_tables.py:{k}": ("spec", {"causal": True}) for k in zoo_tables.PLANTED},
                **{f"zoo_sizes.py:{k}": ("spec", {"causal": True}) for k in zoo_sizes.PLANTED},
+               **{f"zoo_switches.py:{k}": ("spec", {"causal": True}) for k in zoo_switches.PLANTED},
+               **{f"zoo_rates.py:{k}": (v.split(".")[0], {"causal": True}) for k, v in zoo_rates.PLANTED.items()},
+               **{f"zoo_values.py:{k}": (v.split(".")[0], {"causal": True}) for k, v in zoo_values.PLANTED.items()},
                **{f"zoo_construction.py:{k}": (v, {}) for k, v in zoo_construction.PLANTED.items()},
                **{f"zoo_writes.py:{k}": (v, {}) for k, v in zoo_writes.PLANTED.items()},
                **{f"zoo_complex.py:{k}": (v, {"causal": True}) for k, v in zoo_complex.PLANTED.items()}}

@@ -50,6 +50,7 @@ class AttentionRecorder:
         self.capture = capture
         self.captured: dict[int, Captured] = {}  # index of the attention call (recorded just before it) -> its scores
         self.uniform_in: dict[str, bool] = {}  # identical tokens: False where positions entered before the projection
+        self.values: dict[int, torch.Tensor] = {}  # capturing: each call's values as they reach the weights (a reference)
         # the probe input's tokens, where known: weights over something else (hyper-connections' streams) attend to none
         self.tokens: int | None = None
         self.contracted: dict[Product, int | None] = {}  # a product's contracted axis size, where laid out as a matmul
@@ -62,6 +63,10 @@ class AttentionRecorder:
         """A whole call: its output is the call's."""
         self.calls.append(call)
         self.prov.put(out, {Attn(len(self.calls) - 1): 0})
+
+    def keep_values(self, i: int, v) -> None:
+        if self.capture and isinstance(v, torch.Tensor):
+            self.values[i] = v
 
     def keep_scores(self, logits: torch.Tensor, product: torch.Tensor | None) -> None:
         if self.capture:
@@ -124,6 +129,7 @@ class AttentionRecorder:
             v=sources(v), heads=heads, head_dim=E, batch=batch, q_len=L, k_len=S, logit_std=std, entropy=ent,
             max_prob=mp, scale_ratio=ratio, scale_note=note, flops=flops, kv_width=kv_width, key_axis=True,
             self_masked=self_masked(logits)), out)
+        self.keep_values(len(self.calls) - 1, v)
 
     def mha(self, args, kwargs, out) -> None:
         """An nn.MultiheadAttention call (F.multi_head_attention_forward), taken apart by MHACall: scores, q/k/v/out rows."""
@@ -203,6 +209,7 @@ class AttentionRecorder:
             v_width = self.cached_width(other, other.numel() // max(1, call.batch * call.k_len))
             self.calls[i] = replace(call, v=prov.sources(other), flops=call.flops + mix, kv_width=call.kv_width + v_width)
             prov.put(out, {Attn(i): 0})
+            self.keep_values(i, other)
             return
         scored = [t for t in (a, b) if any(k in self.scores for k in prov.get(t))]
         if scored:  # weights derived from a q.k product, multiplied into values without torch's softmax
@@ -254,6 +261,7 @@ class AttentionRecorder:
             logit_std=std, entropy=ent, max_prob=mp, scale_ratio=ratio, scale_note=note, flops=flops, kv_width=kv,
             key_axis=True, self_masked=self_masked(W.log() if normalised else W), normalised=normalised,
             gated=not normalised and sigmoid_of(W, product)), out)
+        self.keep_values(len(self.calls) - 1, values)
 
     def softmax(self, args, kwargs, out, ins) -> None:
         """A softmax: over scores, a call's weights (its values come with the next product); otherwise a nonlinearity."""
