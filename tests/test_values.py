@@ -33,3 +33,10 @@ def test_primers_convolved_values_pass_from_the_middle_on():
     c = tblock_cli.check(f"{TESTS / 'zoo_numerics.py'}:ConvolvedQKV", d_model=32, n_heads=4, threads=1, causal=True,
                          only="relative").checks[0]
     assert c.status is Status.PASS, c.detail
+
+
+def test_values_laid_out_by_an_einsum_are_not_read_as_positions():
+    """Eight heads and eight identical tokens: (B, T, H, E) values' axis -2 is the heads, which differ."""
+    c = tblock_cli.check(f"{TESTS / 'zoo_values.py'}:EinsumValuesHeadsAfterTokens", d_model=64, n_heads=8, seq=8,
+                         threads=1, causal=True, only="relative").checks[0]
+    assert c.status is Status.PASS, c.detail

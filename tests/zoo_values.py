@@ -39,5 +39,20 @@ class SinkLogits(TrainBlock):
         return self.o_proj(merge(F.dropout(p, self.p, self.training) @ v))
 
 
+class EinsumValuesHeadsAfterTokens(TrainBlock):
+    """Correct: written-out attention whose values stay (B, T, H, E) into an einsum: their key axis is not -2, so with
+    as many heads as tokens the heads would read as positions if the layout were assumed."""
+
+    def attention(self, h):
+        B, T, C = h.shape
+        q, k = (heads(p(h), self.n_heads) for p in (self.q_proj, self.k_proj))
+        q, k = self.rotary(q), self.rotary(k)
+        v = self.v_proj(h).view(B, T, self.n_heads, C // self.n_heads)
+        s = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
+        s = s.masked_fill(~torch.ones(T, T, dtype=torch.bool, device=h.device).tril(), float("-inf"))
+        y = torch.einsum("bhij,bjhd->bihd", F.dropout(s.softmax(-1), self.p, self.training), v)
+        return self.o_proj(y.reshape(B, T, C))
+
+
 PLANTED = {"ValuesRotated": "relative.values_positioned"}
-CORRECT = ["SinkLogits"]
+CORRECT = ["SinkLogits", "EinsumValuesHeadsAfterTokens"]
