@@ -40,7 +40,6 @@ import zoo_sizes  # noqa: E402
 import zoo_switches  # noqa: E402
 import zoo_tables  # noqa: E402
 import zoo_training  # noqa: E402
-import zoo_values  # noqa: E402
 import zoo_writes  # noqa: E402
 
 import tblock_cli  # noqa: E402
@@ -71,7 +70,6 @@ CORRECT.update({f"zoo_tables.py:{k}": {"causal": True} for k in zoo_tables.CORRE
 CORRECT.update({f"zoo_sizes.py:{k}": {"causal": True} for k in zoo_sizes.CORRECT})  # sizes and gains as said
 CORRECT.update({f"zoo_switches.py:{k}": {"causal": True} for k in zoo_switches.CORRECT})  # switches as said
 CORRECT.update({f"zoo_rates.py:{k}": {"causal": True} for k in zoo_rates.CORRECT})  # attention dropout applied, a frozen table
-CORRECT.update({f"zoo_values.py:{k}": {"causal": True} for k in zoo_values.CORRECT})  # values without positions
 CORRECT.update({f"zoo_construction.py:{k}": {} for k in zoo_construction.CORRECT})  # built as asked
 CORRECT.update({f"zoo_writes.py:{k}": {"causal": True} for k in zoo_writes.CORRECT})  # buffers a forward may write
 CORRECT.update({f"zoo_complex.py:{k}": {"causal": True} for k in zoo_complex.CORRECT})  # a complex rotary buffer
@@ -157,7 +155,6 @@ def missed_bugs(sizes, device="cpu", part=(1, 1)) -> int:
                **{f"zoo_sizes.py:{k}": ("spec", {"causal": True}) for k in zoo_sizes.PLANTED},
                **{f"zoo_switches.py:{k}": ("spec", {"causal": True}) for k in zoo_switches.PLANTED},
                **{f"zoo_rates.py:{k}": (v.split(".")[0], {"causal": True}) for k, v in zoo_rates.PLANTED.items()},
-               **{f"zoo_values.py:{k}": (v.split(".")[0], {"causal": True}) for k, v in zoo_values.PLANTED.items()},
                **{f"zoo_construction.py:{k}": (v, {}) for k, v in zoo_construction.PLANTED.items()},
                **{f"zoo_writes.py:{k}": (v, {}) for k, v in zoo_writes.PLANTED.items()},
                **{f"zoo_complex.py:{k}": (v, {"causal": True}) for k, v in zoo_complex.PLANTED.items()}}

@@ -50,7 +50,6 @@ class AttentionRecorder:
         self.capture = capture
         self.captured: dict[int, Captured] = {}  # index of the attention call (recorded just before it) -> its scores
         self.uniform_in: dict[str, bool] = {}  # identical tokens: False where positions entered before the projection
-        self.values: dict[int, torch.Tensor] = {}  # capturing: each call's values as they reach the weights (a reference)
         # the probe input's tokens, where known: weights over something else (hyper-connections' streams) attend to none
         self.tokens: int | None = None
         self.contracted: dict[Product, int | None] = {}  # a product's contracted axis size, where laid out as a matmul
@@ -63,10 +62,6 @@ class AttentionRecorder:
         """A whole call: its output is the call's."""
         self.calls.append(call)
         self.prov.put(out, {Attn(len(self.calls) - 1): 0})
-
-    def keep_values(self, i: int, v) -> None:
-        if self.capture and isinstance(v, torch.Tensor):
-            self.values[i] = v
 
     def keep_scores(self, logits: torch.Tensor, product: torch.Tensor | None) -> None:
         if self.capture:
@@ -129,7 +124,6 @@ class AttentionRecorder:
             v=sources(v), heads=heads, head_dim=E, batch=batch, q_len=L, k_len=S, logit_std=std, entropy=ent,
             max_prob=mp, scale_ratio=ratio, scale_note=note, flops=flops, kv_width=kv_width, key_axis=True,
             self_masked=self_masked(logits)), out)
-        self.keep_values(len(self.calls) - 1, v)
 
     def mha(self, args, kwargs, out) -> None:
         """An nn.MultiheadAttention call (F.multi_head_attention_forward), taken apart by MHACall: scores, q/k/v/out rows."""
@@ -192,10 +186,9 @@ class AttentionRecorder:
         prov.put(out, {out_name: 0})
 
     # ---------------------------------------------------------------- attention written out
-    def matmul(self, a: torch.Tensor, b: torch.Tensor, out, product: torch.Tensor | None = None, einsum: bool = False) -> None:
+    def matmul(self, a: torch.Tensor, b: torch.Tensor, out, product: torch.Tensor | None = None) -> None:
         """A product of two activations: weights times values (a call's end), or scores (perhaps q.k). product: the
-        q.k part of out, where out adds more (baddbmm's input, bloom's ALiBi biases). einsum: its operands laid out as
-        its equation says (the values' key axis not known to be -2: they are not kept)."""
+        q.k part of out, where out adds more (baddbmm's input, bloom's ALiBi biases)."""
         prov = self.prov
         probs = [k for k in prov.get(a) if k in self.probs] + [k for k in prov.get(b) if k in self.probs]
         if probs:  # the weighted sum: attention weights times values
@@ -210,14 +203,11 @@ class AttentionRecorder:
             v_width = self.cached_width(other, other.numel() // max(1, call.batch * call.k_len))
             self.calls[i] = replace(call, v=prov.sources(other), flops=call.flops + mix, kv_width=call.kv_width + v_width)
             prov.put(out, {Attn(i): 0})
-            if not einsum and w is a and a.ndim >= 2 and b.ndim >= 2 and a.shape[-1] == b.shape[-2]:
-                self.keep_values(i, other)  # weights @ values: the values' key axis is their -2
             return
         scored = [t for t in (a, b) if any(k in self.scores for k in prov.get(t))]
         if scored:  # weights derived from a q.k product, multiplied into values without torch's softmax
             w = scored[0]
-            self.weights_call(w, b if w is a else a, next(k for k in prov.get(w) if k in self.scores), out,
-                              einsum or w is not a)  # values @ weights: another layout, their values not kept
+            self.weights_call(w, b if w is a else a, next(k for k in prov.get(w) if k in self.scores), out)
             return
         marker = Product(len(self.scores))
         self.scores[marker] = (a, b, out if product is None else product)
@@ -226,7 +216,7 @@ class AttentionRecorder:
         self.contracted[marker] = a.shape[-1] if matmul_like else None
         prov.put(out, {**prov.union((prov.get(a), prov.get(b)), NONLINEAR), marker: 0})
 
-    def weights_call(self, w: torch.Tensor, values: torch.Tensor, marker: Product, out, einsum: bool = False) -> None:
+    def weights_call(self, w: torch.Tensor, values: torch.Tensor, marker: Product, out) -> None:
         """Attention whose weights came from a q.k product by other means than softmax: a softmax written out
         (rows non-negative, summing to 1), or none at all (raw scores times values)."""
         q, k, product = self.scores[marker]
@@ -264,8 +254,6 @@ class AttentionRecorder:
             logit_std=std, entropy=ent, max_prob=mp, scale_ratio=ratio, scale_note=note, flops=flops, kv_width=kv,
             key_axis=True, self_masked=self_masked(W.log() if normalised else W), normalised=normalised,
             gated=not normalised and sigmoid_of(W, product)), out)
-        if not einsum and values.ndim >= 2 and w.shape[-1] == values.shape[-2]:
-            self.keep_values(len(self.calls) - 1, values)
 
     def softmax(self, args, kwargs, out, ins) -> None:
         """A softmax: over scores, a call's weights (its values come with the next product); otherwise a nonlinearity."""

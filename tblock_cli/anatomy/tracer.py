@@ -103,7 +103,7 @@ class Tracer(TorchFunctionMode):
             b1, b2, alpha = baddbmm_operands(args, kwargs)  # input + alpha * b1 @ b2: the q.k part is b1 @ b2 alone
             self.attn.matmul(b1, b2, out, product=(b1.detach() @ b2.detach()) * alpha)
         elif name in MATMULS and len(acts) >= 2:
-            self.attn.matmul(acts[0], acts[1], out, einsum=name == "einsum")
+            self.attn.matmul(acts[0], acts[1], out)
         else:
             self.prov.op(name, args, acts, out)
 

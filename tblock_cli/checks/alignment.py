@@ -37,47 +37,14 @@ def check_relative(ctx: Context) -> Outcome:
     embedding, a bias added to rotated queries: trained, they break relative positions); q and k rotated at different
     positions, the scores still a function of i - j, each shifted (k rotated from position 1): with k's projection
     given q's weights (a float64 copy, separate q and k projections, up to 50M parameters), k's rotating pairs stand at
-    other angles than q's; positions that reach the values (a rotary table applied to v as well): with every token
-    identical, the values reaching the weights must be one row repeated from the middle of the sequence on"""
+    other angles than q's"""
     outcome = positions.check_relative(ctx)
-    if outcome.status.value == "pass" and (moved := values_positioned(ctx)) is not None:
-        return failed("relative.values_positioned", moved["error"], **{**outcome.facts, **moved})
     if outcome.kind not in ("relative.toeplitz", "relative.gains_inside") or not outcome.facts.get("positioned"):
         return outcome  # broken already, or scores flat along every row: no rotation to compare
     off = qk_offset(ctx)
     if off is None or off["phase"] <= PHASE_TOL:
         return outcome
     return failed("relative.qk_offset", off["offset"] if off["offset"] is not None else off["phase"], **{**outcome.facts, **off})
-
-
-def values_positioned(ctx: Context) -> dict | None:
-    """Where positions reach an attention call's values (a rotary table applied to v): on identical tokens, with its
-    queries, keys and values projected from identical rows and as many keys as queries, the values reaching the
-    weights are one row repeated; from the middle of the sequence on (a causal convolution's zero padding reaches the
-    first positions: Primer's), each key's value row is compared with the last's, relative to its size, limit
-    TOEPLITZ_LIMIT. The worst such call's facts, or None (nn.MultiheadAttention, which never positions its values,
-    and calls over memory keys or registers are not judged)."""
-    try:
-        seen = positions.identical_scores(ctx)
-    except Exception as e:  # noqa: BLE001 - a block the tracer cannot follow: no evidence either way
-        if is_out_of_memory(e):
-            raise
-        return None
-    T, limit, worst = positions.identical_length(ctx), positions.TOEPLITZ_LIMIT[ctx.dtype], None
-    for i, (c, _) in enumerate(seen.calls):
-        v = seen.values.get(i)
-        sources = c.q + c.k + c.v
-        if v is None or c.kind == "nn.MultiheadAttention" or c.q_len != T or c.k_len != T or v.ndim < 2 \
-                or v.shape[-2] != T or not c.v or not all(seen.uniform_in.get(n, False) for n in sources):
-            continue
-        rows = v.detach().double()[..., T // 2:, :]
-        if not bool(torch.isfinite(rows).all()):
-            continue
-        last = rows[..., -1:, :]
-        error = ((rows - last).norm(dim=-1) / last.norm(dim=-1).clamp_min(1.0)).max().item()
-        if error > limit and (worst is None or error > worst["error"]):
-            worst = {"error": error, "call": c.where or "root", "values": list(c.v), "limit_values": limit}
-    return worst
 
 
 def qk_rows(weight: torch.Tensor, heads: int, kv_heads: int, interleaved: bool) -> torch.Tensor:

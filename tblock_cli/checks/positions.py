@@ -4,7 +4,7 @@ position bias (ALiBi) falls with distance at the paper's geometric slopes."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
@@ -93,14 +93,13 @@ class Identical:
 
     calls: list  # (AttentionCall, captured scores or None)
     uniform_in: dict
-    values: dict = field(default_factory=dict)  # call index -> its values as they reach the weights
 
 
 def identical(ctx: Context, T: int) -> Identical:
     """One traced eval forward of T identical tokens, capturing every attention call's scores."""
     x = ctx.randn(1, 1, ctx.cfg.d_model).expand(1, T, ctx.cfg.d_model).contiguous()
     calls, tr = captured_scores(ctx, x)
-    return Identical(calls, tr.attn.uniform_in, {i: t.detach() for i, t in tr.attn.values.items()})
+    return Identical(calls, tr.attn.uniform_in)
 
 
 def identical_scores(ctx: Context) -> Identical:

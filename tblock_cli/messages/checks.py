@@ -360,10 +360,6 @@ MESSAGES.update({
         f"q and k are rotated at different positions: with {f['k_proj']} given {f['q_proj']}'s weights, k's rotating "
         f"pairs stand {f['phase']:.2g} rad from q's" + (f", k {f['offset']:+.2f} positions from q" if f.get("offset") is
         not None else "") + ": the scores stay a function of i - j, shifted, and every token attends off by that much"),
-    "relative.values_positioned": lambda f: (
-        f"positions reach the values of the attention in {f['call']}: with every token identical, its value rows differ "
-        f"by {f['error']:.1e} from one position to another (limit {f['limit_values']:g}; projected from identical rows "
-        f"they are one row repeated): a rotary table applied to v too?"),
     "relative.toeplitz": lambda f: (f"with every token identical the scores depend on i - j only (max deviation "
                                     f"{f['error']:.1e}, limit {f['limit']:g}; {_relative(f)})"),
     "relative.edge": lambda f: (f"with every token identical the scores depend on i - j only from position {f['start']} on "
