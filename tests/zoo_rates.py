@@ -1,8 +1,9 @@
 """What a block says of its randomness and dtype against what its forward does: an attention dropout rate taken and
-never passed on (dropout.attention_ignored), masks drawn from NumPy's stream, which torch's checkpoint does not put
-back for its recompute (checkpointing.host_streams, a warning), a float64 table from NumPy in the arithmetic
-(shape.float64), a learnable buffer (grad_params.buffer_learns), a parameter built narrower than the rest
-(dtype.narrow_at_build); and correct blocks that drop attention's probabilities each way torch offers."""
+never passed on (dropout.attention_ignored), a residual dropout rate never applied (dropout.residual_ignored), masks
+drawn from NumPy's stream, which torch's checkpoint does not put back for its recompute (checkpointing.host_streams,
+a warning), a float64 table from NumPy in the arithmetic (shape.float64), a learnable buffer
+(grad_params.buffer_learns), a parameter built narrower than the rest (dtype.narrow_at_build); and correct blocks that
+drop attention's probabilities and the sublayers' outputs each way torch offers."""
 
 import math
 
@@ -81,6 +82,39 @@ class AttentionDropoutMHA(nn.Module):
         return x + self.ff(self.ln2(x))
 
 
+class ResidualDropoutIgnored(AttentionDropoutSDPA):
+    """GPT-2's two rates: attn_pdrop passed to SDPA, resid_pdrop taken and never applied to the sublayers' outputs."""
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True, attention_dropout=0.1, resid_pdrop=0.1):
+        super().__init__(d_model, n_heads, dropout, causal, attention_dropout)
+        self.resid_pdrop = resid_pdrop
+
+    def ffn(self, h):
+        return self.w2(F.silu(self.w1(h)) * self.w3(h))
+
+    def residual(self, y):
+        return y
+
+    def forward(self, x):
+        x = x + self.residual(self.attention(self.attn_norm(x)))
+        return x + self.residual(self.ffn(self.ffn_norm(x)))
+
+
+class ResidualDropoutApplied(ResidualDropoutIgnored):
+    """Correct: resid_pdrop on each sublayer's output."""
+
+    def residual(self, y):
+        return F.dropout(y, self.resid_pdrop, self.training)
+
+
+class ParallelDropoutAdd(ResidualDropoutIgnored):
+    """Correct: Falcon's parallel sublayers, one dropout on their sum before the add."""
+
+    def forward(self, x):
+        return x + F.dropout(self.attention(self.attn_norm(x)) + self.ffn(self.ffn_norm(x)), self.resid_pdrop,
+                             self.training)
+
+
 class NumPyMasks(TrainBlock):
     """The FFN's dropout masks drawn from NumPy's stream: torch's checkpoint puts back only torch's streams for its
     recompute, which draws other masks, so the weights' gradients are those of masks the forward never used."""
@@ -137,7 +171,9 @@ class FrozenTableInBfloat16(GainBuiltInBfloat16):
 
 
 PLANTED = {"AttentionDropoutIgnored": "dropout.attention_ignored", "AttentionDropoutOnOutput": "dropout.attention_ignored",
+           "ResidualDropoutIgnored": "dropout.residual_ignored",
            "NumPyMasks": "checkpointing.host_streams", "NumPyTable": "shape.float64",
            "LearnableBuffer": "grad_params.buffer_learns", "GainBuiltInBfloat16": "dtype.narrow_at_build"}
 WARNED = {"checkpointing.host_streams"}
-CORRECT = ["AttentionDropoutSDPA", "AttentionDropoutOnProbs", "AttentionDropoutMHA", "FrozenTableInBfloat16"]
+CORRECT = ["AttentionDropoutSDPA", "AttentionDropoutOnProbs", "AttentionDropoutMHA", "FrozenTableInBfloat16",
+           "ResidualDropoutApplied", "ParallelDropoutAdd"]

@@ -4,6 +4,8 @@ dropped key, and the rescale sharpens the weights)."""
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn as nn
 
@@ -30,6 +32,10 @@ PROBE_SCORES_SEED = 11
 ATTENTION_DROPOUTS = ("attention_dropout", "attn_dropout", "attn_pdrop", "attention_probs_dropout_prob", "attn_drop",
                       "attn_drop_rate", "attention_dropout_prob", "attention_dropout_rate", "attn_dropout_rate",
                       "attn_dropout_p", "attn_drop_prob", "dropout_attn")
+# ... and for the dropout on each sublayer's output before its add (GPT-2's resid_pdrop, BERT's hidden_dropout_prob,
+# Megatron's hidden_dropout, nanoGPT's resid_dropout, timm's proj_drop)
+RESIDUAL_DROPOUTS = ("resid_pdrop", "resid_dropout", "residual_dropout", "hidden_dropout", "hidden_dropout_prob",
+                     "hidden_dropout_rate", "residual_dropout_prob", "proj_drop")
 
 
 def on_stream(ctx: Context, run, module: nn.Module, x: torch.Tensor) -> Outcome | None:
@@ -128,7 +134,7 @@ def attention_ignored(ctx: Context, module: nn.Module, asked: TorchDropoutOff, x
     otherwise; hf: layers take their rates from their configs, and are not judged so."""
     if ctx.subject.name.startswith("hf:") or asked.attention_rates:
         return None
-    said = _attention_dropout_said(ctx, module)
+    said = _rate_said(ctx, module, ATTENTION_DROPOUTS)
     if said is None:
         return None
     T, d = x.shape[1], x.shape[-1]
@@ -140,8 +146,25 @@ def attention_ignored(ctx: Context, module: nn.Module, asked: TorchDropoutOff, x
     return failed("dropout.attention_ignored", rate, rate=rate, where=where, attention_calls=asked.attention_calls)
 
 
-def _attention_dropout_said(ctx: Context, module: nn.Module) -> tuple[float, str] | None:
-    """(rate, where it is said) for the first attention dropout rate above 0 the block states, or None."""
+def residual_ignored(ctx: Context, module: nn.Module, asked: TorchDropoutOff, x: torch.Tensor) -> Outcome | None:
+    """A block of the user's that says it drops each sublayer's output at a rate above 0 (RESIDUAL_DROPOUTS), whose
+    training forward with torch's dropouts off is deterministic and asked no elementwise dropout of a tensor of the
+    stream's size (B x T tokens of d_model: a branch's output, in any layout): the rate is taken and ignored. None
+    otherwise, and for hf: layers."""
+    if ctx.subject.name.startswith("hf:"):
+        return None
+    said = _rate_said(ctx, module, RESIDUAL_DROPOUTS)
+    if said is None:
+        return None
+    d, n = x.shape[-1], x.numel()
+    if any(s and s[-1] == d and math.prod(s) == n for s in asked.shapes):
+        return None
+    rate, where = said
+    return failed("dropout.residual_ignored", rate, rate=rate, where=where, dropped=len(asked.shapes))
+
+
+def _rate_said(ctx: Context, module: nn.Module, names: tuple[str, ...]) -> tuple[float, str] | None:
+    """(rate, where it is said) for the first of these dropout rates above 0 the block states, or None."""
     from tblock_cli.card.own import fields_of
     from tblock_cli.checks.training import all_modules
     from tblock_cli.subject.loading import constructed_arguments
@@ -152,10 +175,10 @@ def _attention_dropout_said(ctx: Context, module: nn.Module) -> tuple[float, str
         return float(v) if isinstance(v, float) and 0 < v < 1 else None
 
     for field, v, where in fields_of(constructed_arguments(ctx.subject.module), "the constructor's argument"):
-        if field in ATTENTION_DROPOUTS and rate(v) is not None:
+        if field in names and rate(v) is not None:
             return rate(v), f"{where} `{field}`"
     for m in all_modules(module):
-        for k in ATTENTION_DROPOUTS:
+        for k in names:
             v = vars(m).get(k, m._modules.get(k))
             if rate(v) is not None:
                 return rate(v), f"`{type(m).__name__}.{k}`"

@@ -156,6 +156,9 @@ MESSAGES = {
                                             + ("its SDPA or MultiheadAttention calls ask dropout_p 0" if f["attention_calls"]
                                                else "no dropout reads the softmax's output")
                                             + " (the rate taken, never passed on)"),
+    "dropout.residual_ignored": lambda f: (f"says it drops each sublayer's output at {f['rate']:g} ({f['where']}), and a "
+                                           f"training forward drops no tensor of the stream's size ({f['dropped']} "
+                                           f"dropout calls elsewhere): the rate taken, never applied"),
     "dropout.never_applied": lambda f: (f"built with dropout {f['rate']:g}, a training forward drops nothing: no dropout "
                                         f"of torch's is asked to, and the block draws no mask of its own, while it keeps "
                                         f"{names(f['modules'])} (defined, never called: the rate is ignored)"),
