@@ -147,6 +147,7 @@ def missed_bugs(sizes, device="cpu", part=(1, 1)) -> int:
                **{f"zoo_claims.py:{k}": ("causal", {}) for k in zoo_claims.SAID_CAUSAL},
                **{f"zoo_length.py:{k}": (check, {"causal": True}) for k, (check, _) in zoo_length.PLANTED.items()},
                **{f"zoo_init.py:{k}": (v, {}) for k, v in zoo_init.PLANTED.items()},
+               **{f"zoo_init.py:{k}": ("optimizer_step", {}) for k in zoo_init.SYMMETRIC},
                **{f"zoo_history.py:{k}": (v, {}) for k, v in zoo_history.PLANTED.items()},
                **{f"zoo_numerics.py:{k}": (check, {}) for k, (check, _) in zoo_numerics.PLANTED.items()},
                **{f"zoo_accumulation.py:{k}": (v, {}) for k, v in zoo_accumulation.PLANTED.items()},

@@ -38,6 +38,14 @@ def test_zeros_that_hold_each_others_gradient_are_named(name):
     assert c.facts["zeros"] == ZEROS[name] and set(ZEROS[name]) <= set(c.facts["stuck"]), c.facts
 
 
+@pytest.mark.parametrize("name", sorted(zoo_init.SYMMETRIC))
+def test_hidden_units_in_identical_copies_are_counted(name):
+    c = run(f"zoo_init.py:{name}", ("optimizer_step",))["optimizer_step"]
+    assert (c.status, c.kind) == (Status.FAIL, "optimizer_step.symmetric_units"), c
+    units = c.facts["units"]
+    assert c.facts["distinct"] == (zoo_init.SYMMETRIC[name] or -(-units // 5)), c.facts
+
+
 @pytest.mark.parametrize("name", zoo_init.CORRECT)
 def test_zero_initialisations_that_train_raise_no_alarm_in_the_whole_battery(name):
     by = run(f"zoo_init.py:{name}", None)

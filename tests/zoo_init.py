@@ -171,3 +171,31 @@ class FrozenRotaryTable(TrainBlock):
 
 
 CORRECT.append("FrozenRotaryTable")
+
+
+class ConstantInitTypo(TrainBlock):
+    """An init loop with nn.init.constant_(w, 0.02) where normal_(std=0.02) was meant: every FFN hidden unit (and
+    every attention channel) the same, getting the same gradient at every step: one unit, trained d_ff times."""
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
+        super().__init__(d_model, n_heads, dropout, causal)
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.constant_(m.weight, 0.02)
+
+
+class UnitsTiled(TrainBlock):
+    """The FFN's units drawn for a fifth of its width and tiled (rows of w1 and w3, columns of w2): five copies of
+    each, which no step tells apart."""
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
+        super().__init__(d_model, n_heads, dropout, causal)
+        hidden = self.w2.in_features
+        k = -(-hidden // 5)
+        with torch.no_grad():
+            for lin in (self.w1, self.w3):
+                lin.weight.copy_(lin.weight[:k].repeat(5, 1)[:hidden])
+            self.w2.weight.copy_(self.w2.weight[:, :k].repeat(1, 5)[:, :hidden])
+
+
+SYMMETRIC = {"ConstantInitTypo": 1, "UnitsTiled": None}  # distinct units: 1, or a fifth of the width

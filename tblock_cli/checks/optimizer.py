@@ -10,6 +10,7 @@ from tblock_cli.checks.context import Context
 from tblock_cli.checks.result import Outcome, failed, passed, skipped, warned
 from tblock_cli.checks.training import PROBE_SEED, copied, seeded, too_large, trainable
 from tblock_cli.checks.zeros import default_scale
+from tblock_cli.errors import is_out_of_memory
 from tblock_cli.probes import parameters_replaced, rel_diff, train_mode
 
 # One AdamW step: lr 1e-4 moves every float32 parameter with a non-zero gradient (lr / |p| >> 2^-23 for |p| < 100) and
@@ -52,6 +53,36 @@ STALE_LIMIT = 1e-4
 
 def _random_looking(t: torch.Tensor) -> bool:
     return t.numel() >= TIE_MIN_NUMEL and t.detach().flatten().unique().numel() >= TIE_DISTINCT * t.numel()
+
+
+def symmetric_units(ctx: Context) -> dict | None:
+    """An FFN whose hidden units come in identical copies: unit i and unit j with equal input rows (gate and up, and
+    their biases) and equal output columns compute the same thing and get the same gradient at every step, so they
+    stay copies forever (an init typo, `nn.init.constant_(w, 0.02)` for `normal_(std=0.02)`; rows tiled from a few).
+    Judged on one dense FFN of nn.Linear projections whose widths meet; found where fewer than half of its units are
+    distinct. Exact equality: random draws never repeat, and a zero output projection alone (ReZero) leaves the input
+    rows apart. The facts, or None."""
+    try:
+        flow = ctx.dataflow()
+    except Exception as e:  # noqa: BLE001 - a block the tracer cannot follow: no evidence
+        if is_out_of_memory(e):
+            raise
+        return None
+    mods = dict(ctx.subject.module.named_modules())
+    ins = [mods.get(m.name) for m in flow.modules if m.role in ("ffn.in", "ffn.gate")]
+    outs = [mods.get(m.name) for m in flow.modules if m.role == "ffn.out"]
+    if len(outs) != 1 or not ins or not all(isinstance(m, nn.Linear) for m in ins + outs):
+        return None
+    hidden = outs[0].in_features
+    if hidden < 4 or any(m.out_features != hidden for m in ins):
+        return None
+    with torch.no_grad():
+        parts = [m.weight for m in ins] + [m.bias[:, None] for m in ins if m.bias is not None] + [outs[0].weight.t()]
+        units = torch.cat([t.detach().float().reshape(hidden, -1) for t in parts], dim=1)
+        distinct = torch.unique(units, dim=0).shape[0]
+    if distinct * 2 >= hidden:
+        return None
+    return {"units": hidden, "distinct": distinct, "ffn": [n for n, m in mods.items() if m in ins + outs]}
 
 
 def broken_ties(module: nn.Module) -> list[list[str]]:
@@ -143,10 +174,13 @@ def check_optimizer_step(ctx: Context) -> Outcome:
     base under adapters, a fixed table kept as a frozen parameter, `inv_freq` or MAE's `pos_embed`, are designs);
     after the step, an eval forward without gradients
     that differs from one with them (a fused or cached weight an inference call kept from before the step); one module
-    object at several entries of a ModuleList or Sequential is a **warning** (`[Head()] * n`: n heads that are one)"""
+    object at several entries of a ModuleList or Sequential is a **warning** (`[Head()] * n`: n heads that are one);
+    an FFN whose hidden units are fewer than half distinct (equal input rows and output columns: copies that get equal
+    gradients forever, a constant init where a random one was meant)"""
     if (large := too_large(ctx)) is not None:
         return large
     ties = broken_ties(ctx.subject.module)  # at build: the module has not been trained by any check
+    twins = symmetric_units(ctx)
     aliases = aliased(ctx.subject.module)
     repeats = repeated(ctx.subject.module)
     x = ctx.x()
@@ -175,6 +209,8 @@ def check_optimizer_step(ctx: Context) -> Outcome:
         return failed("optimizer_step.unchanged", value, **facts)
     if step["stuck"]:
         return failed("optimizer_step.stuck", value, **facts)
+    if twins is not None:
+        return failed("optimizer_step.symmetric_units", f"{twins['distinct']}/{twins['units']}", **{**facts, **twins})
     if repeats:
         return warned("optimizer_step.repeated", value, repeats=repeats, **facts)
     if (slips := frozen_slips(ctx.subject.module)) and step["frozen_share"] < FROZEN_SHARE:
