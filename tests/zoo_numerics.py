@@ -127,7 +127,7 @@ class CheckpointDropsMask(PaddedBlock):
 class WindowKeptNotApplied(TrainBlock):
     """Built with sliding_window=4 and keeping it, attending to the whole causal prefix."""
 
-    applied = False
+    applied, window = False, None  # window: the width where sliding_window is None (zoo_sizes' WindowWhereNone)
 
     def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True, sliding_window=4):
         super().__init__(d_model, n_heads, dropout, causal)
@@ -139,7 +139,7 @@ class WindowKeptNotApplied(TrainBlock):
         i = torch.arange(h.shape[1], device=h.device)
         allowed = i[:, None] >= i[None, :]
         if self.applied:
-            allowed = allowed & (i[:, None] - i[None, :] < self.sliding_window)
+            allowed = allowed & (i[:, None] - i[None, :] < (self.sliding_window or self.window))
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=self.p if self.training else 0.0)
         return self.o_proj(merge(y))
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from zoo_numerics import WindowKeptNotApplied
 from zoo_training import Rotary, TrainBlock, heads, merge
 
 
@@ -91,23 +92,14 @@ class LayerScaleHonoured(LayerScaleIgnored):
         self.gamma_1, self.gamma_2 = (nn.Parameter(torch.full((d_model,), layer_scale_init_value)) for _ in range(2))
 
 
-class WindowWhereNone(TrainBlock):
+class WindowWhereNone(WindowKeptNotApplied):
     """Keeps sliding_window=None (every key, as a full-attention layer of a sliding family keeps it) and masks to the
     last 4 keys anyway: a window default of its own (`self.sliding_window or 4`). Twin: WindowNoneHonoured."""
 
-    window = 4
+    applied, window = True, 4
 
     def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True, sliding_window=None):
-        super().__init__(d_model, n_heads, dropout, causal)
-        self.sliding_window = sliding_window
-
-    def attention(self, h):
-        q, k, v = (heads(p(h), self.n_heads) for p in (self.q_proj, self.k_proj, self.v_proj))
-        q, k = self.rotary(q), self.rotary(k)
-        i = torch.arange(h.shape[1], device=h.device)
-        allowed = (i[:, None] >= i[None, :]) & (i[:, None] - i[None, :] < (self.sliding_window or self.window))
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=self.p if self.training else 0.0)
-        return self.o_proj(merge(y))
+        super().__init__(d_model, n_heads, dropout, causal, sliding_window)
 
 
 class WindowNoneHonoured(WindowWhereNone):
