@@ -199,3 +199,16 @@ class UnitsTiled(TrainBlock):
 
 
 SYMMETRIC = {"ConstantInitTypo": 1, "UnitsTiled": None}  # distinct units: 1, or a fifth of the width
+
+
+class AttentionConstantInit(TrainBlock):
+    """The init typo on the attention's projections only: every channel of a head's values the same (equal value
+    rows, equal output columns), one channel per head trained head_dim times."""
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
+        super().__init__(d_model, n_heads, dropout, causal)
+        for lin in (self.q_proj, self.k_proj, self.v_proj, self.o_proj):
+            nn.init.constant_(lin.weight, 0.02)
+
+
+SYMMETRIC["AttentionConstantInit"] = "heads"  # one distinct channel per head

@@ -56,12 +56,13 @@ def _random_looking(t: torch.Tensor) -> bool:
 
 
 def symmetric_units(ctx: Context) -> dict | None:
-    """An FFN whose hidden units come in identical copies: unit i and unit j with equal input rows (gate and up, and
-    their biases) and equal output columns compute the same thing and get the same gradient at every step, so they
-    stay copies forever (an init typo, `nn.init.constant_(w, 0.02)` for `normal_(std=0.02)`; rows tiled from a few).
-    Judged on one dense FFN of nn.Linear projections whose widths meet; found where fewer than half of its units are
-    distinct. Exact equality: random draws never repeat, and a zero output projection alone (ReZero) leaves the input
-    rows apart. The facts, or None."""
+    """Hidden units in identical copies: an FFN's unit i and unit j with equal input rows (gate and up, and their
+    biases) and equal output columns, or two channels of one attention head with equal value rows and output columns,
+    compute the same thing and get the same gradient at every step, so they stay copies forever (an init typo,
+    `nn.init.constant_(w, 0.02)` for `normal_(std=0.02)`; rows tiled from a few). Judged on one dense FFN, and on one
+    attention's value and output projections, of nn.Linear projections whose widths meet; found where fewer than
+    half of the units are distinct. Exact equality: random draws never repeat, and a zero output projection alone
+    (ReZero) leaves the input rows apart. The facts, or None."""
     try:
         flow = ctx.dataflow()
     except Exception as e:  # noqa: BLE001 - a block the tracer cannot follow: no evidence
@@ -69,20 +70,36 @@ def symmetric_units(ctx: Context) -> dict | None:
             raise
         return None
     mods = dict(ctx.subject.module.named_modules())
-    ins = [mods.get(m.name) for m in flow.modules if m.role in ("ffn.in", "ffn.gate")]
-    outs = [mods.get(m.name) for m in flow.modules if m.role == "ffn.out"]
-    if len(outs) != 1 or not ins or not all(isinstance(m, nn.Linear) for m in ins + outs):
-        return None
-    hidden = outs[0].in_features
-    if hidden < 4 or any(m.out_features != hidden for m in ins):
-        return None
+
+    def linears(*roles: str) -> list[tuple[str, nn.Module]]:
+        return [(m.name, mods.get(m.name)) for m in flow.modules if m.role in roles]
+
+    found = []
+    ins, outs = linears("ffn.in", "ffn.gate"), linears("ffn.out")
+    if len(outs) == 1 and ins and all(isinstance(m, nn.Linear) for _, m in ins + outs) and \
+            all(m.out_features == outs[0][1].in_features for _, m in ins):
+        found.append(("the FFN", ins + outs, _distinct([m for _, m in ins], outs[0][1], 1)))
+    values, out = linears("attn.v"), linears("attn.out")
+    call = next((c for c in flow.attention if len(values) == 1 and values[0][0] in c.v), None)
+    if call is not None and len(out) == 1 and all(isinstance(m, nn.Linear) for _, m in values + out) and \
+            values[0][1].out_features == out[0][1].in_features and values[0][1].out_features % max(1, call.heads) == 0:
+        found.append(("attention's values", values + out, _distinct([values[0][1]], out[0][1], call.heads)))
+    for where, named, (units, distinct) in found:
+        if units >= 4 and distinct * 2 < units:
+            return {"units": units, "distinct": distinct, "where": where, "modules": [n for n, _ in named]}
+    return None
+
+
+def _distinct(ins: list[nn.Linear], out: nn.Linear, groups: int) -> tuple[int, int]:
+    """(units, distinct units) of the hidden layer between ins and out, units compared within each of `groups`
+    consecutive runs (an attention head's channels)."""
+    hidden = out.in_features
     with torch.no_grad():
-        parts = [m.weight for m in ins] + [m.bias[:, None] for m in ins if m.bias is not None] + [outs[0].weight.t()]
+        parts = [m.weight for m in ins] + [m.bias[:, None] for m in ins if m.bias is not None] + [out.weight.t()]
         units = torch.cat([t.detach().float().reshape(hidden, -1) for t in parts], dim=1)
-        distinct = torch.unique(units, dim=0).shape[0]
-    if distinct * 2 >= hidden:
-        return None
-    return {"units": hidden, "distinct": distinct, "ffn": [n for n, m in mods.items() if m in ins + outs]}
+        size = hidden // groups
+        distinct = sum(torch.unique(units[g * size:(g + 1) * size], dim=0).shape[0] for g in range(groups))
+    return hidden, distinct
 
 
 def broken_ties(module: nn.Module) -> list[list[str]]:
@@ -175,8 +192,8 @@ def check_optimizer_step(ctx: Context) -> Outcome:
     after the step, an eval forward without gradients
     that differs from one with them (a fused or cached weight an inference call kept from before the step); one module
     object at several entries of a ModuleList or Sequential is a **warning** (`[Head()] * n`: n heads that are one);
-    an FFN whose hidden units are fewer than half distinct (equal input rows and output columns: copies that get equal
-    gradients forever, a constant init where a random one was meant)"""
+    an FFN's hidden units or an attention head's value channels fewer than half distinct (equal input rows and output
+    columns: copies that get equal gradients forever, a constant init where a random one was meant)"""
     if (large := too_large(ctx)) is not None:
         return large
     ties = broken_ties(ctx.subject.module)  # at build: the module has not been trained by any check

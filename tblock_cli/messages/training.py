@@ -214,10 +214,10 @@ MESSAGES = {
                                           + "; ".join(" = ".join(g[:4]) + (" = ..." if len(g) > 4 else "")
                                                       for g in f["repeats"])),
     "optimizer_step.unchanged": lambda f: f"one AdamW step leaves parameters with a gradient unchanged: {names(f['unchanged'])}",
-    "optimizer_step.symmetric_units": lambda f: (f"the FFN ({names(f['ffn'])}) has {f['distinct']} distinct hidden units of "
-                                                 f"{f['units']}: units with equal input rows and output columns get equal "
-                                                 f"gradients and stay copies at every step (a constant init where a "
-                                                 f"random one was meant?)"),
+    "optimizer_step.symmetric_units": lambda f: (f"{f['where']} ({names(f['modules'])}): {f['distinct']} distinct hidden "
+                                                 f"units of {f['units']}; units with equal input rows and output columns "
+                                                 f"get equal gradients and stay copies at every step (a constant init "
+                                                 f"where a random one was meant?)"),
     "optimizer_step.stuck": lambda f: (f"parameters no step will ever move: {names(f['zeros'])} start at zero, where their "
                                        f"gradient is exactly zero, at init and after a step (given random values, it comes "
                                        f"alive: the zeros hold it)" + _through(f)),
