@@ -22,6 +22,7 @@ TESTS = Path(__file__).resolve().parent.parent / "tests"
 sys.path.insert(0, str(TESTS))
 
 import zoo_accumulation  # noqa: E402
+import zoo_attention  # noqa: E402
 import zoo_autocast  # noqa: E402
 import zoo_claims  # noqa: E402
 import zoo_complex  # noqa: E402
@@ -69,6 +70,7 @@ CORRECT.update({f"zoo_accumulation.py:{k}": {} for k in zoo_accumulation.CORRECT
 CORRECT.update({f"zoo_tables.py:{k}": {"causal": True} for k in zoo_tables.CORRECT})  # Switch's top-1 routing
 CORRECT.update({f"zoo_sizes.py:{k}": {"causal": True} for k in zoo_sizes.CORRECT})  # sizes and gains as said
 CORRECT.update({f"zoo_switches.py:{k}": {"causal": True} for k in zoo_switches.CORRECT})  # switches as said
+CORRECT.update({f"zoo_attention.py:{k}": {"causal": True} for k in zoo_attention.CORRECT})  # softmax1, a sink
 CORRECT.update({f"zoo_rates.py:{k}": {"causal": True} for k in zoo_rates.CORRECT})  # attention dropout applied, a frozen table
 CORRECT.update({f"zoo_construction.py:{k}": {} for k in zoo_construction.CORRECT})  # built as asked
 CORRECT.update({f"zoo_writes.py:{k}": {"causal": True} for k in zoo_writes.CORRECT})  # buffers a forward may write

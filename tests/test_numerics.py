@@ -195,3 +195,10 @@ def test_jumps_are_exact_positions_beside_wrong_ones_spread_along_the_sequence()
         found = _jumps(_position_errors(got, ref, n))
         assert (found is not None) == jumps, (errors, found)
     assert _jumps(_position_errors(ref, ref, n)) is None  # nothing wrong: nothing to skip
+
+
+def test_quiet_attention_is_read_as_a_softmax_with_a_sink():
+    """softmax1's weights sum below 1: read as a softmax (log w the logits up to each row's constant), not as weights
+    from no softmax, so relative finds its rotary-free scores flat and attention has nothing to say."""
+    by = run("zoo_attention.py:QuietSoftmax", None, causal=True)
+    assert not [c for c in by.values() if c.status in BAD], [(c.name, c.detail) for c in by.values() if c.status in BAD]

@@ -229,6 +229,16 @@ def is_distribution(W: torch.Tensor) -> bool:
     return bool((W >= -1e-6).all() and live.any() and ((rows[live] - 1).abs() <= WEIGHT_SUM_TOL).all())
 
 
+def is_sub_distribution(W: torch.Tensor) -> bool:
+    """Weights non-negative whose every live row sums to at most 1, some below: a softmax with a sink in its
+    denominator, written out (`exp(s) / (1 + sum exp(s))`, quiet attention): log W is still the logits up to each
+    row's constant."""
+    rows = W.sum(-1)
+    live = rows.abs() > 1e-6
+    return bool((W >= -1e-6).all() and live.any() and (rows[live] <= 1 + WEIGHT_SUM_TOL).all()
+                and (rows[live] < 1 - WEIGHT_SUM_TOL).any())
+
+
 def reweighting(w: torch.Tensor, p: torch.Tensor) -> float | None:
     """std of log w over std of log p (each row-centred over the entries both keep), where w (the weights that reach
     the values) is a distribution again, differs from p (the softmax's output), and keeps each row's order of p (an

@@ -18,6 +18,7 @@ from tblock_cli.anatomy.attention import (
     ScaleNote,
     apply_masks,
     is_distribution,
+    is_sub_distribution,
     qk_std,
     reweighting,
     rms,
@@ -227,7 +228,8 @@ class AttentionRecorder:
             self.prov.put(out, self.prov.union((self.prov.get(w), self.prov.get(values)), NONLINEAR))
             return
         W = w.detach().double()
-        normalised = is_distribution(W)
+        # a sink in the denominator (rows below 1) is still a softmax; sigmoid attention's rows may sum below 1 too
+        normalised = is_distribution(W) or (is_sub_distribution(W) and not sigmoid_of(W, product))
         L, S = W.shape[-2], W.shape[-1]
         if normalised:
             logits = torch.log(W).masked_fill(W <= 0, float("-inf"))
