@@ -28,7 +28,7 @@ def read(probe: Probe) -> list[Entry]:
         weight, bias = None, None
         if c.name == "linear" and c.weight is not None:
             weight, bias = c.weight, c.args[2] if len(c.args) > 2 else c.kwargs.get("bias")
-        elif c.name == "addmm" and len(c.args) > 2:
+        elif c.name == "addmm" and len(c.args) > 2 and isinstance(c.args[2], torch.Tensor):
             weight, bias = cap.weight_name(c.args[2]), c.args[0]
         if weight is not None:
             added[weight] = added.get(weight, False) or (isinstance(bias, torch.Tensor) and bias.numel() > 0)
