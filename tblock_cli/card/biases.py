@@ -32,13 +32,13 @@ def read(probe: Probe) -> list[Entry]:
             weight, bias = cap.weight_name(c.args[2]), c.args[0]
         if weight is not None:
             added[weight] = added.get(weight, False) or (isinstance(bias, torch.Tensor) and bias.numel() > 0)
-    out = []
+    out, mods = [], dict(module.named_modules())
     for key, roles in GROUPS.items():
         names = [m.name for m in flow.modules if m.role in roles]
         if not names:
             out.append(skipped(key, "no such projection in the dataflow"))
             continue
-        seen = [_biased(module, n, added) for n in names]
+        seen = [_biased(module, mods, n, added) for n in names]
         if any(seen):
             biased = [n for n, b in zip(names, seen) if b]
             out.append(Entry(key, True, f"a bias added by {', '.join(biased[:3])}" + (" ..." if len(biased) > 3 else ""),
@@ -52,13 +52,13 @@ def read(probe: Probe) -> list[Entry]:
     return out
 
 
-def _biased(module: nn.Module, name: str, added: dict[str, bool]) -> bool | None:
-    """Whether the projection `name` (a dataflow row) adds a bias; None where its calls were not read."""
+def _biased(module: nn.Module, mods: dict, name: str, added: dict[str, bool]) -> bool | None:
+    """Whether the projection `name` (a dataflow row) adds a bias; None where its calls were not read. mods: the
+    module's named modules."""
     params = projection_params(module, name)
     if params and params[0] in added:
         return added[params[0]]
     owner, _, part = name.rpartition(".")
-    mods = dict(module.named_modules())
     mha = mods.get(name) if isinstance(mods.get(name), nn.MultiheadAttention) else mods.get(owner)
     if isinstance(mha, nn.MultiheadAttention):
         if part == "out_proj" or name.endswith("out_proj"):

@@ -57,9 +57,6 @@ FIELDS = {
     # how positions enter the layer, where it is one the layer itself applies: rotary or alibi (an "absolute" type is
     # added to the embeddings, outside any layer, and claims nothing)
     "position_embedding_type": "pos.kind",
-    # a switch: whether projections add a bias (Llama's attention_bias and mlp_bias, timm's and Qwen's qkv_bias,
-    # nanoGPT's and Megatron's bias for every linear): True claims some does, False that none does (the generic
-    # switches False only: True may speak of the norms' biases alone)
     # Meta's ModelArgs switch for Llama 3.1's frequency scaling (apply_scaling): True claims llama-3's kind (its factor
     # is hard-coded in some versions, a field in others), False none
     "use_scaled_rope": "rope.scaling",
@@ -69,8 +66,11 @@ FIELDS = {
     "rotary_emb_dim": "rope.dims",
     # Megatron's switch for a (1 + w) norm weight initialised at 0
     "layernorm_zero_centered_gamma": "norm.offset", "zero_centered_gamma": "norm.offset",
-    "qkv_bias": "bias.qkv", "use_qkv_bias": "bias.qkv", "add_qkv_bias": "bias.qkv", "attention_bias": "bias.attn", "mlp_bias": "bias.ffn", "bias": "bias.any",
-    "use_bias": "bias.any", "add_bias_linear": "bias.any",
+    # a switch: whether projections add a bias (Llama's attention_bias and mlp_bias, timm's and Qwen's qkv_bias,
+    # nanoGPT's and Megatron's bias for every linear): True claims some does, False that none does (the generic
+    # switches False only: True may speak of the norms' biases alone)
+    "qkv_bias": "bias.qkv", "use_qkv_bias": "bias.qkv", "add_qkv_bias": "bias.qkv", "attention_bias": "bias.attn",
+    "mlp_bias": "bias.ffn", "bias": "bias.any", "use_bias": "bias.any", "add_bias_linear": "bias.any",
 }
 # Granite's muP multipliers (and every layer that copied them: HyperCLOVA X, NeoMME): `residual_multiplier` scales
 # each sublayer's output at its add (x + m * f(x), attention and FFN alike), `attention_multiplier` is the score

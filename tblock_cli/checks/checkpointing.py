@@ -14,7 +14,7 @@ import torch.nn as nn
 
 from tblock_cli.checks.context import Context
 from tblock_cli.checks.result import Outcome, failed, passed, warned
-from tblock_cli.checks.training import all_modules, has_dropout, seeded, too_large, trainable
+from tblock_cli.checks.training import all_modules, forked, has_dropout, seeded, too_large, trainable
 from tblock_cli.probes import f64, rel_diff, train_mode
 
 # Attribute or forward keyword names blocks use for their own activation-checkpointing switch.
@@ -30,8 +30,9 @@ def recomputed(fn, x: torch.Tensor, device: torch.device, host_streams: bool = F
     """fn(x) under activation checkpointing as torch.utils.checkpoint(use_reentrant=False) does it: the forward keeps
     none of the tensors autograd saves, the backward runs fn again under the forward's RNG state and uses what that run
     saves, in the same order. Only torch's streams are put back for the recompute, as torch's own function does: a
-    mask drawn from Python's or NumPy's stream is drawn anew there (put back too with host_streams). (torch's own function imports torch._dynamo on its
-    first call: 1 s on an idle machine, several under load, for a probe of a few milliseconds.)"""
+    mask drawn from Python's or NumPy's stream is drawn anew there (put back too with host_streams). (torch's own
+    function imports torch._dynamo on its first call: 1 s on an idle machine, several under load, for a probe of a few
+    milliseconds.)"""
     state = torch.get_rng_state()
     cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
     count, again = [0], []
@@ -41,8 +42,7 @@ def recomputed(fn, x: torch.Tensor, device: torch.device, host_streams: bool = F
         return count[0] - 1
 
     def recompute() -> None:
-        devices = [device.index if device.index is not None else torch.cuda.current_device()] if cuda is not None else []
-        with (seeded(device) if host_streams else torch.random.fork_rng(devices=devices)), torch.enable_grad():
+        with (seeded(device) if host_streams else forked(device)), torch.enable_grad():
             torch.set_rng_state(state)
             if cuda is not None:
                 torch.cuda.set_rng_state(cuda, device)
@@ -50,7 +50,7 @@ def recomputed(fn, x: torch.Tensor, device: torch.device, host_streams: bool = F
                 fn(x.detach().requires_grad_(x.requires_grad))
         if len(again) != count[0]:
             raise RecomputeMismatch(f"the recompute saved {len(again)} tensors where the forward saved {count[0]}: "
-                               f"the block's forward is not the same function twice")
+                                    f"the block's forward is not the same function twice")
 
     def unpack(i: int) -> torch.Tensor:
         if not again:

@@ -125,7 +125,6 @@ def never_applied(ctx: Context, module: nn.Module, asked: TorchDropoutOff, diff:
     return warned("dropout.never_applied", diff, rate=rate, modules=idle)
 
 
-
 def attention_ignored(ctx: Context, module: nn.Module, asked: TorchDropoutOff, x: torch.Tensor) -> Outcome | None:
     """A block of the user's that says it drops attention's probabilities at a rate above 0 (ATTENTION_DROPOUTS), whose
     training forward with torch's dropouts off is deterministic (every draw is torch's: the caller saw two equal) and

@@ -328,9 +328,9 @@ def check_dtype(ctx: Context) -> Outcome:
     block built with some trainable parameters narrower than the rest (a bfloat16 gain among float32 weights: tblock's
     cast to the run's dtype hides it; trained as built, its gradient and updates round, and FSDP2 refuses a module
     of mixed parameter dtypes)"""
-    if narrow := ctx.subject.narrow_at_build:  # read as built: no forward needed
-        return failed("dtype.narrow_at_build", len(narrow), params={n: d for n, (d, _) in narrow.items()},
-                      block=next(iter(narrow.values()))[1], dtype=dtype_name(ctx.dtype))
+    if ctx.subject.narrow_at_build is not None:  # read as built: no forward needed
+        block, params = ctx.subject.narrow_at_build
+        return failed("dtype.narrow_at_build", len(params), params=params, block=block, dtype=dtype_name(ctx.dtype))
     ref_device = ctx.device if ctx.device.type != "mps" else torch.device("cpu")  # MPS has no float64
     x, out = ctx.standard()
     ctx.step("float64 forward")

@@ -195,11 +195,11 @@ def check_grad_params(ctx: Context) -> Outcome:
         return failed("grad_params.missing", value, params=missing)
     if nonfinite:
         return failed("grad_params.nonfinite", value, params=nonfinite)
-    detached = training_backward(ctx).detached_losses
-    if detached:
-        return failed("grad_params.loss_detached", value, losses=detached)
-    if buffers := training_backward(ctx).buffers:
-        return failed("grad_params.buffer_learns", value, buffers=buffers)
+    backward = training_backward(ctx)
+    if backward.detached_losses:
+        return failed("grad_params.loss_detached", value, losses=backward.detached_losses)
+    if backward.buffers:
+        return failed("grad_params.buffer_learns", value, buffers=backward.buffers)
     return passed("grad_params.ok", value, zero=zero)
 
 

@@ -80,7 +80,7 @@ def symmetric_units(ctx: Context) -> dict | None:
             all(m.out_features == outs[0][1].in_features for _, m in ins):
         found.append(("the FFN", ins + outs, _distinct([m for _, m in ins], outs[0][1], 1)))
     values, out = linears("attn.v"), linears("attn.out")
-    call = next((c for c in flow.attention if len(values) == 1 and values[0][0] in c.v), None)
+    call = next((c for c in flow.attention if values[0][0] in c.v), None) if len(values) == 1 else None
     if call is not None and len(out) == 1 and all(isinstance(m, nn.Linear) for _, m in values + out) and \
             values[0][1].out_features == out[0][1].in_features and values[0][1].out_features % max(1, call.heads) == 0:
         found.append(("attention's values", values + out, _distinct([values[0][1]], out[0][1], call.heads)))

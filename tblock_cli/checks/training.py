@@ -52,10 +52,16 @@ def too_large(ctx: Context) -> Outcome | None:
 @contextmanager
 def seeded(device: torch.device, seed: int = PROBE_SEED):
     """The global RNG (CPU, and the device's) at a fixed seed for a while; the caller's state restored after."""
-    devices = [device.index if device.index is not None else torch.cuda.current_device()] if device.type == "cuda" else []
-    with torch.random.fork_rng(devices=devices):
+    with forked(device):
         reseed(seed)
         yield
+
+
+def forked(device: torch.device):
+    """torch's RNG (CPU, and the device's) forked: whatever runs inside, the caller's state is restored after (Python's
+    and NumPy's streams are not touched)."""
+    devices = [device.index if device.index is not None else torch.cuda.current_device()] if device.type == "cuda" else []
+    return torch.random.fork_rng(devices=devices)
 
 
 def all_modules(module: nn.Module) -> list[nn.Module]:

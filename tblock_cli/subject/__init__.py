@@ -32,9 +32,9 @@ class Subject:
     rebuild: Callable[[int, str], nn.Module] | None = None
     # the parameters that required grad as built, before tblock's first forward or mode switch (None: not noted)
     trained_at_build: frozenset | None = field(default=None, compare=False, repr=False)
-    # parameters built narrower than most of the block's (a bfloat16 gain among float32 weights): name -> (its dtype,
-    # the block's), noted before tblock's cast to the run's dtype hides them
-    narrow_at_build: dict | None = field(default=None, compare=False, repr=False)
+    # parameters built narrower than most of the block's (a bfloat16 gain among float32 weights): (the block's dtype,
+    # name -> its dtype), noted before tblock's cast to the run's dtype hides them (loading.narrow_parameters)
+    narrow_at_build: tuple | None = field(default=None, compare=False, repr=False)
 
     def __call__(self, x: torch.Tensor, pad_mask: torch.Tensor | None = None) -> torch.Tensor:
         # pad_mask: (B, T) bool, True = padding, always; converted to the block's own convention here

@@ -17,6 +17,7 @@ import torch.nn as nn
 from tblock_cli.config import TO_CONSTRUCTOR, BlockConfig, Flag, parse_kwargs
 from tblock_cli.errors import USER_ERRORS, LoadError, is_out_of_memory, one_line
 from tblock_cli.probes import cast, reseed, train_mode
+from tblock_cli.runtime import dtype_name
 from tblock_cli.subject import Subject, first_tensor  # noqa: F401 - Subject: where callers long found it
 from tblock_cli.subject.builtin import build_block
 from tblock_cli.subject.portable import missing_dependency, on_this_machine
@@ -102,20 +103,21 @@ def user_subject(module: nn.Module, name: str, cfg: BlockConfig, device: torch.d
     return subject
 
 
-def narrow_parameters(module: nn.Module) -> dict[str, tuple[str, str]]:
+def narrow_parameters(module: nn.Module) -> tuple[str, dict[str, str]] | None:
     """Floating parameters built in a narrower dtype than most of the block's (a `dtype=torch.bfloat16` left in one
-    constructor of a float32 block): name -> (its dtype, the block's). Wider ones are a design's (a router kept in
-    float32 in a bfloat16 block); one-byte (float8) weights are a quantisation's; frozen ones are not trained."""
+    constructor of a float32 block): (the block's dtype, name -> its dtype), or None. Wider ones are a design's (a
+    router kept in float32 in a bfloat16 block); one-byte (float8) weights are a quantisation's; frozen ones are not
+    trained."""
     from collections import Counter
 
     floats = [(n, p.dtype) for n, p in module.named_parameters()
               if p.is_floating_point() and p.dtype.itemsize > 1 and p.requires_grad]
     counts = Counter(d for _, d in floats)
     if len(counts) < 2:
-        return {}
+        return None
     major = counts.most_common(1)[0][0]
-    name = lambda d: str(d).removeprefix("torch.")  # noqa: E731
-    return {n: (name(d), name(major)) for n, d in floats if d.itemsize < major.itemsize}
+    narrow = {n: dtype_name(d) for n, d in floats if d.itemsize < major.itemsize}
+    return (dtype_name(major), narrow) if narrow else None
 
 
 def user_layers(cfg: BlockConfig, device: torch.device, dtype: torch.dtype, spec: str, extra: dict, n: int) -> list[Subject]:
