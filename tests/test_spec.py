@@ -33,7 +33,9 @@ def test_values_parse_as_the_card_writes_them():
 
 @pytest.mark.parametrize("items, needle", [(["rope.thta=1"], "rope.theta"), (["rope.theta"], "KEY=VALUE"), ([3], "KEY=VALUE"),
                                            (["attn.group=abc"], "takes a number"), (["ffn.hidden=true"], "takes a number"),
-                                           (["rope.theta=none"], "takes a number, got 'none'")])
+                                           (["rope.theta=none"], "takes a number, got 'none'"),
+                                           (["bias.qkv=maybe"], "takes true or false, got 'maybe'"),
+                                           (["ffn.gated=2"], "takes true or false")])
 def test_a_bad_expect_is_refused_naming_what_to_write(items, needle):
     with pytest.raises(ConfigError, match=needle.replace(".", r"\.")):
         parse_expect(items)

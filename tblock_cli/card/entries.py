@@ -77,6 +77,9 @@ NUMERIC = ("attn.heads", "attn.kv_heads", "attn.group", "attn.head_dim", "attn.s
            "alibi.slopes", "relbias.curve", "relbias.steps", "ffn.hidden", "norm.eps", "residual.stream_gain",
            "residual.attn_gain", "residual.ffn_gain", "moe.experts", "moe.top_k", "moe.weight_sum", "moe.scale")
 WORDS = {"attn.softcap": ("none",), "attn.window": ("none",), "moe.weight_sum": ("varies",)}
+# Keys whose value is true or false: anything else for one of them is refused (exit 2) as well.
+BOOLEAN = ("attn.causal", "relbias.bidirectional", "ffn.gated", "norm.offset", "moe.renorm", "moe.shared", "bias.qkv",
+           "bias.attn", "bias.ffn", "bias.any")
 
 
 @dataclass(frozen=True)
@@ -201,6 +204,8 @@ def parse_expect(items) -> tuple[Claim, ...]:
         if key in NUMERIC and (isinstance(parsed, bool) or isinstance(parsed, str)) and parsed not in WORDS.get(key, ()):
             allowed = "".join(f" or {w}" for w in WORDS.get(key, ()))
             raise ConfigError(f"--expect {key} takes a number{allowed}, got {value.strip()!r}")
+        if key in BOOLEAN and not isinstance(parsed, bool):
+            raise ConfigError(f"--expect {key} takes true or false, got {value.strip()!r}")
         claims.append(Claim(key, parsed, "--expect"))
     return tuple(claims)
 
