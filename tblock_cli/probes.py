@@ -12,7 +12,6 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import TorchDispatchMode
 
 # tr(J)/n is estimated from Rademacher probes whose estimate has std ~ 1/sqrt(n) for n probed elements:
 # 8 probes at check's default input (2 x 10 x 512 = 10,240 elements) put that std near 0.004, far from
@@ -340,6 +339,34 @@ def beyond(diff: float, share: float, tol: float) -> bool:
     return diff > tol or share > UPDATE_SHARE
 
 
+def grad_of(loss: torch.Tensor, x: torch.Tensor, retain_graph: bool = False) -> torch.Tensor | None:
+    """d loss / d x (None where x is unused). A reentrant checkpoint inside the block (transformers 4.x's default)
+    refuses `torch.autograd.grad` halfway through the backward, so the graph is kept for a plain backward into x.grad,
+    which fills the parameters' .grad too: callers keep theirs with `grads_kept`."""
+    try:
+        return torch.autograd.grad(loss, x, retain_graph=True, allow_unused=True)[0]
+    except RuntimeError as e:
+        if "use_reentrant=True" not in str(e):
+            raise
+    x.grad = None
+    loss.backward(retain_graph=retain_graph)
+    return x.grad
+
+
+@contextmanager
+def grads_kept(module: nn.Module):
+    """The parameters' .grad as they were after the block, whatever backward ran inside (see grad_of): set aside, as a
+    backward adds into an existing .grad in place."""
+    kept = [(p, p.grad) for p in module.parameters()]
+    try:
+        for p, _ in kept:
+            p.grad = None
+        yield
+    finally:
+        for p, g in kept:
+            p.grad = g
+
+
 def residual_probes(numel: int) -> int:
     """How many probes residual_gain takes for an input of numel elements (see RESIDUAL_ELEMENTS)."""
     return max(1, min(RESIDUAL_PROBES, -(-RESIDUAL_ELEMENTS // max(1, numel))))
@@ -358,40 +385,10 @@ def residual_gain(f: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, ge
         for k in range(probes):
             v = (torch.randint(0, 2, out.shape, generator=gen) * 2 - 1).to(device=out.device, dtype=out.dtype)
             # J^T v as the gradient of the dot product: grad_outputs=v would import sympy (~1 s) on first use
-            (g,) = torch.autograd.grad((out * v).sum(), x, retain_graph=k < probes - 1, allow_unused=True)
+            g = grad_of((out * v).sum(), x, retain_graph=k < probes - 1)
             if g is None:
                 return 0.0
             total += (f64(v) * f64(g)).sum().item()
         for _ in range(probes, RESIDUAL_PROBES):  # the probes not taken are drawn all the same: the checks after
             torch.randint(0, 2, out.shape, generator=gen)  # this one see the random inputs they always saw
     return total / probes / x.numel()
-
-
-class HandlerMode(TorchDispatchMode):
-    """A dispatch mode that hands every aten call to handler(func, args, kwargs), which returns its result."""
-
-    def __init__(self, handler: Callable):
-        super().__init__()
-        self.handler = handler
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        return self.handler(func, args, kwargs or {})
-
-
-class _HandlerModeDynamoUnloaded(HandlerMode):
-    """The same mode for a process that has not imported torch._dynamo: torch wraps a mode's own __torch_dispatch__
-    in dynamo's disable, which imports it (1.7 s) at the first op. Compiled code in such a process is none, or starts
-    under this mode (dynamo then traces the mode too: the same values, with recompilation warnings)."""
-
-    @classmethod
-    def _should_skip_dynamo(cls) -> bool:
-        return False
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # defined again: an inherited one is wrapped
-        return self.handler(func, args, kwargs or {})
-
-
-def dispatch_mode(handler: Callable) -> TorchDispatchMode:
-    """A mode calling handler(func, args, kwargs) at every aten op; where torch._dynamo is loaded (a compiled block),
-    the one torch wraps so that dynamo leaves it alone, else one that does not import dynamo."""
-    return (HandlerMode if "torch._dynamo" in sys.modules else _HandlerModeDynamoUnloaded)(handler)

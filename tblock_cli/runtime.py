@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import re
+import sys
 from contextlib import ExitStack, contextmanager
+from typing import Callable
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from tblock_cli.config import BlockConfig
 from tblock_cli.errors import ConfigError, ResourceError, one_line
@@ -208,3 +211,33 @@ def environment(device: torch.device, dtype: torch.dtype) -> dict:
     if device.type == "cuda":
         env["device_name"] = torch.cuda.get_device_name(device)
     return env
+
+
+class HandlerMode(TorchDispatchMode):
+    """A dispatch mode that hands every aten call to handler(func, args, kwargs), which returns its result."""
+
+    def __init__(self, handler: Callable):
+        super().__init__()
+        self.handler = handler
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return self.handler(func, args, kwargs or {})
+
+
+class _HandlerModeDynamoUnloaded(HandlerMode):
+    """The same mode for a process that has not imported torch._dynamo: torch wraps a mode's own __torch_dispatch__
+    in dynamo's disable, which imports it (1.7 s) at the first op. Compiled code in such a process is none, or starts
+    under this mode (dynamo then traces the mode too: the same values, with recompilation warnings)."""
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        return False
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # defined again: an inherited one is wrapped
+        return self.handler(func, args, kwargs or {})
+
+
+def dispatch_mode(handler: Callable) -> TorchDispatchMode:
+    """A mode calling handler(func, args, kwargs) at every aten op; where torch._dynamo is loaded (a compiled block),
+    the one torch wraps so that dynamo leaves it alone, else one that does not import dynamo."""
+    return (HandlerMode if "torch._dynamo" in sys.modules else _HandlerModeDynamoUnloaded)(handler)

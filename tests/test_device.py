@@ -11,7 +11,7 @@ import tblock_cli
 from tblock_cli.checks import Status, run_checks
 from tblock_cli.checks.device import DEVICE, DeviceMismatch, HostFactories, Sides, device_sides
 from tblock_cli.config import build_config
-from tblock_cli.probes import dispatch_mode
+from tblock_cli.runtime import dispatch_mode
 from tblock_cli.subject.loading import make_subject
 
 from conftest import TESTS

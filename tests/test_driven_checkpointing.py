@@ -54,3 +54,4 @@ def test_a_model_that_checkpoints_its_layers_call_recomputes_the_driven_layer_on
     (c,) = r.checks
     assert c.status.value == "pass", c.detail
     assert c.facts["switches"] == ["gradient_checkpointing = True"]
+

@@ -160,8 +160,17 @@ class NoBiasHonoured(TrainBlock):
         super().__init__(d_model, n_heads, dropout, causal)  # bias-free projections, as bias=False asks
 
 
+class QKVBiasBesideNoBias(TrainBlock):
+    """Correct: litgpt's Qwen2 config, `bias=False` for every linear but q, k and v, whose bias `attn_bias=True` adds
+    (the generic False yields to the specific True)."""
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True, bias=False, attn_bias=True):
+        super().__init__(d_model, n_heads, dropout, causal)
+        self.q_proj, self.k_proj, self.v_proj = (nn.Linear(d_model, d_model, bias=attn_bias) for _ in range(3))
+
+
 PLANTED = {"HeadsIgnored": "attn.heads", "FFNWidthIgnored": "ffn.hidden", "SiluOnBothHalves": "ffn.act",
            "LayerScaleIgnored": ("residual.attn_gain", "residual.ffn_gain"), "WindowWhereNone": "attn.window",
            "WindowSwitchedOffIgnored": "attn.window", "BiasIgnored": "bias.any"}
 CORRECT = ["FFNWidthHonoured", "LayerScaleHonoured", "HeadsInALoop", "WindowNoneHonoured", "WindowSwitchedOffHonoured",
-           "QKVBiasKeptApart", "NoBiasHonoured"]
+           "QKVBiasKeptApart", "NoBiasHonoured", "QKVBiasBesideNoBias"]

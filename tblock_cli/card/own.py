@@ -66,9 +66,9 @@ FIELDS = {
     "rotary_emb_dim": "rope.dims",
     # Megatron's switch for a (1 + w) norm weight initialised at 0
     "layernorm_zero_centered_gamma": "norm.offset", "zero_centered_gamma": "norm.offset",
-    # a switch: whether projections add a bias (Llama's attention_bias and mlp_bias, timm's and Qwen's qkv_bias,
-    # nanoGPT's and Megatron's bias for every linear): True claims some does, False that none does (the generic
-    # switches False only: True may speak of the norms' biases alone)
+    # whether projections add a bias (Llama's attention_bias, mlp_bias, timm's qkv_bias, nanoGPT's bias): True claims
+    # some does, False none does. The generic ones claim False only (True may mean the norms' biases), and only where no
+    # other bias switch is True (litgpt's Qwen2: `bias` False for every linear but qkv, which `attn_bias` True adds)
     "qkv_bias": "bias.qkv", "use_qkv_bias": "bias.qkv", "add_qkv_bias": "bias.qkv", "attention_bias": "bias.attn",
     "mlp_bias": "bias.ffn", "bias": "bias.any", "use_bias": "bias.any", "add_bias_linear": "bias.any",
 }
@@ -140,16 +140,16 @@ WINDOW_SWITCHES = ("use_sliding_window",)
 # read only on a norm module written outside torch (torch's own use the eps they keep, by construction)
 ON_NORM = {"eps": "norm.eps", "variance_epsilon": "norm.eps"}
 # activation names as configs write them -> the card's
+BIAS_ON = "<a bias switch on>"  # among the names seen: a generic bias switch's False claims nothing then
 ACTS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh",
         "gelu_tanh": "gelu_tanh", "silu": "silu", "swish": "silu", "relu": "relu", "quick_gelu": "quick_gelu",
         "relu2": "relu2", "relu_squared": "relu2"}
 
 
 def own_claims(modules: list[nn.Module], arguments: dict | None = None) -> tuple[Claim, ...]:
-    """Claims from the block's constructor arguments (as it was built: defaults included), its modules' attributes
-    and the configs among either (dataclasses, objects with `to_dict`). Arguments and configs say what was asked for
-    and come first; a module's attribute (a rotary module's `base`) speaks for a key only where they say nothing of
-    it. Where one tier gives a key two values, the key is left out."""
+    """Claims from the block's constructor arguments (defaults included), its modules' attributes and the configs among
+    either (dataclasses, objects with `to_dict`). Arguments and configs come first; a module's attribute (a rotary
+    module's `base`) speaks for a key only where they are silent. A key given two values in one tier is left out."""
     asked: dict[str, dict] = {}  # key -> value -> where: arguments and configs
     kept: dict[str, dict] = {}  # the same for modules' own attributes
 
@@ -162,6 +162,7 @@ def own_claims(modules: list[nn.Module], arguments: dict | None = None) -> tuple
     def fields(values: dict, where: str) -> None:
         for field, v, at in fields_of(values, where):
             seen.add(field)
+            seen.update([BIAS_ON] if v is True and "bias" in field.lower() else [])
             if FIELDS.get(field) == "ffn.hidden" and at == "constructor argument":
                 continue
             if field in FIELDS:
@@ -192,6 +193,7 @@ def own_claims(modules: list[nn.Module], arguments: dict | None = None) -> tuple
             if name.startswith("_"):
                 continue
             seen.add(name)
+            seen.update([BIAS_ON] if value is True and "bias" in name.lower() else [])
             if name in TORCH_KEPT and type(m).__module__.startswith("torch."):
                 continue
             if is_config(value):
@@ -237,6 +239,9 @@ def own_claims(modules: list[nn.Module], arguments: dict | None = None) -> tuple
         put(named, "norm.kind", "rmsnorm", f"class name `{norms[0]}` (every norm's class says RMSNorm)")
     for tier in (asked, kept):
         _group(tier)
+    if BIAS_ON in seen:
+        for tier in (asked, kept):
+            tier.pop("bias.any", None)
     if seen.intersection(MLA_WIDTHS):
         for tier in (asked, kept):
             tier.pop("attn.head_dim", None)

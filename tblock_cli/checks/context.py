@@ -9,7 +9,7 @@ from typing import Callable
 import torch
 
 from tblock_cli.config import BlockConfig
-from tblock_cli.probes import TOLERANCE, changed, state_key, train_mode
+from tblock_cli.probes import TOLERANCE, changed, grad_of, grads_kept, state_key, train_mode
 from tblock_cli.subject import Subject
 
 # Probes of one check that need not see each other run as one forward of their concatenated batch when the block
@@ -217,15 +217,14 @@ def projected(ctx: Context, part: torch.Tensor) -> torch.Tensor:
 
 
 def input_grad(ctx: Context, x: torch.Tensor, loss_of: Callable, train: bool = True, pad_mask=None) -> torch.Tensor | None:
-    """d loss_of(out) / d x, in train (or eval) mode with grad enabled."""
+    """d loss_of(out) / d x, in train (or eval) mode with grad enabled (through a reentrant checkpoint too: grad_of)."""
     x = x.detach().clone().requires_grad_(True)
-    with train_mode(ctx.subject.module, train), torch.enable_grad():
+    with train_mode(ctx.subject.module, train), torch.enable_grad(), grads_kept(ctx.subject.module):
         out = ctx.subject(x.clone(), pad_mask)
         loss = loss_of(out)
         if not loss.requires_grad:
             return None
-        (g,) = torch.autograd.grad(loss, x, allow_unused=True)
-    return g
+        return grad_of(loss, x)
 
 
 def nonfinite_kind(t: torch.Tensor) -> str:

@@ -26,7 +26,8 @@ from tblock_cli.checks.context import Context
 from tblock_cli.checks.result import Outcome, passed, skipped, warned
 from tblock_cli.checks.training import seeded, too_large
 from tblock_cli.errors import is_out_of_memory, one_line
-from tblock_cli.probes import dispatch_mode, train_mode
+from tblock_cli.probes import train_mode
+from tblock_cli.runtime import dispatch_mode
 
 DEVICE, HOST = "device", "host"
 _aten = torch.ops.aten

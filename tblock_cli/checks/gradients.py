@@ -13,7 +13,17 @@ import torch.nn as nn
 from tblock_cli.anatomy.dataflow import OTHER_SHARE_MAX
 from tblock_cli.checks.context import TRAINING_BACKWARD, TRAINING_INPUT, Context, eval_forward, nonfinite_kind
 from tblock_cli.checks.result import Outcome, failed, passed
-from tblock_cli.probes import changed, f64, rel_diff, residual_gain, residual_probes, state_key, tensors, train_mode
+from tblock_cli.probes import (
+    changed,
+    f64,
+    grads_kept,
+    rel_diff,
+    residual_gain,
+    residual_probes,
+    state_key,
+    tensors,
+    train_mode,
+)
 from tblock_cli.report import Status
 
 # tr(J)/n of input -> output. An identity residual contributes exactly 1; the branches' own
@@ -264,7 +274,7 @@ def check_residual(ctx: Context) -> Outcome:
     unchanged); in a Pre-LN block, an identity path that is not linear at large input scale (an activation applied to
     the residual stream: gelu(x + ffn(x)))"""
     module, x = ctx.subject.module, ctx.standard()[0]
-    with train_mode(module, False):
+    with train_mode(module, False), grads_kept(module):
         layers = list(getattr(module, "layers", [])) if ctx.subject.builtin else []
         if layers:
             inputs = layer_inputs(layers, lambda: eval_forward(ctx, x))

@@ -15,7 +15,8 @@ from tblock_cli.checks.context import Context
 from tblock_cli.checks.result import Outcome, failed, passed, skipped
 from tblock_cli.checks.training import all_modules, too_large
 from tblock_cli.errors import is_out_of_memory, one_line
-from tblock_cli.probes import cast, dispatch_mode, module_copy, train_mode
+from tblock_cli.probes import cast, module_copy, train_mode
+from tblock_cli.runtime import dispatch_mode
 from tblock_cli.subject.loading import first_tensor
 
 HALF = torch.bfloat16

@@ -112,7 +112,7 @@ def indices_checked(on: tuple[str, ...] = ("cuda",)):
     device-side assert: the CUDA context is lost and every later operation of the process fails, the report with it
     (measured on an H100: a relative-position block, hf:roberta). One synchronisation per indexing op, for the checks
     and the spec card only (bench does not run under it)."""
-    from tblock_cli.probes import dispatch_mode
+    from tblock_cli.runtime import dispatch_mode
 
     def handler(func, args, kwargs):
         rule = _RULES.get(func.overloadpacket)
