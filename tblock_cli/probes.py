@@ -339,12 +339,13 @@ def beyond(diff: float, share: float, tol: float) -> bool:
     return diff > tol or share > UPDATE_SHARE
 
 
-def grad_of(loss: torch.Tensor, x: torch.Tensor, retain_graph: bool = False) -> torch.Tensor | None:
-    """d loss / d x (None where x is unused). A reentrant checkpoint inside the block (transformers 4.x's default)
-    refuses `torch.autograd.grad` halfway through the backward, so the graph is kept for a plain backward into x.grad,
-    which fills the parameters' .grad too: callers keep theirs with `grads_kept`."""
+def grad_of(loss: torch.Tensor, x: torch.Tensor, retain_graph: bool = False, also: list | tuple = ()) -> torch.Tensor | None:
+    """d loss / d x (None where x is unused), the gradients of `also` computed beside (for their hooks). A reentrant
+    checkpoint inside the block (transformers 4.x's default) refuses `torch.autograd.grad` halfway through the
+    backward, so the graph is kept for a plain backward into x.grad, which fills the parameters' .grad too: callers
+    keep theirs with `grads_kept`."""
     try:
-        return torch.autograd.grad(loss, x, retain_graph=True, allow_unused=True)[0]
+        return torch.autograd.grad(loss, [x, *also], retain_graph=True, allow_unused=True)[0]
     except RuntimeError as e:
         if "use_reentrant=True" not in str(e):
             raise

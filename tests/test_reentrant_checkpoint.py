@@ -4,6 +4,8 @@ they had."""
 
 import torch
 import zoo_training
+from torch.utils.checkpoint import checkpoint
+from zoo_correct import LlamaBlock
 
 from tblock_cli.checks import Status, run_checks
 from tblock_cli.config import build_config
@@ -34,4 +36,19 @@ def test_a_plain_block_still_takes_its_input_gradient_from_autograd_grad():
     subject = make_subject(cfg, CPU, torch.float32, f"{TESTS / 'zoo_training.py'}:TrainBlock")
     by = {c.name: c for c in run_checks(subject, cfg, CPU, torch.float32, only=("residual", "causal")).checks}
     assert all(c.status is Status.PASS for c in by.values()), by
+    assert all(p.grad is None for p in subject.module.parameters())
+
+
+class ReentrantPadded(LlamaBlock):
+    """A padding-masked causal block whose whole body runs under a reentrant checkpoint."""
+
+    def forward(self, x, pad_mask=None):
+        return checkpoint(super().forward, x, pad_mask, use_reentrant=True)
+
+
+def test_padding_judges_a_reentrant_block_on_both_sides_its_training_backward_included():
+    cfg = build_config(d_model=32, n_heads=4, causal=True)
+    subject = make_subject(cfg, CPU, torch.float32, f"{__file__}:ReentrantPadded")
+    (c,) = run_checks(subject, cfg, CPU, torch.float32, only=("padding",)).checks
+    assert (c.status, c.kind, c.facts["sides"]) == (Status.PASS, "padding.respected", ["right", "left"]), c
     assert all(p.grad is None for p in subject.module.parameters())

@@ -22,7 +22,7 @@ from tblock_cli.checks.context import (
 from tblock_cli.checks.half_rounding import prefix_exact_in_float64
 from tblock_cli.checks.result import Outcome, failed, passed, skipped, warned
 from tblock_cli.errors import is_out_of_memory, one_line
-from tblock_cli.probes import beyond, f64, math_attention, rel_diff, train_mode, update_share
+from tblock_cli.probes import beyond, f64, grad_of, grads_kept, math_attention, rel_diff, train_mode, update_share
 
 # Names that mark position machinery inside a block; token order then matters by design.
 POSITIONAL_NAMES = re.compile(r"rotary|rope|alibi|rel_?pos|relative|pos_?emb|position|inv_freq|sinusoid|wpe|(^|[._])pos([._]|$)", re.I)
@@ -231,7 +231,7 @@ def nonfinite_grads(ctx: Context, x: torch.Tensor, mask: torch.Tensor) -> list[s
             return torch.zeros((), dtype=g.dtype, device=g.device).expand_as(g)
         return hook
 
-    with train_mode(module, True), torch.enable_grad(), math_attention():
+    with train_mode(module, True), torch.enable_grad(), math_attention(), grads_kept(module):
         out = ctx.subject(x.clone(), mask)
         if not torch.isfinite(out).all():
             return []
@@ -240,7 +240,7 @@ def nonfinite_grads(ctx: Context, x: torch.Tensor, mask: torch.Tensor) -> list[s
             return []
         handles = [p.register_hook(judged(n)) for n, p in params]
         try:
-            (gx,) = torch.autograd.grad(loss, [x] + [p for _, p in params], allow_unused=True)[:1]
+            gx = grad_of(loss, x, also=[p for _, p in params])
         finally:
             for h in handles:
                 h.remove()
