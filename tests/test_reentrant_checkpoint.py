@@ -52,3 +52,13 @@ def test_padding_judges_a_reentrant_block_on_both_sides_its_training_backward_in
     (c,) = run_checks(subject, cfg, CPU, torch.float32, only=("padding",)).checks
     assert (c.status, c.kind, c.facts["sides"]) == (Status.PASS, "padding.respected", ["right", "left"]), c
     assert all(p.grad is None for p in subject.module.parameters())
+
+
+def test_train_eval_sees_the_parameters_a_reentrant_checkpoint_hides_from_the_eval_graph():
+    """In eval the checkpoint's graph node names its inputs, not the parameters it recomputes with (and there is no
+    graph where no input requires grad): every parameter was read as unused in eval, a failure of a correct block."""
+    cfg = build_config(d_model=32, n_heads=4, causal=True)
+    subject = make_subject(cfg, CPU, torch.float32, f"{__file__}:ReentrantPadded")
+    (c,) = run_checks(subject, cfg, CPU, torch.float32, only=("train_eval",)).checks
+    assert c.status is Status.PASS, c
+    assert all(p.grad is None for p in subject.module.parameters())

@@ -9,7 +9,7 @@ import torch.nn as nn
 from tblock_cli.anatomy.dataflow import OTHER_SHARE_MAX
 from tblock_cli.checks.context import Context, eval_forward
 from tblock_cli.checks.result import Outcome, failed, passed, skipped, warned
-from tblock_cli.probes import cast, module_copy, raise_dropout, rel_diff, train_mode, zero_dropout  # noqa: F401 - raise_dropout: part of this room's vocabulary
+from tblock_cli.probes import cast, grads_kept, module_copy, raise_dropout, rel_diff, train_mode, zero_dropout  # noqa: F401 - raise_dropout: part of this room's vocabulary
 
 # The reference check's tolerance, max |diff| against nn.TransformerEncoderLayer: issue #2's 1e-5 in float32, where
 # float32 is all the device has (MPS). Elsewhere both run in float64 (to 1e-9): a CUDA device's float32 kernels differ
@@ -42,7 +42,7 @@ def rebuilt_with_dropout(ctx: Context, p: float) -> nn.Module | None:
 def eval_unused(ctx: Context, x: torch.Tensor) -> tuple[list[str], torch.Tensor | None]:
     """Parameters a train-mode backward reaches that an eval-mode graph never reaches (an eval-only path), read from
     the eval forward's graph; and that forward's output."""
-    from tblock_cli.checks.gradients import reached_parameters, train_backward
+    from tblock_cli.checks.gradients import graph_nodes, reached_parameters, train_backward
 
     _, train = train_backward(ctx)
     params = [(n, p) for n, p in ctx.subject.module.named_parameters() if p.requires_grad and train.get(n) is not None]
@@ -51,7 +51,15 @@ def eval_unused(ctx: Context, x: torch.Tensor) -> tuple[list[str], torch.Tensor 
     if not params:
         return [], out.detach()
     reached = reached_parameters(out) if out.requires_grad else set()
-    return [n for n, p in params if id(p) not in reached], out.detach()
+    unused = [n for n, p in params if id(p) not in reached]
+    if unused and (not out.requires_grad or any(n.name() == "CheckpointFunctionBackward" for n in graph_nodes(out.grad_fn))):
+        # a reentrant checkpoint hides its parameters from the graph (and gives no graph where no input requires
+        # grad): a real eval backward from an input that requires grad tells what it reaches
+        module, xin = ctx.subject.module, x.clone().requires_grad_(True)
+        with train_mode(module, False), torch.enable_grad(), grads_kept(module):
+            ctx.subject(xin).float().sum().backward()
+            unused = [n for n, p in params if p.grad is None]
+    return unused, out.detach()
 
 
 def check_train_eval(ctx: Context) -> Outcome:
