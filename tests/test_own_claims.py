@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import pytest
 import torch.nn as nn
 import zoo_claims
+import zoo_litgpt_names
 import zoo_sizes
 import zoo_switches
 import zoo_tables
@@ -27,7 +28,8 @@ def spec_check(name, d_model=32, zoo="zoo_claims.py", **flags):
     return tblock_cli.check(spec, d_model=d_model, n_heads=4, causal=True, threads=1, only="spec", **flags).checks[0]
 
 
-ZOOS = {"zoo_claims.py": zoo_claims, "zoo_tables.py": zoo_tables, "zoo_sizes.py": zoo_sizes, "zoo_switches.py": zoo_switches}
+ZOOS = {"zoo_claims.py": zoo_claims, "zoo_tables.py": zoo_tables, "zoo_sizes.py": zoo_sizes, "zoo_switches.py": zoo_switches,
+        "zoo_litgpt_names.py": zoo_litgpt_names}
 
 
 @pytest.mark.parametrize("zoo, name", [(z, n) for z, m in ZOOS.items() for n in sorted(m.PLANTED)])

@@ -22,8 +22,8 @@ FIELDS = {
     "rope_freq_base": "rope.theta",
     "rotary_dim": "rope.dims", "rotary_ndims": "rope.dims", "rope_dim": "rope.dims", "qk_rope_head_dim": "rope.dims",
     "attn_logit_softcapping": "attn.softcap", "logit_softcap": "attn.softcap", "logit_softcapping": "attn.softcap",
-    "attn_softcap": "attn.softcap", "softcap": "attn.softcap",
-    "query_pre_attn_scalar": "attn.scale",
+    "attn_softcap": "attn.softcap", "softcap": "attn.softcap", "attention_logit_softcapping": "attn.softcap",
+    "query_pre_attn_scalar": "attn.scale", "attention_scores_scalar": "attn.scale",
     # the width of each head's q and k where a config gives it apart from the model's width (Gemma's 256 beside 3072 /
     # 16 = 192, Qwen3's 128 beside 2560 / 32 = 80): a port that splits hidden_size / heads contradicts it
     "head_dim": "attn.head_dim", "head_size": "attn.head_dim",
@@ -36,7 +36,7 @@ FIELDS = {
     "activation_fn": "ffn.act", "act_fn": "ffn.act", "ffn_activation": "ffn.act", "mlp_activation": "ffn.act",
     "num_experts_per_tok": "moe.top_k", "moe_top_k": "moe.top_k", "n_activated_experts": "moe.top_k",
     "num_local_experts": "moe.experts", "n_routed_experts": "moe.experts", "num_experts": "moe.experts",
-    "moe_num_experts": "moe.experts",
+    "moe_num_experts": "moe.experts", "n_expert": "moe.experts", "n_expert_per_token": "moe.top_k",
     "norm_topk_prob": "moe.renorm", "scoring_func": "moe.router", "routed_scaling_factor": "moe.scale",
     # a count or width of shared experts: above 0 claims one (DeepSeek's n_shared_experts, Qwen2-MoE's width)
     "n_shared_experts": "moe.shared", "num_shared_experts": "moe.shared", "shared_expert_intermediate_size": "moe.shared",
@@ -60,12 +60,11 @@ FIELDS = {
     # Meta's ModelArgs switch for Llama 3.1's frequency scaling (apply_scaling): True claims llama-3's kind (its factor
     # is hard-coded in some versions, a field in others), False none
     "use_scaled_rope": "rope.scaling",
-    # fairseq's placement switch: True normalises each sublayer's input (pre), False the sum (post)
-    "normalize_before": "norm.placement",
-    # flash-attn's MHA: the rotating channels per head
-    "rotary_emb_dim": "rope.dims",
+    "normalize_before": "norm.placement",  # fairseq's switch: True normalises each sublayer's input (pre), False the sum
+    "rotary_emb_dim": "rope.dims",  # flash-attn's MHA: the rotating channels per head
     # Megatron's switch for a (1 + w) norm weight initialised at 0
-    "layernorm_zero_centered_gamma": "norm.offset", "zero_centered_gamma": "norm.offset",
+    "layernorm_zero_centered_gamma": "norm.offset", "zero_centered_gamma": "norm.offset", "add_unit_offset": "norm.offset",
+    "gelu_approximate": "ffn.act",  # litgpt's: "tanh" claims gelu_tanh, "none" nothing (its Llama MLPs never read it)
     # whether projections add a bias (Llama's attention_bias, mlp_bias, timm's qkv_bias, nanoGPT's bias): True claims
     # some does, False none does. The generic ones claim False only (True may mean the norms' biases), and only where no
     # other bias switch is True (litgpt's Qwen2: `bias` False for every linear but qkv, which `attn_bias` True adds)
@@ -166,6 +165,7 @@ def own_claims(modules: list[nn.Module], arguments: dict | None = None) -> tuple
             if FIELDS.get(field) == "ffn.hidden" and at == "constructor argument":
                 continue
             if field in FIELDS:
+                v = {"tanh": "gelu_tanh"}.get(v) if field == "gelu_approximate" else v
                 put(asked, FIELDS[field], _value(FIELDS[field], v), f"{at} `{field}`")
             elif field in MULTIPLIERS or (field == "init_values" and at == "constructor argument"):
                 for key in MULTIPLIERS.get(field, BRANCH_GAINS):

@@ -1,0 +1,147 @@
+"""litgpt's names for what a block is, kept in a `config` dataclass as litgpt's `Block` keeps its `Config`:
+`attention_logit_softcapping` (Gemma 2's cap), `attention_scores_scalar` (the X of the score scale 1/sqrt(X)),
+`gelu_approximate` ("tanh": the FFN's GELU is the tanh approximation), `n_expert` and `n_expert_per_token` (the
+routing), and its RMSNorm's `add_unit_offset` (a (1 + w) weight). Each planted block contradicts one and fails `spec`
+naming the entry; each twin honours it and passes."""
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from zoo_training import MoEBlock, RMSNorm, TrainBlock, attend
+
+
+@dataclass
+class Config:
+    n_embd: int = 64
+    n_head: int = 4
+    attention_logit_softcapping: float | None = None
+    attention_scores_scalar: int | None = None
+    gelu_approximate: str = "none"
+    n_expert: int = 0
+    n_expert_per_token: int = 0
+    extra: dict = field(default_factory=dict)
+
+
+class CapSaid(TrainBlock):
+    """Gemma 2's cap in the config; the attention never applies it. Twin: CapHonoured."""
+
+    applied = False
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
+        super().__init__(d_model, n_heads, dropout, causal)
+        self.config = Config(d_model, n_heads, attention_logit_softcapping=30.0)
+
+    def attention(self, h):
+        return attend(self, h, cap=self.config.attention_logit_softcapping if self.applied else None)
+
+
+class CapHonoured(CapSaid):
+    applied = True
+
+
+class ScoresScalarSaid(TrainBlock):
+    """Scores scaled by 1/sqrt(attention_scores_scalar) (Gemma's 256 beside a head of 16) in litgpt; this port keeps
+    1/sqrt(head width). Twin: ScoresScalarHonoured."""
+
+    applied = False
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
+        super().__init__(d_model, n_heads, dropout, causal)
+        self.config = Config(d_model, n_heads, attention_scores_scalar=4 * d_model)
+
+    def attention(self, h):
+        return attend(self, h, scale=self.config.attention_scores_scalar ** -0.5 if self.applied else None)
+
+
+class ScoresScalarHonoured(ScoresScalarSaid):
+    applied = True
+
+
+class GeluTanhSaid(TrainBlock):
+    """gelu_approximate="tanh" (Gemma, Phi-2) and an FFN with the exact GELU. Twin: GeluTanhHonoured."""
+
+    approximate = "none"
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
+        super().__init__(d_model, n_heads, dropout, causal)
+        self.config = Config(d_model, n_heads, gelu_approximate="tanh")
+        del self.w3  # litgpt's GptNeoxMLP: fc, gelu, proj
+
+    def ffn(self, h):
+        return self.drop(self.w2(F.gelu(self.w1(h), approximate=self.approximate)))
+
+
+class GeluTanhHonoured(GeluTanhSaid):
+    approximate = "tanh"
+
+
+class ExpertsPerTokenSaid(MoEBlock):
+    """n_expert_per_token=2 in the config; the router picks one expert per token. Twin: ExpertsPerTokenHonoured."""
+
+    top_k = 1
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
+        super().__init__(d_model, n_heads, dropout, causal)
+        self.config = Config(d_model, n_heads, n_expert=4, n_expert_per_token=2)
+
+    def ffn(self, h):
+        probs = self.router(h).softmax(-1)
+        top, idx = probs.topk(self.top_k, dim=-1)
+        top = top / top.sum(-1, keepdim=True)
+        out = torch.zeros_like(h)
+        for e, expert in enumerate(self.experts):
+            out = out + (top * (idx == e)).sum(-1, keepdim=True) * expert(h)
+        return self.drop(out)
+
+
+class ExpertsPerTokenHonoured(ExpertsPerTokenSaid):
+    top_k = 2
+
+
+class UnitOffsetNorm(RMSNorm):
+    """litgpt's RMSNorm: `add_unit_offset` True scales by (1 + w), w initialised at 0 as Gemma's checkpoints expect."""
+
+    offset_applied = True
+
+    def __init__(self, d, eps=1e-6):
+        super().__init__(d, eps)
+        self.add_unit_offset = True
+        nn.init.zeros_(self.weight)
+
+    def reset_parameters(self):
+        nn.init.zeros_(self.weight)
+
+    def forward(self, x):
+        w = 1 + self.weight if self.offset_applied else self.weight
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * w
+
+
+class PlainWeightNorm(UnitOffsetNorm):
+    """Keeps add_unit_offset=True and is a plain norm (w from 1, scaled by w): Gemma's checkpoints, whose w is the
+    offset from 1, then scale by w - 1."""
+
+    offset_applied = False
+
+    def reset_parameters(self):
+        nn.init.ones_(self.weight)
+
+    def __init__(self, d, eps=1e-6):
+        super().__init__(d, eps)
+        self.reset_parameters()
+
+
+class UnitOffsetSaid(TrainBlock):
+    """Its norms say add_unit_offset and scale by w. Twin: UnitOffsetHonoured."""
+
+    norm_class = PlainWeightNorm
+
+
+class UnitOffsetHonoured(TrainBlock):
+    norm_class = UnitOffsetNorm
+
+
+PLANTED = {"CapSaid": "attn.softcap", "ScoresScalarSaid": "attn.scale", "GeluTanhSaid": "ffn.act",
+           "ExpertsPerTokenSaid": "moe.top_k", "UnitOffsetSaid": "norm.offset"}
+CORRECT = ["CapHonoured", "ScoresScalarHonoured", "GeluTanhHonoured", "ExpertsPerTokenHonoured", "UnitOffsetHonoured"]
