@@ -1,7 +1,7 @@
 """Switches a block's config keeps, contradicted and honoured: Meta's `use_scaled_rope` (Llama 3.1's frequency scaling,
 `apply_scaling`), fairseq's `normalize_before` (the norms' placement) and Megatron's `layernorm_zero_centered_gamma`
-(a (1 + w) norm weight). Each planted block fails `spec` naming the
-entry; each twin passes."""
+(a (1 + w) norm weight), and torchtune's Llama3ScaledRoPE attributes (llama-3's scaling kept on the rotary module).
+Each planted block fails `spec` naming the entry; each twin passes."""
 
 import math
 from dataclasses import dataclass
@@ -96,6 +96,38 @@ class ZeroCenteredHonoured(ZeroCenteredIgnored):
     norm_class = OffsetRMSNorm
 
 
+class TuneScaledRoPE(Rotary):
+    """torchtune's Llama3ScaledRoPE: llama-3's scaling kept as the rotary module's attributes (scale_factor,
+    low_freq_factor, high_freq_factor, old_context_len) and applied to its table."""
+
+    applied = True
+
+    def __init__(self, dim, base=500000.0, scale_factor=8, low_freq_factor=1, high_freq_factor=4, old_context_len=8192):
+        self.scale_factor, self.low_freq_factor, self.high_freq_factor = scale_factor, low_freq_factor, high_freq_factor
+        self.old_context_len = old_context_len
+        super().__init__(dim, base)
+
+    def frequencies(self, device=None):
+        f = super().frequencies(device)
+        if not self.applied:
+            return f
+        return apply_scaling(f, self.scale_factor, self.low_freq_factor, self.high_freq_factor, self.old_context_len)
+
+
+class TuneUnscaledRoPE(TuneScaledRoPE):
+    """The same attributes, a table left unscaled (a port that dropped apply_scaling)."""
+
+    applied = False
+
+
+class TuneScalingIgnored(TrainBlock):
+    rotary_class = TuneUnscaledRoPE
+
+
+class TuneScalingHonoured(TrainBlock):
+    rotary_class = TuneScaledRoPE
+
+
 PLANTED = {"ScaledRopeIgnored": "rope.scaling", "PostNormWhereBeforeSaid": "norm.placement",
-           "ZeroCenteredIgnored": "norm.offset"}
-CORRECT = ["ScaledRopeHonoured", "NormBeforeHonoured", "ZeroCenteredHonoured"]
+           "ZeroCenteredIgnored": "norm.offset", "TuneScalingIgnored": ("rope.scaling", "rope.factor")}
+CORRECT = ["ScaledRopeHonoured", "NormBeforeHonoured", "ZeroCenteredHonoured", "TuneScalingHonoured"]

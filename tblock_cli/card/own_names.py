@@ -1,0 +1,138 @@
+"""The names a block may say what it is by, and the card entry each speaks for: config fields, constructor arguments
+and module attributes (`card/own.py` reads them). Only names whose meaning is not in doubt are here."""
+
+from __future__ import annotations
+
+# Not a card key: the rotating fraction of a head, turned into a rope.dims claim by `with_fraction`.
+FRACTION = "rope.fraction"
+# attribute or config field -> card key, read on any module or config.
+FIELDS = {
+    "rope_theta": "rope.theta", "rope_base": "rope.theta", "rotary_base": "rope.theta", "rotary_emb_base": "rope.theta",
+    "rope_freq_base": "rope.theta",
+    "rotary_dim": "rope.dims", "rotary_ndims": "rope.dims", "rope_dim": "rope.dims", "qk_rope_head_dim": "rope.dims",
+    "attn_logit_softcapping": "attn.softcap", "logit_softcap": "attn.softcap", "logit_softcapping": "attn.softcap",
+    "attn_softcap": "attn.softcap", "softcap": "attn.softcap", "attention_logit_softcapping": "attn.softcap",
+    "query_pre_attn_scalar": "attn.scale", "attention_scores_scalar": "attn.scale",
+    # the width of each head's q and k where a config gives it apart from the model's width (Gemma's 256 beside 3072 /
+    # 16 = 192, Qwen3's 128 beside 2560 / 32 = 80): a port that splits hidden_size / heads contradicts it
+    "head_dim": "attn.head_dim", "head_size": "attn.head_dim",
+    # the FFN's hidden width, read from a config only (a `d_ff` argument is often tblock's own --d-ff default, which a
+    # block may take and size its own way), and never Meta's `hidden_dim`, which its FeedForward turns into 2/3 of
+    # itself rounded up, nor OLMo's `mlp_hidden_size`, gate and up together
+    "intermediate_size": "ffn.hidden", "ffn_dim": "ffn.hidden", "n_inner": "ffn.hidden", "ffn_hidden_size": "ffn.hidden",
+    "d_ff": "ffn.hidden", "dim_feedforward": "ffn.hidden",
+    "hidden_act": "ffn.act", "hidden_activation": "ffn.act", "activation_function": "ffn.act", "activation": "ffn.act",
+    "activation_fn": "ffn.act", "act_fn": "ffn.act", "ffn_activation": "ffn.act", "mlp_activation": "ffn.act",
+    "num_experts_per_tok": "moe.top_k", "moe_top_k": "moe.top_k", "n_activated_experts": "moe.top_k",
+    "num_local_experts": "moe.experts", "n_routed_experts": "moe.experts", "num_experts": "moe.experts",
+    "moe_num_experts": "moe.experts", "n_expert": "moe.experts", "n_expert_per_token": "moe.top_k",
+    "norm_topk_prob": "moe.renorm", "scoring_func": "moe.router", "routed_scaling_factor": "moe.scale",
+    # a count or width of shared experts: above 0 claims one (DeepSeek's n_shared_experts, Qwen2-MoE's width)
+    "n_shared_experts": "moe.shared", "num_shared_experts": "moe.shared", "shared_expert_intermediate_size": "moe.shared",
+    # a fraction of each head's channels that rotate: rope.dims once the card has read the head's width
+    "partial_rotary_factor": FRACTION, "rotary_pct": FRACTION, "rotary_percentage": FRACTION,
+    "norm_eps": "norm.eps", "rms_norm_eps": "norm.eps", "layer_norm_eps": "norm.eps", "layer_norm_epsilon": "norm.eps",
+    "layernorm_epsilon": "norm.eps",
+    # a switch: True is the parallel form (attention and FFN read the same stream), False the sequential one
+    "use_parallel_residual": "residual.form", "parallel_residual": "residual.form", "parallel_attn": "residual.form",
+    # a switch: True pairs channels (2i, 2i + 1) (Meta's and DeepSeek-V3's layout), False (i, i + dims/2)
+    "rope_interleave": "rope.pairing", "rope_interleaved": "rope.pairing", "rotary_interleaved": "rope.pairing",
+    "interleaved_rope": "rope.pairing",
+    # a switch: True claims a norm on q and k (per head or over the width: "any"), False none (Cohere's use_qk_norm,
+    # StableLM's and Persimmon's qk_layernorm, Llama 4's use_qk_norm)
+    "qk_norm": "attn.qk_norm", "use_qk_norm": "attn.qk_norm", "qk_layernorm": "attn.qk_norm",
+    # torch's nn.TransformerEncoderLayer switch: True normalises each sublayer's input (pre), False the sum (post)
+    "norm_first": "norm.placement",
+    # how positions enter the layer, where it is one the layer itself applies: rotary or alibi (an "absolute" type is
+    # added to the embeddings, outside any layer, and claims nothing)
+    "position_embedding_type": "pos.kind",
+    # Meta's ModelArgs switch for Llama 3.1's frequency scaling (apply_scaling): True claims llama-3's kind (its factor
+    # is hard-coded in some versions, a field in others), False none
+    "use_scaled_rope": "rope.scaling",
+    "normalize_before": "norm.placement",  # fairseq's switch: True normalises each sublayer's input (pre), False the sum
+    "rotary_emb_dim": "rope.dims",  # flash-attn's MHA: the rotating channels per head
+    # Megatron's switch for a (1 + w) norm weight initialised at 0
+    "layernorm_zero_centered_gamma": "norm.offset", "zero_centered_gamma": "norm.offset", "add_unit_offset": "norm.offset",
+    "gelu_approximate": "ffn.act",  # litgpt's: "tanh" claims gelu_tanh, "none" nothing (its Llama MLPs never read it)
+    # whether projections add a bias (Llama's attention_bias, mlp_bias, timm's qkv_bias, nanoGPT's bias): True claims
+    # some does, False none does. The generic ones claim False only (True may mean the norms' biases), and only where no
+    # other bias switch is True (litgpt's Qwen2: `bias` False for every linear but qkv, which `attn_bias` True adds)
+    "qkv_bias": "bias.qkv", "use_qkv_bias": "bias.qkv", "add_qkv_bias": "bias.qkv", "attention_bias": "bias.attn",
+    "mlp_bias": "bias.ffn", "bias": "bias.any", "use_bias": "bias.any", "add_bias_linear": "bias.any",
+}
+# Granite's muP multipliers (and every layer that copied them: HyperCLOVA X, NeoMME): `residual_multiplier` scales
+# each sublayer's output at its add (x + m * f(x), attention and FFN alike), `attention_multiplier` is the score
+# scale itself (q.k * m, the card's attn.scale 1 / m^2). A multiplier of 1 claims nothing: left out, nothing differs.
+BRANCH_GAINS = ("residual.attn_gain", "residual.ffn_gain")
+MULTIPLIERS = {"residual_multiplier": BRANCH_GAINS, "attention_multiplier": ("attn.scale",)}
+# LayerScale's start (CaiT, DeiT III, DINOv2, BEiT): each branch's per-channel gain at its add, as built. timm's
+# `init_values` is read only as a block's constructor argument (the name is too plain elsewhere).
+LAYER_SCALES = ("layer_scale_init_value", "layerscale_value", "layer_scale_init", "layerscale_init_value",
+                "ls_init_value", "layer_scale_init_values", "layerscale_init")
+MULTIPLIERS.update({n: BRANCH_GAINS for n in LAYER_SCALES})
+# a switch beside it that turns LayerScale off (FocalNet's use_layerscale=False next to its layerscale_value 1e-4)
+LAYER_SCALE_SWITCHES = ("use_layerscale", "use_layer_scale", "layerscale", "layer_scale")
+
+
+def layer_scale_off(values: dict) -> dict:
+    """values without their LayerScale start where a switch beside it is False."""
+    if any(values.get(s) is False for s in LAYER_SCALE_SWITCHES):
+        return {f: v for f, v in values.items() if f not in LAYER_SCALES and f != "init_values"}
+    return values
+# The card's words for a switch's True and False, for the keys a boolean field claims
+SWITCHED = {"residual.form": ("parallel", "sequential"), "rope.pairing": ("interleaved", "half"),
+            "attn.qk_norm": ("any", "none"), "norm.placement": ("pre", "post")}
+# switches that, set True, claim pos.kind (False says nothing: a layer without positions of its own, NoPE's)
+POSITION_SWITCHES = {"use_rotary": "rotary", "use_rope": "rotary", "use_alibi": "alibi"}
+# a second rotary base for some layers (sliding-window ones): the config's base then speaks for the others only
+LOCAL_BASES = ("rope_local_base_freq", "local_rope_theta", "rope_local_theta", "local_rope_base", "rope_local_base")
+# the same switch the other way round: vLLM's is_neox_style (True: GPT-NeoX's half-split pairing)
+HALF_SPLIT = ("is_neox_style",)
+# Head counts, read together: a count of key/value heads (or of query heads per key/value head) beside a count of
+# query heads claims attn.group, their ratio. The ratio, not the counts: a layer that splits each head in two
+# (Differential Transformer's q1/q2, k1/k2) doubles both counts and keeps the ratio.
+HEADS = ("num_attention_heads", "num_heads", "n_heads", "n_head")
+KV_HEADS = ("num_key_value_heads", "num_kv_heads", "n_kv_heads", "n_kv_head", "n_query_groups", "multi_query_group_num")
+GROUPS = ("num_key_value_groups", "n_rep")
+# A multi-query switch set overrides a kv count that stays in the config (Falcon's `multi_query=True` beside its
+# `num_kv_heads`, used only with `new_decoder_architecture`): where one is True the counts claim nothing.
+MULTI_QUERY = ("multi_query", "multi_query_attention")
+# attributes torch's own modules keep and compute with by construction (nn.MultiheadAttention's head_dim and
+# num_heads): no claim
+TORCH_KEPT = ("head_dim", "num_heads")
+# Multi-head latent attention's widths: q and k are nope + rope channels, and DeepSeek's configs keep `head_dim` for the
+# rope part alone; where one of these is read, `head_dim` claims nothing
+MLA_WIDTHS = ("qk_nope_head_dim", "qk_rope_head_dim", "qk_head_dim", "v_head_dim")
+# a rotary scaling as configs write it (HF's rope_scaling, transformers 5's rope_parameters): a dict whose type is
+# one of SCALED claims that scaling and its factor. "dynamic" is left out (it changes the table only past the
+# original length, which a probe does not reach), and so is anything else the card has no name for.
+SCALINGS = ("rope_scaling", "rope_parameters")
+SCALED = ("linear", "llama3", "yarn")
+# torchtune's Llama3ScaledRoPE (and Llama4ScaledRoPE) keep llama-3's scaling as attributes of the rotary module beside
+# `scale_factor`: its rope_scaling dict's keys -> their attribute names
+LLAMA3_BAND = {"low_freq_factor": "low_freq_factor", "high_freq_factor": "high_freq_factor",
+               "original_max_position_embeddings": "old_context_len"}
+# read only on a module whose class name says it is one of these
+ON_ROTARY = {"base": "rope.theta", "theta": "rope.theta", "interleaved": "rope.pairing", "interleave": "rope.pairing"}
+ON_ATTENTION = {"scale": "attn.scale", "scaling": "attn.scale", "softmax_scale": "attn.scale"}
+# the unambiguous ones of those, read also on a module of another name that holds a query projection itself (a block
+# written as one module): a bare `scale` there may be anything
+ON_QUERY_HOLDER = {"scaling": "attn.scale", "softmax_scale": "attn.scale"}
+QUERY_CHILDREN = ("q_proj", "query", "wq", "to_q", "q_lin", "qkv", "qkv_proj", "c_attn", "Wqkv", "query_key_value",
+                  "in_proj", "att_proj", "W_pack")
+# a sliding window the block keeps or was built with: read from its constructor's own arguments and its modules'
+# attributes, never from a config (a config's window applies to some layers only: Gemma's, Qwen2's switch), and judged
+# only where it is shorter than the card's probe (see `with_window`); conventions differ by one (a query sees w keys, or
+# w + 1: HF's masks and flash-attention's), so one either way matches
+WINDOWS = ("sliding_window",)
+# A window of None says the layer attends to every key (a Hugging Face attention module's own sliding_window on its
+# full-attention layers), and so does a switch that turns sliding off for the whole model (Qwen2's
+# use_sliding_window=False, whatever sliding_window it also keeps)
+WINDOW_SWITCHES = ("use_sliding_window",)
+# read only on a norm module written outside torch (torch's own use the eps they keep, by construction)
+ON_NORM = {"eps": "norm.eps", "variance_epsilon": "norm.eps"}
+BIAS_ON = "<a bias switch on>"  # among the names seen: a generic bias switch's False claims nothing then
+# activation names as configs write them -> the card's
+ACTS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh",
+        "gelu_tanh": "gelu_tanh", "silu": "silu", "swish": "silu", "relu": "relu", "quick_gelu": "quick_gelu",
+        "relu2": "relu2", "relu_squared": "relu2"}
