@@ -213,6 +213,24 @@ def environment(device: torch.device, dtype: torch.dtype) -> dict:
     return env
 
 
+
+@contextmanager
+def meta_autocast():
+    """`torch.autocast("meta", ...)` raises (meta has no autocast dtype). While a forward runs on the meta device (a
+    second device every machine has), a block's own `torch.autocast(x.device.type, enabled=False)` (OLMo's rotary
+    table, built in float32 whatever the run) is entered as the CPU's: meta tensors compute shapes only."""
+    real = torch.autocast
+
+    class Autocast(real):
+        def __init__(self, device_type, *args, **kwargs):
+            super().__init__("cpu" if device_type == "meta" else device_type, *args, **kwargs)
+
+    torch.autocast = Autocast
+    try:
+        yield
+    finally:
+        torch.autocast = real
+
 class HandlerMode(TorchDispatchMode):
     """A dispatch mode that hands every aten call to handler(func, args, kwargs), which returns its result."""
 

@@ -138,5 +138,14 @@ class PlainTableLeft(PlainTableFollowed):
         return self.freqs_cis  # bug: a plain attribute .to() does not move: on a GPU the forward mixes devices
 
 
-CORRECT = ["ComplexRotaryBlock", "PlainTableFollowed"]
+class PlainTableUnderAutocast(PlainTableFollowed):
+    """OLMo's rotary cache: a plain dict's table moved to the input's device inside `torch.autocast(x.device.type,
+    enabled=False)`, so it stays float32 under any autocast (twin): it follows the block as Meta's does."""
+
+    def table(self, x):
+        with torch.autocast(x.device.type, enabled=False):
+            return super().table(x)
+
+
+CORRECT = ["ComplexRotaryBlock", "PlainTableFollowed", "PlainTableUnderAutocast"]
 PLANTED = {"ComplexRotaryThetaDefaulted": "spec", "PlainTableLeft": "state_dict"}

@@ -17,6 +17,7 @@ from tblock_cli.checks.result import Outcome, failed, passed, skipped, warned
 from tblock_cli.checks.training import all_modules, seeded, too_large
 from tblock_cli.errors import is_out_of_memory, one_line
 from tblock_cli.probes import cast, module_copy, rel_diff, reseed, train_mode
+from tblock_cli.runtime import meta_autocast
 
 # A buffer rebuilt by the block's own init equals the normal build's up to the run dtype's rounding of the same
 # computation (ctx.tol); left untouched after to_empty() it holds the NaN tblock wrote there, or garbage.
@@ -326,7 +327,7 @@ def follows_device(ctx: Context, x: torch.Tensor) -> bool:
     rebuilt when the device changes, `self.freqs_cis.to(x.device)`), not left behind as `.to()` leaves them."""
     try:
         copy = cast(module_copy(ctx.subject.module), device=torch.device("meta"))
-        with train_mode(copy, False), torch.no_grad():
+        with train_mode(copy, False), torch.no_grad(), meta_autocast():
             out = ctx.subject.like(copy)(x.to("meta"))
     except Exception:  # noqa: BLE001 - a tensor left on the old device, or an operator meta lacks: not shown to follow
         return False
