@@ -4,7 +4,7 @@
 Each planted block fails `spec` naming the entry; each twin passes."""
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn as nn
@@ -128,6 +128,31 @@ class TuneScalingHonoured(TrainBlock):
     rotary_class = TuneScaledRoPE
 
 
-PLANTED = {"ScaledRopeIgnored": "rope.scaling", "PostNormWhereBeforeSaid": "norm.placement",
+@dataclass
+class GptFastArgs:
+    """gpt-fast's ModelArgs for Llama 3.1 (litgpt's rope_adjustments is the same dict, `original_max_seq_len` for the
+    last key): a rope_scaling dict that names no type, llama-3's by its keys."""
+
+    dim: int = 64
+    n_head: int = 4
+    rope_base: float = 500000.0
+    rope_scaling: dict = field(default_factory=lambda: dict(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                                                            original_max_position_embeddings=8192))
+
+
+class UntypedScalingIgnored(ScaledRopeIgnored):
+    """gpt-fast's args, a rotary that never applies its rope_scaling. Twin: UntypedScalingHonoured."""
+
+    def __init__(self, args: GptFastArgs, dropout=0.1, causal=True):
+        TrainBlock.__init__(self, args.dim, args.n_head, dropout, causal)
+        self.args = args
+        self.rotary = self.rotary_class(args.dim // args.n_head, base=args.rope_base)
+
+
+class UntypedScalingHonoured(UntypedScalingIgnored):
+    rotary_class = ScaledRotary
+
+
+PLANTED = {"UntypedScalingIgnored": ("rope.scaling", "rope.factor"), "ScaledRopeIgnored": "rope.scaling", "PostNormWhereBeforeSaid": "norm.placement",
            "ZeroCenteredIgnored": "norm.offset", "TuneScalingIgnored": ("rope.scaling", "rope.factor")}
-CORRECT = ["ScaledRopeHonoured", "NormBeforeHonoured", "ZeroCenteredHonoured", "TuneScalingHonoured"]
+CORRECT = ["UntypedScalingHonoured", "ScaledRopeHonoured", "NormBeforeHonoured", "ZeroCenteredHonoured", "TuneScalingHonoured"]

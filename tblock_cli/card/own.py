@@ -38,6 +38,7 @@ from tblock_cli.card.own_names import (
     SCALINGS,
     SWITCHED,
     TORCH_KEPT,
+    TYPED_BY_KEYS,
     WINDOW_SWITCHES,
     WINDOWS,
     layer_scale_off,
@@ -272,12 +273,14 @@ def _scaling(d: dict) -> dict:
     """{rope.scaling: type, rope.factor: factor} from a rotary-scaling dict of a SCALED type with a factor above 1.
     YaRN claims its factor alone: the card tells its ramp from llama-3's only over three pairs or more in the band,
     which a narrow head may not have."""
-    kind, factor = d.get("rope_type", d.get("type")), d.get("factor")
+    kind = d.get("rope_type", d.get("type")) or next((k for k, keys in TYPED_BY_KEYS.items() if keys <= d.keys()), None)
+    factor = d.get("factor")
     if kind not in SCALED or isinstance(factor, bool) or not isinstance(factor, (int, float)) or not factor > 1:
         return {}
     out = ({} if kind == "yarn" else {"rope.scaling": kind}) | {"rope.factor": float(factor)}
     if kind == "llama3":  # the band's ends: orig / low_freq_factor and orig / high_freq_factor (only their quotients)
-        orig, low, high = (d.get(k) for k in ("original_max_position_embeddings", "low_freq_factor", "high_freq_factor"))
+        orig = d.get("original_max_position_embeddings", d.get("original_max_seq_len"))  # the latter litgpt's
+        low, high = d.get("low_freq_factor"), d.get("high_freq_factor")
         if all(_value("rope.factor", v) for v in (orig, low, high)) and high > low:
             out |= {"rope.low_freq_wavelen": orig / low, "rope.high_freq_wavelen": orig / high}
     return out

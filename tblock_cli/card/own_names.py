@@ -106,8 +106,11 @@ MLA_WIDTHS = ("qk_nope_head_dim", "qk_rope_head_dim", "qk_head_dim", "v_head_dim
 # a rotary scaling as configs write it (HF's rope_scaling, transformers 5's rope_parameters): a dict whose type is
 # one of SCALED claims that scaling and its factor. "dynamic" is left out (it changes the table only past the
 # original length, which a probe does not reach), and so is anything else the card has no name for.
-SCALINGS = ("rope_scaling", "rope_parameters")
+SCALINGS = ("rope_scaling", "rope_parameters", "rope_adjustments")  # the last litgpt's
 SCALED = ("linear", "llama3", "yarn")
+# a scaling dict that names no type (gpt-fast's rope_scaling, litgpt's rope_adjustments) is of the kind its keys are
+# particular to; a factor alone names none (linear in litgpt, dynamic NTK in other code)
+TYPED_BY_KEYS = {"llama3": {"low_freq_factor", "high_freq_factor"}, "yarn": {"beta_fast", "beta_slow"}}
 # torchtune's Llama3ScaledRoPE (and Llama4ScaledRoPE) keep llama-3's scaling as attributes of the rotary module beside
 # `scale_factor`: its rope_scaling dict's keys -> their attribute names
 LLAMA3_BAND = {"low_freq_factor": "low_freq_factor", "high_freq_factor": "high_freq_factor",
