@@ -109,6 +109,28 @@ def test_reading_rules():
     assert claims([], {"config": TwoBases()}) == {} and claims([], {"config": Config()})["rope.theta"] == 1e6
 
 
+def test_reading_rules_for_litgpt_megatron_and_falcon_names():
+    def claims(**arguments):
+        return {c.key: c.value for c in own_claims([], arguments)}
+
+    # class names as configs write them: only the known ones claim (litgpt's MoE classes say nothing of gating)
+    assert claims(norm_class_name="RMSNorm", mlp_class_name="GptNeoxMLP") == {"norm.kind": "rmsnorm", "ffn.gated": False}
+    assert claims(normalization="LayerNorm", mlp_class_name="LLaMAMoE") == {"norm.kind": "layernorm"}
+    assert claims(normalization=nn.BatchNorm2d(3)) == {}  # a module kept under the name claims nothing
+    assert claims(gated_linear_unit=True) == {"ffn.gated": True}
+    # Megatron's query groups are the key/value heads: the ratio and the grouped layout, as num_key_value_heads
+    assert claims(num_attention_heads=8, num_query_groups=2) == {"attn.heads": 8.0, "attn.group": 4.0,
+                                                                 "attn.kv_grouping": "contiguous"}
+    assert claims(alibi=True) == {"pos.kind": "alibi"} and claims(alibi=False) == {}  # Falcon's switch, True only
+    # a scaling dict that names no type: llama-3's by its keys (gpt-fast, litgpt), a factor alone nothing
+    llama3 = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_seq_len": 8192}
+    assert claims(rope_adjustments=llama3) == {"rope.scaling": "llama3", "rope.factor": 8.0,
+                                               "rope.low_freq_wavelen": 8192.0, "rope.high_freq_wavelen": 2048.0}
+    assert claims(rope_scaling={"factor": 2.0}) == {}
+    # litgpt's GELU switch: "tanh" claims the approximation, "none" nothing
+    assert claims(gelu_approximate="tanh") == {"ffn.act": "gelu_tanh"} and claims(gelu_approximate="none") == {}
+
+
 def test_a_rotating_fraction_becomes_rope_dims_of_the_measured_head():
     (fraction,) = own_claims([], {"partial_rotary_factor": 0.25})
     assert fraction.key == FRACTION and fraction.value == 0.25

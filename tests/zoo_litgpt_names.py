@@ -1,7 +1,8 @@
 """litgpt's names for what a block is, kept in a `config` dataclass as litgpt's `Block` keeps its `Config`:
 `attention_logit_softcapping` (Gemma 2's cap), `attention_scores_scalar` (the X of the score scale 1/sqrt(X)),
 `gelu_approximate` ("tanh": the FFN's GELU is the tanh approximation), `n_expert` and `n_expert_per_token` (the
-routing), and its RMSNorm's `add_unit_offset` (a (1 + w) weight). Each planted block contradicts one and fails `spec`
+routing), its RMSNorm's `add_unit_offset` (a (1 + w) weight), `norm_class_name` and `mlp_class_name`; and Megatron's
+`gated_linear_unit` and `normalization`. Each planted block contradicts one and fails `spec`
 naming the entry; each twin honours it and passes."""
 
 from dataclasses import dataclass, field
@@ -21,7 +22,19 @@ class Config:
     gelu_approximate: str = "none"
     n_expert: int = 0
     n_expert_per_token: int = 0
+    norm_class_name: str | None = None
+    mlp_class_name: str | None = None
     extra: dict = field(default_factory=dict)
+
+
+@dataclass
+class TransformerConfig:
+    """Megatron-core's names: `gated_linear_unit`, `normalization`, `kv_channels`, `num_query_groups`."""
+
+    hidden_size: int = 64
+    num_attention_heads: int = 4
+    gated_linear_unit: bool = True
+    normalization: str = "RMSNorm"
 
 
 class CapSaid(TrainBlock):
@@ -142,6 +155,43 @@ class UnitOffsetHonoured(TrainBlock):
     norm_class = UnitOffsetNorm
 
 
-PLANTED = {"CapSaid": "attn.softcap", "ScoresScalarSaid": "attn.scale", "GeluTanhSaid": "ffn.act",
+class PlainMLPSaidGated(TrainBlock):
+    """litgpt's Config says LLaMAMLP (gated) and RMSNorm; the port builds a plain GELU MLP beside torch's LayerNorm.
+    Twin: LlamaMLPAsSaid."""
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
+        super().__init__(d_model, n_heads, dropout, causal)
+        self.config = Config(d_model, n_heads, norm_class_name="RMSNorm", mlp_class_name="LLaMAMLP")
+        self.attn_norm, self.ffn_norm = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
+        del self.w3
+
+    def ffn(self, h):
+        return self.drop(self.w2(F.gelu(self.w1(h))))
+
+
+class LlamaMLPAsSaid(TrainBlock):
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
+        super().__init__(d_model, n_heads, dropout, causal)
+        self.config = Config(d_model, n_heads, norm_class_name="RMSNorm", mlp_class_name="LLaMAMLP")
+
+
+class UngatedWhereMegatronGates(PlainMLPSaidGated):
+    """Megatron's TransformerConfig with gated_linear_unit=True, its normalization LayerNorm, and an ungated FFN.
+    Twin: MegatronGatedAsSaid."""
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
+        super().__init__(d_model, n_heads, dropout, causal)
+        del self.config
+        self.config = TransformerConfig(d_model, n_heads, normalization="LayerNorm")
+
+
+class MegatronGatedAsSaid(TrainBlock):
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
+        super().__init__(d_model, n_heads, dropout, causal)
+        self.config = TransformerConfig(d_model, n_heads)
+
+
+PLANTED = {"PlainMLPSaidGated": ("ffn.gated", "norm.kind"), "UngatedWhereMegatronGates": "ffn.gated",
+           "CapSaid": "attn.softcap", "ScoresScalarSaid": "attn.scale", "GeluTanhSaid": "ffn.act",
            "ExpertsPerTokenSaid": "moe.top_k", "UnitOffsetSaid": "norm.offset"}
-CORRECT = ["CapHonoured", "ScoresScalarHonoured", "GeluTanhHonoured", "ExpertsPerTokenHonoured", "UnitOffsetHonoured"]
+CORRECT = ["LlamaMLPAsSaid", "MegatronGatedAsSaid", "CapHonoured", "ScoresScalarHonoured", "GeluTanhHonoured", "ExpertsPerTokenHonoured", "UnitOffsetHonoured"]

@@ -19,6 +19,7 @@ from tblock_cli.card.own_names import (
     BRANCH_GAINS,
     FIELDS,
     FRACTION,
+    GATED_MLPS,
     GROUPS,
     HALF_SPLIT,
     HEADS,
@@ -28,6 +29,7 @@ from tblock_cli.card.own_names import (
     MLA_WIDTHS,
     MULTI_QUERY,
     MULTIPLIERS,
+    NORM_KINDS,
     ON_ATTENTION,
     ON_NORM,
     ON_QUERY_HOLDER,
@@ -243,6 +245,10 @@ def _value(key: str, v):
     """A config value as the card writes it, or None where it claims nothing the card can hold against it."""
     if key == "ffn.act":
         return ACTS.get(v.lower()) if isinstance(v, str) else None
+    if key == "norm.kind":
+        return NORM_KINDS.get(v.lower()) if isinstance(v, str) else None
+    if key == "ffn.gated" and isinstance(v, str):
+        return GATED_MLPS.get(v)
     if key == "moe.renorm":
         # only True asks for something: False is many configs' default, kept by layers whose router renormalises by
         # construction (litgpt declares it False for every model, Mixtral's included, and takes the softmax after
@@ -256,7 +262,7 @@ def _value(key: str, v):
         return ("llama3" if v else "none") if isinstance(v, bool) else None
     if key == "bias.any":  # a generic switch may govern the norms' biases too: only False (no bias anywhere) is judged
         return False if v is False else None
-    if key.startswith("bias.") or key == "norm.offset":
+    if key.startswith("bias.") or key in ("norm.offset", "ffn.gated"):
         return v if isinstance(v, bool) else None
     if key in SWITCHED:
         return SWITCHED[key][not v] if isinstance(v, bool) else None

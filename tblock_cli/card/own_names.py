@@ -53,7 +53,12 @@ FIELDS = {
     "rotary_emb_dim": "rope.dims",  # flash-attn's MHA: the rotating channels per head
     # Megatron's switch for a (1 + w) norm weight initialised at 0
     "layernorm_zero_centered_gamma": "norm.offset", "zero_centered_gamma": "norm.offset", "add_unit_offset": "norm.offset",
-    "gelu_approximate": "ffn.act",  # litgpt's: "tanh" claims gelu_tanh, "none" nothing (its Llama MLPs never read it)
+    "gelu_approximate": "ffn.act",
+    # Megatron's TransformerConfig (and ChatGLM's kv_channels): head width, a gated FFN, the norm, the rotating fraction,
+    # the routing; litgpt's norm_class_name and mlp_class_name (its gated MLPs LLaMAMLP and GemmaMLP, GptNeoxMLP not)
+    "kv_channels": "attn.head_dim", "gated_linear_unit": "ffn.gated", "normalization": "norm.kind",
+    "norm_class_name": "norm.kind", "mlp_class_name": "ffn.gated", "rotary_percent": FRACTION,
+    "num_moe_experts": "moe.experts", "moe_router_topk": "moe.top_k", "moe_router_topk_scaling_factor": "moe.scale",  # litgpt's: "tanh" claims gelu_tanh, "none" nothing (its Llama MLPs never read it)
     # whether projections add a bias (Llama's attention_bias, mlp_bias, timm's qkv_bias, nanoGPT's bias): True claims
     # some does, False none does. The generic ones claim False only (True may mean the norms' biases), and only where no
     # other bias switch is True (litgpt's Qwen2: `bias` False for every linear but qkv, which `attn_bias` True adds)
@@ -83,7 +88,7 @@ def layer_scale_off(values: dict) -> dict:
 SWITCHED = {"residual.form": ("parallel", "sequential"), "rope.pairing": ("interleaved", "half"),
             "attn.qk_norm": ("any", "none"), "norm.placement": ("pre", "post")}
 # switches that, set True, claim pos.kind (False says nothing: a layer without positions of its own, NoPE's)
-POSITION_SWITCHES = {"use_rotary": "rotary", "use_rope": "rotary", "use_alibi": "alibi"}
+POSITION_SWITCHES = {"use_rotary": "rotary", "use_rope": "rotary", "use_alibi": "alibi", "alibi": "alibi"}  # Falcon's
 # a second rotary base for some layers (sliding-window ones): the config's base then speaks for the others only
 LOCAL_BASES = ("rope_local_base_freq", "local_rope_theta", "rope_local_theta", "local_rope_base", "rope_local_base")
 # the same switch the other way round: vLLM's is_neox_style (True: GPT-NeoX's half-split pairing)
@@ -92,7 +97,8 @@ HALF_SPLIT = ("is_neox_style",)
 # query heads claims attn.group, their ratio. The ratio, not the counts: a layer that splits each head in two
 # (Differential Transformer's q1/q2, k1/k2) doubles both counts and keeps the ratio.
 HEADS = ("num_attention_heads", "num_heads", "n_heads", "n_head")
-KV_HEADS = ("num_key_value_heads", "num_kv_heads", "n_kv_heads", "n_kv_head", "n_query_groups", "multi_query_group_num")
+KV_HEADS = ("num_key_value_heads", "num_kv_heads", "n_kv_heads", "n_kv_head", "n_query_groups", "multi_query_group_num",
+            "num_query_groups")
 GROUPS = ("num_key_value_groups", "n_rep")
 # A multi-query switch set overrides a kv count that stays in the config (Falcon's `multi_query=True` beside its
 # `num_kv_heads`, used only with `new_decoder_architecture`): where one is True the counts claim nothing.
@@ -135,6 +141,10 @@ WINDOW_SWITCHES = ("use_sliding_window",)
 # read only on a norm module written outside torch (torch's own use the eps they keep, by construction)
 ON_NORM = {"eps": "norm.eps", "variance_epsilon": "norm.eps"}
 BIAS_ON = "<a bias switch on>"  # among the names seen: a generic bias switch's False claims nothing then
+# norm class names as configs write them (Megatron's normalization, litgpt's norm_class_name) -> the card's
+NORM_KINDS = {"rmsnorm": "rmsnorm", "layernorm": "layernorm"}
+# FFN class names that say whether it is gated (litgpt's mlp_class_name; its MoE classes say nothing)
+GATED_MLPS = {"LLaMAMLP": True, "GemmaMLP": True, "GptNeoxMLP": False}
 # activation names as configs write them -> the card's
 ACTS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh",
         "gelu_tanh": "gelu_tanh", "silu": "silu", "swish": "silu", "relu": "relu", "quick_gelu": "quick_gelu",
