@@ -31,6 +31,7 @@ import zoo_designs  # noqa: E402
 import zoo_device  # noqa: E402
 import zoo_dropout  # noqa: E402
 import zoo_float_only  # noqa: E402
+import zoo_framework_names  # noqa: E402
 import zoo_history  # noqa: E402
 import zoo_hooks  # noqa: E402
 import zoo_init  # noqa: E402
@@ -70,6 +71,7 @@ CORRECT.update({f"zoo_accumulation.py:{k}": {} for k in zoo_accumulation.CORRECT
 CORRECT.update({f"zoo_tables.py:{k}": {"causal": True} for k in zoo_tables.CORRECT})  # Switch's top-1 routing
 CORRECT.update({f"zoo_sizes.py:{k}": {"causal": True} for k in zoo_sizes.CORRECT})  # sizes and gains as said
 CORRECT.update({f"zoo_switches.py:{k}": {"causal": True} for k in zoo_switches.CORRECT})  # switches as said
+CORRECT.update({f"zoo_framework_names.py:{k}": {"causal": True} for k in zoo_framework_names.CORRECT})  # litgpt, OLMo...
 CORRECT.update({f"zoo_attention.py:{k}": {"causal": True} for k in zoo_attention.CORRECT})  # softmax1, a sink
 CORRECT.update({f"zoo_rates.py:{k}": {"causal": True} for k in zoo_rates.CORRECT})  # attention dropout applied, a frozen table
 CORRECT.update({f"zoo_construction.py:{k}": {} for k in zoo_construction.CORRECT})  # built as asked
@@ -157,6 +159,7 @@ def missed_bugs(sizes, device="cpu", part=(1, 1)) -> int:
                **{f"zoo_tables.py:{k}": ("spec", {"causal": True}) for k in zoo_tables.PLANTED},
                **{f"zoo_sizes.py:{k}": ("spec", {"causal": True}) for k in zoo_sizes.PLANTED},
                **{f"zoo_switches.py:{k}": ("spec", {"causal": True}) for k in zoo_switches.PLANTED},
+               **{f"zoo_framework_names.py:{k}": ("spec", {"causal": True}) for k in zoo_framework_names.PLANTED},
                **{f"zoo_rates.py:{k}": (v.split(".")[0], {"causal": True}) for k, v in zoo_rates.PLANTED.items()},
                **{f"zoo_construction.py:{k}": (v, {}) for k, v in zoo_construction.PLANTED.items()},
                **{f"zoo_writes.py:{k}": (v, {}) for k, v in zoo_writes.PLANTED.items()},

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import pytest
 import torch.nn as nn
 import zoo_claims
-import zoo_litgpt_names
+import zoo_framework_names
 import zoo_sizes
 import zoo_switches
 import zoo_tables
@@ -29,7 +29,7 @@ def spec_check(name, d_model=32, zoo="zoo_claims.py", **flags):
 
 
 ZOOS = {"zoo_claims.py": zoo_claims, "zoo_tables.py": zoo_tables, "zoo_sizes.py": zoo_sizes, "zoo_switches.py": zoo_switches,
-        "zoo_litgpt_names.py": zoo_litgpt_names}
+        "zoo_framework_names.py": zoo_framework_names}
 
 
 @pytest.mark.parametrize("zoo, name", [(z, n) for z, m in ZOOS.items() for n in sorted(m.PLANTED)])

@@ -29,6 +29,7 @@ from tblock_cli.card.own_names import (
     MLA_WIDTHS,
     MULTI_QUERY,
     MULTIPLIERS,
+    NORM_AFTER,
     NORM_KINDS,
     ON_ATTENTION,
     ON_NORM,
@@ -87,6 +88,8 @@ def own_claims(modules: list[nn.Module], arguments: dict | None = None) -> tuple
                 put(asked, "rope.pairing", _value("rope.pairing", not v), f"{at} `{field}`")
             elif field in POSITION_SWITCHES and v is True:
                 put(asked, "pos.kind", POSITION_SWITCHES[field], f"{at} `{field}`")
+            elif field in NORM_AFTER and isinstance(v, bool):
+                put(asked, "norm.placement", NORM_AFTER[field][not v], f"{at} `{field}`")
 
     fields(layer_scale_off(arguments or {}), "constructor argument")
     for m in modules:
@@ -131,6 +134,9 @@ def own_claims(modules: list[nn.Module], arguments: dict | None = None) -> tuple
                 continue
             if name in POSITION_SWITCHES and value is True:
                 put(kept, "pos.kind", POSITION_SWITCHES[name], f"{owner}.{name}")
+                continue
+            if name in NORM_AFTER and isinstance(value, bool):
+                put(kept, "norm.placement", NORM_AFTER[name][not value], f"{owner}.{name}")
                 continue
             key = ((FIELDS.get(name) if FIELDS.get(name) != "ffn.hidden" else None) or (ON_ROTARY.get(name) if is_rotary_name(owner) else None)
                    or (ON_NORM.get(name) if own_norm(m) else None))

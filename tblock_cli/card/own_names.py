@@ -58,7 +58,10 @@ FIELDS = {
     # the routing; litgpt's norm_class_name and mlp_class_name (its gated MLPs LLaMAMLP and GemmaMLP, GptNeoxMLP not)
     "kv_channels": "attn.head_dim", "gated_linear_unit": "ffn.gated", "normalization": "norm.kind",
     "norm_class_name": "norm.kind", "mlp_class_name": "ffn.gated", "rotary_percent": FRACTION,
-    "num_moe_experts": "moe.experts", "moe_router_topk": "moe.top_k", "moe_router_topk_scaling_factor": "moe.scale",  # litgpt's: "tanh" claims gelu_tanh, "none" nothing (its Llama MLPs never read it)
+    "num_moe_experts": "moe.experts", "moe_router_topk": "moe.top_k", "moe_router_topk_scaling_factor": "moe.scale",
+    # OLMo's ModelConfig: its activation, norm, qk-norm and bias switches
+    "activation_type": "ffn.act", "layer_norm_type": "norm.kind", "attention_layer_norm": "attn.qk_norm",
+    "include_bias": "bias.any",  # litgpt's: "tanh" claims gelu_tanh, "none" nothing (its Llama MLPs never read it)
     # whether projections add a bias (Llama's attention_bias, mlp_bias, timm's qkv_bias, nanoGPT's bias): True claims
     # some does, False none does. The generic ones claim False only (True may mean the norms' biases), and only where no
     # other bias switch is True (litgpt's Qwen2: `bias` False for every linear but qkv, which `attn_bias` True adds)
@@ -88,7 +91,9 @@ def layer_scale_off(values: dict) -> dict:
 SWITCHED = {"residual.form": ("parallel", "sequential"), "rope.pairing": ("interleaved", "half"),
             "attn.qk_norm": ("any", "none"), "norm.placement": ("pre", "post")}
 # switches that, set True, claim pos.kind (False says nothing: a layer without positions of its own, NoPE's)
-POSITION_SWITCHES = {"use_rotary": "rotary", "use_rope": "rotary", "use_alibi": "alibi", "alibi": "alibi"}  # Falcon's
+POSITION_SWITCHES = {"use_rotary": "rotary", "use_rope": "rotary", "use_alibi": "alibi", "alibi": "alibi", "rope": "rotary"}
+# OLMo's and Molmo2's placement switch: True normalises each sublayer's output before the add (OLMo 2's), False its input
+NORM_AFTER = {"norm_after": ("olmo2", "pre")}
 # a second rotary base for some layers (sliding-window ones): the config's base then speaks for the others only
 LOCAL_BASES = ("rope_local_base_freq", "local_rope_theta", "rope_local_theta", "local_rope_base", "rope_local_base")
 # the same switch the other way round: vLLM's is_neox_style (True: GPT-NeoX's half-split pairing)
@@ -142,10 +147,10 @@ WINDOW_SWITCHES = ("use_sliding_window",)
 ON_NORM = {"eps": "norm.eps", "variance_epsilon": "norm.eps"}
 BIAS_ON = "<a bias switch on>"  # among the names seen: a generic bias switch's False claims nothing then
 # norm class names as configs write them (Megatron's normalization, litgpt's norm_class_name) -> the card's
-NORM_KINDS = {"rmsnorm": "rmsnorm", "layernorm": "layernorm"}
+NORM_KINDS = {"rmsnorm": "rmsnorm", "layernorm": "layernorm", "rms": "rmsnorm"}  # the last OLMo's layer_norm_type
 # FFN class names that say whether it is gated (litgpt's mlp_class_name; its MoE classes say nothing)
 GATED_MLPS = {"LLaMAMLP": True, "GemmaMLP": True, "GptNeoxMLP": False}
 # activation names as configs write them -> the card's
 ACTS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh",
         "gelu_tanh": "gelu_tanh", "silu": "silu", "swish": "silu", "relu": "relu", "quick_gelu": "quick_gelu",
-        "relu2": "relu2", "relu_squared": "relu2"}
+        "relu2": "relu2", "relu_squared": "relu2", "swiglu": "silu", "geglu": "gelu", "gelu-approximate": "gelu_tanh"}

@@ -1,8 +1,9 @@
-"""litgpt's names for what a block is, kept in a `config` dataclass as litgpt's `Block` keeps its `Config`:
+"""Frameworks' names for what a block is. litgpt's, kept in a `config` dataclass as litgpt's `Block` keeps its `Config`:
 `attention_logit_softcapping` (Gemma 2's cap), `attention_scores_scalar` (the X of the score scale 1/sqrt(X)),
 `gelu_approximate` ("tanh": the FFN's GELU is the tanh approximation), `n_expert` and `n_expert_per_token` (the
-routing), its RMSNorm's `add_unit_offset` (a (1 + w) weight), `norm_class_name` and `mlp_class_name`; and Megatron's
-`gated_linear_unit` and `normalization`. Each planted block contradicts one and fails `spec`
+routing), its RMSNorm's `add_unit_offset` (a (1 + w) weight), `norm_class_name` and `mlp_class_name`; Megatron's
+`gated_linear_unit` and `normalization`; OLMo's `norm_after` (each sublayer's output normalised before the add) and
+`activation_type`. Each planted block contradicts one and fails `spec`
 naming the entry; each twin honours it and passes."""
 
 from dataclasses import dataclass, field
@@ -191,7 +192,31 @@ class MegatronGatedAsSaid(TrainBlock):
         self.config = TransformerConfig(d_model, n_heads)
 
 
-PLANTED = {"PlainMLPSaidGated": ("ffn.gated", "norm.kind"), "UngatedWhereMegatronGates": "ffn.gated",
+@dataclass
+class ModelConfig:
+    """OLMo's names: `norm_after` (OLMo 2's placement when True) and `activation_type`."""
+
+    d_model: int = 64
+    n_heads: int = 4
+    norm_after: bool = True
+    activation_type: str = "swiglu"
+
+
+class NormAfterSaidPreComputed(TrainBlock):
+    """OLMo's ModelConfig with norm_after=True (OLMo 2); the port normalises each sublayer's input. Twin: NormAfterAsSaid."""
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
+        super().__init__(d_model, n_heads, dropout, causal)
+        self.config = ModelConfig(d_model, n_heads)
+
+
+class NormAfterAsSaid(NormAfterSaidPreComputed):
+    def forward(self, x):
+        x = x + self.drop(self.attn_norm(self.attention(x)))
+        return x + self.ffn_norm(self.ffn(x))
+
+
+PLANTED = {"NormAfterSaidPreComputed": "norm.placement", "PlainMLPSaidGated": ("ffn.gated", "norm.kind"), "UngatedWhereMegatronGates": "ffn.gated",
            "CapSaid": "attn.softcap", "ScoresScalarSaid": "attn.scale", "GeluTanhSaid": "ffn.act",
            "ExpertsPerTokenSaid": "moe.top_k", "UnitOffsetSaid": "norm.offset"}
-CORRECT = ["LlamaMLPAsSaid", "MegatronGatedAsSaid", "CapHonoured", "ScoresScalarHonoured", "GeluTanhHonoured", "ExpertsPerTokenHonoured", "UnitOffsetHonoured"]
+CORRECT = ["NormAfterAsSaid", "LlamaMLPAsSaid", "MegatronGatedAsSaid", "CapHonoured", "ScoresScalarHonoured", "GeluTanhHonoured", "ExpertsPerTokenHonoured", "UnitOffsetHonoured"]
