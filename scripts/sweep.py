@@ -32,6 +32,7 @@ import zoo_device  # noqa: E402
 import zoo_dropout  # noqa: E402
 import zoo_float_only  # noqa: E402
 import zoo_framework_names  # noqa: E402
+import zoo_grids  # noqa: E402
 import zoo_history  # noqa: E402
 import zoo_hooks  # noqa: E402
 import zoo_init  # noqa: E402
@@ -77,6 +78,7 @@ CORRECT.update({f"zoo_rates.py:{k}": {"causal": True} for k in zoo_rates.CORRECT
 CORRECT.update({f"zoo_construction.py:{k}": {} for k in zoo_construction.CORRECT})  # built as asked
 CORRECT.update({f"zoo_writes.py:{k}": {"causal": True} for k in zoo_writes.CORRECT})  # buffers a forward may write
 CORRECT.update({f"zoo_complex.py:{k}": {"causal": True} for k in zoo_complex.CORRECT})  # a complex rotary buffer
+CORRECT.update({f"zoo_grids.py:{k}": {"seqs": (zoo_grids.TOKENS,)} for k in zoo_grids.CORRECT})  # 2D positions
 CORRECT.update({f"zoo_designs.py:{k}": {"causal": k not in zoo_designs.BIDIRECTIONAL} for k in zoo_designs.CORRECT})  # libraries' designs
 # logits doubled at init by talking heads started as the identity: told from unscaled ones with heads of 64 or more
 CORRECT["zoo_designs.py:AddedTalkingHeadsBlock"] = {"causal": True, "n_heads": 1}
@@ -111,11 +113,11 @@ def false_alarms(dtypes, widths, seqs, only=None, device="cpu", part=(1, 1)) -> 
             if name in FLOAT32_ONLY and dtype != "float32":
                 continue
             for d in widths:
-                for seq in seqs:
+                for seq in flags.get("seqs", seqs):  # a block of one length (a patch grid) at its own only
                     block = None if name.startswith("built-in") else name if name.startswith("hf:") else spec(name)
                     try:
                         heads = flags.get("n_heads", 8 if d >= 512 else 4)
-                        rest = {k: v for k, v in flags.items() if k != "n_heads"}
+                        rest = {k: v for k, v in flags.items() if k not in ("n_heads", "seqs")}
                         r = tblock_cli.check(block, d_model=d, n_heads=heads, seq=seq, dtype=dtype, device=device, **rest)
                     except LoadError as e:  # a block written for float32 that cannot run in this dtype: exit 2, one line
                         refused += 1
@@ -163,7 +165,8 @@ def missed_bugs(sizes, device="cpu", part=(1, 1)) -> int:
                **{f"zoo_rates.py:{k}": (v.split(".")[0], {"causal": True}) for k, v in zoo_rates.PLANTED.items()},
                **{f"zoo_construction.py:{k}": (v, {}) for k, v in zoo_construction.PLANTED.items()},
                **{f"zoo_writes.py:{k}": (v, {}) for k, v in zoo_writes.PLANTED.items()},
-               **{f"zoo_complex.py:{k}": (v, {"causal": True}) for k, v in zoo_complex.PLANTED.items()}}
+               **{f"zoo_complex.py:{k}": (v, {"causal": True}) for k, v in zoo_complex.PLANTED.items()},
+               **{f"zoo_grids.py:{k}": (v, {"seq": zoo_grids.TOKENS}) for k, v in zoo_grids.PLANTED.items()}}
     missed = runs = 0
     planted = dict(shard(list(planted.items()), part))
     # On an accelerator a block that leaves a tensor on the host fails wherever it meets the device: at load (its

@@ -32,7 +32,9 @@ def check_relative(ctx: Context) -> Outcome:
     a function of i - j: a rotary cos/sin layout that does not match its rotation, rotary angles computed in half
     precision (probed at 320 tokens in fp16/bf16); blocks whose positions enter before the q/k projections
     (absolute) are skipped; scores that are a function of i - j from the middle of the sequence on pass (a
-    convolution's zero padding reaching the first positions: Primer); scores that are a function of i - j only at the
+    convolution's zero padding reaching the first positions: Primer), and so do scores that are a function of the 2D
+    offset on a patch grid after up to 5 special tokens (BEiT's bias table, EVA-02's rotary); scores that are a
+    function of i - j only at the
     block's init, not once its constant gains and biases are redrawn, are a **warning** (a q/k norm after the rotary
     embedding, a bias added to rotated queries: trained, they break relative positions); q and k rotated at different
     positions, the scores still a function of i - j, each shifted (k rotated from position 1): with k's projection

@@ -31,7 +31,7 @@ LARGE_SCALE = {torch.float64: 1e4, torch.float32: 1e4, torch.float16: 1e2, torch
 def check_shape(ctx: Context) -> Outcome:
     """Catches: an output not of the input's (B, T, d) shape (batch and seq kept different so a (T, B) mix-up shows),
     also for a one-token sequence (a `squeeze()` that drops the length); a forward that raises on one token is a
-    **warning**; an output in float64 from an input that is not (a NumPy table, float64 by default, in the arithmetic:
+    **warning** (not where it raises one token longer too: a block of one length, a patch grid); an output in float64 from an input that is not (a NumPy table, float64 by default, in the arithmetic:
     the next layer's weights refuse it); any other output dtype than the input's is a **warning** (something upcasts or
     downcasts)"""
     B, T = ctx.cfg.batch, ctx.cfg.seq
@@ -43,14 +43,14 @@ def check_shape(ctx: Context) -> Outcome:
     if out.shape != x.shape:
         return failed("shape.changed", list(out.shape), input=list(x.shape), output=list(out.shape))
     one = _one_token(ctx)
-    if one is not None:
+    if one is not None and one.status is not Status.PASS:
         return one
     if out.dtype == torch.float64 and x.dtype != torch.float64:
         return failed("shape.float64", list(out.shape), input_dtype=dtype_name(x.dtype), output_dtype=dtype_name(out.dtype))
     if out.dtype != x.dtype:
         kind = "shape.upcast" if out.dtype.itemsize > x.dtype.itemsize else "shape.downcast"
         return warned(kind, list(out.shape), input_dtype=dtype_name(x.dtype), output_dtype=dtype_name(out.dtype))
-    return passed("shape.kept", list(out.shape))
+    return one or passed("shape.kept", list(out.shape))
 
 
 def _one_token(ctx: Context) -> Outcome | None:
@@ -66,11 +66,24 @@ def _one_token(ctx: Context) -> Outcome | None:
             raise
         if raised_before_layer(e):  # the model around a driven layer refuses one token, not the layer
             return None
+        if _fixed_length(ctx):  # a patch grid (BEiT, EVA) or a table of one size: one token is no length it takes
+            return replace(passed("shape.fixed_length", None, seq=ctx.cfg.seq, error=one_line(e)), unmet=False)
         return replace(warned("shape.one_token_raises", None, error=one_line(e)), unmet=False)
     if out.shape != x.shape:
         return replace(failed("shape.one_token", list(out.shape), input=list(x.shape), output=list(out.shape)),
                        unmet=False)
     return None
+
+
+def _fixed_length(ctx: Context) -> bool:
+    """Whether the block raises one token longer than its standard input, as on one token: it takes one length only."""
+    try:
+        eval_forward(ctx, ctx.x(ctx.cfg.batch, ctx.cfg.seq + 1 + (ctx.cfg.batch == ctx.cfg.seq + 1)))
+    except Exception as e:  # noqa: BLE001 - the block's own error: the length is the block's
+        if is_out_of_memory(e):
+            raise
+        return True
+    return False
 
 
 def check_finite(ctx: Context) -> Outcome:

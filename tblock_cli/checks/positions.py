@@ -13,8 +13,9 @@ from tblock_cli.anatomy.attention import Captured
 from tblock_cli.anatomy.mha import MASKED_LOGIT
 from tblock_cli.anatomy.tracer import Tracer
 from tblock_cli.checks.context import IDENTICAL_SCORES, Context
+from tblock_cli.checks.offsets import centred_rows, grid_fit, row_spread, toeplitz_error
 from tblock_cli.checks.result import Outcome, failed, passed, skipped, warned
-from tblock_cli.errors import is_out_of_memory
+from tblock_cli.errors import is_out_of_memory, one_line
 from tblock_cli.probes import parameters_swapped, train_mode
 
 # Largest deviation of identical-token scores from a Toeplitz matrix (each row shifted so its own diagonal entry is 0,
@@ -54,37 +55,6 @@ def captured_scores(ctx: Context, x: torch.Tensor, subject=None, train: bool = F
     with train_mode(subject.module, train), torch.enable_grad(), tr:
         subject(x.clone())
     return [(c, tr.attn.captured.get(i)) for i, c in enumerate(tr.attn.calls)], tr
-
-
-def centred_rows(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(..., T, T) scores with each row's own diagonal entry subtracted, and where they are live (not masked)."""
-    valid = torch.isfinite(z) & (z > MASKED_LOGIT)
-    diag = z.diagonal(dim1=-2, dim2=-1)[..., :, None]
-    live = valid & valid.diagonal(dim1=-2, dim2=-1)[..., :, None]
-    return (z - diag).masked_fill(~live, 0.0), live
-
-
-def row_spread(z: torch.Tensor) -> float:
-    """How far the live scores of any row move from the row's own diagonal entry, relative to max(1, |live score|):
-    0 where every row is flat (no positions in the scores), or nothing is live."""
-    rows, live = centred_rows(z)
-    return rows.abs().max().item() / max(1.0, z[live].abs().max().item()) if live.any() else 0.0
-
-
-def toeplitz_error(z: torch.Tensor) -> float:
-    """Largest deviation of each diagonal's live entries from their mean, relative to max(1, |live score|)."""
-    c, live = centred_rows(z)
-    T = z.shape[-1]
-    worst = 0.0
-    for o in range(-(T - 1), T):
-        d, m = c.diagonal(o, -2, -1), live.diagonal(o, -2, -1)
-        if not m.any():
-            continue
-        n = m.sum(-1, keepdim=True).clamp_min(1)
-        mean = d.sum(-1, keepdim=True) / n
-        worst = max(worst, ((d - mean).abs() * m).max().item())
-    scale = max(1.0, z[torch.isfinite(z) & (z > MASKED_LOGIT)].abs().max().item()) if live.any() else 1.0
-    return worst / scale
 
 
 @dataclass(frozen=True)
@@ -160,7 +130,7 @@ def toeplitz_calls(seen: Identical, T: int) -> list[dict]:
             continue  # positions entered before the projections (absolute): scores need not be Toeplitz
         z = got.logits
         out.append({"where": c.where or "root", "seq": T, "error": toeplitz_error(z),
-                    "tail": toeplitz_error(z[..., T // 2:, T // 2:]), "spread": row_spread(z)})
+                    "tail": toeplitz_error(z[..., T // 2:, T // 2:]), "spread": row_spread(z), "logits": z})
     return out
 
 
@@ -192,6 +162,9 @@ def check_relative(ctx: Context) -> Outcome:
         return warned("relative.gains_inside", drawn["drawn_error"], **facts, **drawn)
     if worst["error"] > limit:
         tail = max(c["tail"] for c in calls)
+        grids = [grid_fit(c["logits"], limit) if c["error"] > limit else {} for c in calls]
+        if tail > limit and all(g is not None for g in grids):  # every call a function of the 2D offset on some grid
+            return passed("relative.grid", worst["error"], **facts, grids=[g for g in grids if g])
         if tail > limit:
             return failed("relative.not_toeplitz", worst["error"], **facts)
         # Toeplitz from the middle on, not at the start: something translation-equivariant whose zero padding reaches
@@ -340,7 +313,8 @@ def check_position_bias(ctx: Context) -> Outcome:
     Catches: an additive bias linear in distance (ALiBi) that rises with distance or whose slopes are neither
     geometric nor the paper's set (which interleaves two geometric runs for a head count not a power of two); slopes
     of either kind but not the paper's in head order are a **warning**; a learned (non-linear) bias is not judged; where
-    `relative`'s identical-token scores are a multiple of their q.k product (no bias), no probe of its own"""
+    `relative`'s identical-token scores are a multiple of their q.k product (no bias), no probe of its own; a block
+    that does not run at the probe's 64 tokens (a patch grid of one length, a shorter table) is not judged"""
     flow = ctx.dataflow()
     if not flow.attention:
         return skipped("position_bias.no_attention")
@@ -352,7 +326,12 @@ def check_position_bias(ctx: Context) -> Outcome:
         seen = None
     if seen is not None and len(seen) == len(flow.attention) and all(unbiased(got) for got in seen):
         return skipped("position_bias.none")
-    biases = head_biases(ctx)
+    try:
+        biases = head_biases(ctx)
+    except Exception as e:  # noqa: BLE001 - a block of a fixed length (a patch grid) or a shorter table: not judged
+        if is_out_of_memory(e) or seen is None:
+            raise
+        return skipped("position_bias.length", seq=max(ctx.cfg.seq, BIAS_SEQ), error=one_line(e))
     if not biases:
         return skipped("position_bias.none")
     for f in biases:

@@ -93,6 +93,7 @@ MESSAGES = {
     "shape.one_token": lambda f: (f"a one-token input {shape(f['input'])} came out as {shape(f['output'])} (a squeeze() that "
                                   f"drops the length?)"),
     "shape.one_token_raises": "a one-token sequence raises: {error}",
+    "shape.fixed_length": "output keeps the input's shape; {seq} tokens only, one more or one token raise: {error}",
     "shape.changed": lambda f: f"input {shape(f['input'])} came out as {shape(f['output'])}",
     "shape.upcast": lambda f: (f"shape kept, but a {f['input_dtype']} input came out as {f['output_dtype']}: something upcasts "
                                f"(a float64 constant? a softmax kept in float32?), and every later layer pays for it"),
@@ -366,6 +367,9 @@ MESSAGES.update({
                                 f"(deviation {f['tail']:.1e}, limit {f['limit']:g}); the first positions differ by "
                                 f"{f['error']:.1e}: zero padding of something translation-equivariant (a causal "
                                 f"convolution), not a position scheme ({_relative(f)})"),
+    "relative.grid": lambda f: (f"with every token identical the scores are a function of the 2D offset on a patch grid "
+                                f"({'; '.join(str(g['width']) + ' wide after ' + str(g['prefix']) + ' special tokens' for g in f['grids'])}): "
+                                f"a 2D position scheme (BEiT's bias, EVA-02's rotary)"),
     "relative.not_toeplitz": lambda f: (f"with every token identical the scores are not a function of i - j (deviation "
                                         f"{f['error']:.2e} > {f['limit']:g}, {_relative(f)}): the relative scheme is "
                                         f"broken (rotary cos/sin laid out for interleaved pairs but a half-split "
@@ -373,6 +377,8 @@ MESSAGES.update({
     # position_bias
     "position_bias.no_attention": "no attention computation seen",
     "position_bias.none": "no additive bias on the q.k scores",
+    "position_bias.length": lambda f: (f"the block does not run at {f['seq']} tokens, the length a bias is read over "
+                                       f"({f['error']}): a fixed length (a patch grid) or a shorter table; not judged"),
     "position_bias.learned": "an additive bias not linear in distance (a learned relative bias): not judged",
     "position_bias.alibi": lambda f: f"ALiBi bias: slopes {_slopes(f['slopes'])}: geometric, the paper's",
     "position_bias.rises": lambda f: (f"the additive bias grows with distance for some head (slopes "
