@@ -107,6 +107,14 @@ class ResidualDropoutApplied(ResidualDropoutIgnored):
         return F.dropout(y, self.resid_pdrop, self.training)
 
 
+class ResidualDropoutOneBranch(ResidualDropoutIgnored):
+    """GPT-2's resid_pdrop on the attention's output, forgotten on the MLP's (a port that drops one of two sublayers)."""
+
+    def forward(self, x):
+        x = x + F.dropout(self.attention(self.attn_norm(x)), self.resid_pdrop, self.training)
+        return x + self.ffn(self.ffn_norm(x))
+
+
 class ParallelDropoutAdd(ResidualDropoutIgnored):
     """Correct: Falcon's parallel sublayers, one dropout on their sum before the add."""
 
@@ -171,7 +179,7 @@ class FrozenTableInBfloat16(GainBuiltInBfloat16):
 
 
 PLANTED = {"AttentionDropoutIgnored": "dropout.attention_ignored", "AttentionDropoutOnOutput": "dropout.attention_ignored",
-           "ResidualDropoutIgnored": "dropout.residual_ignored",
+           "ResidualDropoutIgnored": "dropout.residual_ignored", "ResidualDropoutOneBranch": "dropout.residual_one_branch",
            "NumPyMasks": "checkpointing.host_streams", "NumPyTable": "shape.float64",
            "LearnableBuffer": "grad_params.buffer_learns", "GainBuiltInBfloat16": "dtype.narrow_at_build"}
 WARNED = {"checkpointing.host_streams"}

@@ -94,7 +94,8 @@ def check_dropout(ctx: Context) -> Outcome:
     A block that says it drops attention's probabilities (`attention_dropout`, `attn_pdrop`, `attn_drop`, ...) at a
     rate above 0 and whose training forward drops none of them (SDPA called with dropout_p 0), and one that says it
     drops each sublayer's output (`resid_pdrop`, `hidden_dropout_prob`, `proj_drop`, ...) and drops no tensor of the
-    stream's size"""
+    stream's size, or only one while its sublayers run in a row (the FFN reads attention's output: one of the two
+    outputs undropped)"""
     if (large := too_large(ctx)) is not None:
         return large
     with seeded(ctx.device):  # every call below reseeds: the caller's random state is put back after

@@ -156,10 +156,22 @@ def residual_ignored(ctx: Context, module: nn.Module, asked: TorchDropoutOff, x:
     if said is None:
         return None
     d, n = x.shape[-1], x.numel()
-    if any(s and s[-1] == d and math.prod(s) == n for s in asked.shapes):
-        return None
+    streams = sum(1 for s in asked.shapes if s and s[-1] == d and math.prod(s) == n)
     rate, where = said
+    if streams == 1 and _form(ctx) == "sequential":  # two sublayers in a row, one output dropped: a port's slip
+        return failed("dropout.residual_one_branch", rate, rate=rate, where=where, dropped=len(asked.shapes))
+    if streams:
+        return None
     return failed("dropout.residual_ignored", rate, rate=rate, where=where, dropped=len(asked.shapes))
+
+
+def _form(ctx: Context) -> str | None:
+    """The card's residual.form (sequential: the FFN reads attention's output; parallel: both read the stream), or None
+    where it is not read (no attention output or FFN input projection seen)."""
+    from tblock_cli.card.read import read_card
+
+    entry = read_card(ctx.subject, ctx.cfg, ctx.device, progress=ctx.step, keys=("residual.form",)).get("residual.form")
+    return entry.value if entry is not None and entry.read else None
 
 
 def _rate_said(ctx: Context, module: nn.Module, names: tuple[str, ...]) -> tuple[float, str] | None:

@@ -159,6 +159,10 @@ MESSAGES = {
     "dropout.residual_ignored": lambda f: (f"says it drops each sublayer's output at {f['rate']:g} ({f['where']}), and a "
                                            f"training forward drops no tensor of the stream's size ({f['dropped']} "
                                            f"dropout calls elsewhere): the rate taken, never applied"),
+    "dropout.residual_one_branch": lambda f: (f"says it drops each sublayer's output at {f['rate']:g} ({f['where']}), and "
+                                              f"its sublayers run in a row (the FFN reads attention's output) while a "
+                                              f"training forward drops one tensor of the stream's size: one sublayer's "
+                                              f"output goes undropped"),
     "dropout.never_applied": lambda f: (f"built with dropout {f['rate']:g}, a training forward drops nothing: no dropout "
                                         f"of torch's is asked to, and the block draws no mask of its own, while it keeps "
                                         f"{names(f['modules'])} (defined, never called: the rate is ignored)"),
