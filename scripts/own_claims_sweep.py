@@ -40,7 +40,7 @@ def main() -> int:
                 continue
             keys = needed(claims) + ("moe.experts", "attn.head_dim", "rope.dims")
             card = read_card(subject, s.cfg, s.device, keys=keys)
-            claims = fitted(claims, card, SCALE_SEQ)  # as the check does
+            claims = fitted(claims, card, SCALE_SEQ, s.cfg.d_model)  # as the check does
             verdicts = judge(card, claims)
             bad = [v.to_dict() for v in verdicts if v.status == "differs"]
             differs += bool(bad)

@@ -2,7 +2,7 @@
 `attention_logit_softcapping` (Gemma 2's cap), `attention_scores_scalar` (the X of the score scale 1/sqrt(X)),
 `gelu_approximate` ("tanh": the FFN's GELU is the tanh approximation), `n_expert` and `n_expert_per_token` (the
 routing), its RMSNorm's `add_unit_offset` (a (1 + w) weight), `norm_class_name` and `mlp_class_name`; Megatron's
-`gated_linear_unit` and `normalization`; OLMo's `norm_after` (each sublayer's output normalised before the add) and
+`gated_linear_unit` and `normalization`; timm's `mlp_ratio` (an ungated FFN's width over the model's); OLMo's `norm_after` (each sublayer's output normalised before the add) and
 `activation_type`. Each planted block contradicts one and fails `spec`
 naming the entry; each twin honours it and passes."""
 
@@ -216,7 +216,31 @@ class NormAfterAsSaid(NormAfterSaidPreComputed):
         return x + self.ffn_norm(self.ffn(x))
 
 
-PLANTED = {"NormAfterSaidPreComputed": "norm.placement", "PlainMLPSaidGated": ("ffn.gated", "norm.kind"), "UngatedWhereMegatronGates": "ffn.gated",
+class MlpRatioIgnored(TrainBlock):
+    """timm's argument mlp_ratio=4.0 (the FFN 4 x d_model wide) and an FFN built 2 x d_model wide. Twin:
+    MlpRatioHonoured; a gated FFN's ratio is not judged (MlpRatioGated: Meta's 2/3 of it)."""
+
+    ratio_used = 2
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True, mlp_ratio=4.0):
+        super().__init__(d_model, n_heads, dropout, causal)
+        del self.w3
+        self.w1, self.w2 = nn.Linear(d_model, self.ratio_used * d_model), nn.Linear(self.ratio_used * d_model, d_model)
+
+    def ffn(self, h):
+        return self.drop(self.w2(F.gelu(self.w1(h))))
+
+
+class MlpRatioHonoured(MlpRatioIgnored):
+    ratio_used = 4
+
+
+class MlpRatioGated(TrainBlock):
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True, mlp_ratio=4.0):
+        super().__init__(d_model, n_heads, dropout, causal)  # SwiGLU 8/3 x d_model wide
+
+
+PLANTED = {"MlpRatioIgnored": "ffn.hidden", "NormAfterSaidPreComputed": "norm.placement", "PlainMLPSaidGated": ("ffn.gated", "norm.kind"), "UngatedWhereMegatronGates": "ffn.gated",
            "CapSaid": "attn.softcap", "ScoresScalarSaid": "attn.scale", "GeluTanhSaid": "ffn.act",
            "ExpertsPerTokenSaid": "moe.top_k", "UnitOffsetSaid": "norm.offset"}
-CORRECT = ["NormAfterAsSaid", "LlamaMLPAsSaid", "MegatronGatedAsSaid", "CapHonoured", "ScoresScalarHonoured", "GeluTanhHonoured", "ExpertsPerTokenHonoured", "UnitOffsetHonoured"]
+CORRECT = ["MlpRatioHonoured", "MlpRatioGated", "NormAfterAsSaid", "LlamaMLPAsSaid", "MegatronGatedAsSaid", "CapHonoured", "ScoresScalarHonoured", "GeluTanhHonoured", "ExpertsPerTokenHonoured", "UnitOffsetHonoured"]

@@ -8,21 +8,24 @@ import dataclasses
 
 from tblock_cli.card.entries import Card, Claim
 from tblock_cli.card.own import FRACTION
+from tblock_cli.card.own_names import RATIO
 
 
 def needed(claims: tuple[Claim, ...]) -> tuple[str, ...]:
     """The card keys to read for the block's own claims: theirs, and those `fitted` decides by."""
-    keys = tuple(c.key for c in claims if c.key != FRACTION)
-    if any(c.key.startswith("moe.") or c.key == "ffn.hidden" for c in claims):
+    keys = tuple(c.key for c in claims if c.key not in (FRACTION, RATIO))
+    if any(c.key.startswith("moe.") or c.key in ("ffn.hidden", RATIO) for c in claims):
         keys += ("moe.experts", "ffn.act")
+    keys += ("ffn.gated", "ffn.hidden") if any(c.key == RATIO for c in claims) else ()
     return keys + (("attn.head_dim", "rope.dims") if any(c.key == FRACTION for c in claims) else ())
 
 
-def fitted(claims: tuple[Claim, ...], card: Card, seq: int) -> tuple[Claim, ...]:
+def fitted(claims: tuple[Claim, ...], card: Card, seq: int, d_model: int | None = None) -> tuple[Claim, ...]:
     """The block's own claims as `card` can judge them (see the module's docstring); `seq` is the window probe's length.
     An FFN width is held only where the card fitted the FFN's curve: a hybrid layer's first `down` projection may be
     a Mamba mixer's (hf:jamba's and falcon_h1's read 1024 and 128 beside an intermediate_size of 2048)."""
-    claims = with_window(with_fraction(claims, card.value("attn.head_dim")), seq)
+    claims = with_fraction(claims, card.value("attn.head_dim"))
+    claims = with_window(with_ratio(claims, card.value("ffn.gated"), d_model), seq)
     experts, act = card.value("moe.experts"), card.value("ffn.act")
     dense_ffn = not experts and act not in (None, "other")
     return tuple(c for c in claims if not (c.key.startswith("moe.") and not experts)
@@ -37,6 +40,18 @@ def with_fraction(claims: tuple[Claim, ...], head_dim) -> tuple[Claim, ...]:
     if fraction is None or not head_dim or any(c.key == "rope.dims" for c in out):
         return out
     return out + (Claim("rope.dims", float(int(fraction.value * head_dim)), fraction.source),)
+
+
+def with_ratio(claims: tuple[Claim, ...], gated, d_model: int | None) -> tuple[Claim, ...]:
+    """The FFN's width over the model's (mlp_ratio) as an ffn.hidden claim of ratio x d_model, within one unit
+    (timm's int() of it), where the card read an FFN that is not gated and no other claim names ffn.hidden; dropped
+    otherwise."""
+    out = tuple(c for c in claims if c.key != RATIO)
+    ratio = next((c for c in claims if c.key == RATIO), None)
+    if ratio is None or gated is not False or not d_model or any(c.key == "ffn.hidden" for c in out):
+        return out
+    width = ratio.value * d_model
+    return out + (Claim("ffn.hidden", float(width), ratio.source, tol=1.0 / width),)
 
 
 def with_window(claims: tuple[Claim, ...], seq: int) -> tuple[Claim, ...]:

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 # Not a card key: the rotating fraction of a head, turned into a rope.dims claim by `with_fraction`.
 FRACTION = "rope.fraction"
+# Not a card key either: the FFN's hidden width over the model's (timm's mlp_ratio), an ffn.hidden claim where the
+# card reads an FFN that is not gated (a gated one's ratio may count gate and up together, OLMo's, or 2/3 of it, Meta's)
+RATIO = "ffn.ratio"
 # attribute or config field -> card key, read on any module or config.
 FIELDS = {
     "rope_theta": "rope.theta", "rope_base": "rope.theta", "rotary_base": "rope.theta", "rotary_emb_base": "rope.theta",
@@ -52,10 +55,14 @@ FIELDS = {
     "normalize_before": "norm.placement",  # fairseq's switch: True normalises each sublayer's input (pre), False the sum
     "rotary_emb_dim": "rope.dims",  # flash-attn's MHA: the rotating channels per head
     # Megatron's switch for a (1 + w) norm weight initialised at 0
-    "layernorm_zero_centered_gamma": "norm.offset", "zero_centered_gamma": "norm.offset", "add_unit_offset": "norm.offset",
-    "gelu_approximate": "ffn.act",
-    # Megatron's TransformerConfig (and ChatGLM's kv_channels): head width, a gated FFN, the norm, the rotating fraction,
-    # the routing; litgpt's norm_class_name and mlp_class_name (its gated MLPs LLaMAMLP and GemmaMLP, GptNeoxMLP not)
+    "layernorm_zero_centered_gamma": "norm.offset", "zero_centered_gamma": "norm.offset",
+    # litgpt's (1 + w) RMSNorm switch, its GELU switch ("tanh" claims gelu_tanh, "none" nothing: its Llama MLPs never
+    # read it); timm's FFN width over the model's
+    "add_unit_offset": "norm.offset", "gelu_approximate": "ffn.act", "mlp_ratio": RATIO, "ffn_ratio": RATIO,
+    "ff_mult": RATIO,
+    # Megatron's TransformerConfig (and ChatGLM's kv_channels): head width, a gated FFN, the norm, the rotating
+    # fraction, the routing; litgpt's norm_class_name and mlp_class_name (its gated MLPs LLaMAMLP and GemmaMLP, its
+    # GptNeoxMLP not)
     "kv_channels": "attn.head_dim", "gated_linear_unit": "ffn.gated", "normalization": "norm.kind",
     "norm_class_name": "norm.kind", "mlp_class_name": "ffn.gated", "rotary_percent": FRACTION,
     "num_moe_experts": "moe.experts", "moe_router_topk": "moe.top_k", "moe_router_topk_scaling_factor": "moe.scale",
@@ -91,8 +98,10 @@ def layer_scale_off(values: dict) -> dict:
 SWITCHED = {"residual.form": ("parallel", "sequential"), "rope.pairing": ("interleaved", "half"),
             "attn.qk_norm": ("any", "none"), "norm.placement": ("pre", "post")}
 # switches that, set True, claim pos.kind (False says nothing: a layer without positions of its own, NoPE's)
-POSITION_SWITCHES = {"use_rotary": "rotary", "use_rope": "rotary", "use_alibi": "alibi", "alibi": "alibi", "rope": "rotary"}
-# OLMo's and Molmo2's placement switch: True normalises each sublayer's output before the add (OLMo 2's), False its input
+POSITION_SWITCHES = {"use_rotary": "rotary", "use_rope": "rotary", "use_alibi": "alibi", "alibi": "alibi",
+                     "rope": "rotary"}
+# OLMo's and Molmo2's placement switch: True normalises each sublayer's output before the add (OLMo 2's), False its
+# input
 NORM_AFTER = {"norm_after": ("olmo2", "pre")}
 # a second rotary base for some layers (sliding-window ones): the config's base then speaks for the others only
 LOCAL_BASES = ("rope_local_base_freq", "local_rope_theta", "rope_local_theta", "local_rope_base", "rope_local_base")

@@ -41,7 +41,7 @@ def check_spec(ctx: Context) -> Outcome:
     card = _half_table(read_card(ctx.subject, ctx.cfg, ctx.device, progress=ctx.step, keys=keys if own else None), ctx.dtype)
     if own:
         # a config's routing says nothing of a dense layer (DeepSeek's first), its FFN width nothing of an expert
-        claims = fitted(claims, card, SCALE_SEQ)
+        claims = fitted(claims, card, SCALE_SEQ, ctx.cfg.d_model)
         # a norm module's own eps or class name speaks for that module; the card reads the stream's norms, which may be
         # others (an F.layer_norm or nn.LayerNorm on the stream, RMSNorms on q and k): such a claim stands against the
         # card only where one of those modules itself does not do what it says
