@@ -44,6 +44,7 @@ import zoo_switches  # noqa: E402
 import zoo_tables  # noqa: E402
 import zoo_training  # noqa: E402
 import zoo_writes  # noqa: E402
+import zoo_xpos  # noqa: E402
 
 import tblock_cli  # noqa: E402
 from tblock_cli.checks import Status  # noqa: E402
@@ -79,6 +80,7 @@ CORRECT.update({f"zoo_construction.py:{k}": {} for k in zoo_construction.CORRECT
 CORRECT.update({f"zoo_writes.py:{k}": {"causal": True} for k in zoo_writes.CORRECT})  # buffers a forward may write
 CORRECT.update({f"zoo_complex.py:{k}": {"causal": True} for k in zoo_complex.CORRECT})  # a complex rotary buffer
 CORRECT.update({f"zoo_grids.py:{k}": {"seqs": (zoo_grids.TOKENS,)} for k in zoo_grids.CORRECT})  # 2D positions
+CORRECT.update({f"zoo_xpos.py:{k}": {"causal": True} for k in zoo_xpos.CORRECT})  # tables made by an einsum
 CORRECT.update({f"zoo_designs.py:{k}": {"causal": k not in zoo_designs.BIDIRECTIONAL} for k in zoo_designs.CORRECT})  # libraries' designs
 # logits doubled at init by talking heads started as the identity: told from unscaled ones with heads of 64 or more
 CORRECT["zoo_designs.py:AddedTalkingHeadsBlock"] = {"causal": True, "n_heads": 1}

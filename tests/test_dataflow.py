@@ -232,3 +232,18 @@ def test_reweighting_reads_a_second_softmax_and_not_a_renormalised_subset_or_a_m
     assert reweighting(p.clone(), p) is None
     mix = torch.full((4, 4), 0.2, dtype=torch.float64) + 0.2 * torch.eye(4, dtype=torch.float64)  # rows sum to 1
     assert reweighting(torch.einsum("hg,bgij->bhij", mix, p), p) is None  # talking heads after the softmax
+
+
+def test_an_einsum_of_two_tables_is_no_attention_and_q_k_is_read_through_the_tables_it_made():
+    """torchscale's XPos builds its angles as einsum('i , j -> i j', positions, frequencies) in the forward: a product
+    of two tensors that depend on no token. Read as a score product, the rotated q and k carried it, and q.k was taken
+    for weights times values (no softmax, k a value projection)."""
+    import zoo_xpos
+
+    block = zoo_xpos.XPosBlock(D, H).eval()
+    (call,) = trace(block, block, torch.randn(B, T, D), D).attention
+    assert (call.kind, call.head_dim, call.q, call.k, call.v) == ("softmax(QK^T)V", D // H, ("q_proj",), ("k_proj",),
+                                                                 ("v_proj",))
+    r = tblock_cli.check(str(zoo_spec("XPosBlock")).replace("zoo.py:", "zoo_xpos.py:"), d_model=32, n_heads=4,
+                         causal=True, threads=1, only="attention,names")
+    assert [(c.name, c.status) for c in r.checks] == [("attention", Status.PASS), ("names", Status.PASS)], r.checks

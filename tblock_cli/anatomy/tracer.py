@@ -102,7 +102,9 @@ class Tracer(TorchFunctionMode):
         elif name == "baddbmm" and baddbmm_operands(args, kwargs) is not None:
             b1, b2, alpha = baddbmm_operands(args, kwargs)  # input + alpha * b1 @ b2: the q.k part is b1 @ b2 alone
             self.attn.matmul(b1, b2, out, product=(b1.detach() @ b2.detach()) * alpha)
-        elif name in MATMULS and len(acts) >= 2:
+        elif name in MATMULS and len(acts) >= 2 and (any(self.prov.is_live(t) for t in acts[:2]) or not self.prov.reads_input):
+            # a product that reads the input's tokens on one side at least (positions times frequencies, a rotary
+            # table's outer product of constants, is no attention: torchscale's XPos)
             self.attn.matmul(acts[0], acts[1], out)
         else:
             self.prov.op(name, args, acts, out)
