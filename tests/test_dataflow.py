@@ -245,5 +245,7 @@ def test_an_einsum_of_two_tables_is_no_attention_and_q_k_is_read_through_the_tab
     assert (call.kind, call.head_dim, call.q, call.k, call.v) == ("softmax(QK^T)V", D // H, ("q_proj",), ("k_proj",),
                                                                  ("v_proj",))
     r = tblock_cli.check(str(zoo_spec("XPosBlock")).replace("zoo.py:", "zoo_xpos.py:"), d_model=32, n_heads=4,
-                         causal=True, threads=1, only="attention,names")
-    assert [(c.name, c.status) for c in r.checks] == [("attention", Status.PASS), ("names", Status.PASS)], r.checks
+                         causal=True, threads=1, only="attention,names,relative")
+    by = {c.name: c for c in r.checks}
+    assert {n: c.status for n, c in by.items()} == dict.fromkeys(("attention", "names", "relative"), Status.PASS), by
+    assert by["relative"].kind == "relative.toeplitz"  # its scores read (every tracer follows the input): judged

@@ -212,6 +212,7 @@ def trace_scores(probe: Probe, x: torch.Tensor, targets: frozenset[int] = frozen
     """capture_scores, and the tracer itself (which projections read rows that were all equal: uniform_in)."""
     module = probe.module
     tr = ScoreTracer(module, probe.d, targets, factor)
+    tr.prov.watch(x)  # what reads the input's tokens, as the dataflow follows it (a product of two tables is no score)
     with train_mode(module, False), torch.set_grad_enabled(grad), tr:
         probe.subject(x.clone())
     out, B = [], x.shape[0]

@@ -145,6 +145,7 @@ def softmax_overflows(ctx: Context, flow) -> str | None:
 
     def run(targets=frozenset(), factor=1.0):
         tr = ScoreTracer(module, ctx.cfg.d_model, targets, factor)
+        tr.prov.watch(x)  # what reads the input's tokens (a product of two tables is no score)
         with train_mode(module, False), torch.no_grad(), tr:
             out = ctx.subject(x.clone())
         return tr, out

@@ -52,6 +52,7 @@ def captured_scores(ctx: Context, x: torch.Tensor, subject=None, train: bool = F
     of `subject` where given (a check's copy), else the block's."""
     subject = subject or ctx.subject
     tr = Tracer(subject.module, ctx.cfg.d_model, capture=True)
+    tr.prov.watch(x)  # what reads the input's tokens, as the dataflow follows it (a product of two tables is no score)
     with train_mode(subject.module, train), torch.enable_grad(), tr:
         subject(x.clone())
     return [(c, tr.attn.captured.get(i)) for i, c in enumerate(tr.attn.calls)], tr
