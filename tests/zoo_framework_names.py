@@ -6,7 +6,7 @@ routing), its RMSNorm's `add_unit_offset` (a (1 + w) weight), `norm_class_name` 
 `activation_type`. Each planted block contradicts one and fails `spec`
 naming the entry; each twin honours it and passes."""
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, make_dataclass
 
 import torch
 import torch.nn as nn
@@ -192,14 +192,9 @@ class MegatronGatedAsSaid(TrainBlock):
         self.config = TransformerConfig(d_model, n_heads)
 
 
-@dataclass
-class ModelConfig:
-    """OLMo's names: `norm_after` (OLMo 2's placement when True) and `activation_type`."""
-
-    d_model: int = 64
-    n_heads: int = 4
-    norm_after: bool = True
-    activation_type: str = "swiglu"
+# OLMo's names: `norm_after` (OLMo 2's placement when True) and `activation_type`
+ModelConfig = make_dataclass("ModelConfig", [("d_model", int, 64), ("n_heads", int, 4), ("norm_after", bool, True),
+                                             ("activation_type", str, "swiglu")])
 
 
 class NormAfterSaidPreComputed(TrainBlock):
