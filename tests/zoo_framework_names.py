@@ -127,9 +127,10 @@ class UnitOffsetNorm(RMSNorm):
     def reset_parameters(self):
         nn.init.zeros_(self.weight)
 
-    def forward(self, x):
+    def forward(self, x):  # in float32 whatever the run's dtype, as litgpt's
         w = 1 + self.weight if self.offset_applied else self.weight
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * w
+        f = x.float()
+        return (f * torch.rsqrt(f.pow(2).mean(-1, keepdim=True) + self.eps) * w.float()).to(x.dtype)
 
 
 class PlainWeightNorm(UnitOffsetNorm):
