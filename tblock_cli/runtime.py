@@ -213,7 +213,6 @@ def environment(device: torch.device, dtype: torch.dtype) -> dict:
     return env
 
 
-
 @contextmanager
 def meta_autocast():
     """`torch.autocast("meta", ...)` raises (meta has no autocast dtype). While a forward runs on the meta device (a
@@ -230,6 +229,7 @@ def meta_autocast():
         yield
     finally:
         torch.autocast = real
+
 
 class HandlerMode(TorchDispatchMode):
     """A dispatch mode that hands every aten call to handler(func, args, kwargs), which returns its result."""

@@ -64,7 +64,8 @@ def own_claims(modules: list[nn.Module], arguments: dict | None = None) -> tuple
     def fields(values: dict, where: str) -> None:
         for field, v, at in fields_of(values, where):
             seen.add(field)
-            seen.update([BIAS_ON] if v is True and "bias" in field.lower() else [])
+            if v is True and "bias" in field.lower():  # another bias switch on: a generic bias=False claims nothing
+                seen.add(BIAS_ON)
             if FIELDS.get(field) == "ffn.hidden" and at == "constructor argument":
                 continue
             if field in FIELDS:
@@ -98,7 +99,8 @@ def own_claims(modules: list[nn.Module], arguments: dict | None = None) -> tuple
             if name.startswith("_"):
                 continue
             seen.add(name)
-            seen.update([BIAS_ON] if value is True and "bias" in name.lower() else [])
+            if value is True and "bias" in name.lower():
+                seen.add(BIAS_ON)
             if name in TORCH_KEPT and type(m).__module__.startswith("torch."):
                 continue
             if is_config(value):

@@ -31,9 +31,9 @@ LARGE_SCALE = {torch.float64: 1e4, torch.float32: 1e4, torch.float16: 1e2, torch
 def check_shape(ctx: Context) -> Outcome:
     """Catches: an output not of the input's (B, T, d) shape (batch and seq kept different so a (T, B) mix-up shows),
     also for a one-token sequence (a `squeeze()` that drops the length); a forward that raises on one token is a
-    **warning** (not where it raises one token longer too: a block of one length, a patch grid); an output in float64 from an input that is not (a NumPy table, float64 by default, in the arithmetic:
-    the next layer's weights refuse it); any other output dtype than the input's is a **warning** (something upcasts or
-    downcasts)"""
+    **warning** (not where it raises one token longer too: a block of one length, a patch grid); an output in float64
+    from an input that is not (a NumPy table, float64 by default, in the arithmetic: the next layer's weights refuse
+    it); any other output dtype than the input's is a **warning** (something upcasts or downcasts)"""
     B, T = ctx.cfg.batch, ctx.cfg.seq
     if B == T:  # a (T, B) mix-up cannot show when B == T
         x = ctx.x(B, T + 1)

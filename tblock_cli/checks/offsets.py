@@ -12,6 +12,11 @@ from tblock_cli.anatomy.mha import MASKED_LOGIT
 GRID_PREFIX = 5
 
 
+def _scale(z: torch.Tensor, live: torch.Tensor) -> float:
+    """max(1, |live score|): the deviations below are relative to it."""
+    return max(1.0, z[torch.isfinite(z) & (z > MASKED_LOGIT)].abs().max().item()) if live.any() else 1.0
+
+
 def centred_rows(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(..., T, T) scores with each row's own diagonal entry subtracted, and where they are live (not masked)."""
     valid = torch.isfinite(z) & (z > MASKED_LOGIT)
@@ -39,8 +44,7 @@ def toeplitz_error(z: torch.Tensor) -> float:
         n = m.sum(-1, keepdim=True).clamp_min(1)
         mean = d.sum(-1, keepdim=True) / n
         worst = max(worst, ((d - mean).abs() * m).max().item())
-    scale = max(1.0, z[torch.isfinite(z) & (z > MASKED_LOGIT)].abs().max().item()) if live.any() else 1.0
-    return worst / scale
+    return worst / _scale(z, live)
 
 
 def grid_fit(z: torch.Tensor, limit: float) -> dict | None:
@@ -48,15 +52,15 @@ def grid_fit(z: torch.Tensor, limit: float) -> dict | None:
     (row, column) of a patch grid `width` wide laid out row by row: 2D relative schemes (BEiT's bias table, EVA-02's
     rotary) after a class token and registers. None where no grid of two rows and two columns or more fits."""
     c, live = centred_rows(z)
-    scale = max(1.0, z[torch.isfinite(z) & (z > MASKED_LOGIT)].abs().max().item()) if live.any() else 1.0
+    scale = _scale(z, live)
     for prefix in range(GRID_PREFIX + 1):
         n = z.shape[-1] - prefix
+        i = torch.arange(n, device=z.device)
+        cc = c[..., prefix:, prefix:].reshape(-1, n * n).double()
+        m = live[..., prefix:, prefix:].reshape(-1, n * n).double()
         for width in (w for w in range(2, n // 2 + 1) if n % w == 0):
-            i = torch.arange(n, device=z.device)
             key = ((i[:, None] // width - i[None, :] // width + n) * (2 * width + 1)
                    + (i[:, None] % width - i[None, :] % width + width)).flatten()
-            cc = c[..., prefix:, prefix:].reshape(-1, n * n).double()
-            m = live[..., prefix:, prefix:].reshape(-1, n * n).double()
             sums = torch.zeros(cc.shape[0], int(key.max()) + 1, dtype=cc.dtype, device=z.device)
             mean = sums.index_add(1, key, cc * m) / sums.index_add(1, key, m).clamp_min(1)
             if ((cc - mean[:, key]).abs() * m).max().item() / scale <= limit:

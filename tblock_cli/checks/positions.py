@@ -163,10 +163,10 @@ def check_relative(ctx: Context) -> Outcome:
         return warned("relative.gains_inside", drawn["drawn_error"], **facts, **drawn)
     if worst["error"] > limit:
         tail = max(c["tail"] for c in calls)
-        grids = [grid_fit(c["logits"], limit) if c["error"] > limit else {} for c in calls]
-        if tail > limit and all(g is not None for g in grids):  # every call a function of the 2D offset on some grid
-            return passed("relative.grid", worst["error"], **facts, grids=[g for g in grids if g])
         if tail > limit:
+            grids = [grid_fit(c["logits"], limit) if c["error"] > limit else {} for c in calls]
+            if all(g is not None for g in grids):  # every call a function of the 2D offset on some grid
+                return passed("relative.grid", worst["error"], **facts, grids=[g for g in grids if g])
             return failed("relative.not_toeplitz", worst["error"], **facts)
         # Toeplitz from the middle on, not at the start: something translation-equivariant whose zero padding reaches
         # the first positions (Primer's causal depthwise convolutions on q/k/v), not a position scheme
