@@ -8,6 +8,7 @@ import torch.nn as nn
 import zoo_numerics
 
 from tblock_cli.checks import Status, run_checks
+from tblock_cli.checks.context import all_finite
 from tblock_cli.checks.gradients import gain_of, on_sphere
 from tblock_cli.checks.optimizer import aliased
 from tblock_cli.checks.structure import shared_norms
@@ -45,6 +46,22 @@ def test_nan_gradients_name_the_projections_they_reach():
     c = run("zoo_numerics.py:NaNHiddenByNanToNum", ("padding",))["padding"]
     # the NaN rows' scores come from q and k; v and the FFN see only the zeroed weights
     assert {"q_proj.weight", "k_proj.weight"} <= set(c.facts["params"]) and "w2.weight" not in c.facts["params"], c.facts
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
+def test_all_finite_agrees_with_isfinite_wherever_the_odd_value_sits(dtype):
+    # the one-pass min/max reading against the elementwise one: NaN, +inf and -inf alone and together, at the first,
+    # a middle and the last element; finite values at the dtype's extremes (whose sum would overflow) pass
+    big = torch.full((64, 33), torch.finfo(dtype).max, dtype=dtype)
+    assert all_finite(big) and all_finite(-big) and all_finite(torch.zeros(0, dtype=dtype))
+    for odd in ([float("nan")], [float("inf")], [-float("inf")], [float("inf"), -float("inf")], [float("nan"), 1.0]):
+        for at in (0, 1000, 64 * 33 - 1):
+            t = torch.randn(64, 33).to(dtype)
+            flat = t.view(-1)
+            for k, v in enumerate(odd):
+                flat[(at + 7 * k) % flat.numel()] = v
+            assert all_finite(t) == bool(torch.isfinite(t).all()) is False, (odd, at)
+    assert all_finite(torch.arange(5))  # integers are finite
 
 
 def test_an_overflowing_softmax_passes_once_it_subtracts_its_maximum():

@@ -12,7 +12,7 @@ from contextlib import contextmanager
 import torch
 import torch.nn as nn
 
-from tblock_cli.checks.context import Context
+from tblock_cli.checks.context import Context, all_finite
 from tblock_cli.checks.result import Outcome, failed, passed, warned
 from tblock_cli.checks.training import all_modules, forked, has_dropout, seeded, too_large, trainable
 from tblock_cli.probes import f64, rel_diff, train_mode
@@ -266,7 +266,7 @@ def _padded_plain(ctx: Context, x: torch.Tensor, w: torch.Tensor):
     mask = padding_mask(ctx, x.shape[0], x.shape[1])
     w = w.masked_fill(mask[..., None], 0.0)
     ref = _grads(ctx, lambda t: ctx.subject(t, mask), x, w)
-    finite = torch.isfinite(ref[0]).all() and all(g is None or torch.isfinite(g).all() for g in (ref[1], *ref[2].values()))
+    finite = all_finite(ref[0]) and all(g is None or all_finite(g) for g in (ref[1], *ref[2].values()))
     return (mask, w, ref) if finite else None
 
 

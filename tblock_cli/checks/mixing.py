@@ -12,6 +12,7 @@ from tblock_cli.anatomy.mha import attention_modules
 from tblock_cli.checks.context import (
     CAUSAL_BY_ITSELF,
     Context,
+    all_finite,
     eval_forward,
     eval_forwards,
     eval_together,
@@ -226,7 +227,7 @@ def nonfinite_grads(ctx: Context, x: torch.Tensor, mask: torch.Tensor) -> list[s
 
     def judged(name: str):
         def hook(g: torch.Tensor):  # each gradient judged as it is computed and not kept: the peak is one tensor's
-            if not bool(torch.isfinite(g).all()):
+            if not all_finite(g):
                 bad.append(name)
             return torch.zeros((), dtype=g.dtype, device=g.device).expand_as(g)
         return hook
@@ -245,8 +246,7 @@ def nonfinite_grads(ctx: Context, x: torch.Tensor, mask: torch.Tensor) -> list[s
             for h in handles:
                 h.remove()
     seen = set(bad)
-    return (["input"] if gx is not None and not bool(torch.isfinite(gx).all()) else []) + \
-        [n for n, _ in params if n in seen]
+    return (["input"] if gx is not None and not all_finite(gx) else []) + [n for n, _ in params if n in seen]
 
 
 def spread_through_twice(ctx: Context, once: torch.Tensor, mask: torch.Tensor) -> str | None:
