@@ -110,7 +110,7 @@ def spec(block=None, *, like: str | None = None, like_kwargs=None, expect=None,
     with s.session(), indexes_checked(s.device):
         subject = s.build(lambda cfg, n: runtime.estimate_bytes(cfg, params=n, copies=2), "spec")
         zeros = hiding_zeros(subject.module)  # a zero output projection hides its branch: read at random weights
-        with drawn_at_random(subject.module, zeros):
+        with drawn_at_random(subject.module, zeros), runtime.compiled_run_eagerly():
             card = read_card(subject, s.cfg, s.device, progress)
         if progress is not None and like:
             progress(f"reading {like}")
@@ -139,7 +139,8 @@ def params(block=None, *, tree_depth: int | None = None, **options):
             subject = builtin_subject(s.cfg, torch.device("meta"), s.dtype)  # allocates nothing
         else:  # the module tree is read from one traced forward, which needs values
             subject = s.build(lambda cfg, n: runtime.estimate_bytes(cfg, params=n), "params")
-        return param_report(subject, s.cfg, s.dtype, tree_depth, run=s.run_info(subject, tree_depth=tree_depth))
+        with runtime.compiled_run_eagerly():
+            return param_report(subject, s.cfg, s.dtype, tree_depth, run=s.run_info(subject, tree_depth=tree_depth))
 
 
 @keeps_rng

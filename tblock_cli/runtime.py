@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 import sys
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, nullcontext
 from typing import Callable
 
 import torch
@@ -259,3 +259,14 @@ def dispatch_mode(handler: Callable) -> TorchDispatchMode:
     """A mode calling handler(func, args, kwargs) at every aten op; where torch._dynamo is loaded (a compiled block),
     the one torch wraps so that dynamo leaves it alone, else one that does not import dynamo."""
     return (HandlerMode if "torch._dynamo" in sys.modules else _HandlerModeDynamoUnloaded)(handler)
+
+
+def compiled_run_eagerly():
+    """Compiled parts of a block (a torch.compile'd submodule or function) run eagerly inside: tblock probes what the
+    block computes, and dynamo refuses the modes and hooks its probes wrap the forward in (a guard's NameError);
+    `compare --compile` is what measures the compiled block. Nothing where dynamo was never imported (nothing was
+    compiled), or where this torch has no stances (before 2.6)."""
+    set_stance = getattr(getattr(torch, "compiler", None), "set_stance", None)
+    if "torch._dynamo" not in sys.modules or set_stance is None:
+        return nullcontext()
+    return set_stance("force_eager")

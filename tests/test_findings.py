@@ -167,3 +167,14 @@ def test_one_report_protocol_and_one_finding_type(every_report):
     for status, strict, ok in ((Status.FAIL, False, False), (Status.WARN, False, True), (Status.WARN, True, False)):
         planted = dataclasses.replace(depth, findings=depth.findings + (Finding(status, "depth.no_final_norm", {}),), strict=strict)
         assert planted.ok is ok and (planted.failing[-1:] == planted.findings[-1:]) is (not ok), (status, strict)
+
+
+def test_a_check_that_raises_is_named_as_the_reason_its_dependants_skip():
+    # the gradient path raises: input_unchanged reports the error, and what builds on it says that, not that the
+    # forward writes into its input
+    by = {c.name: c for c in tblock_cli.check(zoo_spec("FailsWithGrad"), d_model=32, n_heads=4,
+                                              threads=1, only="input_unchanged,grad_input,residual").checks}
+    assert by["input_unchanged"].status is Status.ERROR
+    for name in ("grad_input", "residual"):
+        assert by[name].kind == "needs.raised" and by[name].facts["check"] == "input_unchanged", by[name]
+        assert "grad path broken" in by[name].detail and "in place" not in by[name].detail

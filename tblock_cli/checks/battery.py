@@ -10,6 +10,7 @@ from typing import Callable
 
 import torch
 
+from tblock_cli import runtime
 from tblock_cli.checks import (
     alignment,
     attention,
@@ -184,7 +185,7 @@ def run_checks(subject: Subject, cfg: BlockConfig, device: torch.device, dtype: 
     {switch: [before, after]}) of torch's process-wide switches the block changed before the battery (its build)."""
     ctx = Context(subject, cfg, device, dtype, sharding=sharding, progress=progress, declaration=declaration)
     ctx.state_changes.extend(noted)
-    with plain_bool_checks():
+    with plain_bool_checks(), runtime.compiled_run_eagerly():
         return _run(ctx, strict, run, only)
 
 
@@ -207,6 +208,7 @@ def _run(ctx: Context, strict: bool, run: RunInfo | None, only: tuple[str, ...] 
 def _battery(ctx: Context, strict: bool, run: RunInfo | None, only: tuple[str, ...] | None,
              counter: PassCounter, zeros: list[str]) -> CheckReport:
     results = []
+    raised: dict[str, str] = {}  # the checks that raised, with their error
     battery_started = time.perf_counter()
     switches = globalstate.snapshot()
     if only is None or "input_unchanged" in only:  # what its forwards must leave as they find it
@@ -222,8 +224,11 @@ def _battery(ctx: Context, strict: bool, run: RunInfo | None, only: tuple[str, .
         if ctx.progress:
             ctx.progress(check.name, None)
         unmet = next((n for n in check.needs if n in ctx.unmet), None)
-        if unmet:
-            results.append(CheckResult(check.name, Status.SKIP, None, f"needs.{unmet}", {"check": ctx.unmet[unmet]}, 0.0, Passes()))
+        if unmet:  # where the check that establishes it raised, that is the reason: its need is not known broken
+            by = ctx.unmet[unmet]
+            kind, facts = (("needs.raised", {"check": by, "error": raised[by]}) if by in raised
+                           else (f"needs.{unmet}", {"check": by}))
+            results.append(CheckResult(check.name, Status.SKIP, None, kind, facts, 0.0, Passes()))
             continue
         # A family known to break a rule on purpose (an hf:TYPE subject's `by_design`): that check skips, or passes
         # with the reason. Read from tblock's wrapper, never from the module under test.
@@ -243,6 +248,8 @@ def _battery(ctx: Context, strict: bool, run: RunInfo | None, only: tuple[str, .
         if outcome.status in (Status.WARN, Status.FAIL) and outcome.kind in design:
             outcome = Outcome(Status.PASS, "by_design", outcome.value, {**outcome.facts, "rule": outcome.kind,
                                                                         "reason": design[outcome.kind]})
+        if outcome.status is Status.ERROR:
+            raised[check.name] = outcome.facts.get("error", outcome.kind)
         if check.establishes:
             broken = outcome.unmet if outcome.unmet is not None else outcome.status in (Status.FAIL, Status.ERROR)
             if broken:
