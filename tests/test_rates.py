@@ -69,3 +69,13 @@ def test_the_buffer_that_learns_is_named():
 def test_the_narrow_parameter_is_named_with_its_dtype_and_the_blocks():
     c = run("GainBuiltInBfloat16", only="dtype").checks[0]
     assert c.facts["params"] == {"out_gain": "bfloat16"} and c.facts["block"] == "float32", c.facts
+
+
+def test_a_cast_to_half_inside_is_named_where_it_happens_and_a_half_run_is_not_judged():
+    c = run("SoftmaxInHalf", only="dtype").checks[0]
+    assert (c.facts["call"], c.facts["wide"], c.facts["half"]) == ("half", "float32", "float16"), c.facts
+    c = run("AutocastInside", only="dtype").checks[0]
+    assert c.facts["half"] == "bfloat16" and c.facts["module"] == "w1" and c.facts["call"] == "linear", c.facts
+    # run in bfloat16, the cast is the run's own precision
+    c = run("SoftmaxInHalf", only="dtype", dtype="bfloat16").checks[0]
+    assert c.kind != "dtype.narrowed", c.detail

@@ -178,10 +178,63 @@ class FrozenTableInBfloat16(GainBuiltInBfloat16):
         self.out_gain.requires_grad_(False)
 
 
+class _WrittenScores(TrainBlock):
+    """Attention written out, its probabilities from `probabilities(scores)`."""
+
+    def probabilities(self, s):
+        return s.softmax(-1)
+
+    def attention(self, h):
+        q, k, v = (heads(p(h), self.n_heads) for p in (self.q_proj, self.k_proj, self.v_proj))
+        q, k = self.rotary(q), self.rotary(k)
+        T = h.shape[1]
+        s = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
+        s = s.masked_fill(torch.ones(T, T, dtype=torch.bool, device=h.device).triu(1), float("-inf"))
+        return self.o_proj(merge(F.dropout(self.probabilities(s), self.p, self.training) @ v))
+
+
+class SoftmaxInHalf(_WrittenScores):
+    """The scores cast to float16 for the softmax and back, whatever the block's dtype (an old fp16 habit): a float32
+    block trains on probabilities rounded to 11 bits, a bfloat16 one overflows past 65504; the float64 copy rounds
+    the same way, so it agrees."""
+
+    def probabilities(self, s):
+        return s.half().softmax(-1).to(s.dtype)
+
+
+class AutocastInside(TrainBlock):
+    """The FFN under an autocast the block enters itself: its products are bfloat16 in a float32 run."""
+
+    def ffn(self, h):
+        with torch.autocast(h.device.type, dtype=torch.bfloat16):
+            out = super().ffn(h)
+        return out.to(h.dtype)
+
+
+class SoftmaxUpcast(_WrittenScores):
+    """Correct: transformers' idiom, the softmax in float32 and back to the scores' dtype (no narrowing in float32)."""
+
+    def probabilities(self, s):
+        return s.softmax(-1, dtype=torch.float32).to(s.dtype)
+
+
+class HalfTableTimesStream(TrainBlock):
+    """Correct for dtype: a gain table kept in bfloat16 (a constant, not the stream) multiplies the float32 output,
+    which type promotion keeps float32."""
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
+        super().__init__(d_model, n_heads, dropout, causal)
+        self.register_buffer("table", torch.linspace(0.5, 1.5, d_model).bfloat16())
+
+    def ffn(self, h):
+        return super().ffn(h) * self.table
+
+
 PLANTED = {"AttentionDropoutIgnored": "dropout.attention_ignored", "AttentionDropoutOnOutput": "dropout.attention_ignored",
            "ResidualDropoutIgnored": "dropout.residual_ignored", "ResidualDropoutOneBranch": "dropout.residual_one_branch",
            "NumPyMasks": "checkpointing.host_streams", "NumPyTable": "shape.float64",
-           "LearnableBuffer": "grad_params.buffer_learns", "GainBuiltInBfloat16": "dtype.narrow_at_build"}
+           "LearnableBuffer": "grad_params.buffer_learns", "GainBuiltInBfloat16": "dtype.narrow_at_build",
+           "SoftmaxInHalf": "dtype.narrowed", "AutocastInside": "dtype.narrowed"}
 WARNED = {"checkpointing.host_streams"}
 CORRECT = ["AttentionDropoutSDPA", "AttentionDropoutOnProbs", "AttentionDropoutMHA", "FrozenTableInBfloat16",
-           "ResidualDropoutApplied", "ParallelDropoutAdd"]
+           "ResidualDropoutApplied", "ParallelDropoutAdd", "SoftmaxUpcast", "HalfTableTimesStream"]

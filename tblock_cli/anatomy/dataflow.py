@@ -50,6 +50,7 @@ class Dataflow:
     act_after_product: tuple[tuple[str, ...], ...] = ()  # projections multiplied together before an activation acts
     slips: int = 0  # torch calls the tracer could not record (the forward went on): what it saw may be incomplete
     slip_errors: tuple[str, ...] = ()  # the first few of their errors
+    narrowed: tuple[tuple[str, str, str, str], ...] = ()  # live activations cast to half precision (Tracer.narrowed)
 
     @property
     def conditioning(self) -> int:
@@ -165,7 +166,7 @@ def trace(module: nn.Module, call, x: torch.Tensor, d_model: int) -> Dataflow:
     placement += (sublayer_post(tr, role, queries, ffn_ins, normed),)
     return Dataflow(tuple(modules), tuple(tr.attn.calls), tuple(chains), tokens, total, *placement, norms=norms,
                     act_after_product=tuple(sorted(set(tr.prov.act_after_product))), slips=tr.slips,
-                    slip_errors=tuple(tr.slip_errors))
+                    slip_errors=tuple(tr.slip_errors), narrowed=tuple(tr.narrowed))
 
 
 def slice_rows(shown: str, matrix: torch.Tensor, others: list, tr: Tracer, role: dict, key: str | None = None) -> list[ModuleUse]:

@@ -17,6 +17,9 @@ from tblock_cli.anatomy.provenance import Provenance, tensors
 WEIGHT_PRODUCTS = {"addmm", "matmul", "mm", "__matmul__", "bmm", "grouped_mm", "_grouped_mm"}
 # The first few slips' errors kept as facts (one is usually all there is; more repeat it).
 MAX_SLIP_ERRORS = 3
+# Half-precision dtypes a call may narrow a float32 or float64 activation to (see `narrowed`).
+HALF_DTYPES = (torch.float16, torch.bfloat16)
+MAX_NARROWED = 3
 
 
 class Tracer(TorchFunctionMode):
@@ -34,6 +37,9 @@ class Tracer(TorchFunctionMode):
         # attention call or a role, so the count is a fact the checks report, with the first few errors
         self.slips = 0
         self.slip_errors: list[str] = []
+        # calls whose output is in half precision while an input reading the block's input was wider (an explicit
+        # .half() of the scores, an autocast the forward enters): (module, call, from dtype, to dtype), the first few
+        self.narrowed: list[tuple[str, str, str, str]] = []
 
     def leave(self, name: str, out) -> None:
         if len(self.module_stack) > 1:
@@ -51,6 +57,8 @@ class Tracer(TorchFunctionMode):
         if self.prov.live and any(self.prov.is_live(t) for t in tensors(read)):
             if name in WRITES and args and isinstance(args[0], torch.Tensor):
                 self.prov.watch(args[0])  # and its base, as watch does for any view
+            if isinstance(out, torch.Tensor) and out.dtype in HALF_DTYPES and len(self.narrowed) < MAX_NARROWED:
+                self.note_narrowing(name, read, out)
             self.prov.watch(out)
         if name == "__get__" and isinstance(out, torch.Tensor):
             self.prov.follow_weight(args, out)  # W.T, W.mT: still the module's weight
@@ -69,6 +77,13 @@ class Tracer(TorchFunctionMode):
             return out
         self.guarded(lambda *a: self.record(func, *a), name, args, kwargs, out)
         return out
+
+    def note_narrowing(self, name: str, read, out: torch.Tensor) -> None:
+        wide = next((t for t in tensors(read) if self.prov.is_live(t) and t.is_floating_point()
+                     and t.dtype.itemsize > out.dtype.itemsize), None)
+        if wide is not None:
+            self.narrowed.append((self.module_stack[-1] or "(root)", name, str(wide.dtype).removeprefix("torch."),
+                                  str(out.dtype).removeprefix("torch.")))
 
     def guarded(self, recorder, name, args, kwargs, out) -> None:
         try:

@@ -1,4 +1,5 @@
-"""The dtype check's words: the run's dtype against a float64 copy, and parameters built narrower than the rest."""
+"""The dtype check's words: the run's dtype against a float64 copy, parameters built narrower than the rest, and
+activations cast to half precision inside the forward."""
 
 from __future__ import annotations
 
@@ -13,5 +14,10 @@ MESSAGES = {
                                         f"{f['block']} parameters: tblock ran them as {f['dtype']}; trained as built, "
                                         f"each one's gradient and update round to its own dtype, and FSDP2 refuses "
                                         f"mixed dtypes in one module (a dtype= left in a constructor?)"),
+    "dtype.narrowed": lambda f: (f"a {f['dtype']} forward casts an activation to {f['half']} in {f['module']} "
+                                 f"(`{f['call']}` of a {f['wide']} tensor"
+                                 + (f"; {len(f['calls']) - 1} more such call(s)" if len(f["calls"]) > 1 else "")
+                                 + "): half precision written into the code, rounding whatever dtype the block runs in "
+                                   "(a hard-coded .half() or autocast?)"),
     "dtype.no_float64": lambda f: f"a float64 copy does not run (code written for float32?): {f['error']}",
 }
