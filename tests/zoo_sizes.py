@@ -106,6 +106,32 @@ class WindowNoneHonoured(WindowWhereNone):
     window = 10**9
 
 
+class SinksBesideWindow(WindowKeptNotApplied):
+    """Correct: StreamingLLM's mask, the first two keys (attention sinks) seen by every later query beside a sliding
+    window of 4: the window is the band the other keys are seen in. Twin: SinksBesideWiderWindow."""
+
+    width = 4
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True, sliding_window=4, sink_tokens=2):
+        super().__init__(d_model, n_heads, dropout, causal, sliding_window)
+        self.sink_tokens = sink_tokens
+
+    def attention(self, h):
+        q, k, v = (heads(p(h), self.n_heads) for p in (self.q_proj, self.k_proj, self.v_proj))
+        q, k = self.rotary(q), self.rotary(k)
+        i = torch.arange(h.shape[1], device=h.device)
+        d = i[:, None] - i[None, :]
+        allowed = (d >= 0) & ((d < self.width) | (i[None, :] < self.sink_tokens))
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=self.p if self.training else 0.0)
+        return self.o_proj(merge(y))
+
+
+class SinksBesideWiderWindow(SinksBesideWindow):
+    """Says sliding_window=4 beside its sinks and slides 8 keys."""
+
+    width = 8
+
+
 @dataclass
 class SlidingConfig:
     use_sliding_window: bool = False
@@ -171,6 +197,6 @@ class QKVBiasBesideNoBias(TrainBlock):
 
 PLANTED = {"HeadsIgnored": "attn.heads", "FFNWidthIgnored": "ffn.hidden", "SiluOnBothHalves": "ffn.act",
            "LayerScaleIgnored": ("residual.attn_gain", "residual.ffn_gain"), "WindowWhereNone": "attn.window",
-           "WindowSwitchedOffIgnored": "attn.window", "BiasIgnored": "bias.any"}
+           "WindowSwitchedOffIgnored": "attn.window", "BiasIgnored": "bias.any", "SinksBesideWiderWindow": "attn.window"}
 CORRECT = ["FFNWidthHonoured", "LayerScaleHonoured", "HeadsInALoop", "WindowNoneHonoured", "WindowSwitchedOffHonoured",
-           "QKVBiasKeptApart", "NoBiasHonoured", "QKVBiasBesideNoBias"]
+           "QKVBiasKeptApart", "NoBiasHonoured", "QKVBiasBesideNoBias", "SinksBesideWindow"]

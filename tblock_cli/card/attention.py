@@ -41,6 +41,9 @@ FIT_TOL = 0.05
 CAP_LOGIT = 1e3
 # Growth of the largest logit between the two drives below which the logits are bounded (unbounded: 10x).
 CAP_GROWTH = 1.5
+# Keys seen by every later query that the window's reading leaves out (attention sinks): at most this many, or a
+# sixteenth of the probe.
+FEW_SINKS = 8
 # The cap c, relative: read to tanh's saturation (<= 1e-8 at CAP_LOGIT for c <= 50); a cap missing reads none.
 CAP_TOL = 0.01
 # Tokens the mask is read over for a sliding window: a window shorter than this is seen (gpt-oss's 128, gemma3's 512;
@@ -175,11 +178,27 @@ def read_softcap(probe: Probe, x: torch.Tensor, call: Scores, s: float, z0: torc
     return Entry("attn.softcap", round(spans[1], 6), how + f" stayed at {spans[1]:.6g} (bounded)", CAP_TOL)
 
 
+def _sinks(valid: torch.Tensor) -> torch.Tensor:
+    """Per key of valid (L, S): seen by every query at or after it, and in the first half (so more queries see it
+    than any window shorter than half the probe lets see a key): an attention sink."""
+    n = min(valid.shape)
+    j = torch.arange(n, device=valid.device)
+    return (valid[:n, :n].tril().sum(0) == n - j) & (j < n // 2)
+
+
 def read_window(calls: list[Scores], T: int) -> Entry:
-    """The farthest key any query reaches, plus one: a window where that is shorter than the sequence."""
-    reach = []
+    """The farthest key any query reaches, plus one: a window where that is shorter than the sequence. A few keys
+    every later query sees (attention sinks, StreamingLLM's) are left out of the reach where they are few: the window
+    is the band the other keys are seen in."""
+    reach, kept = [], 0
     for c in calls:
         valid = c.valid.any(0).any(0)  # (L, S): allowed for any sample or head
+        sinks = _sinks(valid)
+        if 0 < int(sinks.sum()) <= max(FEW_SINKS, len(sinks) // 16):  # a causal mask's every early key is no sink
+            band = valid.clone()
+            band[:, : len(sinks)][:, sinks] = False
+            if band.any():
+                valid, kept = band, max(kept, int(sinks.sum()))
         i, j = torch.nonzero(valid, as_tuple=True)
         if not len(i):
             continue
@@ -188,6 +207,8 @@ def read_window(calls: list[Scores], T: int) -> Entry:
         return skipped("attn.window", "no query attends to any key")
     w = min(reach)
     how = f"the farthest key a query reaches over {T} tokens (mask of the scores), plus one"
+    if kept and w < T:
+        how += f"; {kept} leading key(s) every later query sees left out (attention sinks)"
     return Entry("attn.window", w if w < T else "none", how if w < T else f"no window within {T} tokens")
 
 
