@@ -1,11 +1,12 @@
-"""A block with a compiled part: its FFN a `torch.compile`d submodule (the eager backend: no C++ build), and its
-eager twin. tblock probes what the block computes, so the compiled part runs eagerly inside its checks, card and
-FLOP trace, where dynamo would refuse the modes and hooks they wrap the forward in."""
+"""Blocks whose parts torch runs its own way. A compiled part: the FFN a `torch.compile`d submodule (the eager backend:
+no C++ build), and its eager twin; tblock probes what the block computes, so the compiled part runs eagerly inside
+its checks, card and FLOP trace, where dynamo would refuse the modes and hooks they wrap the forward in. A kernel with
+no backward on this device: FlexAttention, whose CPU and MPS forwards refuse to record autograd."""
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from zoo_training import TrainBlock
+from zoo_training import TrainBlock, heads, merge
 
 
 class SwiGLU(nn.Module):
@@ -38,3 +39,16 @@ class CompiledFFN(EagerFFN):
     """Correct: the same FFN compiled."""
 
     compiled = True
+
+
+class FlexBlock(TrainBlock):
+    """Correct: attention through FlexAttention with a causal block mask (torchtune's and gpt-fast's way)."""
+
+    def attention(self, h):
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+        q, k, v = (heads(p(h), self.n_heads) for p in (self.q_proj, self.k_proj, self.v_proj))
+        q, k = self.rotary(q), self.rotary(k)
+        T = h.shape[1]
+        mask = create_block_mask(lambda b, hh, qi, ki: qi >= ki, None, None, T, T, device=h.device) if self.causal else None
+        return self.o_proj(merge(flex_attention(q, k, v, block_mask=mask)))

@@ -209,6 +209,7 @@ def _battery(ctx: Context, strict: bool, run: RunInfo | None, only: tuple[str, .
              counter: PassCounter, zeros: list[str]) -> CheckReport:
     results = []
     raised: dict[str, str] = {}  # the checks that raised, with their error
+    gapped: dict[str, str] = {}  # the checks that met a backward this device lacks (Subject.backward_gap)
     battery_started = time.perf_counter()
     switches = globalstate.snapshot()
     if only is None or "input_unchanged" in only:  # what its forwards must leave as they find it
@@ -226,7 +227,8 @@ def _battery(ctx: Context, strict: bool, run: RunInfo | None, only: tuple[str, .
         unmet = next((n for n in check.needs if n in ctx.unmet), None)
         if unmet:  # where the check that establishes it raised, that is the reason: its need is not known broken
             by = ctx.unmet[unmet]
-            kind, facts = (("needs.raised", {"check": by, "error": raised[by]}) if by in raised
+            kind, facts = (("needs.backward", {"check": by, "error": gapped[by]}) if by in gapped
+                           else ("needs.raised", {"check": by, "error": raised[by]}) if by in raised
                            else (f"needs.{unmet}", {"check": by}))
             results.append(CheckResult(check.name, Status.SKIP, None, kind, facts, 0.0, Passes()))
             continue
@@ -238,6 +240,7 @@ def _battery(ctx: Context, strict: bool, run: RunInfo | None, only: tuple[str, .
                                        0.0, Passes()))
             continue
         started, before = time.perf_counter(), counter.now()
+        wanted = ctx.subject.backward_gap[1] if ctx.subject.backward_gap else 0
         try:
             with as_built(ctx.subject.module, zeros) if check.as_built else nullcontext():
                 outcome = check.function(ctx)
@@ -248,6 +251,11 @@ def _battery(ctx: Context, strict: bool, run: RunInfo | None, only: tuple[str, .
         if outcome.status in (Status.WARN, Status.FAIL) and outcome.kind in design:
             outcome = Outcome(Status.PASS, "by_design", outcome.value, {**outcome.facts, "rule": outcome.kind,
                                                                         "reason": design[outcome.kind]})
+        gap = ctx.subject.backward_gap
+        if gap and (gap[1] > wanted or outcome.status is Status.ERROR):  # gradients this device cannot give: not judged
+            gapped[check.name] = gap[0]
+            outcome = Outcome(Status.SKIP, "needs.backward", None, {"check": check.name, "error": gapped[check.name]},
+                              unmet=True)
         if outcome.status is Status.ERROR:
             raised[check.name] = outcome.facts.get("error", outcome.kind)
         if check.establishes:

@@ -86,6 +86,7 @@ def _slopes(values) -> str:
 MESSAGES = {
     **{f"needs.{need}": reason for need, reason in NEED_REASON.items()},
     "needs.raised": "{check} raised ({error}): what this check builds on is not known",
+    "needs.backward": "the block's backward does not run on this device ({error}): its gradients are not judged here",
     "error.raised": "{error}",
     # a family's rule broken on purpose (hf:TYPE): the reason its loader knows
     "by_design": "{reason}", "by_design.skip": "{reason}",

@@ -4,11 +4,16 @@ Hugging Face layers (`hf/`), and the setup that builds any of them through one p
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 import torch.nn as nn
+
+# A kernel whose backward this device lacks refuses any forward that records autograd (FlexAttention on the CPU and on
+# MPS): such a block runs forward-only here.
+NO_BACKWARD = re.compile(r"(does not|doesn't|cannot) support backward|backward (is )?not (supported|implemented)", re.I)
 
 
 @dataclass
@@ -35,8 +40,29 @@ class Subject:
     # parameters built narrower than most of the block's (a bfloat16 gain among float32 weights): (the block's dtype,
     # name -> its dtype), noted before tblock's cast to the run's dtype hides them (loading.narrow_parameters)
     narrow_at_build: tuple | None = field(default=None, compare=False, repr=False)
+    # [the error of a forward that refused to record autograd on this device (NO_BACKWARD), then the count of forwards
+    # run without it that wanted gradients], shared with every `like` copy: from the first such forward on, the block
+    # runs under no_grad, and a check whose forwards wanted gradients is not judged (battery)
+    backward_gap: list = field(default_factory=list, compare=False, repr=False)
 
     def __call__(self, x: torch.Tensor, pad_mask: torch.Tensor | None = None) -> torch.Tensor:
+        if not torch.is_grad_enabled():
+            return self._call(x, pad_mask)
+        if not self.backward_gap:
+            try:
+                return self._call(x, pad_mask)
+            except NotImplementedError as e:
+                if not NO_BACKWARD.search(str(e)):
+                    raise
+                from tblock_cli.errors import one_line
+
+                self.backward_gap.extend([one_line(e), 0])
+        # gradients wanted: of the input, or of the parameters in training (an eval trace only follows the values)
+        self.backward_gap[1] += bool(x.requires_grad or self.module.training)
+        with torch.no_grad():
+            return self._call(x, pad_mask)
+
+    def _call(self, x: torch.Tensor, pad_mask: torch.Tensor | None) -> torch.Tensor:
         # pad_mask: (B, T) bool, True = padding, always; converted to the block's own convention here
         if pad_mask is None:
             out = self.module(x)
@@ -63,7 +89,7 @@ class Subject:
     def like(self, module: nn.Module) -> "Subject":
         """The same calling convention around another module (a float64 copy, a dropout-free copy)."""
         return Subject(module, self.name, self.builtin, self.pad_keyword, self.causal, self.pad_means, self.by_design,
-                       self.passes, self.rebuild)
+                       self.passes, self.rebuild, backward_gap=self.backward_gap)
 
 
 def first_tensor(out) -> torch.Tensor:
