@@ -1,6 +1,7 @@
 """Construction slips Python makes easy: a list multiplied where a comprehension was meant (`[Head()] * n` is one
 head n times), an init that assigns new Parameters where it should fill them, a `causal` argument never wired to the
-attention, a count kept in the forward that activation checkpointing's recompute runs again. Each with its twin.
+attention, a count kept in the forward that activation checkpointing's recompute runs again, a module every instance
+shares (a default argument, a module-level cache). Each with its twin.
 nanoGPT-lecture style blocks: a ModuleList of single-head attentions, a LayerNorm before each sublayer, a ReLU FFN."""
 
 import torch
@@ -114,5 +115,39 @@ class ExpertCountsRecounted(ExpertCountsOnce):
         return True
 
 
-PLANTED = {"NormReplacedAtInit": "meta_init", "CausalArgumentIgnored": "causal", "ExpertCountsRecounted": "checkpointing"}
-CORRECT = ["CausalArgumentHonoured", "ExpertCountsOnce"]  # HeadsBuilt: zoo_numerics.CORRECT  # HeadsListMultiplied: zoo_numerics.PLANTED
+class NormAsDefaultArgument(TrainBlock):
+    """The FFN's norm from a mutable default argument (a dict of norms by width): Python builds the dict once, with the
+    class, so every instance of the block (every layer of a stack) trains one gain."""
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True, norms={}):  # noqa: B006 - the planted slip
+        super().__init__(d_model, n_heads, dropout, causal)
+        self.ffn_norm = norms.setdefault(d_model, RMSNorm(d_model))
+
+
+_PROJECTIONS: dict = {}
+_TABLES: dict = {}
+
+
+class ProjectionFromModuleCache(TrainBlock):
+    """The output projection fetched from a module-level cache keyed by width: one for every instance."""
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
+        super().__init__(d_model, n_heads, dropout, causal)
+        self.o_proj = _PROJECTIONS.setdefault(d_model, nn.Linear(d_model, d_model, bias=False))
+
+
+class FrozenTableFromModuleCache(TrainBlock):
+    """Correct: a frozen gain table from a module-level cache, one for every instance (as one rotary cache serves every
+    layer): nothing trains it."""
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
+        super().__init__(d_model, n_heads, dropout, causal)
+        self.table = _TABLES.setdefault(d_model, nn.Parameter(torch.linspace(0.5, 1.5, d_model), requires_grad=False))
+
+    def ffn(self, h):
+        return super().ffn(h) * self.table
+
+
+PLANTED = {"NormReplacedAtInit": "meta_init", "CausalArgumentIgnored": "causal", "ExpertCountsRecounted": "checkpointing",
+           "NormAsDefaultArgument": "state_dict", "ProjectionFromModuleCache": "state_dict"}
+CORRECT = ["CausalArgumentHonoured", "ExpertCountsOnce", "FrozenTableFromModuleCache"]  # HeadsBuilt: zoo_numerics.CORRECT  # HeadsListMultiplied: zoo_numerics.PLANTED

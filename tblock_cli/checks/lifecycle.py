@@ -13,6 +13,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_leaves
 
 from tblock_cli.checks.context import Context, eval_forward
+from tblock_cli.checks.holdings import hidden_params, roots, sibling_shares
 from tblock_cli.checks.result import Outcome, failed, passed, skipped, warned
 from tblock_cli.checks.training import all_modules, seeded, too_large
 from tblock_cli.errors import is_out_of_memory, one_line
@@ -22,21 +23,6 @@ from tblock_cli.runtime import meta_autocast
 # A buffer rebuilt by the block's own init equals the normal build's up to the run dtype's rounding of the same
 # computation (ctx.tol); left untouched after to_empty() it holds the NaN tblock wrote there, or garbage.
 # Non-floating buffers must be equal.
-
-
-def roots(module: nn.Module) -> list[nn.Module]:
-    """The module and the modules it keeps as plain attributes (an HF layer's model), none inside another: each
-    one's state_dict is what saving the block saves."""
-    out, covered, todo = [], set(), [module]
-    while todo:
-        m = todo.pop(0)
-        if id(m) in covered:
-            continue
-        out.append(m)
-        inside = list(m.modules())
-        covered |= {id(c) for c in inside}
-        todo += [v for c in inside for k, v in vars(c).items() if isinstance(v, nn.Module) and k != "_modules"]
-    return out
 
 
 def named_state(module: nn.Module, kind: str) -> dict[str, torch.Tensor]:
@@ -258,20 +244,10 @@ def plain_tensors(module: nn.Module) -> dict[str, torch.Tensor]:
     return found
 
 
-def hidden_params(module: nn.Module) -> list[str]:
-    """nn.Parameters kept in a plain list, tuple or dict attribute: never registered, never trained, never saved."""
-    registered = {id(p) for r in roots(module) for p in r.parameters()}
-    found = []
-    for m in all_modules(module):
-        for k, v in vars(m).items():
-            values = v if isinstance(v, (list, tuple)) else v.values() if isinstance(v, dict) and not k.startswith("_") else ()
-            found += [f"{type(m).__name__}.{k}[{i}]" for i, e in enumerate(values) if isinstance(e, nn.Parameter) and id(e) not in registered]
-    return found
-
-
 def check_state_dict(ctx: Context) -> Outcome:
     """Catches: a fresh instance (another seed) loaded with the block's `state_dict` whose outputs differ, missing or
-    unexpected keys, parameters hidden in a Python list; tensors the forward reads that are plain attributes (not
+    unexpected keys, parameters hidden in a Python list; a fresh instance that shares trainable parameters with the
+    block (a module as a default argument or from a module-level cache: a stack built from it is tied); tensors the forward reads that are plain attributes (not
     moved by `.to()`, not saved) are a **warning**, unless a copy moved to the meta device runs its forward there (a
     cache rebuilt for the input's device)"""
     if (large := too_large(ctx)) is not None:
@@ -297,6 +273,7 @@ def check_state_dict(ctx: Context) -> Outcome:
                 for t in root.state_dict(keep_vars=True).values():
                     if t.is_floating_point():
                         t.add_(torch.randn(t.shape, generator=ctx.gen).to(t) * 0.1 + 0.1)
+    shared = sibling_shares(module, ctx.subject.sibling, ctx.device) if ctx.subject.sibling is not None else []
     missing, unexpected = [], []
     try:
         for src, dst in zip(roots(module), roots(fresh)):
@@ -309,7 +286,9 @@ def check_state_dict(ctx: Context) -> Outcome:
         return failed("state_dict.load_fails", None, error=one_line(e), fresh=how)
     diff = rel_diff(eval_forward(ctx, x, subject=ctx.subject.like(fresh)), y)
     facts = {"fresh": how, "missing": missing, "unexpected": unexpected, "diff": diff, "limit": ctx.tol,
-             "plain_tensors": read_plain, "hidden_params": hidden}
+             "plain_tensors": read_plain, "hidden_params": hidden, "shared": shared}
+    if shared:
+        return failed("state_dict.shared", f"{len(shared)} shared", **facts)
     if hidden:
         return failed("state_dict.hidden_params", f"{len(hidden)} hidden", **facts)
     if missing or unexpected:

@@ -118,6 +118,10 @@ MESSAGES = {
     "meta_init.same": lambda f: f"built on the meta device and initialised, its {f['checked']} buffer(s) and outputs are a normal build's; " + _meta(f),
     "meta_init.no_buffers": lambda f: "no buffers to compare; with the normal build's weights loaded, its outputs are the same; " + _meta(f),
     "state_dict.load_fails": lambda f: f"loading the block's state_dict into a fresh instance fails: {f['error']}",
+    "state_dict.shared": lambda f: (f"a second instance of the block shares {len(f['shared'])} trainable parameter(s) "
+                                    f"with the first: {names(f['shared'])} (a module as a default argument, a class "
+                                    f"attribute, a module-level cache?): every layer of a stack built from it trains "
+                                    f"the same weights"),
     "state_dict.hidden_params": lambda f: f"parameters kept in a Python list or dict (never trained, never saved): {names(f['hidden_params'])}",
     "state_dict.keys": lambda f: (f"load_state_dict(strict=True) into a fresh instance fails: missing {names(f['missing']) or 'none'}; "
                                   f"unexpected {names(f['unexpected']) or 'none'}"),

@@ -35,6 +35,9 @@ class Subject:
     # builds the block anew from its factory: rebuild(seed, device) on "cpu" or "meta", in the run dtype, not moved;
     # None where the block was handed over as a module instance (nothing to build it from)
     rebuild: Callable[[int, str], nn.Module] | None = None
+    # another instance from the very class or function the block was built from, on the meta device (rebuild runs the
+    # block's file anew): None where there is none (a module instance, an hf: layer)
+    sibling: Callable[[], nn.Module] | None = field(default=None, compare=False, repr=False)
     # the parameters that required grad as built, before tblock's first forward or mode switch (None: not noted)
     trained_at_build: frozenset | None = field(default=None, compare=False, repr=False)
     # parameters built narrower than most of the block's (a bfloat16 gain among float32 weights): (the block's dtype,

@@ -42,6 +42,7 @@ class Setup:
     trains: bool = True
     given: tuple[str, ...] = ()  # the flags the caller gave: an hf: model's implied value never overrides one
     built: nn.Module | None = None  # an hf: model's layers, built once however often they are asked for
+    _factory: object = None  # the class or function a SPEC's block was built from (its file run once for it)
 
     def run_info(self, subject: Subject | None = None, **config) -> RunInfo:
         cfg = {**self.cfg.as_dict(), "block": self.block, "kwargs": self.kwargs, **config}
@@ -113,7 +114,8 @@ class Setup:
         if self.module is not None:
             return self.module
         notes: list[tuple[str, str]] = []
-        module = construct(self.block, self.factory(), self.cfg, self.kwargs, notes)
+        self._factory = self.factory()
+        module = construct(self.block, self._factory, self.cfg, self.kwargs, notes)
         self.note_dropped(notes)
         return module
 
@@ -125,10 +127,18 @@ class Setup:
         if self.hf or self.driven:  # the family's known departures, as tblock's hf: builder found them
             subject.by_design = dict(module.by_design)
         subject.rebuild = self._rebuilder(subject.module)
+        if self.module is None and not (self.hf or self.driven) and self._factory is not None:
+            # a second instance from the very class or function the block came from, on the meta device: what it
+            # shares with the block (a default argument, a module-level cache) is what a program's layers share
+            subject.sibling = self._sibling
         if self.cfg.layer is not None:  # which layer of the model, in every report's title
             first, last = subject.module.span
             subject.name = f"{self.block} layer {first}" if first == last else f"{self.block} layers {first}-{last}"
         return subject
+
+    def _sibling(self) -> nn.Module:
+        with torch.device("meta"):
+            return construct(self.block, self._factory, self.cfg, self.kwargs, [])
 
     def _rebuilder(self, built: nn.Module):
         """Subject.rebuild: the block built anew from what it was built from; None for a caller's module instance."""
