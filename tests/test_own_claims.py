@@ -295,7 +295,7 @@ def test_a_table_whose_frequencies_repeat_is_read_not_raised_on():
     """A cat(f, f) table read with interleaved pairs turns its pairs at f0, f0, f2, f2, ...: the theta fit over the
     leading pairs found no slope (theta 1) and the llama-3 ramp's fit divided by zero, so at d_head 16 the claim went
     unjudged ("could not be read"). Such a table is no theta^(-2i/dims) one: `other`, and the base it says is judged."""
-    from tblock_cli.card.positions import scaling_reading
+    from tblock_cli.card.rope_table import scaling_reading
 
     f = [10000.0 ** (-2 * k / 16) for k in range(0, 8, 2)]
     reading = scaling_reading([v for v in f for _ in (0, 1)], 16)

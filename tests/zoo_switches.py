@@ -153,6 +153,50 @@ class UntypedScalingHonoured(UntypedScalingIgnored):
     rotary_class = ScaledRotary
 
 
+def yarn_frequencies(dim, base, factor, original, beta_fast=32, beta_slow=1):
+    """transformers' YaRN table: pairs turning fewer than beta_slow times over the original context divided by the
+    factor, more than beta_fast times kept, a ramp linear in the pair index between."""
+    plain = 1.0 / base ** (torch.arange(0, dim, 2).float() / dim)
+
+    def pair(turns):
+        return dim * math.log(original / (turns * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = max(math.floor(pair(beta_fast)), 0), min(math.ceil(pair(beta_slow)), dim - 1)
+    kept = 1 - ((torch.arange(dim // 2).float() - low) / max(high - low, 1e-3)).clamp(0, 1)
+    return plain / factor * (1 - kept) + plain * kept
+
+
+class YarnRotary(Rotary):
+    def __init__(self, dim, base, factor, original):
+        self.factor, self.original = factor, original
+        super().__init__(dim, base)
+
+    def frequencies(self, device=None):
+        return yarn_frequencies(self.dim, self.base, self.factor, self.original).to(device)
+
+
+class YarnShortContext(TrainBlock):
+    """Correct: YaRN scaling by 4 over an original context of 16 positions: at a head of 8 or 16 channels only the first
+    pair is kept, so only the slow pairs' run shows theta's ratio (the first two pairs' ratio is the factor's too).
+    Twin: YarnThetaIgnored."""
+
+    base = 10000.0
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True, rope_theta=10000.0,
+                 rope_scaling=(("rope_type", "yarn"), ("factor", 4.0), ("original_max_position_embeddings", 16))):
+        super().__init__(d_model, n_heads, dropout, causal)
+        self.rope_theta, self.rope_scaling = rope_theta, dict(rope_scaling)
+        self.rotary = YarnRotary(d_model // n_heads, self.base, 4.0, 16)
+
+
+class YarnThetaIgnored(YarnShortContext):
+    """Says rope_theta=10000 and builds its YaRN table on 500000."""
+
+    base = 500000.0
+
+
 PLANTED = {"UntypedScalingIgnored": ("rope.scaling", "rope.factor"), "ScaledRopeIgnored": "rope.scaling", "PostNormWhereBeforeSaid": "norm.placement",
-           "ZeroCenteredIgnored": "norm.offset", "TuneScalingIgnored": ("rope.scaling", "rope.factor")}
-CORRECT = ["UntypedScalingHonoured", "ScaledRopeHonoured", "NormBeforeHonoured", "ZeroCenteredHonoured", "TuneScalingHonoured"]
+           "ZeroCenteredIgnored": "norm.offset", "TuneScalingIgnored": ("rope.scaling", "rope.factor"),
+           "YarnThetaIgnored": "rope.theta"}
+CORRECT = ["UntypedScalingHonoured", "ScaledRopeHonoured", "NormBeforeHonoured", "ZeroCenteredHonoured", "TuneScalingHonoured",
+           "YarnShortContext"]

@@ -10,6 +10,7 @@ import torch
 
 from tblock_cli.card.entries import Entry, skipped
 from tblock_cli.card.probe import Probe
+from tblock_cli.card.rope_table import FREQ_TOL, RATIO_TOL, ratio_tol, scaling_reading
 from tblock_cli.card.scores import Scores, capture_scores, trace_scores
 from tblock_cli.checks.positions import (
     BIAS_MIN,
@@ -33,24 +34,9 @@ VARY = 1e-9
 # Measured: HF rotary (cos/sin computed in float32, cast to float64) <= 1.1e-6 (llama, cohere, gpt_neox); the other
 # pairing of the same q: >= 0.9. Angles rounded to bfloat16 (a block that casts its cos/sin so) stay ~1e-2 under it.
 ROTATION_TOL = 0.05
-# Frequencies, relative. Measured <= 1e-6 on HF's float32 tables; bugs: theta 10000 against 500000 moves every pair
-# but the first by >= 40%, llama-3 scaling discarded moves the slow pairs 8x, frequencies over the wrong width >= 50%.
-FREQ_TOL = 0.01
 # theta, relative: it is the ratio of neighbouring frequencies to the power dims/2, so their error grows 32x at 64
 # pairs: <= 1e-4 measured; bugs are factors (10000 against 500000 or 1e6).
 THETA_TOL = 0.02
-# Neighbouring frequency ratios equal to this (relative) are one geometric table: float32 tables <= 1e-6 apart; the
-# llama-3 band changes a ratio by >= 10% at factor 8. A bfloat16 block holds its table rounded to 8 bits (inv_freq is
-# cast with the module), each frequency off by up to 2^-9 (0.37% measured), a ratio of ratios by up to 2 finfo.eps:
-# `ratio_tol` widens the tolerance to that where it is coarser.
-RATIO_TOL = 1e-3
-# The measured table's rotation error (radius and per-step wobble) times this bounds its frequency ratios' scatter:
-# measured 3.1e-3 error against <= 3.0e-3 scatter for a bfloat16 table, 1.2e-6 against <= 1.4e-7 for a float32 one.
-TABLE_WIDEN = 4
-# The band's ramp fits a line (in the plain frequency: llama-3; in the pair index: YaRN) to this, in its share s of the
-# plain frequency kept (0..1): HF tables <= 1e-7 on their own line; the other line misses by 0.05 (llama-3, 3 band
-# pairs at 64 dims) and 0.30 (YaRN, 12).
-RAMP_TOL = 1e-3
 # The scaling's factor, relative (measured: exact to the table's float32 rounding).
 FACTOR_TOL = 0.02
 # q's rotating channels at position 0 (not yet turned) are found among a projection's outputs where their sorted values,
@@ -123,67 +109,6 @@ def rotations_apart(q_rot: dict | None, k_rot: dict | None) -> str | None:
     if worst > FREQ_TOL:
         return f"q and k rotate at different frequencies (apart by {worst:.2g}, relative)"
     return None
-
-
-def ratio_tol(dtype: str, error: float = 0.0) -> float:
-    """RATIO_TOL, or the resolution of the dtype the block runs in where that is coarser (bfloat16: 2 x 2^-7), or the
-    table's own resolution where that is coarser still: a float32 block may keep its cos/sin in bfloat16 (modded-nanogpt
-    does), which the float64 probe no longer shows but its rotation's wobble does (`rotary_reading`'s error: ~1e-6 for a
-    float32 table, ~3e-3 for a bfloat16 one, whose frequency ratios then scatter by up to ~3e-3). That widening stops at
-    a bfloat16 run's tolerance, far below a llama-3 band's >= 10%."""
-    bf16 = 2 * torch.finfo(torch.bfloat16).eps
-    return max(RATIO_TOL, 2 * torch.finfo(getattr(torch, dtype)).eps, min(TABLE_WIDEN * error, bf16))
-
-
-def scaling_reading(freqs: list[float], dims: int, tol: float = RATIO_TOL) -> dict:
-    """theta and the scaling a frequency table implies: none (theta^(-2i/dims)), linear (all divided by a factor), llama3
-    (the fast pairs kept, the slow divided by a factor, a band between with 1/ratio linear in the frequency), yarn (that
-    band linear in the pair index) or other."""
-    m = len(freqs)
-    if m < 2:
-        return {"why": "one rotating pair: theta sets no frequency of it (theta^0)"}
-    ratios = [b / a for a, b in zip(freqs, freqs[1:])]
-    lead = 1
-    while lead < len(ratios) and abs(ratios[lead] / ratios[0] - 1) <= tol:
-        lead += 1
-    i = torch.arange(lead + 1, dtype=torch.float64)
-    logs = torch.tensor(freqs[: lead + 1], dtype=torch.float64).log()
-    A = torch.stack((torch.ones_like(i), i), 1)
-    b0, b1 = torch.linalg.lstsq(A, logs[:, None]).solution[:, 0].tolist()
-    theta = math.exp(-b1 * dims / 2)
-    top = math.exp(b0)
-    if not theta > 1:  # the leading pairs do not slow down (a frequency repeated): no theta^(-2i/dims) table
-        return {"theta": theta, "scaling": "other", "factor": None}
-    if lead == len(ratios):  # one geometric table
-        if abs(top - 1) <= FREQ_TOL:
-            return {"theta": theta, "scaling": "none", "factor": 1.0}
-        return {"theta": theta, "scaling": "linear", "factor": 1 / top}
-    if abs(top - 1) > FREQ_TOL:
-        return {"theta": theta, "scaling": "other", "factor": None}
-    plain = [theta ** (-2 * k / dims) for k in range(m)]
-    rho = [p / f for p, f in zip(plain, freqs)]
-    factor = rho[-1]
-    if factor <= 1 or any(b < a * (1 - tol) for a, b in zip(rho, rho[1:])):
-        return {"theta": theta, "scaling": "other", "factor": None}
-    band = [k for k, r in enumerate(rho) if 1 + tol < r < factor * (1 - tol)]
-    kept = [k for k, r in enumerate(rho) if abs(r - 1) <= tol]
-    slow = [k for k, r in enumerate(rho) if abs(r / factor - 1) <= tol]
-    if len(kept) + len(slow) + len(band) != m:
-        return {"theta": theta, "scaling": "other", "factor": None}
-    kind, wavelens = "llama3", None
-    if len(band) >= 2:  # the ramp's shape: llama-3's s is linear in the frequency, YaRN's in the pair index
-        s = [(1 / rho[k] - 1 / factor) / (1 - 1 / factor) for k in band]
-        w = [plain[k] for k in band]  # llama-3 ramps over the plain frequency
-        lin = lambda xs: max(abs(v - (s[0] + (s[-1] - s[0]) * (x - xs[0]) / (xs[-1] - xs[0]))) for x, v in zip(xs, s))
-        if len(band) >= 3:  # two points lie on either line: the shape is told from three
-            by_freq, by_index = lin(w), lin([float(k) for k in band])
-            ramp = max(RAMP_TOL, tol)
-            kind = "llama3" if by_freq <= ramp else "yarn" if by_index <= ramp else "other"
-        if kind == "llama3":  # s = 0 and s = 1 on that line: the wavelengths orig / low_freq and orig / high_freq
-            a = (s[-1] - s[0]) / (w[-1] - w[0])
-            b = s[0] - a * w[0]
-            wavelens = (2 * math.pi * a / -b, 2 * math.pi * a / (1 - b))
-    return {"theta": theta, "scaling": kind, "factor": factor, "wavelens": wavelens}
 
 
 def layout_pairing(probe: Probe, x: torch.Tensor, call: Scores, rot: dict) -> str | None:
