@@ -10,6 +10,7 @@ import zoo_training
 import tblock_cli
 from tblock_cli.checks import Status
 from tblock_cli.checks.holdings import shared_parameters
+from tblock_cli.checks.optimizer import broken_ties
 
 from conftest import TESTS
 
@@ -42,3 +43,18 @@ def test_shared_parameters_reads_storage_not_names():
     assert shared_parameters(a, b) == ["w1.weight", "w2.weight"]
     b.w2.weight.requires_grad_(False)  # frozen: a design
     assert shared_parameters(a, b) == ["w1.weight"]
+
+
+def test_layers_deep_copied_from_one_are_no_broken_tie():
+    # nn.TransformerEncoder's layers are deep copies of one: equal at init, independent after (optimizer_step failed
+    # torch's own stack as a tie broken by a copy); one tensor copied between entries is still a broken tie
+    enc = torch.nn.TransformerEncoder(torch.nn.TransformerEncoderLayer(16, 2, 32, batch_first=True), 2,
+                                      enable_nested_tensor=False)
+    assert broken_ties(enc) == []
+    layers = torch.nn.ModuleList([torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)])
+    layers[1].weight.data.copy_(layers[0].weight.data)
+    assert broken_ties(layers) == [["0.weight", "1.weight"]]
+    layers[1].bias.data.copy_(layers[0].bias.data)
+    assert broken_ties(layers) == []
+    report = tblock_cli.check(f"{TESTS / 'zoo_construction.py'}:TorchEncoderStack", d_model=32, n_heads=4, threads=1)
+    assert not [(c.name, c.detail) for c in report.checks if c.status in (Status.FAIL, Status.ERROR, Status.WARN)]

@@ -148,6 +148,13 @@ class FrozenTableFromModuleCache(TrainBlock):
         return super().ffn(h) * self.table
 
 
+def TorchEncoderStack(d_model=64, n_heads=4, dropout=0.1):
+    """Correct: torch's own stack of two Pre-LN layers and a final norm; nn.TransformerEncoder deep-copies its layer,
+    so the two start equal and train apart."""
+    layer = nn.TransformerEncoderLayer(d_model, n_heads, 4 * d_model, dropout, batch_first=True, norm_first=True)
+    return nn.TransformerEncoder(layer, 2, norm=nn.LayerNorm(d_model), enable_nested_tensor=False)
+
+
 PLANTED = {"NormReplacedAtInit": "meta_init", "CausalArgumentIgnored": "causal", "ExpertCountsRecounted": "checkpointing",
            "NormAsDefaultArgument": "state_dict", "ProjectionFromModuleCache": "state_dict"}
-CORRECT = ["CausalArgumentHonoured", "ExpertCountsOnce", "FrozenTableFromModuleCache"]  # HeadsBuilt: zoo_numerics.CORRECT  # HeadsListMultiplied: zoo_numerics.PLANTED
+CORRECT = ["CausalArgumentHonoured", "ExpertCountsOnce", "FrozenTableFromModuleCache", "TorchEncoderStack"]  # HeadsBuilt: zoo_numerics.CORRECT  # HeadsListMultiplied: zoo_numerics.PLANTED
