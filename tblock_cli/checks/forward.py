@@ -337,10 +337,10 @@ def float64_reference(ctx: Context, x: torch.Tensor, device: torch.device) -> to
 
 
 def narrowed_inside(ctx: Context) -> tuple:
-    """In a float32 or float64 run, the calls of the traced forward that cast an activation (a tensor reading the
-    block's input) to float16 or bfloat16: half precision written into the code, whatever dtype the block runs in;
-    () in a half-precision run, or where the trace does not run (other checks report that forward)."""
-    if ctx.dtype not in (torch.float32, torch.float64):
+    """In a float32 run, the calls of the traced forward that cast an activation (a tensor reading the block's input)
+    to float16 or bfloat16: half precision written into the code, whatever dtype the block runs in; () in a
+    half-precision run, or where the trace does not run (other checks report that forward)."""
+    if ctx.dtype != torch.float32:
         return ()
     try:
         return ctx.dataflow().narrowed
@@ -354,9 +354,9 @@ def check_dtype(ctx: Context) -> Outcome:
     """Catches: the run's dtype differs from a float64 copy beyond its tolerance (relative RMS 2e-6, 5e-3, 4e-2); a
     block built with some trainable parameters narrower than the rest (a bfloat16 gain among float32 weights: tblock's
     cast to the run's dtype hides it; trained as built, its gradient and updates round, and FSDP2 refuses a module
-    of mixed parameter dtypes); in a float32 or float64 run, an activation cast to float16 or bfloat16 inside the
-    forward (scores `.half()`ed before the softmax, an autocast the block enters itself): half precision written
-    into the code, which the float64 copy repeats, so the comparison cannot show it"""
+    of mixed parameter dtypes); in a float32 run, an activation cast to float16 or bfloat16 inside the forward (scores
+    `.half()`ed before the softmax, an autocast the block enters itself): half precision written into the code, which
+    the float64 copy repeats, so the comparison cannot show it"""
     if ctx.subject.narrow_at_build is not None:  # read as built: no forward needed
         block, params = ctx.subject.narrow_at_build
         return failed("dtype.narrow_at_build", len(params), params=params, block=block, dtype=dtype_name(ctx.dtype))

@@ -38,14 +38,15 @@ def hidden_params(module: nn.Module) -> list[str]:
 
 def shared_parameters(module: nn.Module, fresh: nn.Module) -> list[str]:
     """The trainable parameters of a second instance, built by the block's own class or function, whose storage is one
-    of the first instance's: a module given as a default argument, kept as a class attribute or fetched from a module-level
-    cache is one object for every instance, so each layer of a stack built from the factory trains the same weights.
-    A frozen table shared between instances (one rotary cache for every layer) is a design, and is left out."""
+    of the first instance's: a module given as a default argument, kept as a class attribute or fetched from a
+    module-level cache is one object for every instance, so each layer of a stack built from the factory trains the
+    same weights. A frozen table shared between instances (one rotary cache for every layer) is a design, left out."""
     def stored(p) -> bool:  # a lazy module's parameter has no shape yet, a meta one no storage
         return not isinstance(p, nn.parameter.UninitializedTensorMixin) and p.device.type != "meta" and p.numel() > 0
 
     mine = {p.untyped_storage().data_ptr() for p in module.parameters() if stored(p)}
-    return [n for n, p in fresh.named_parameters() if p.requires_grad and stored(p) and p.untyped_storage().data_ptr() in mine]
+    return [n for n, p in fresh.named_parameters()
+            if p.requires_grad and stored(p) and p.untyped_storage().data_ptr() in mine]
 
 
 def sibling_shares(module: nn.Module, sibling, device: torch.device) -> list[str]:

@@ -247,9 +247,9 @@ def plain_tensors(module: nn.Module) -> dict[str, torch.Tensor]:
 def check_state_dict(ctx: Context) -> Outcome:
     """Catches: a fresh instance (another seed) loaded with the block's `state_dict` whose outputs differ, missing or
     unexpected keys, parameters hidden in a Python list; a fresh instance that shares trainable parameters with the
-    block (a module as a default argument or from a module-level cache: a stack built from it is tied); tensors the forward reads that are plain attributes (not
-    moved by `.to()`, not saved) are a **warning**, unless a copy moved to the meta device runs its forward there (a
-    cache rebuilt for the input's device)"""
+    block (a module as a default argument or from a module-level cache: a stack built from it is tied); tensors the
+    forward reads that are plain attributes (not moved by `.to()`, not saved) are a **warning**, unless a copy moved
+    to the meta device runs its forward there (a cache rebuilt for the input's device)"""
     if (large := too_large(ctx)) is not None:
         return large
     module = ctx.subject.module

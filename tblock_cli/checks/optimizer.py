@@ -107,25 +107,32 @@ def broken_ties(module: nn.Module) -> list[list[str]]:
     parameter of two entries of a ModuleList or Sequential that are copies of one layer whole (torch's
     nn.TransformerEncoder deep-copies its layer: independent layers that start equal and train apart by design)."""
     params = [(n, p) for n, p in module.named_parameters()]
-    pairs = []
+    pairs, clones = [], {}
     for i, (n, p) in enumerate(params):
         for m, q in params[i + 1:]:
             if (p.shape == q.shape and p.dtype == q.dtype and p.data_ptr() != q.data_ptr()
-                    and torch.equal(p.detach(), q.detach()) and _random_looking(p) and not _cloned_layers(module, n, m)):
+                    and torch.equal(p.detach(), q.detach()) and _random_looking(p)
+                    and not _cloned_layers(module, n, m, clones)):
                 pairs.append([n, m])
     return pairs
 
 
-def _cloned_layers(module: nn.Module, n: str, m: str) -> bool:
-    """Whether n and m are one parameter of entries i and j of one container, and those entries are equal whole."""
+def _cloned_layers(module: nn.Module, n: str, m: str, seen: dict) -> bool:
+    """Whether n and m are one parameter of entries i and j of one container, and those entries are equal whole
+    (each pair of entries compared once: `seen`)."""
     a, b = n.split("."), m.split(".")
     at = next((k for k, (u, v) in enumerate(zip(a, b)) if u != v), None)
     if at is None or a[at + 1:] != b[at + 1:]:
         return False
-    container = module.get_submodule(".".join(a[:at]))
-    if not isinstance(container, (nn.ModuleList, nn.Sequential)):
-        return False
-    first, second = (dict(container.get_submodule(k).named_parameters()) for k in (a[at], b[at]))
+    key = (".".join(a[:at]), a[at], b[at])
+    if key not in seen:
+        container = module.get_submodule(key[0])
+        seen[key] = isinstance(container, (nn.ModuleList, nn.Sequential)) and _equal_whole(
+            *(dict(container.get_submodule(k).named_parameters()) for k in key[1:]))
+    return seen[key]
+
+
+def _equal_whole(first: dict, second: dict) -> bool:
     return first.keys() == second.keys() and all(
         first[k].shape == second[k].shape and torch.equal(first[k].detach(), second[k].detach()) for k in first)
 

@@ -11,6 +11,8 @@ from typing import Callable
 import torch
 import torch.nn as nn
 
+from tblock_cli.errors import one_line
+
 # A kernel whose backward this device lacks refuses any forward that records autograd (FlexAttention on the CPU and on
 # MPS): such a block runs forward-only here.
 NO_BACKWARD = re.compile(r"(does not|doesn't|cannot) support backward|backward (is )?not (supported|implemented)", re.I)
@@ -57,8 +59,6 @@ class Subject:
             except NotImplementedError as e:
                 if not NO_BACKWARD.search(str(e)):
                     raise
-                from tblock_cli.errors import one_line
-
                 self.backward_gap.extend([one_line(e), 0])
         # gradients wanted: of the input, or of the parameters in training (an eval trace only follows the values)
         self.backward_gap[1] += bool(x.requires_grad or self.module.training)

@@ -127,7 +127,7 @@ class Setup:
         if self.hf or self.driven:  # the family's known departures, as tblock's hf: builder found them
             subject.by_design = dict(module.by_design)
         subject.rebuild = self._rebuilder(subject.module)
-        if self.module is None and not (self.hf or self.driven) and self._factory is not None:
+        if self._factory is not None:  # a SPEC's own block (_module sets it for no other)
             # a second instance from the very class or function the block came from, on the meta device: what it
             # shares with the block (a default argument, a module-level cache) is what a program's layers share
             subject.sibling = self._sibling
