@@ -126,15 +126,12 @@ def _cloned_layers(module: nn.Module, n: str, m: str, seen: dict) -> bool:
         return False
     key = (".".join(a[:at]), a[at], b[at])
     if key not in seen:
-        container = module.get_submodule(key[0])
-        seen[key] = isinstance(container, (nn.ModuleList, nn.Sequential)) and _equal_whole(
-            *(dict(container.get_submodule(k).named_parameters()) for k in key[1:]))
+        container, seen[key] = module.get_submodule(key[0]), False
+        if isinstance(container, (nn.ModuleList, nn.Sequential)):
+            first, second = (dict(container.get_submodule(k).named_parameters()) for k in key[1:])
+            seen[key] = first.keys() == second.keys() and all(
+                first[k].shape == second[k].shape and torch.equal(first[k].detach(), second[k].detach()) for k in first)
     return seen[key]
-
-
-def _equal_whole(first: dict, second: dict) -> bool:
-    return first.keys() == second.keys() and all(
-        first[k].shape == second[k].shape and torch.equal(first[k].detach(), second[k].detach()) for k in first)
 
 
 def repeated(module: nn.Module) -> list[list[str]]:
