@@ -14,6 +14,7 @@ from tblock_cli import runtime
 from tblock_cli.checks import (
     alignment,
     attention,
+    batch,
     checkpointing,
     claims,
     device,
@@ -78,7 +79,7 @@ REGISTRY: tuple[Check, ...] = (
     Check("grad_params", gradients.check_grad_params, GRADS, None),
     Check("train_state", safety.check_train_state, GRADS, "train_safe"),
     Check("residual", gradients.check_residual, ("shape",) + GRADS, None),
-    Check("batch", mixing.check_batch, COMPARES + GRADS, "independent"),
+    Check("batch", batch.check_batch, COMPARES + GRADS, "independent"),
     Check("padding", mixing.check_padding, COMPARES + GRADS + ("independent",), None),
     Check("causal", mixing.check_causal, COMPARES + GRADS, None),
     Check("order", mixing.check_order, COMPARES + GRADS, None),

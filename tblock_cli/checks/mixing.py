@@ -1,4 +1,4 @@
-"""Checks of what may reach what: samples in a batch, padded positions, later positions, token order."""
+"""Checks of what may reach what: padded positions, later positions, token order (samples in a batch: batch.py)."""
 
 from __future__ import annotations
 
@@ -27,23 +27,6 @@ from tblock_cli.probes import beyond, f64, grad_of, grads_kept, math_attention, 
 
 # Names that mark position machinery inside a block; token order then matters by design.
 POSITIONAL_NAMES = re.compile(r"rotary|rope|alibi|rel_?pos|relative|pos_?emb|position|inv_freq|sinusoid|wpe|(^|[._])pos([._]|$)", re.I)
-
-
-def check_batch(ctx: Context) -> Outcome:
-    """Catches: a sample alone differs from itself in the batch (eval), or sample 0's output has a gradient w.r.t.
-    other samples (train: BatchNorm, a batch mean)"""
-    B = max(2, ctx.cfg.batch)
-    x, out = ctx.standard() if ctx.cfg.batch >= 2 else (ctx.x(B), None)
-    out = eval_forward(ctx, x) if out is None else out
-    worst = max(rel_diff(eval_forward(ctx, x[i : i + 1])[0], out[i]) for i in range(B))
-    if worst > ctx.tol:
-        return failed("batch.leak", worst, diff=worst, limit=ctx.tol)
-    # Train mode too (dropout, batch statistics): sample 0's output must not depend on the others.
-    g = input_grad(ctx, x, lambda out: projected(ctx, out[0]))
-    if g is not None and g[1:].any():
-        leak = f64(g[1:]).abs().max().item()
-        return failed("batch.leak_train", leak, gradient=leak)
-    return passed("batch.independent", worst, diff=worst)
 
 
 def pad_lengths(B: int, T: int) -> torch.Tensor:

@@ -6,9 +6,9 @@ for bench, depth and params findings). An entry is a format string over the fact
 
 from __future__ import annotations
 
-from tblock_cli.messages import checks, compare, distributed, dtypes, norms, reports, spec, training
+from tblock_cli.messages import batch, checks, compare, distributed, dtypes, norms, reports, spec, training
 
-MESSAGES = {**checks.MESSAGES, **distributed.MESSAGES, **reports.MESSAGES, **compare.MESSAGES, **spec.MESSAGES, **training.MESSAGES,
+MESSAGES = {**checks.MESSAGES, **batch.MESSAGES, **distributed.MESSAGES, **reports.MESSAGES, **compare.MESSAGES, **spec.MESSAGES, **training.MESSAGES,
             **norms.MESSAGES, **dtypes.MESSAGES}
 
 

@@ -148,10 +148,6 @@ MESSAGES = {
                                    f"counted more than once (x + x + f(x)?)"),
     "residual.after_norm": ("doubling the input changes the output by {change:.1e} only: every path from the input starts at "
                             "a norm, so the residual adds LN(x), not x"),
-    # batch
-    "batch.independent": "a sample alone = its output in the batch (max rel. diff {diff:.1e}); no cross-sample gradient",
-    "batch.leak": "a sample alone differs from itself in the batch by {diff:.2e} (> {limit:g}): samples leak (eval)",
-    "batch.leak_train": "in train mode sample 0's output has gradient {gradient:.2e} w.r.t. other samples: samples leak",
     # padding
     "padding.no_keyword": ("the forward takes none of pad_mask, key_padding_mask, src_key_padding_mask, padding_mask "
                            "(name yours with --pad-keyword)"),
@@ -398,3 +394,4 @@ MESSAGES.update({
     "names.act_after_product": lambda f: (f"the activation follows the product of {' and '.join(f'`{n}`' for n in f['pairs'][0])}: "
                                           f"act(gate * up), not act(gate) * up"),
 })
+

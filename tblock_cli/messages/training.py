@@ -239,6 +239,12 @@ MESSAGES = {
     "grad_accumulation.no_params": "the block has no trainable parameters",
     "grad_accumulation.not_repeatable": lambda f: (f"the same seeded training step gives other gradients each time "
                                                     f"({names(f['params'])}): accumulation cannot be compared"),
+    "grad_accumulation.graph_carried": lambda f: (f"after a second training step the block keeps "
+                                                  f"{', '.join(f['tensors'])} with an autograd graph that reaches the "
+                                                  f"first step's: each step's graph joins the one before (a loss "
+                                                  f"summed into an attribute, a state not detached), so memory grows "
+                                                  f"with every step and a loss that reads it backpropagates into "
+                                                  f"steps already taken"),
     "grad_accumulation.lost": lambda f: (f"two backwards without zeroing do not leave twice one backward's gradient "
                                          f"(worst {f['worst']:.2g} off, limit {f['limit']:g}): {names(f['wrong'])}; "
                                          f"gradient accumulation over micro-batches loses all but the last"),

@@ -1,0 +1,157 @@
+"""Blocks for what a step leaves behind and what a batch shares: a tensor kept on the block whose autograd graph each
+training step extends (grad_accumulation.graph_carried), against the same tensors overwritten by each call; torch's
+BatchNorm in a convolution module (samples meet in its batch statistics by design, batch.batch_norm) against a batch
+mean that leaks beside it; and norms whose class names say nothing: the unbiased variance (norms.not_unit) and a gain
+applied before the statistics of a module its block names a norm (norms.gain_inside, a warning)."""
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from zoo_training import RMSNorm, TrainBlock
+
+
+class _Routed(TrainBlock):
+    """Top-2 of 4 experts, renormalised; the router's balance loss is what the subclasses keep."""
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
+        super().__init__(d_model, n_heads, dropout, causal)
+        del self.w1, self.w2, self.w3
+        self.router = nn.Linear(d_model, 4, bias=False)
+        self.experts = nn.ModuleList(nn.Sequential(nn.Linear(d_model, 2 * d_model), nn.GELU(),
+                                                   nn.Linear(2 * d_model, d_model)) for _ in range(4))
+        self.aux_loss = torch.zeros(())
+
+    def balance(self, probs):
+        return probs.mean((0, 1)).pow(2).sum() * probs.shape[-1]
+
+    def keep(self, loss):
+        self.aux_loss = loss
+
+    def ffn(self, h):
+        probs = self.router(h).softmax(-1)
+        self.keep(self.balance(probs))
+        top, idx = probs.topk(2, dim=-1)
+        top = top / top.sum(-1, keepdim=True)
+        out = torch.zeros_like(h)
+        for e, expert in enumerate(self.experts):
+            out = out + (top * (idx == e)).sum(-1, keepdim=True) * expert(h)
+        return self.drop(out)
+
+
+class AuxLossPerCall(_Routed):
+    """Correct: the balance loss of this call kept for the training loop to add (Switch-style), overwritten by the
+    next call, and a list of this call's losses."""
+
+    def keep(self, loss):
+        self.aux_loss = loss
+        self.aux_losses = [loss]
+
+
+class AuxLossSummedAcrossCalls(_Routed):
+    """The balance loss summed into the attribute on every call and never reset: step n's graph holds steps 1..n-1's,
+    memory grows with every step, and a loss that reads it backpropagates into freed graphs."""
+
+    def keep(self, loss):
+        self.aux_loss = self.aux_loss + loss
+
+
+class RunningStatWithGraph(TrainBlock):
+    """A running mean square of the input, through a learned temperature, assigned in training without no_grad: the
+    buffer carries every step's graph into the next."""
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
+        super().__init__(d_model, n_heads, dropout, causal)
+        self.register_buffer("running_ms", torch.ones(()))
+        self.temperature = nn.Parameter(torch.ones(()))
+
+    def forward(self, x):
+        if self.training:
+            self.running_ms = 0.9 * self.running_ms + 0.1 * (x * self.temperature).pow(2).mean()
+        x = x * self.temperature
+        x = x + self.drop(self.attention(self.attn_norm(x)))
+        return x + self.ffn(self.ffn_norm(x))
+
+
+class ConvModuleBatchNorm(TrainBlock):
+    """Correct: a Conformer's convolution module between attention and FFN (pointwise, GLU, depthwise, BatchNorm,
+    SiLU, pointwise): in training its BatchNorm normalises over the batch, as torch's does by design. Bidirectional."""
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=False):
+        super().__init__(d_model, n_heads, dropout, False)
+        self.conv_norm = nn.LayerNorm(d_model)
+        self.pointwise_in = nn.Conv1d(d_model, 2 * d_model, 1)
+        self.depthwise = nn.Conv1d(d_model, d_model, 3, padding=1, groups=d_model)
+        self.batch_norm = nn.BatchNorm1d(d_model)
+        self.pointwise_out = nn.Conv1d(d_model, d_model, 1)
+
+    def centre(self, h):
+        return h
+
+    def conv(self, x):
+        h = F.glu(self.pointwise_in(self.conv_norm(x).transpose(1, 2)), dim=1)
+        h = self.pointwise_out(F.silu(self.batch_norm(self.depthwise(h))))
+        return self.drop(self.centre(h.transpose(1, 2)))
+
+    def forward(self, x):
+        x = x + self.drop(self.attention(self.attn_norm(x)))
+        x = x + self.conv(x)
+        return x + self.ffn(self.ffn_norm(x))
+
+
+class BatchNormBesideBatchMean(ConvModuleBatchNorm):
+    """The convolution module's output centred over the batch in training as well (a batch mean of its own): samples
+    meet there whatever BatchNorm does."""
+
+    def centre(self, h):
+        return h - h.mean(0, keepdim=True) if self.training else h
+
+
+class CentredScale(nn.Module):
+    """A LayerNorm by another name, dividing by the unbiased variance (`x.var()`, n - 1)."""
+
+    def __init__(self, d, eps=1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight, self.bias = nn.Parameter(torch.ones(d)), nn.Parameter(torch.zeros(d))
+
+    def forward(self, x):
+        mu = x.mean(-1, keepdim=True)
+        return (x - mu) / torch.sqrt(x.var(-1, keepdim=True) + self.eps) * self.weight + self.bias
+
+
+class CentredScaleBiased(CentredScale):
+    """Correct: the same with the variance over n."""
+
+    def forward(self, x):
+        mu = x.mean(-1, keepdim=True)
+        return (x - mu) / torch.sqrt(x.var(-1, keepdim=True, unbiased=False) + self.eps) * self.weight + self.bias
+
+
+class GainFirst(RMSNorm):
+    """The gain applied before the statistics: x * w divided by the RMS of x * w."""
+
+    def forward(self, x):
+        h = x * self.weight
+        return h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+
+
+class UnbiasedNormBlock(TrainBlock):
+    norm_class = CentredScale
+
+
+class BiasedNormBlock(TrainBlock):
+    """Correct."""
+
+    norm_class = CentredScaleBiased
+
+
+class GainFirstNormBlock(TrainBlock):
+    norm_class = GainFirst
+
+
+PLANTED = {"AuxLossSummedAcrossCalls": ("grad_accumulation", "grad_accumulation.graph_carried"),
+           "RunningStatWithGraph": ("grad_accumulation", "grad_accumulation.graph_carried"),
+           "BatchNormBesideBatchMean": ("batch", "batch.leak_train"),
+           "UnbiasedNormBlock": ("norms", "norms.not_unit"),
+           "GainFirstNormBlock": ("norms", "norms.gain_inside")}
+CORRECT = ["AuxLossPerCall", "BiasedNormBlock"]
