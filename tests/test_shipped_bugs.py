@@ -355,3 +355,12 @@ def test_an_eps_that_is_zero_in_float16_warns_where_the_norm_computes_in_float16
         assert c.status == status, (type(block).__name__, c.detail)
         if status == Status.WARN:
             assert c.kind == "norms.half_eps" and {n["got"] for n in c.facts["half_nan"]} == {"NaN"}, c.facts
+
+
+def test_values_rotated_and_never_rotated_back_are_named_and_vo_rope_is_not():
+    # both rotate v at its positions (the values of identical tokens differ by position); with each query attending
+    # to itself, VO-RoPE's rotation back returns the same row everywhere, the slip leaves them rotated
+    c = battery("ValuesRotatedSDPA", only=("relative",), **zoo.POS)["relative"]
+    assert c.kind == "relative.values_positioned" and c.facts["values"] > 0.1 and c.value > 0.1, c
+    c = battery("RoPEValuesSDPA", only=("relative",), **zoo.POS)["relative"]
+    assert c.kind == "relative.toeplitz", c

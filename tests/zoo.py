@@ -155,7 +155,9 @@ from zoo_positions import (  # noqa: F401
     RoPEAnglesHalf,
     RoPELayoutMismatch,
     RoPEValues3,
+    RoPEValuesSDPA,
     ValuesNotRotatedBack,
+    ValuesRotatedSDPA,
     Window3,
     alibi_slopes,
     rope_freqs,
@@ -319,7 +321,7 @@ POS = {"positional": True}
 CORRECT_3 = {"Rel3": POS, "CachedRoPE": {"causal": True}, "GQA3": POS, "Window3": POS, "Alibi3": POS, "AbsPos3": POS,
              "Mask3D3": POS, "Fp16Llama3": POS, "Gemma3": POS, "RoPEValues3": POS, "FirstCallInit": {},
              "SublayerPostNorm": {"causal": True}, "InferenceModeCacheCloned": POS, "LayerScaleRoPEValues": POS,
-             "QKNormBeforeRotary": POS, "QKBiasBeforeRotary": POS,
+             "QKNormBeforeRotary": POS, "QKBiasBeforeRotary": POS, "RoPEValuesSDPA": POS,
              "LengthTemperature": POS, "PositionsFromOne": POS}
 
 
@@ -328,6 +330,7 @@ PLANTED_3 = {
     "RoPELayoutMismatch": ("relative", POS),
     "ValuesNotRotatedBack": ("padding", POS),
     "LayerScaleValuesNotRotatedBack": ("padding", POS),
+    "ValuesRotatedSDPA": ("relative", POS),
     "LayerScaleLengthTemperature": ("causal", {"causal": True}),
     "AbsPosNoRestart": ("padding", POS),
     "RoPEAnglesHalf": ("relative", {"dtype": "bfloat16", **POS}),

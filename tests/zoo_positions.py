@@ -301,3 +301,16 @@ class PositionsFromOne(Rel3):
 
     def positions(self, pad_mask, B, T, device):
         return torch.arange(1, T + 1, device=device).expand(B, T)
+
+
+class RoPEValuesSDPA(RoPEValues3):
+    """Correct: RoPEValues3 through scaled_dot_product_attention (VO-RoPE), whose values the card captures: they
+    differ by position, the weighted sum is rotated back."""
+
+    def attend(self, q, k, v, allowed):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
+
+
+class ValuesRotatedSDPA(RoPEValuesSDPA):
+    def unvalues(self, y, pos):
+        return y  # bug: the rotary embedding applied to v as well (`q, k, v = map(rotate, ...)`), never undone

@@ -20,6 +20,14 @@ ALIGN_SEQ = 16
 # positions give equal angles to rounding (<= 1e-12 measured in float64 from float32 tables); one position apart moves
 # a d_head-64 block's fastest pair by 1 rad and its slowest by 1.2e-4.
 PHASE_TOL = 1e-6
+# Largest relative difference between the values (then the outputs) of identical tokens at two positions of the
+# probe's middle half: float64 copies of correct blocks give 0 (v = x W_v is the same row for the same token, and a
+# relative scheme's attention to itself returns it); a rotary embedding applied to v moves its fastest pairs by a
+# radian per position.
+VALUES_TOL = 1e-6
+# q and k scaled so each query attends to itself: q.R(d)q falls short of |q|^2 by a share of it at d != 0, and the
+# scores grow by SHARPEN^2 (float64: no overflow).
+SHARPEN = 100.0
 # A pair's magnitude below this share of the largest carries no phase worth reading.
 LIVE = 1e-6
 
@@ -39,14 +47,71 @@ def check_relative(ctx: Context) -> Outcome:
     embedding, a bias added to rotated queries: trained, they break relative positions); q and k rotated at different
     positions, the scores still a function of i - j, each shifted (k rotated from position 1): with k's projection
     given q's weights (a float64 copy, separate q and k projections, up to 50M parameters), k's rotating pairs stand at
-    other angles than q's"""
+    other angles than q's; values that differ between positions while the tokens are identical and the scores are
+    positioned (a rotary embedding applied to v too)"""
     outcome = positions.check_relative(ctx)
     if outcome.kind not in ("relative.toeplitz", "relative.gains_inside") or not outcome.facts.get("positioned"):
         return outcome  # broken already, or scores flat along every row: no rotation to compare
+    moved = values_moved(ctx)
+    if moved is not None and moved["moved"] > VALUES_TOL:  # values positioned and never rotated back
+        return failed("relative.values_positioned", moved["moved"], **{**outcome.facts, **moved, "limit": VALUES_TOL})
     off = qk_offset(ctx)
     if off is None or off["phase"] <= PHASE_TOL:
         return outcome
     return failed("relative.qk_offset", off["offset"] if off["offset"] is not None else off["phase"], **{**outcome.facts, **off})
+
+
+def values_moved(ctx: Context) -> dict | None:
+    """With every token identical (a float64 copy, ALIGN_SEQ tokens): where the values entering an attention call
+    (sdpa's v, as the card captures it) differ between the positions of the probe's middle half, whether the block's
+    output still does once each query attends to itself alone (k's projection given q's weights, both scaled by
+    SHARPEN: q.R(d)q is largest at d = 0). A relative scheme that rotates the values rotates the weighted sum back
+    (VO-RoPE): then every row is the same token's again. {"moved": the output rows' largest relative difference,
+    "values": the values', "where"}; None where nothing moves or it cannot be read (no sdpa values, q and k not two
+    projections of one shape)."""
+    from tblock_cli.card.probe import float64_probe
+    from tblock_cli.card.scores import capture_scores
+    from tblock_cli.checks.training import too_large
+
+    if too_large(ctx) is not None:
+        return None
+    try:
+        probe = float64_probe(ctx.subject, ctx.cfg, ctx.device)
+        x = probe.identical(ALIGN_SEQ)
+        calls = [c for c in capture_scores(probe, x) if c.v is not None and c.v.ndim == 4 and c.v.shape[-2] == ALIGN_SEQ
+                 and len(c.sources) == 1 and len(c.k_sources) == 1 and c.sources != c.k_sources]
+        moving = [(c, spread(c.v[0])) for c in calls]
+        moving = [(c, m) for c, m in moving if m > VALUES_TOL]
+        if not moving:
+            return None
+        call, values = moving[0]
+        mods = dict(probe.module.named_modules())
+        qm, km = mods.get(call.sources[0]), mods.get(call.k_sources[0])
+        if not (isinstance(qm, nn.Linear) and isinstance(km, nn.Linear)) or km.weight.shape != qm.weight.shape \
+                or (qm.bias is None) != (km.bias is None):
+            return None
+        new = {(qm, "weight"): nn.Parameter(qm.weight.detach() * SHARPEN),
+               (km, "weight"): nn.Parameter(qm.weight.detach() * SHARPEN)}
+        if qm.bias is not None:
+            new[(qm, "bias")] = nn.Parameter(qm.bias.detach() * SHARPEN)
+            new[(km, "bias")] = nn.Parameter(qm.bias.detach() * SHARPEN)
+        with parameters_swapped(new):
+            out = probe.forward(x)
+    except Exception as e:  # noqa: BLE001 - a block that refuses the probe: nothing read
+        if is_out_of_memory(e):
+            raise
+        return None
+    if not isinstance(out, torch.Tensor) or out.ndim != 3 or out.shape[1] != ALIGN_SEQ:
+        return None
+    return {"moved": spread(out[0][None]), "values": values, "where": call.where}
+
+
+def spread(t: torch.Tensor) -> float:
+    """The largest difference between rows of the middle half of t's positions (axis -2), over t's largest entry."""
+    t = t.detach().double().cpu()
+    n = t.shape[-2]
+    middle = t[..., n // 4: 3 * n // 4, :]
+    return ((middle - middle[..., :1, :]).abs().max() / t.abs().max().clamp_min(1e-300)).item()
 
 
 def qk_rows(weight: torch.Tensor, heads: int, kv_heads: int, interleaved: bool) -> torch.Tensor:

@@ -359,6 +359,9 @@ MESSAGES.update({
         f"q and k are rotated at different positions: with {f['k_proj']} given {f['q_proj']}'s weights, k's rotating "
         f"pairs stand {f['phase']:.2g} rad from q's" + (f", k {f['offset']:+.2f} positions from q" if f.get("offset") is
         not None else "") + ": the scores stay a function of i - j, shifted, and every token attends off by that much"),
+    "relative.values_positioned": lambda f: (f"with every token identical, values entering attention in {f['where'] or 'root'} differ by "
+                                             f"position, and with each query attending to itself the output rows still differ "
+                                             f"by {f['moved']:.2g} (limit {f['limit']:g}): v is rotated and never rotated back"),
     "relative.toeplitz": lambda f: (f"with every token identical the scores depend on i - j only (max deviation "
                                     f"{f['error']:.1e}, limit {f['limit']:g}; {_relative(f)})"),
     "relative.edge": lambda f: (f"with every token identical the scores depend on i - j only from position {f['start']} on "
