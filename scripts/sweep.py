@@ -40,6 +40,7 @@ import zoo_length  # noqa: E402
 import zoo_numerics  # noqa: E402
 import zoo_rates  # noqa: E402
 import zoo_sizes  # noqa: E402
+import zoo_steps  # noqa: E402
 import zoo_switches  # noqa: E402
 import zoo_tables  # noqa: E402
 import zoo_training  # noqa: E402
@@ -77,6 +78,7 @@ CORRECT.update({f"zoo_framework_names.py:{k}": {"causal": True} for k in zoo_fra
 CORRECT.update({f"zoo_attention.py:{k}": {"causal": True} for k in zoo_attention.CORRECT})  # softmax1, a sink
 CORRECT.update({f"zoo_rates.py:{k}": {"causal": True} for k in zoo_rates.CORRECT})  # attention dropout applied, a frozen table
 CORRECT.update({f"zoo_construction.py:{k}": {} for k in zoo_construction.CORRECT})  # built as asked
+CORRECT.update({f"zoo_steps.py:{k}": {"causal": True} for k in zoo_steps.CORRECT})  # a loss kept per call, a biased norm
 CORRECT.update({f"zoo_writes.py:{k}": {"causal": True} for k in zoo_writes.CORRECT})  # buffers a forward may write
 CORRECT.update({f"zoo_complex.py:{k}": {"causal": True} for k in zoo_complex.CORRECT})  # a complex rotary buffer
 CORRECT.update({f"zoo_grids.py:{k}": {"seqs": (zoo_grids.TOKENS,)} for k in zoo_grids.CORRECT})  # 2D positions
@@ -166,6 +168,7 @@ def missed_bugs(sizes, device="cpu", part=(1, 1)) -> int:
                **{f"zoo_framework_names.py:{k}": ("spec", {"causal": True}) for k in zoo_framework_names.PLANTED},
                **{f"zoo_rates.py:{k}": (v.split(".")[0], {"causal": True}) for k, v in zoo_rates.PLANTED.items()},
                **{f"zoo_construction.py:{k}": (v, {}) for k, v in zoo_construction.PLANTED.items()},
+               **{f"zoo_steps.py:{k}": (check, {"causal": "BatchNorm" not in k}) for k, (check, _) in zoo_steps.PLANTED.items()},
                **{f"zoo_writes.py:{k}": (v, {}) for k, v in zoo_writes.PLANTED.items()},
                **{f"zoo_complex.py:{k}": (v, {"causal": True}) for k, v in zoo_complex.PLANTED.items()},
                **{f"zoo_grids.py:{k}": (v, {"seq": zoo_grids.TOKENS}) for k, v in zoo_grids.PLANTED.items()}}

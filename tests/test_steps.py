@@ -82,3 +82,9 @@ def test_unbiased_variance_is_read_off_its_rms_whatever_the_class_is_called():
 def test_a_gain_inside_the_statistics_is_warned_where_the_block_names_the_module_a_norm():
     c = run("GainFirstNormBlock", only="norms")["norms"]
     assert c.status is Status.WARN and {n["name"] for n in c.facts["not_affine"]} == {"attn_norm", "ffn_norm"}, c
+
+
+def test_names_are_not_judged_on_roles_read_off_a_product_no_softmax_follows():
+    by = run("LinearAttention", only="names,attention")
+    assert by["names"].status is Status.PASS, by["names"]  # before: q_proj "made attn.v" by the k.v product
+    assert by["attention"].kind == "attention.no_softmax", by["attention"]  # the design, said as a warning

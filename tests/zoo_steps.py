@@ -2,12 +2,13 @@
 training step extends (grad_accumulation.graph_carried), against the same tensors overwritten by each call; torch's
 BatchNorm in a convolution module (samples meet in its batch statistics by design, batch.batch_norm) against a batch
 mean that leaks beside it; and norms whose class names say nothing: the unbiased variance (norms.not_unit) and a gain
-applied before the statistics of a module its block names a norm (norms.gain_inside, a warning)."""
+applied before the statistics of a module its block names a norm (norms.gain_inside, a warning); and a linear attention,
+whose q, k and v names a product with no softmax after it cannot contradict."""
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from zoo_training import RMSNorm, TrainBlock
+from zoo_training import RMSNorm, TrainBlock, heads, merge
 
 
 class _Routed(TrainBlock):
@@ -120,11 +121,13 @@ class CentredScale(nn.Module):
 
 
 class CentredScaleBiased(CentredScale):
-    """Correct: the same with the variance over n."""
+    """Correct: the same with the variance over n, computed in float32 whatever the run dtype (as transformers'
+    norms do: a float16 variance overflows past RMS 256)."""
 
     def forward(self, x):
-        mu = x.mean(-1, keepdim=True)
-        return (x - mu) / torch.sqrt(x.var(-1, keepdim=True, unbiased=False) + self.eps) * self.weight + self.bias
+        h = x.float()
+        h = (h - h.mean(-1, keepdim=True)) / torch.sqrt(h.var(-1, keepdim=True, unbiased=False) + self.eps)
+        return h.to(x.dtype) * self.weight + self.bias
 
 
 class GainFirst(RMSNorm):
@@ -147,6 +150,18 @@ class BiasedNormBlock(TrainBlock):
 
 class GainFirstNormBlock(TrainBlock):
     norm_class = GainFirst
+
+
+class LinearAttention(TrainBlock):
+    """Correct: causal linear attention (elu + 1 features, running sums of k v^T and k): no softmax, so the first
+    product the dataflow meets is k with v."""
+
+    def attention(self, h):
+        q, k, v = (heads(p(h), self.n_heads) for p in (self.q_proj, self.k_proj, self.v_proj))
+        q, k = F.elu(q) + 1, F.elu(k) + 1
+        kv = torch.einsum("bhtd,bhte->bhtde", k, v).cumsum(2)
+        num = torch.einsum("bhtd,bhtde->bhte", q, kv)
+        return self.o_proj(merge(num / ((q * k.cumsum(2)).sum(-1, keepdim=True) + 1e-6)))
 
 
 PLANTED = {"AuxLossSummedAcrossCalls": ("grad_accumulation", "grad_accumulation.graph_carried"),

@@ -15,6 +15,7 @@ from tblock_cli.probes import f64, rel_diff
 # stream before its FFN: ~1 at init, like residual's tr(J)/n); a convolution module's BatchNorm reads ~0.
 STREAM_SHARE = 0.5
 
+
 def check_batch(ctx: Context) -> Outcome:
     """Catches: a sample alone differs from itself in the batch (eval), or sample 0's output has a gradient w.r.t.
     other samples (train: a batch mean); not torch's BatchNorm's batch statistics, which couple the samples in

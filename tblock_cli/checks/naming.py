@@ -28,10 +28,12 @@ def check_names(ctx: Context) -> Outcome:
         pairs = [list(p) for p in flow.act_after_product]
         return warned("names.act_after_product", ", ".join("*".join(p) for p in pairs), pairs=pairs)
     gated = any(m.role == "ffn.gate" for m in flow.modules)
+    # q, k and v read off a product no softmax follows (linear attention: k.v first, then q) are guesses, not roles
+    guessed = {n for c in flow.attention if c.scale_note.kind == "no_softmax" for n in c.q + c.k + c.v}
     named = []
     for m in flow.modules:
         promised = NAME_ROLES.get(m.name.rsplit(".", 1)[-1].lower())
-        if promised is None or not m.role.startswith(JUDGED):
+        if promised is None or not m.role.startswith(JUDGED) or (m.role.startswith("attn.") and m.name in guessed):
             continue
         if m.role.split(".")[0] != promised[0].split(".")[0]:
             # a name of the other sublayer (mamba's out_proj read as an FFN output): the block is not the attention +
