@@ -364,3 +364,14 @@ def test_values_rotated_and_never_rotated_back_are_named_and_vo_rope_is_not():
     assert c.kind == "relative.values_positioned" and c.facts["values"] > 0.1 and c.value > 0.1, c
     c = battery("RoPEValuesSDPA", only=("relative",), **zoo.POS)["relative"]
     assert c.kind == "relative.toeplitz", c
+
+
+def test_rows_spread_reads_the_middle_half_against_the_largest_entry():
+    from tblock_cli.anatomy.attention import rows_spread
+
+    t = torch.ones(8, 4, dtype=torch.float64)
+    assert rows_spread(t) == 0.0
+    t[3, 1] += 0.5  # inside the middle half (rows 2..5): 0.5 of the largest entry, 1.5
+    assert rows_spread(t) == pytest.approx(0.5 / 1.5)
+    t[0, 0] = 100.0  # outside it (a convolution's zero padding reaches the ends): only the scale moves
+    assert rows_spread(t) == pytest.approx(0.5 / 100.0)

@@ -65,10 +65,21 @@ class AttentionCall:
 @dataclass(frozen=True)
 class Captured:
     """One attention call's scores as a capturing trace keeps them: the logits the softmax reads (biases and masks
-    in; float64, CPU) and the q.k product alone, where it was seen (None otherwise)."""
+    in; float64, CPU) and the q.k product alone, where it was seen (None otherwise); and how far apart the rows of the
+    values it was given are (`rows_spread`), where torch was handed them (sdpa)."""
 
     logits: torch.Tensor
     product: torch.Tensor | None
+    values_spread: float | None = None
+
+
+def rows_spread(t: torch.Tensor) -> float:
+    """The largest difference between rows of the middle half of t's positions (axis -2), over t's largest entry: 0
+    for values of identical tokens (v = x W_v), whatever the scores do."""
+    t = t.detach().double().cpu()
+    n = t.shape[-2]
+    middle = t[..., n // 4: 3 * n // 4, :]
+    return ((middle - middle[..., :1, :]).abs().max() / t.abs().max().clamp_min(1e-300)).item() if middle.numel() else 0.0
 
 
 def rms(t: torch.Tensor) -> float:

@@ -23,6 +23,7 @@ from tblock_cli.anatomy.attention import (
     reweighting,
     rms,
     row_centred,
+    rows_spread,
     score_stats,
     sdpa_signature,
     self_masked,
@@ -64,9 +65,10 @@ class AttentionRecorder:
         self.calls.append(call)
         self.prov.put(out, {Attn(len(self.calls) - 1): 0})
 
-    def keep_scores(self, logits: torch.Tensor, product: torch.Tensor | None) -> None:
+    def keep_scores(self, logits: torch.Tensor, product: torch.Tensor | None, values: torch.Tensor | None = None) -> None:
         if self.capture:
-            self.captured[len(self.calls)] = Captured(logits.detach().double().cpu(), product)
+            spread = rows_spread(values) if isinstance(values, torch.Tensor) and values.ndim >= 2 else None
+            self.captured[len(self.calls)] = Captured(logits.detach().double().cpu(), product, spread)
 
     def qk_ratio(self, logits: torch.Tensor, product: torch.Tensor, q, k) -> tuple[float | None, ScaleNote]:
         """The scale judged on q.k alone (an additive position bias does not count): (ratio, note)."""
@@ -111,7 +113,7 @@ class AttentionRecorder:
         logits = apply_masks(product, a["attn_mask"], a["is_causal"])
         std, ent, mp = score_stats(logits)
         ratio, note = self.qk_ratio(logits, product, q, k)
-        self.keep_scores(logits, product)
+        self.keep_scores(logits, product, v)
         note = replace(note, sdpa=True, passed=a["scale"])
         L, S = q.shape[-2], k.shape[-2]
         heads = q.shape[1] if q.ndim == 4 else 1

@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from tblock_cli.anatomy.attention import rows_spread
 from tblock_cli.checks import positions
 from tblock_cli.checks.context import Context
 from tblock_cli.checks.result import Outcome, failed
@@ -28,6 +29,9 @@ VALUES_TOL = 1e-6
 # q and k scaled so each query attends to itself: q.R(d)q falls short of |q|^2 by a share of it at d != 0, and the
 # scores grow by SHARPEN^2 (float64: no overflow).
 SHARPEN = 100.0
+# The gate on the shared identical-token probe, in the run's dtype: values of identical tokens computed alike are equal
+# (0); rotated ones differ by O(1). Half precision's rounding stays far below.
+VALUES_GATE = 1e-3
 # A pair's magnitude below this share of the largest carries no phase worth reading.
 LIVE = 1e-6
 
@@ -75,12 +79,20 @@ def values_moved(ctx: Context) -> dict | None:
 
     if too_large(ctx) is not None:
         return None
+    try:  # the identical-token probe relative shares: where no call's values move, nothing more is run
+        seen = positions.identical_scores(ctx).calls
+    except Exception as e:  # noqa: BLE001 - a block the tracer cannot follow: no evidence
+        if is_out_of_memory(e):
+            raise
+        return None
+    if not any(got is not None and (got.values_spread or 0.0) > VALUES_GATE for _, got in seen):
+        return None
     try:
         probe = float64_probe(ctx.subject, ctx.cfg, ctx.device)
         x = probe.identical(ALIGN_SEQ)
         calls = [c for c in capture_scores(probe, x) if c.v is not None and c.v.ndim == 4 and c.v.shape[-2] == ALIGN_SEQ
                  and len(c.sources) == 1 and len(c.k_sources) == 1 and c.sources != c.k_sources]
-        moving = [(c, spread(c.v[0])) for c in calls]
+        moving = [(c, rows_spread(c.v[0])) for c in calls]
         moving = [(c, m) for c, m in moving if m > VALUES_TOL]
         if not moving:
             return None
@@ -103,15 +115,7 @@ def values_moved(ctx: Context) -> dict | None:
         return None
     if not isinstance(out, torch.Tensor) or out.ndim != 3 or out.shape[1] != ALIGN_SEQ:
         return None
-    return {"moved": spread(out[0][None]), "values": values, "where": call.where}
-
-
-def spread(t: torch.Tensor) -> float:
-    """The largest difference between rows of the middle half of t's positions (axis -2), over t's largest entry."""
-    t = t.detach().double().cpu()
-    n = t.shape[-2]
-    middle = t[..., n // 4: 3 * n // 4, :]
-    return ((middle - middle[..., :1, :]).abs().max() / t.abs().max().clamp_min(1e-300)).item()
+    return {"moved": rows_spread(out[0]), "values": values, "where": call.where}
 
 
 def qk_rows(weight: torch.Tensor, heads: int, kv_heads: int, interleaved: bool) -> torch.Tensor:
