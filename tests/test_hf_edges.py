@@ -1,6 +1,6 @@
 """Hugging Face layers at their edges: rembert's factorised embedding width, a config dropout read at call time,
 layerdrop off, bloom's ALiBi slopes judged, encoders and mask-free layers described as what they are, the key/value head field
-named for --tp, and compile's graph breaks counted for the layer alone."""
+named for --tp, compile's graph breaks counted for the layer alone, and a latent MoE's names read as they are."""
 
 import importlib.util
 
@@ -112,3 +112,11 @@ def test_compile_of_an_hf_layer_counts_no_break_of_the_wrappers():
     r = tblock_cli.compare("hf:gpt2", compile=True, backend="eager", **S)
     (breaks,) = [f for f in r.findings if f.kind == "compile.graph_breaks"]
     assert breaks.facts["count"] == len(breaks.facts["reasons"]) == 0
+
+
+@needs_hf
+def test_a_latent_moes_inner_down_projection_is_its_experts_output():
+    """muse_spark's experts sit between a pre and a post projection (each behind a norm): their down_proj both reads
+    the GLU and feeds post_expert_proj, and names warned it was "made ffn.in"."""
+    c = by_name(tblock_cli.check("hf:muse_spark", only="names", d_ff=256, **S))["names"]
+    assert c.status == Status.PASS and "layers.0.mlp.experts.down_proj" in c.facts["names"], c

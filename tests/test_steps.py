@@ -88,3 +88,11 @@ def test_names_are_not_judged_on_roles_read_off_a_product_no_softmax_follows():
     by = run("LinearAttention", only="names,attention")
     assert by["names"].status is Status.PASS, by["names"]  # before: q_proj "made attn.v" by the k.v product
     assert by["attention"].kind == "attention.no_softmax", by["attention"]  # the design, said as a warning
+
+
+def test_one_projection_under_two_names_is_named_where_the_forward_calls_it_twice():
+    c = run("QueryIsKey", only="optimizer_step")["optimizer_step"]
+    assert c.kind == "optimizer_step.repeated" and c.facts["repeats"] == [["q_proj", "k_proj"]], c
+    c = run("GateIsUp", only="optimizer_step")["optimizer_step"]
+    assert c.facts["repeats"] == [["w1", "w3"]], c
+    assert run("OldNameKept", only="optimizer_step")["optimizer_step"].kind == "optimizer_step.ok"

@@ -2,8 +2,9 @@
 training step extends (grad_accumulation.graph_carried), against the same tensors overwritten by each call; torch's
 BatchNorm in a convolution module (samples meet in its batch statistics by design, batch.batch_norm) against a batch
 mean that leaks beside it; and norms whose class names say nothing: the unbiased variance (norms.not_unit) and a gain
-applied before the statistics of a module its block names a norm (norms.gain_inside, a warning); and a linear attention,
-whose q, k and v names a product with no softmax after it cannot contradict."""
+applied before the statistics of a module its block names a norm (norms.gain_inside, a warning); a linear attention,
+whose q, k and v names a product with no softmax after it cannot contradict; and one projection under two names
+(optimizer_step.repeated), against an alias the forward calls once."""
 
 import torch
 import torch.nn as nn
@@ -164,9 +165,35 @@ class LinearAttention(TrainBlock):
         return self.o_proj(merge(num / ((q * k.cumsum(2)).sum(-1, keepdim=True) + 1e-6)))
 
 
+class QueryIsKey(TrainBlock):
+    """`self.q_proj = self.k_proj = nn.Linear(...)`: one projection for both, so queries equal keys."""
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
+        super().__init__(d_model, n_heads, dropout, causal)
+        self.q_proj = self.k_proj = nn.Linear(d_model, d_model, bias=False)
+
+
+class GateIsUp(TrainBlock):
+    """`self.w1 = self.w3 = nn.Linear(...)`: the SwiGLU's gate and up are one projection, silu(a) * a."""
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
+        super().__init__(d_model, n_heads, dropout, causal)
+        self.w1 = self.w3 = nn.Linear(d_model, int(8 * d_model / 3), bias=False)
+
+
+class OldNameKept(TrainBlock):
+    """Correct: the output projection also registered under the name old checkpoints use (`wo`), called once."""
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
+        super().__init__(d_model, n_heads, dropout, causal)
+        self.wo = self.o_proj
+
+
 PLANTED = {"AuxLossSummedAcrossCalls": ("grad_accumulation", "grad_accumulation.graph_carried"),
            "RunningStatWithGraph": ("grad_accumulation", "grad_accumulation.graph_carried"),
            "BatchNormBesideBatchMean": ("batch", "batch.leak_train"),
            "UnbiasedNormBlock": ("norms", "norms.not_unit"),
-           "GainFirstNormBlock": ("norms", "norms.gain_inside")}
-CORRECT = ["AuxLossPerCall", "BiasedNormBlock"]
+           "GainFirstNormBlock": ("norms", "norms.gain_inside"),
+           "QueryIsKey": ("optimizer_step", "optimizer_step.repeated"),
+           "GateIsUp": ("optimizer_step", "optimizer_step.repeated")}
+CORRECT = ["AuxLossPerCall", "BiasedNormBlock", "OldNameKept"]

@@ -51,6 +51,8 @@ class Dataflow:
     slips: int = 0  # torch calls the tracer could not record (the forward went on): what it saw may be incomplete
     slip_errors: tuple[str, ...] = ()  # the first few of their errors
     narrowed: tuple[tuple[str, str, str, str], ...] = ()  # live activations cast to half precision (Tracer.narrowed)
+    calls: dict = field(default_factory=dict)  # module name -> how many times the probe's forward called it
+    ffn_middles: tuple[str, ...] = ()  # FFN projections inside a longer chain (experts between a pre and a post projection)
 
     @property
     def conditioning(self) -> int:
@@ -85,10 +87,11 @@ def trace(module: nn.Module, call, x: torch.Tensor, d_model: int) -> Dataflow:
     tr = Tracer(module, d_model)
     tr.attn.tokens = x.shape[-2] if x.ndim >= 2 else None
     tr.prov.watch(x)
-    hooks, reads = [], {}
+    hooks, reads, calls = [], {}, {}
 
     def enter(name: str, args: tuple) -> None:  # the module running now, and where its first call's input comes from
         tr.module_stack.append(name)
+        calls[name] = calls.get(name, 0) + 1
         if args and isinstance(args[0], torch.Tensor):
             reads.setdefault(name, tr.prov.get(args[0]))
 
@@ -166,7 +169,8 @@ def trace(module: nn.Module, call, x: torch.Tensor, d_model: int) -> Dataflow:
     placement += (sublayer_post(tr, role, queries, ffn_ins, normed),)
     return Dataflow(tuple(modules), tuple(tr.attn.calls), tuple(chains), tokens, total, *placement, norms=norms,
                     act_after_product=tuple(sorted(set(tr.prov.act_after_product))), slips=tr.slips,
-                    slip_errors=tuple(tr.slip_errors), narrowed=tuple(tr.narrowed))
+                    slip_errors=tuple(tr.slip_errors), narrowed=tuple(tr.narrowed), calls=calls,
+                    ffn_middles=tuple(sorted(tr.prov.ffn_middles)))
 
 
 def slice_rows(shown: str, matrix: torch.Tensor, others: list, tr: Tracer, role: dict, key: str | None = None) -> list[ModuleUse]:

@@ -100,6 +100,7 @@ class Provenance:
         self.linear_in: dict[str, Prov] = {}  # projection -> provenance of its input
         self.proj_outs: set[int] = set()  # ids of projection outputs
         self.stream_norms = False
+        self.ffn_middles: set[str] = set()  # FFN projections that both consume one and are consumed (a nested FFN's)
         self.split_streams: list[str] = []  # MHA calls whose query is normalised but whose key or value is not
         self.products: dict[int, tuple[str, str]] = {}  # id(a * b) of two projections' outputs -> their names
         self.act_after_product: list[tuple[str, ...]] = []  # projections multiplied together before an activation

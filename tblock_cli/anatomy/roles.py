@@ -88,6 +88,7 @@ def assign_roles(tr: Tracer) -> tuple[dict[str, str], list[tuple[str, str]]]:
         for s, f in preds:
             if s in consumed:  # the middle of a longer chain: both consumes and is consumed
                 role[s] = "ffn.in" if role.get(s) in (None, "ffn.out") else role[s]
+                tr.prov.ffn_middles.add(s)
             else:
                 role[s] = "ffn.gate" if (s in acted and len(acted) < len(preds)) else "ffn.in"
             if not f:

@@ -22,7 +22,9 @@ JUDGED = ("attn.", "ffn.")  # roles the dataflow is sure of; "other" and "norm" 
 
 def check_names(ctx: Context) -> Outcome:
     """Catches: conventional names that contradict dataflow roles (gate/up/down, q/k/v/o, w2/w3, wq/wk/wv): a
-    **warning** naming both; a gated FFN whose activation follows the product (`act(gate * up)`): a **warning**"""
+    **warning** naming both (a down projection inside a longer FFN chain, a latent MoE's experts between a pre and a
+    post projection, is its inner FFN's output); a gated FFN whose activation follows the product (`act(gate * up)`):
+    a **warning**"""
     flow = ctx.dataflow()
     if flow.act_after_product:
         pairs = [list(p) for p in flow.act_after_product]
@@ -42,6 +44,8 @@ def check_names(ctx: Context) -> Outcome:
         if promised[0].startswith("ffn.") and not gated:
             continue  # gate/up/down promise roles only a gated FFN has; an ungated one is judged by its chain alone
         named.append(m.name)
+        if m.role == "ffn.in" and promised == ("ffn.out",) and m.name in flow.ffn_middles:
+            continue  # the output of a nested FFN (experts between a pre and a post projection) that another one reads
         if m.role not in promised:
             wrong = [{"name": m.name, "role": m.role, "promised": promised[0]}]
             others = [{"name": o.name, "role": o.role} for o in flow.modules if o.role in promised and o.name != m.name]

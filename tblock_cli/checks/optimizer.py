@@ -149,6 +149,34 @@ def repeated(module: nn.Module) -> list[list[str]]:
     return groups
 
 
+def _calls(ctx: Context) -> dict:
+    """The dataflow's count of each module's calls; none where the tracer cannot follow the block."""
+    try:
+        return ctx.dataflow().calls
+    except Exception as e:  # noqa: BLE001 - the dataflow's own failure is the checks' that read it
+        if is_out_of_memory(e):
+            raise
+        return {}
+
+
+def named_twice(module: nn.Module, calls: dict) -> list[list[str]]:
+    """Groups of attribute names one module object (with parameters of its own) is registered under in one parent,
+    where the forward called it more than once (`calls`: the dataflow's count): `self.q_proj = self.k_proj =
+    nn.Linear(...)` builds one projection for two places, so queries equal keys. An alias a forward calls once (a
+    second name kept for old checkpoints) is no such slip."""
+    first = {id(m): n for n, m in module.named_modules()}  # the name the dataflow counted its calls under
+    groups = []
+    for name, m in module.named_modules():
+        if isinstance(m, (nn.ModuleList, nn.Sequential, nn.ModuleDict)):
+            continue  # entries of a container: `repeated`
+        by_id: dict[int, list[str]] = {}
+        for key, child in m._modules.items():
+            if child is not None and any(True for _ in child.parameters()):
+                by_id.setdefault(id(child), []).append(f"{name}.{key}" if name else key)
+        groups += [g for i, g in by_id.items() if len(g) > 1 and calls.get(first.get(i), 0) > 1]
+    return groups
+
+
 def aliased(module: nn.Module) -> list[list[str]]:
     """Groups of distinct parameters whose memory overlaps (`b.weight.data = a.weight.data`, `nn.Parameter(a.weight)`):
     two Parameters, each with its own gradient and optimizer state, on one storage, so every step updates it once per
@@ -211,7 +239,8 @@ def check_optimizer_step(ctx: Context) -> Outcome:
     base under adapters, a fixed table kept as a frozen parameter, `inv_freq` or MAE's `pos_embed`, are designs);
     after the step, an eval forward without gradients
     that differs from one with them (a fused or cached weight an inference call kept from before the step); one module
-    object at several entries of a ModuleList or Sequential is a **warning** (`[Head()] * n`: n heads that are one);
+    object at several entries of a ModuleList or Sequential is a **warning** (`[Head()] * n`: n heads that are one),
+    and so is one under two attribute names that the forward calls more than once (`self.q = self.k = Linear(...)`);
     an FFN's hidden units or an attention head's value channels fewer than half distinct (equal input rows and output
     columns: copies that get equal gradients forever, a constant init where a random one was meant)"""
     if (large := too_large(ctx)) is not None:
@@ -219,7 +248,7 @@ def check_optimizer_step(ctx: Context) -> Outcome:
     ties = broken_ties(ctx.subject.module)  # at build: the module has not been trained by any check
     twins = symmetric_units(ctx)
     aliases = aliased(ctx.subject.module)
-    repeats = repeated(ctx.subject.module)
+    repeats = repeated(ctx.subject.module) + named_twice(ctx.subject.module, _calls(ctx))
     x = ctx.x()
     target = torch.randn(x.shape, generator=ctx.gen)
     step = _adamw_step(ctx, x, target, train=True)

@@ -216,9 +216,9 @@ MESSAGES = {
                                          "another's tensor), so each optimizer step updates it once per name and weight "
                                          "decay shrinks it as often; tie them as one Parameter (b.weight = a.weight): "
                                          + "; ".join(" = ".join(p) for p in f["aliases"])),
-    "optimizer_step.repeated": lambda f: ("one module object sits at several entries of a container, so they share every "
-                                          "parameter and compute the same (`[Head()] * n` builds one head n times; "
-                                          "`[Head() for _ in range(n)]` builds n): "
+    "optimizer_step.repeated": lambda f: ("one module object sits under several names (entries of a container, or "
+                                          "attributes), so they share every parameter and compute the same (`[Head()] * "
+                                          "n` builds one head n times, `self.q = self.k = Linear(...)` one projection): "
                                           + "; ".join(" = ".join(g[:4]) + (" = ..." if len(g) > 4 else "")
                                                       for g in f["repeats"])),
     "optimizer_step.unchanged": lambda f: f"one AdamW step leaves parameters with a gradient unchanged: {names(f['unchanged'])}",
