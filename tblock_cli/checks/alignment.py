@@ -97,10 +97,8 @@ def values_moved(ctx: Context) -> dict | None:
         if not moving:
             return None
         call, values = moving[0]
-        mods = dict(probe.module.named_modules())
-        qm, km = mods.get(call.sources[0]), mods.get(call.k_sources[0])
-        if not (isinstance(qm, nn.Linear) and isinstance(km, nn.Linear)) or km.weight.shape != qm.weight.shape \
-                or (qm.bias is None) != (km.bias is None):
+        qm, km = _qk_linears(probe, call) or (None, None)
+        if qm is None or km.weight.shape != qm.weight.shape:
             return None
         new = {(qm, "weight"): nn.Parameter(qm.weight.detach() * SHARPEN),
                (km, "weight"): nn.Parameter(qm.weight.detach() * SHARPEN)}
@@ -116,6 +114,19 @@ def values_moved(ctx: Context) -> dict | None:
     if not isinstance(out, torch.Tensor) or out.ndim != 3 or out.shape[1] != ALIGN_SEQ:
         return None
     return {"moved": rows_spread(out[0]), "values": values, "where": call.where}
+
+
+def _qk_linears(probe, call) -> tuple[nn.Linear, nn.Linear] | None:
+    """The query and key projections of a captured call where they are two nn.Linear of one input width, with a bias
+    on both sides or on neither (q and k from one fused projection, or from anything else: None)."""
+    if len(call.sources) != 1 or len(call.k_sources) != 1 or call.sources == call.k_sources:
+        return None
+    mods = dict(probe.module.named_modules())
+    qm, km = mods.get(call.sources[0]), mods.get(call.k_sources[0])
+    if not (isinstance(qm, nn.Linear) and isinstance(km, nn.Linear)) or (qm.bias is None) != (km.bias is None) \
+            or km.weight.shape[1:] != qm.weight.shape[1:]:
+        return None
+    return qm, km
 
 
 def qk_rows(weight: torch.Tensor, heads: int, kv_heads: int, interleaved: bool) -> torch.Tensor:
@@ -145,14 +156,12 @@ def qk_offset(ctx: Context) -> dict | None:
         probe = float64_probe(ctx.subject, ctx.cfg, ctx.device)
         x = probe.identical(ALIGN_SEQ)
         calls = [c for c in capture_scores(probe, x) if c.square and c.logits.shape[-1] == ALIGN_SEQ]
-        if not calls or len(calls[0].sources) != 1 or len(calls[0].k_sources) != 1 or calls[0].sources == calls[0].k_sources:
+        if not calls:
             return None
         call = calls[0]
         rot = rotary_reading(call.q)
-        mods = dict(probe.module.named_modules())
-        qm, km = mods.get(call.sources[0]), mods.get(call.k_sources[0])
-        if rot is None or "other" in rot or not (isinstance(qm, nn.Linear) and isinstance(km, nn.Linear)) \
-                or (qm.bias is None) != (km.bias is None) or km.weight.shape[1:] != qm.weight.shape[1:]:
+        qm, km = _qk_linears(probe, call) or (None, None)
+        if rot is None or "other" in rot or qm is None:
             return None
         H, E = call.q.shape[1], call.q.shape[-1]
         if qm.weight.shape[0] != H * E or km.weight.shape[0] % E or H % (km.weight.shape[0] // E):

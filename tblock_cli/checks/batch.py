@@ -9,7 +9,7 @@ import torch
 
 from tblock_cli.checks.context import Context, eval_forward, input_grad, projected
 from tblock_cli.checks.result import Outcome, failed, passed
-from tblock_cli.probes import f64, rel_diff
+from tblock_cli.probes import f64, grads_kept, rel_diff, residual_gain, train_mode
 
 # identity_share above which a BatchNorm reads the residual stream itself, where a LayerNorm would (a Pre-LN block's
 # stream before its FFN: ~1 at init, like residual's tr(J)/n); a convolution module's BatchNorm reads ~0.
@@ -29,14 +29,15 @@ def check_batch(ctx: Context) -> Outcome:
     if worst > ctx.tol:
         return failed("batch.leak", worst, diff=worst, limit=ctx.tol)
     # Train mode too (dropout, batch statistics): sample 0's output must not depend on the others.
-    g = input_grad(ctx, x, lambda out: projected(ctx, out[0]))
+    sample0 = lambda out: projected(ctx, out[0])  # noqa: E731 - the same loss twice below
+    g = input_grad(ctx, x, sample0)
     if g is not None and g[1:].any():
         leak = f64(g[1:]).abs().max().item()
         norms = batch_norms(ctx.subject.module)
         on_stream = [n for m, n in norms.items() if identity_share(ctx, x, m) > STREAM_SHARE]
         if norms and not on_stream:
             with running_statistics(norms):
-                g = input_grad(ctx, x, lambda out: projected(ctx, out[0]))
+                g = input_grad(ctx, x, sample0)
             if g is None or not g[1:].any():
                 return passed("batch.batch_norm", worst, diff=worst, norms=sorted(norms.values()), gradient=leak)
         return failed("batch.leak_train", leak, gradient=leak, stream_norms=sorted(on_stream))
@@ -44,27 +45,25 @@ def check_batch(ctx: Context) -> Outcome:
 
 
 def identity_share(ctx: Context, x: torch.Tensor, m: torch.nn.Module) -> float:
-    """d^T J d / d^T d for a random direction d of the block's input and J the Jacobian of module m's input (laid out
-    as the block's: (B, T, C), or (B, C, T) transposed) w.r.t. the block's input, in eval: ~1 where m reads the
-    residual stream itself (the input plus what sublayers added), ~0 where it reads a sublayer's own features (a
-    convolution's output); 0 where its input has another shape. One forward and one backward."""
-    seen: list[torch.Tensor] = []
-    handle = m.register_forward_pre_hook(lambda _m, args: seen.append(args[0]) if args else None)
-    d = torch.randn(x.shape, generator=ctx.own_gen(), dtype=torch.float64).to(device=x.device, dtype=x.dtype)
-
-    def along(_out):
+    """tr(J)/n of the block's input -> module m's input (laid out as the block's: (B, T, C), or (B, C, T) transposed),
+    in eval (probes.residual_gain, one probe): ~1 where m reads the residual stream itself (the input plus what
+    sublayers added), ~0 where it reads a sublayer's own features (a convolution's output); 0 where its input has
+    another shape. One forward and one backward."""
+    def read_by_m(inp: torch.Tensor) -> torch.Tensor:
+        seen: list = []
+        handle = m.register_forward_pre_hook(lambda _m, args: seen.append(args[0]) if args else None)
+        try:
+            ctx.subject(inp)
+        finally:
+            handle.remove()
         u = seen[0] if seen and isinstance(seen[0], torch.Tensor) else None
-        if u is not None and u.shape != d.shape and u.ndim == 3 and u.transpose(1, 2).shape == d.shape:
+        if u is not None and u.shape != inp.shape and u.ndim == 3 and u.transpose(1, 2).shape == inp.shape:
             u = u.transpose(1, 2)
-        if u is None or u.shape != d.shape:
-            return d.new_zeros(())
-        return (u * d).sum()
+        return u if u is not None and u.shape == inp.shape else inp * 0
 
-    try:
-        g = input_grad(ctx, x, along, train=False)
-    finally:
-        handle.remove()
-    return 0.0 if g is None else (f64(g) * f64(d)).sum().item() / f64(d).pow(2).sum().item()
+    module = ctx.subject.module
+    with train_mode(module, False), grads_kept(module):
+        return residual_gain(read_by_m, x, ctx.own_gen(), probes=1)
 
 
 def batch_norms(module: torch.nn.Module) -> dict:

@@ -12,6 +12,7 @@ import torch.nn as nn
 
 from tblock_cli.anatomy.dataflow import OTHER_SHARE_MAX
 from tblock_cli.checks.context import TRAINING_BACKWARD, TRAINING_INPUT, Context, eval_forward, nonfinite_kind
+from tblock_cli.checks.graphs import graph_nodes
 from tblock_cli.checks.result import Outcome, failed, passed
 from tblock_cli.probes import (
     changed,
@@ -88,22 +89,6 @@ class TrainingBackward:
     detached_losses: list = field(default_factory=list)
     reached: set = field(default_factory=set)  # ids of the parameters the training graph reaches
     buffers: list = field(default_factory=list)  # buffers the backward left a gradient on (requires_grad=True)
-
-
-def graph_nodes(grad_fn, limit: int | None = None):
-    """The nodes of an autograd graph, each once, from grad_fn down (at most `limit`). Every node walked is held until
-    the walk ends: some torch versions (2.11) hand out a new Python wrapper for a node on each `next_functions` read
-    and free it with the last reference, so an id() of a dropped wrapper names the next node read, and a walk keyed
-    by id() alone stops after a few nodes."""
-    held: dict[int, object] = {}
-    todo = [grad_fn]
-    while todo and (limit is None or len(held) < limit):
-        node = todo.pop()
-        if node is None or id(node) in held:
-            continue
-        held[id(node)] = node
-        yield node
-        todo.extend(n for n, _ in getattr(node, "next_functions", ()))
 
 
 def reached_parameters(out: torch.Tensor) -> set[int]:

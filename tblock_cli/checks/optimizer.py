@@ -134,19 +134,23 @@ def _cloned_layers(module: nn.Module, n: str, m: str, seen: dict) -> bool:
     return seen[key]
 
 
+CONTAINERS = (nn.ModuleList, nn.Sequential, nn.ModuleDict)  # whose entries are meant to be modules of their own
+
+
 def repeated(module: nn.Module) -> list[list[str]]:
     """Groups of entries of one container (ModuleList, Sequential, ModuleDict) that are one module object: what
     `nn.ModuleList([Head()] * n)` builds where `[Head() for _ in range(n)]` was meant. The n entries share every
     parameter and compute the same, and named_parameters lists them once, so nothing else counts them twice."""
-    groups = []
-    for name, m in module.named_modules():
-        if isinstance(m, (nn.ModuleList, nn.Sequential, nn.ModuleDict)):
-            by_id: dict[int, list[str]] = {}
-            for key, child in m._modules.items():  # named_children would list a repeated child once
-                if child is not None and any(True for _ in child.parameters()):  # a shared ReLU or Dropout is no harm
-                    by_id.setdefault(id(child), []).append(f"{name}.{key}" if name else key)
-            groups += [g for g in by_id.values() if len(g) > 1]
-    return groups
+    return [names for name, m in module.named_modules() if isinstance(m, CONTAINERS) for _, names in _one_child(name, m)]
+
+
+def _one_child(name: str, m: nn.Module) -> list[tuple[nn.Module, list[str]]]:
+    """(child, its names) for each child with parameters that m holds under more than one name."""
+    by_id: dict[int, tuple[nn.Module, list[str]]] = {}
+    for key, child in m._modules.items():  # named_children would list a repeated child once
+        if child is not None and any(True for _ in child.parameters()):  # a shared ReLU or Dropout is no harm
+            by_id.setdefault(id(child), (child, []))[1].append(f"{name}.{key}" if name else key)
+    return [(child, names) for child, names in by_id.values() if len(names) > 1]
 
 
 def _calls(ctx: Context) -> dict:
@@ -165,16 +169,8 @@ def named_twice(module: nn.Module, calls: dict) -> list[list[str]]:
     nn.Linear(...)` builds one projection for two places, so queries equal keys. An alias a forward calls once (a
     second name kept for old checkpoints) is no such slip."""
     first = {id(m): n for n, m in module.named_modules()}  # the name the dataflow counted its calls under
-    groups = []
-    for name, m in module.named_modules():
-        if isinstance(m, (nn.ModuleList, nn.Sequential, nn.ModuleDict)):
-            continue  # entries of a container: `repeated`
-        by_id: dict[int, list[str]] = {}
-        for key, child in m._modules.items():
-            if child is not None and any(True for _ in child.parameters()):
-                by_id.setdefault(id(child), []).append(f"{name}.{key}" if name else key)
-        groups += [g for i, g in by_id.items() if len(g) > 1 and calls.get(first.get(i), 0) > 1]
-    return groups
+    return [names for name, m in module.named_modules() if not isinstance(m, CONTAINERS)  # containers: `repeated`
+            for child, names in _one_child(name, m) if calls.get(first[id(child)], 0) > 1]
 
 
 def aliased(module: nn.Module) -> list[list[str]]:

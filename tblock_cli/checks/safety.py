@@ -9,19 +9,15 @@ import torch.nn as nn
 from torch.overrides import TorchFunctionMode
 
 from tblock_cli.checks.context import TRAINING_BACKWARD, Context, eval_forward, projected
+from tblock_cli.checks.graphs import GRAPH_WALK_MAX, graph_nodes
 from tblock_cli.checks.result import Outcome, failed, passed, warned
 from tblock_cli.errors import is_out_of_memory, one_line
 from tblock_cli.probes import BOOKKEEPING, held_tensors, module_copy, state_key, tensors, train_mode
-
-# Nodes walked up a held tensor's graph looking for the input; a block's graph has a few hundred.
-GRAPH_WALK_MAX = 20000
 
 
 def reaches(grad_fn, inputs: set[int]) -> bool:
     """Whether a graph leads back to one of the inputs (a weight recomputed from parameters, as the old weight_norm
     keeps it, does not: that is per-step state by design, not a graph of the data)."""
-    from tblock_cli.checks.gradients import graph_nodes
-
     for node in graph_nodes(grad_fn, GRAPH_WALK_MAX):
         if id(getattr(node, "variable", None)) in inputs:
             return True

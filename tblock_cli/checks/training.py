@@ -9,6 +9,7 @@ import torch
 import torch.nn as nn
 
 from tblock_cli.checks.context import OWN_CLAIMS, Context
+from tblock_cli.checks.graphs import carried_graphs, kept_graphs
 from tblock_cli.checks.result import Outcome, failed, passed, skipped
 from tblock_cli.errors import is_out_of_memory, one_line
 from tblock_cli.probes import cast, f64, module_copy, reseed, train_mode
@@ -313,53 +314,6 @@ def check_grad_accumulation(ctx: Context) -> Outcome:
         return failed("grad_accumulation.interleaved", round(worst, 4), worst=worst, limit=limit,
                       wrong=sorted(mixed, key=mixed.get, reverse=True))
     return passed("grad_accumulation.adds", worst, worst=worst, interleaved=max(apart.values(), default=0.0), **facts)
-
-
-# Nodes of a kept tensor's autograd graph walked to find the previous step's (a block's graph: a few hundred).
-GRAPH_NODES_MAX = 100_000
-
-
-def _kept_tensors(module: nn.Module):
-    """(name, tensor) for what the block keeps beside its parameters: buffers, tensor attributes and the tensors of
-    attributes that are lists, tuples or dicts of them."""
-    for prefix, m in module.named_modules():
-        for key, value in list(m._buffers.items()) + [(k, v) for k, v in vars(m).items() if not k.startswith("_")]:
-            name = f"{prefix}.{key}" if prefix else key
-            if isinstance(value, torch.Tensor) and not isinstance(value, nn.Parameter):
-                yield name, value
-            elif isinstance(value, (list, tuple, dict)):
-                items = value.items() if isinstance(value, dict) else enumerate(value)
-                for k, v in items:
-                    if isinstance(v, torch.Tensor) and not isinstance(v, nn.Parameter):
-                        yield f"{name}[{k!r}]", v
-
-
-def kept_graphs(module: nn.Module) -> dict[str, object]:
-    """name -> the autograd node of each tensor the block keeps that has one (a step's graph hangs from it)."""
-    return {n: t.grad_fn for n, t in _kept_tensors(module) if t.grad_fn is not None}
-
-
-def carried_graphs(module: nn.Module, before: dict[str, object]) -> list[str]:
-    """The tensors the block keeps after a training step, new since `before` (kept_graphs after the step before),
-    whose autograd graph reaches a node kept then: each step's graph joined to the previous one's (a loss summed into
-    an attribute, a state carried without detach)."""
-    old = {id(node): node for node in before.values()}
-    carried = []
-    for name, t in _kept_tensors(module):
-        node = t.grad_fn
-        if node is None or node is before.get(name):
-            continue
-        seen, stack = set(), [node]
-        while stack and len(seen) < GRAPH_NODES_MAX:
-            n = stack.pop()
-            if n is None or id(n) in seen:
-                continue
-            if id(n) in old and old[id(n)] is n:
-                carried.append(name)
-                break
-            seen.add(id(n))
-            stack.extend(f for f, _ in n.next_functions)
-    return carried
 
 
 def _first_of_two(ctx: Context, x: torch.Tensor, weight: torch.Tensor, params) -> dict[str, torch.Tensor | None]:
