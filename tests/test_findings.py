@@ -178,3 +178,16 @@ def test_a_check_that_raises_is_named_as_the_reason_its_dependants_skip():
     for name in ("grad_input", "residual"):
         assert by[name].kind == "needs.raised" and by[name].facts["check"] == "input_unchanged", by[name]
         assert "grad path broken" in by[name].detail and "in place" not in by[name].detail
+
+
+def test_every_outcome_a_check_can_return_has_its_sentence():
+    """Read off the source, not off a run: a kind only a rare block reaches (a parameter a forward writes, a
+    recompute that writes again) would otherwise show as its bare name and facts."""
+    import re
+    from pathlib import Path
+
+    call = re.compile(r"\b(?:failed|warned|passed|skipped)\(\s*\"([a-z0-9_]+\.[a-z0-9_]+)\"")
+    root = Path(tblock_cli.__file__).parent / "checks"
+    kinds = {(m.group(1), p.name) for p in root.glob("*.py") for m in call.finditer(p.read_text())}
+    assert len(kinds) > 100  # the pattern still finds the battery's outcomes
+    assert not sorted(k for k in kinds if k[0] not in MESSAGES)

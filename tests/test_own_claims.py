@@ -304,12 +304,15 @@ def test_a_table_whose_frequencies_repeat_is_read_not_raised_on():
     assert c.status is Status.FAIL and [d["key"] for d in c.facts["differs"]] == ["rope.theta"], c
 
 
-def test_a_cap_without_its_division_is_warned_where_the_attention_check_cannot_read_the_scale():
+def test_a_cap_without_its_division_fails_where_the_attention_check_cannot_read_the_scale():
     """cap * tanh(s): the cap holds, so the claimed softcap matches; the logits' spread under tanh tells the attention
-    check nothing, and the card's slope at small logits is 20x 1/sqrt(d_head). Twin: cap * tanh(s / cap)."""
-    c = tblock_cli.check(f"{TESTS / 'zoo_tables.py'}:SoftcapNotDivided", d_model=32, n_heads=4, causal=True, threads=1,
-                         only="spec").checks[0]
-    assert c.status is Status.WARN and c.kind == "spec.capped_scale" and c.facts["ratio"] == pytest.approx(20, rel=1e-3), c
+    check nothing, and the card's slope at small logits is 20x 1/sqrt(d_head), the cap's own value: failed. A slope
+    off by another factor (sqrt(d_head): the 1/sqrt(d_head) left out under a divided cap) is warned, as the attention
+    check warns unscaled scores. Twin: cap * tanh(s / cap)."""
+    c = spec_check("SoftcapNotDivided", zoo="zoo_tables.py")
+    assert c.status is Status.FAIL and c.kind == "spec.cap_not_divided" and c.facts["ratio"] == pytest.approx(20, rel=1e-3), c
+    c = spec_check("SoftcapUnscaled", zoo="zoo_tables.py")
+    assert c.status is Status.WARN and c.kind == "spec.capped_scale" and c.facts["ratio"] == pytest.approx(8 ** 0.5, rel=1e-3), c
     assert spec_check("SoftcapApplied").kind == "spec.matches"
 
 

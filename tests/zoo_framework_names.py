@@ -3,7 +3,8 @@
 `gelu_approximate` ("tanh": the FFN's GELU is the tanh approximation), `n_expert` and `n_expert_per_token` (the
 routing), its RMSNorm's `add_unit_offset` (a (1 + w) weight), `norm_class_name` and `mlp_class_name`; Megatron's
 `gated_linear_unit` and `normalization`; timm's `mlp_ratio` (an ungated FFN's width over the model's); OLMo's `norm_after` (each sublayer's output normalised before the add) and
-`activation_type`. Each planted block contradicts one and fails `spec`
+`activation_type`; nanoGPT's `LayerNorm` class name beside a bias (T5's bias-free `T5LayerNorm` says nothing). Each
+planted block contradicts one and fails `spec`
 naming the entry; each twin honours it and passes."""
 
 from dataclasses import dataclass, field, make_dataclass
@@ -236,7 +237,55 @@ class MlpRatioGated(TrainBlock):
         super().__init__(d_model, n_heads, dropout, causal)  # SwiGLU 8/3 x d_model wide
 
 
+class LayerNorm(nn.Module):
+    """nanoGPT's LayerNorm, an optional bias beside the weight: a LayerNorm, as its name says."""
+
+    def __init__(self, d, bias=True):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(d))
+        self.bias = nn.Parameter(torch.zeros(d)) if bias else None
+
+    def forward(self, x):
+        return F.layer_norm(x, self.weight.shape, self.weight, self.bias, 1e-5)
+
+
+class UncentredLayerNorm(LayerNorm):
+    """A LayerNorm that never subtracts the mean: an RMSNorm with a bias, under LayerNorm's name."""
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * self.weight + self.bias
+
+
+UncentredLayerNorm.__name__ = UncentredLayerNorm.__qualname__ = "LayerNorm"
+
+
+class T5LayerNorm(RMSNorm):
+    """T5's norm: an RMSNorm without a bias under a LayerNorm name, by design."""
+
+
+class LayerNormUncentred(TrainBlock):
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
+        super().__init__(d_model, n_heads, dropout, causal)
+        self.attn_norm, self.ffn_norm = UncentredLayerNorm(d_model), UncentredLayerNorm(d_model)
+
+
+class LayerNormOwn(TrainBlock):
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
+        super().__init__(d_model, n_heads, dropout, causal)
+        self.attn_norm, self.ffn_norm = LayerNorm(d_model), LayerNorm(d_model)
+
+
+class T5NamedRMSNorm(TrainBlock):
+    """T5LayerNorm is an RMSNorm by design and keeps no bias: its name claims nothing, whatever it computes."""
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True, rope_theta=10000.0):
+        super().__init__(d_model, n_heads, dropout, causal)
+        self.attn_norm, self.ffn_norm = T5LayerNorm(d_model), T5LayerNorm(d_model)
+
+
 PLANTED = {"MlpRatioIgnored": "ffn.hidden", "NormAfterSaidPreComputed": "norm.placement", "PlainMLPSaidGated": ("ffn.gated", "norm.kind"), "UngatedWhereMegatronGates": "ffn.gated",
            "CapSaid": "attn.softcap", "ScoresScalarSaid": "attn.scale", "GeluTanhSaid": "ffn.act",
-           "ExpertsPerTokenSaid": "moe.top_k", "UnitOffsetSaid": "norm.offset"}
-CORRECT = ["MlpRatioHonoured", "MlpRatioGated", "NormAfterAsSaid", "LlamaMLPAsSaid", "MegatronGatedAsSaid", "CapHonoured", "ScoresScalarHonoured", "GeluTanhHonoured", "ExpertsPerTokenHonoured", "UnitOffsetHonoured"]
+           "ExpertsPerTokenSaid": "moe.top_k", "UnitOffsetSaid": "norm.offset",
+           "LayerNormUncentred": "norm.kind"}
+CORRECT = ["MlpRatioHonoured", "MlpRatioGated", "NormAfterAsSaid", "LlamaMLPAsSaid", "MegatronGatedAsSaid", "CapHonoured", "ScoresScalarHonoured", "GeluTanhHonoured", "ExpertsPerTokenHonoured", "UnitOffsetHonoured",
+           "LayerNormOwn", "T5NamedRMSNorm"]

@@ -155,6 +155,22 @@ class WindowSwitchedOffHonoured(WindowSwitchedOffIgnored):
     window = 10**9
 
 
+class WindowArgumentsSwitchedOff(WindowKeptNotApplied):
+    """Both as constructor arguments: use_sliding_window=False beside sliding_window=4, and the mask slides anyway.
+    The switch wins over the window beside it (Qwen2's reading), so the block says it has none. Twin:
+    WindowArgumentsHonoured."""
+
+    applied = True
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True, use_sliding_window=False, sliding_window=4):
+        super().__init__(d_model, n_heads, dropout, causal, sliding_window)
+        self.applied = use_sliding_window or type(self).applied
+
+
+class WindowArgumentsHonoured(WindowArgumentsSwitchedOff):
+    applied = False
+
+
 class BiasIgnored(TrainBlock):
     """Takes bias=False (nanoGPT's switch: no bias in any linear) and builds biased attention projections anyway."""
 
@@ -197,6 +213,7 @@ class QKVBiasBesideNoBias(TrainBlock):
 
 PLANTED = {"HeadsIgnored": "attn.heads", "FFNWidthIgnored": "ffn.hidden", "SiluOnBothHalves": "ffn.act",
            "LayerScaleIgnored": ("residual.attn_gain", "residual.ffn_gain"), "WindowWhereNone": "attn.window",
-           "WindowSwitchedOffIgnored": "attn.window", "BiasIgnored": "bias.any", "SinksBesideWiderWindow": "attn.window"}
+           "WindowSwitchedOffIgnored": "attn.window", "BiasIgnored": "bias.any", "SinksBesideWiderWindow": "attn.window",
+           "WindowArgumentsSwitchedOff": "attn.window"}
 CORRECT = ["FFNWidthHonoured", "LayerScaleHonoured", "HeadsInALoop", "WindowNoneHonoured", "WindowSwitchedOffHonoured",
-           "QKVBiasKeptApart", "NoBiasHonoured", "QKVBiasBesideNoBias", "SinksBesideWindow"]
+           "QKVBiasKeptApart", "NoBiasHonoured", "QKVBiasBesideNoBias", "SinksBesideWindow", "WindowArgumentsHonoured"]

@@ -9,6 +9,7 @@ whose q, k and v names a product with no softmax after it cannot contradict; and
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 from zoo_training import RMSNorm, TrainBlock, heads, merge
 
 
@@ -189,11 +190,86 @@ class OldNameKept(TrainBlock):
         self.wo = self.o_proj
 
 
-PLANTED = {"AuxLossSummedAcrossCalls": ("grad_accumulation", "grad_accumulation.graph_carried"),
+class _Checkpointed(_Routed):
+    """The expert layer under non-reentrant activation checkpointing in training, as memory-bound MoE code does; the
+    subclasses say what the checkpointed part writes on the block."""
+
+    def routed(self, h):
+        probs = self.router(h).softmax(-1)
+        self.write(probs)
+        top, idx = probs.topk(2, dim=-1)
+        top = top / top.sum(-1, keepdim=True)
+        out = torch.zeros_like(h)
+        for e, expert in enumerate(self.experts):
+            out = out + (top * (idx == e)).sum(-1, keepdim=True) * expert(h)
+        return out
+
+    def ffn(self, h):
+        if self.training:
+            return self.drop(checkpoint(self.routed, h, use_reentrant=False))
+        return self.drop(self.routed(h))
+
+
+class AuxListInRecompute(_Checkpointed):
+    """Appends the balance loss to a list the trainer sums, emptied at each call: the recompute in the backward
+    appends it a second time."""
+
+    def write(self, probs):
+        self.aux_losses.append(self.balance(probs))
+
+    def forward(self, x):
+        self.aux_losses = []
+        return super().forward(x)
+
+
+class LoadCountInRecompute(_Checkpointed):
+    """Counts the tokens each expert gets in a buffer (a load statistic): the recompute counts them again."""
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
+        super().__init__(d_model, n_heads, dropout, causal)
+        self.register_buffer("load", torch.zeros(4))
+
+    def write(self, probs):
+        with torch.no_grad():
+            self.load += F.one_hot(probs.argmax(-1), 4).sum((0, 1)).to(self.load.dtype)
+
+
+class AuxKeptOutsideCheckpoint(_Checkpointed):
+    """Correct: the balance loss computed outside the checkpointed part (the router runs again there, writing
+    nothing), and a gradient hook that keeps the router's last gradient norm, written in the backward only."""
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
+        super().__init__(d_model, n_heads, dropout, causal)
+        self.router_grad_norm = 0.0
+        self.router.weight.register_hook(self.note)
+
+    def note(self, g):
+        self.router_grad_norm = g.norm().item()
+
+    def write(self, probs):
+        pass
+
+    def ffn(self, h):
+        self.keep(self.balance(self.router(h).softmax(-1)))
+        return super().ffn(h)
+
+
+class ProbabilitiesKeptUnderCheckpoint(_Checkpointed):
+    """Correct: keeps the router's probabilities for a plot inside the checkpointed part; the recompute writes them
+    again, with the same values."""
+
+    def write(self, probs):
+        self.last_probs = probs.detach()
+
+
+PLANTED = {"AuxListInRecompute": ("train_state", "train_state.recompute_writes"),
+           "LoadCountInRecompute": ("train_state", "train_state.recompute_writes"),
+           "AuxLossSummedAcrossCalls": ("grad_accumulation", "grad_accumulation.graph_carried"),
            "RunningStatWithGraph": ("grad_accumulation", "grad_accumulation.graph_carried"),
            "BatchNormBesideBatchMean": ("batch", "batch.leak_train"),
            "UnbiasedNormBlock": ("norms", "norms.not_unit"),
            "GainFirstNormBlock": ("norms", "norms.gain_inside"),
            "QueryIsKey": ("optimizer_step", "optimizer_step.repeated"),
            "GateIsUp": ("optimizer_step", "optimizer_step.repeated")}
-CORRECT = ["AuxLossPerCall", "BiasedNormBlock", "OldNameKept"]
+CORRECT = ["AuxLossPerCall", "BiasedNormBlock", "OldNameKept", "AuxKeptOutsideCheckpoint",
+           "ProbabilitiesKeptUnderCheckpoint"]

@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn as nn
-from zoo_training import RMSNorm, Rotary, TrainBlock
+import torch.nn.functional as F
+from zoo_training import RMSNorm, Rotary, TrainBlock, heads, merge
 
 
 def apply_scaling(freqs, scale_factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, old_context_len=8192):
@@ -167,12 +168,19 @@ def yarn_frequencies(dim, base, factor, original, beta_fast=32, beta_slow=1):
 
 
 class YarnRotary(Rotary):
-    def __init__(self, dim, base, factor, original):
+    """transformers' YaRN rotation: its table, and the attention factor 0.1 ln(factor) + 1 on cos and sin (so on q and
+    on k: every score times its square)."""
+
+    def __init__(self, dim, base, factor, original, gain=True):
         self.factor, self.original = factor, original
+        self.gain = 0.1 * math.log(factor) + 1.0 if gain else 1.0
         super().__init__(dim, base)
 
     def frequencies(self, device=None):
         return yarn_frequencies(self.dim, self.base, self.factor, self.original).to(device)
+
+    def forward(self, t):
+        return super().forward(t) * self.gain
 
 
 class YarnShortContext(TrainBlock):
@@ -195,8 +203,118 @@ class YarnThetaIgnored(YarnShortContext):
     base = 500000.0
 
 
+class YarnGainDropped(YarnShortContext):
+    """YaRN's table without its attention factor: scores 1/1.14^2 of what the claimed scaling computes (transformers
+    multiplies cos and sin by 0.1 ln(4) + 1 unless the dict says otherwise)."""
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
+        super().__init__(d_model, n_heads, dropout, causal)
+        self.rotary = YarnRotary(d_model // n_heads, self.base, 4.0, 16, gain=False)
+
+
+class YarnGainGiven(YarnGainDropped):
+    """The same table and no gain, the dict's own `attention_factor` 1.0 saying so: correct."""
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
+        super().__init__(d_model, n_heads, dropout, causal)
+        self.rope_scaling = {**self.rope_scaling, "attention_factor": 1.0}
+
+
+@dataclass
+class HybridConfig:
+    """transformers 5's Gemma-3 layout in small: every other layer slides over 4 keys, and each kind rotates at its
+    own base (rope_parameters keyed by the kind)."""
+
+    layer_types: tuple = ("sliding_attention", "full_attention")
+    sliding_window: int = 4
+    rope_parameters: dict = field(default_factory=lambda: {
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        "full_attention": {"rope_type": "default", "rope_theta": 1000000.0}})
+
+
+class HybridLayer(TrainBlock):
+    """Layer `layer_idx` of a model with a HybridConfig: slides where `slides` says, rotates at `base`. The subclasses
+    set what the code does; HybridLayer itself is layer 0 done right (sliding, the local base)."""
+
+    layer_idx, slides, base = 0, True, 10000.0
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True, config=None):
+        super().__init__(d_model, n_heads, dropout, causal)
+        self.config = config or HybridConfig()
+        self.layer_idx = type(self).layer_idx  # kept on the module, as HF's attention modules keep it
+        self.rotary = Rotary(d_model // n_heads, base=self.base)  # its own `base` speaks only where the config is silent
+
+    def attention(self, h):
+        q, k, v = (heads(p(h), self.n_heads) for p in (self.q_proj, self.k_proj, self.v_proj))
+        q, k = self.rotary(q), self.rotary(k)
+        i = torch.arange(h.shape[1], device=h.device)
+        allowed = i[:, None] >= i[None, :]
+        if self.slides:
+            allowed = allowed & (i[:, None] - i[None, :] < self.config.sliding_window)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=self.p if self.training else 0.0)
+        return self.o_proj(merge(y))
+
+
+class HybridGlobalLayer(HybridLayer):
+    """Layer 1, full attention at the global base, done right."""
+
+    layer_idx, slides, base = 1, False, 1000000.0
+
+
+class HybridPatternShifted(HybridLayer):
+    """Layer 1 (full attention in the config) built with the pattern off by one: it slides, at the local base."""
+
+    layer_idx = 1
+
+
+class HybridBaseSwapped(HybridLayer):
+    """Layer 0 slides as the config says, at the global layers' base."""
+
+    base = 1000000.0
+
+
+@dataclass
+class NoRopeConfig:
+    """SmolLM3's layout in small: every fourth layer (index 3, 7, ...) a NoPE layer (`no_rope_layers` 0)."""
+
+    no_rope_layers: tuple = (1, 1, 1, 0)
+
+
+class NoRopeLayer(TrainBlock):
+    """Layer `layer_idx` of a model with a NoRopeConfig, rotating where `rotates` says; this one: layer 3, NoPE, as
+    the config says."""
+
+    layer_idx, rotates = 3, False
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True, config=None):
+        super().__init__(d_model, n_heads, dropout, causal)
+        self.config, self.layer_idx = config or NoRopeConfig(), type(self).layer_idx
+
+    def attention(self, h):
+        q, k, v = (heads(p(h), self.n_heads) for p in (self.q_proj, self.k_proj, self.v_proj))
+        if self.rotates:
+            q, k = self.rotary(q), self.rotary(k)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal, dropout_p=self.p if self.training else 0.0)
+        return self.o_proj(merge(y))
+
+
+class NoRopeRotatingLayer(NoRopeLayer):
+    """Layer 0, which rotates, as the config says."""
+
+    layer_idx, rotates = 0, True
+
+
+class NoRopeListInverted(NoRopeLayer):
+    """Layer 0 read with the list's meaning inverted (`use_rope = not no_rope_layers[i]`): it does not rotate."""
+
+    layer_idx, rotates = 0, False
+
+
 PLANTED = {"UntypedScalingIgnored": ("rope.scaling", "rope.factor"), "ScaledRopeIgnored": "rope.scaling", "PostNormWhereBeforeSaid": "norm.placement",
            "ZeroCenteredIgnored": "norm.offset", "TuneScalingIgnored": ("rope.scaling", "rope.factor"),
-           "YarnThetaIgnored": "rope.theta"}
+           "YarnThetaIgnored": "rope.theta", "YarnGainDropped": "attn.scale",
+           "HybridPatternShifted": ("attn.window", "rope.theta"), "HybridBaseSwapped": "rope.theta",
+           "NoRopeListInverted": "pos.kind"}
 CORRECT = ["UntypedScalingHonoured", "ScaledRopeHonoured", "NormBeforeHonoured", "ZeroCenteredHonoured", "TuneScalingHonoured",
-           "YarnShortContext"]
+           "YarnShortContext", "YarnGainGiven", "HybridLayer", "HybridGlobalLayer", "NoRopeLayer",
+           "NoRopeRotatingLayer"]

@@ -109,6 +109,30 @@ class Llama3OriginalFromMax(Llama3Scaled):
     used_orig = 131072
 
 
+class Llama3BandSwapped(Llama3Scaled):
+    """Heads of 16 (one pair inside the band: no ramp the card can read) and the band's ends swapped in the code
+    (orig / high_freq_factor taken for the long end): no pair is smoothed, the band's pair is divided by the whole
+    factor. Twin: Llama3NarrowHeads."""
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True, rope_theta=10000.0):
+        TrainBlock.__init__(self, d_model, n_heads, dropout, causal)
+        self.rope_scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                             "original_max_position_embeddings": 256}
+        self.head_dim = 16
+        self.q_proj, self.k_proj, self.v_proj = (nn.Linear(d_model, n_heads * 16, bias=False) for _ in range(3))
+        self.o_proj = nn.Linear(n_heads * 16, d_model, bias=False)
+        low, high = self.ends()
+        self.rotary = Llama3Rotary(16, rope_theta, 8.0, low, high, 256)
+
+    def ends(self):
+        return 4.0, 1.0
+
+
+class Llama3NarrowHeads(Llama3BandSwapped):
+    def ends(self):
+        return 1.0, 4.0
+
+
 class SoftcapNotDivided(TrainBlock):
     """Keeps `softcap` 20 and computes cap * tanh(q.k / sqrt(d_head)): bounded at the cap, as claimed, but its slope
     at small logits is the cap's, 20x the scale. Twin: zoo_claims' SoftcapApplied (cap * tanh(s / cap))."""
@@ -120,6 +144,14 @@ class SoftcapNotDivided(TrainBlock):
     def attention(self, h):
         d_head = self.q_proj.out_features // self.n_heads
         return attend(self, h, scale=self.softcap / math.sqrt(d_head), cap=self.softcap)
+
+
+class SoftcapUnscaled(SoftcapNotDivided):
+    """Keeps `softcap` 20 and computes cap * tanh(q.k / cap), the 1/sqrt(d_head) left out: a slope sqrt(d_head) times
+    the convention's, not the cap's: warned as any unscaled block is, not failed."""
+
+    def attention(self, h):
+        return attend(self, h, scale=1.0, cap=self.softcap)
 
 
 class OneExpertRouted(MoEBlock):
@@ -325,8 +357,11 @@ PLANTED = {"CatTableInterleaved": "rope.theta", "ValuesTiledApart": "attn.group"
            "SharedExpertDropped": "moe.shared", "NormFirstIgnored": "norm.placement",
            "RopeSwitchIgnored": "pos.kind", "ResidualMultiplierDropped": ("residual.attn_gain", "residual.ffn_gain"),
            "AttentionMultiplierDropped": "attn.scale", "GroupsStrided": "attn.kv_grouping",
-           "HeadDimIgnored": "attn.head_dim", "Llama3OriginalFromMax": ("rope.low_freq_wavelen", "rope.high_freq_wavelen")}
-WARNED = {"SoftcapNotDivided": "spec", "OneExpertRenormalised": "spec"}
+           "HeadDimIgnored": "attn.head_dim", "Llama3OriginalFromMax": ("rope.low_freq_wavelen", "rope.high_freq_wavelen"),
+           "Llama3BandSwapped": ("rope.low_freq_wavelen", "rope.high_freq_wavelen")}
+WARNED = {"SoftcapUnscaled": "spec", "OneExpertRenormalised": "spec"}
+# failed by a finding of its own (spec.cap_not_divided), not by an entry that differs
+FAILED = {"SoftcapNotDivided": "spec"}
 CORRECT = ["OneExpertRouted", "TanhGeluWritten", "ExpertsCounted", "QKNormApplied", "SharedExpertAdded",
            "NormFirstHonoured", "RopeSwitchOn", "GraniteMultipliers", "HeadDimHonoured",
-           "Llama3Scaled"]
+           "Llama3Scaled", "Llama3NarrowHeads"]

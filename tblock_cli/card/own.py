@@ -24,6 +24,9 @@ from tblock_cli.card.own_names import (
     HALF_SPLIT,
     HEADS,
     KV_HEADS,
+    LAYER_INDICES,
+    LAYER_TYPES,
+    LAYER_WINDOWS,
     LLAMA3_BAND,
     LOCAL_BASES,
     MLA_WIDTHS,
@@ -37,6 +40,7 @@ from tblock_cli.card.own_names import (
     ON_ROTARY,
     POSITION_SWITCHES,
     QUERY_CHILDREN,
+    ROPE_LAYERS,
     SCALED,
     SCALINGS,
     SWITCHED,
@@ -44,6 +48,7 @@ from tblock_cli.card.own_names import (
     TYPED_BY_KEYS,
     WINDOW_SWITCHES,
     WINDOWS,
+    YARN_GAIN,
     layer_scale_off,
 )
 
@@ -60,6 +65,7 @@ def own_claims(modules: list[nn.Module], arguments: dict | None = None) -> tuple
             tier.setdefault(key, {}).setdefault(value, where)
 
     seen: set[str] = set()  # every field and attribute name read (multi-head latent attention's widths, below)
+    switched_off: dict[str, str] = {}  # tier -> where a sliding switch is False (it wins over a window beside it)
 
     def fields(values: dict, where: str) -> None:
         for field, v, at in fields_of(values, where):
@@ -84,7 +90,7 @@ def own_claims(modules: list[nn.Module], arguments: dict | None = None) -> tuple
             elif field in WINDOWS and at == "constructor argument":
                 put(asked, "attn.window", _window(v), f"{at} `{field}`")
             elif field in WINDOW_SWITCHES and v is False:
-                put(asked, "attn.window", "none", f"{at} `{field}`")
+                switched_off.setdefault("asked", f"{at} `{field}`")
             elif field in HALF_SPLIT and isinstance(v, bool):
                 put(asked, "rope.pairing", _value("rope.pairing", not v), f"{at} `{field}`")
             elif field in POSITION_SWITCHES and v is True:
@@ -124,7 +130,7 @@ def own_claims(modules: list[nn.Module], arguments: dict | None = None) -> tuple
                 put(kept, "attn.window", _window(value), f"{owner}.{name}")
                 continue
             if name in WINDOW_SWITCHES and value is False:
-                put(kept, "attn.window", "none", f"{owner}.{name}")
+                switched_off.setdefault("kept", f"{owner}.{name}")
                 continue
             if name in HALF_SPLIT and isinstance(value, bool):
                 put(kept, "rope.pairing", _value("rope.pairing", not value), f"{owner}.{name}")
@@ -152,6 +158,12 @@ def own_claims(modules: list[nn.Module], arguments: dict | None = None) -> tuple
     norms = [type(m).__name__ for m in modules if "norm" in type(m).__name__.lower()]
     if norms and all(is_rms_name(n) for n in norms):
         put(named, "norm.kind", "rmsnorm", f"class name `{norms[0]}` (every norm's class says RMSNorm)")
+    elif (held := [m for m in modules if own_norm(m) and getattr(getattr(m, "weight", None), "ndim", 0) == 1]) and all(
+            is_layer_norm(m) for m in held):  # torch's own LayerNorm does what it says by construction: no claim
+        put(named, "norm.kind", "layernorm",
+            f"class name `{type(held[0]).__name__}` with a bias (every norm's class written here says LayerNorm)")
+    for name, where in switched_off.items():  # Qwen2's use_sliding_window=False: no window, whatever one is kept
+        {"asked": asked, "kept": kept}[name]["attn.window"] = {"none": where}
     for tier in (asked, kept):
         _group(tier)
     if BIAS_ON in seen:
@@ -160,6 +172,8 @@ def own_claims(modules: list[nn.Module], arguments: dict | None = None) -> tuple
     if seen.intersection(MLA_WIDTHS):
         for tier in (asked, kept):
             tier.pop("attn.head_dim", None)
+    for key, (value, where) in layer_claims(modules, arguments or {}).items():  # this layer's own, over the model's
+        asked[key] = {value: where}
     claims = []
     for key in {**named, **kept, **asked}:
         tier, values = next((t, v[key]) for t, v in (("asked", asked), ("kept", kept), ("named", named)) if v.get(key))
@@ -207,6 +221,43 @@ def _group(tier: dict) -> None:
                                                       "as sdpa's enable_gqa and transformers' repeat_kv)"}
 
 
+def layer_claims(modules: list[nn.Module], arguments: dict) -> dict:
+    """{key: (value, where)} for what a config's `layer_types` says of this layer, found by its index (a constructor
+    argument or module attribute `layer_idx` or `layer_id`, one value): a sliding layer's window is the config's
+    `sliding_window`, a full-attention layer's none; a `rope_parameters` keyed by the kinds (transformers 5's Gemma-3)
+    gives the layer's base and scaling; Llama 4's and SmolLM3's `no_rope_layers` (1: this layer rotates, 0: NoPE)
+    its positions. Empty where no index, several, or no config with `layer_types` is found."""
+    found = {v for k, v in arguments.items() if k in LAYER_INDICES}
+    found |= {v for m in modules for k, v in vars(m).items() if k in LAYER_INDICES}
+    configs = [v for v in arguments.values() if is_config(v)]
+    configs += [v for m in modules for v in vars(m).values() if is_config(v)]
+    if len(found) != 1 or not configs:
+        return {}
+    (idx,) = found
+    out = {}
+    if not isinstance(idx, int) or isinstance(idx, bool):
+        return out
+    for config in configs:
+        fields = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else dict(vars(config))
+        roped = fields.get(ROPE_LAYERS)
+        if isinstance(roped, (list, tuple)) and 0 <= idx < len(roped) and roped[idx] in (0, 1):
+            out["pos.kind"] = ("rotary" if roped[idx] else "none", f"config's `{ROPE_LAYERS}`[{idx}] ({roped[idx]})")
+        kinds = fields.get(LAYER_TYPES)
+        if not isinstance(kinds, (list, tuple)) or not 0 <= idx < len(kinds) or not isinstance(kinds[idx], str):
+            continue
+        kind, where = kinds[idx], f"config's `layer_types`[{idx}] ({kinds[idx]})"
+        window = {"window": _count(fields.get("sliding_window")), "none": "none"}.get(LAYER_WINDOWS.get(kind, ""))
+        if window is not None:
+            out["attn.window"] = (window, where)
+        rope = fields.get("rope_parameters")
+        if isinstance(rope, dict) and isinstance(rope.get(kind), dict):
+            theta = rope[kind].get("rope_theta")
+            if isinstance(theta, (int, float)) and not isinstance(theta, bool) and theta > 0:
+                out["rope.theta"] = (float(theta), where)
+            out.update({k: (v, where) for k, v in _scaling(rope[kind]).items()})
+    return out
+
+
 def fields_of(values: dict, where: str):
     """(field, value, where) for each field of values and of the configs among them, nested ones included."""
     for field, v in values.items():
@@ -224,6 +275,15 @@ def own_norm(m: nn.Module) -> bool:
 def is_rms_name(name: str) -> bool:
     """A class name that says RMSNorm (RMSNorm, LlamaRMSNorm, rms_norm)."""
     return bool(re.search(r"rms_?norm", name, re.I))
+
+
+def is_layer_norm(m: nn.Module) -> bool:
+    """A module whose class name says LayerNorm (LayerNorm, GPT2LayerNorm, layer_norm) and that keeps a bias, a 1-D
+    parameter beside its weight: T5's and its kin's bias-free `T5LayerNorm` is an RMSNorm by design, a LayerNorm with a
+    bias is not."""
+    b = getattr(m, "bias", None)
+    return (bool(re.search(r"layer_?norm$", type(m).__name__, re.I)) and not is_rms_name(type(m).__name__)
+            and isinstance(b, nn.Parameter) and b.ndim == 1)
 
 
 def is_config(value) -> bool:
@@ -292,12 +352,26 @@ def _scaling(d: dict) -> dict:
     if kind not in SCALED or isinstance(factor, bool) or not isinstance(factor, (int, float)) or not factor > 1:
         return {}
     out = ({} if kind == "yarn" else {"rope.scaling": kind}) | {"rope.factor": float(factor)}
+    if kind == "yarn" and (gain := _yarn_gain(d, float(factor))) is not None:
+        out[YARN_GAIN] = gain
     if kind == "llama3":  # the band's ends: orig / low_freq_factor and orig / high_freq_factor (only their quotients)
         orig = d.get("original_max_position_embeddings", d.get("original_max_seq_len"))  # the latter litgpt's
         low, high = d.get("low_freq_factor"), d.get("high_freq_factor")
         if all(_value("rope.factor", v) for v in (orig, low, high)) and high > low:
             out |= {"rope.low_freq_wavelen": orig / low, "rope.high_freq_wavelen": orig / high}
     return out
+
+
+def _yarn_gain(d: dict, factor: float) -> float | None:
+    """The gain YaRN's rotation puts on q and k: the dict's `attention_factor`, else 0.1 ln(factor) + 1 (HF's, the
+    paper's sqrt(1/t)). None where `mscale` or `mscale_all_dim` is given: DeepSeek's split the gain between the rotary
+    table and the softmax scale, over the rotating channels alone."""
+    given = d.get("attention_factor")
+    if given is not None:
+        return float(given) if isinstance(given, (int, float)) and not isinstance(given, bool) and given > 0 else None
+    if "mscale" in d or "mscale_all_dim" in d:
+        return None
+    return 0.1 * math.log(factor) + 1.0
 
 
 def is_rotary_name(name: str) -> bool:

@@ -8,6 +8,9 @@ FRACTION = "rope.fraction"
 # Not a card key either: the FFN's hidden width over the model's (timm's mlp_ratio), an ffn.hidden claim where the
 # card reads an FFN that is not gated (a gated one's ratio may count gate and up together, OLMo's, or 2/3 of it, Meta's)
 RATIO = "ffn.ratio"
+# Not a card key: YaRN's attention factor, the gain its rotation puts on q and k (HF's `attention_factor`, by default
+# 0.1 ln(factor) + 1), turned into an attn.scale claim by `with_yarn_gain` once the card has read the head's width
+YARN_GAIN = "rope.yarn_gain"
 # attribute or config field -> card key, read on any module or config.
 FIELDS = {
     "rope_theta": "rope.theta", "rope_base": "rope.theta", "rotary_base": "rope.theta", "rotary_emb_base": "rope.theta",
@@ -148,6 +151,14 @@ QUERY_CHILDREN = ("q_proj", "query", "wq", "to_q", "q_lin", "qkv", "qkv_proj", "
 # only where it is shorter than the card's probe (see `with_window`); conventions differ by one (a query sees w keys, or
 # w + 1: HF's masks and flash-attention's), so one either way matches
 WINDOWS = ("sliding_window",)
+# A config's per-layer attention kinds (transformers' `layer_types`) with the layer's own index (HF's `layer_idx`,
+# Meta's and torchtitan's `layer_id`, 0-based): the kind of this layer says whether its window is the config's
+# `sliding_window` or none, and which of a `rope_parameters` keyed by kind (Gemma-3's local and global bases) it rotates by
+LAYER_TYPES = "layer_types"
+LAYER_INDICES = ("layer_idx", "layer_id")
+LAYER_WINDOWS = {"sliding_attention": "window", "full_attention": "none"}
+# Llama 4's and SmolLM3's per-layer switch list, read at the layer's index the same way: 1 rotates, 0 is a NoPE layer
+ROPE_LAYERS = "no_rope_layers"
 # A window of None says the layer attends to every key (a Hugging Face attention module's own sliding_window on its
 # full-attention layers), and so does a switch that turns sliding off for the whole model (Qwen2's
 # use_sliding_window=False, whatever sliding_window it also keeps)

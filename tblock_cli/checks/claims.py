@@ -3,6 +3,8 @@ block's weights carried to it."""
 
 from __future__ import annotations
 
+import math
+
 from tblock_cli.checks.context import Context
 from tblock_cli.checks.result import Outcome, failed, passed, skipped, warned
 from tblock_cli.probes import module_copy
@@ -16,7 +18,8 @@ def check_spec(ctx: Context) -> Outcome:
     gains, MoE routing; [spec.md](spec.md)) that differs from the declaration, each named with both values; without a declaration, one
     that differs from what the block says of itself (a kept `rope_theta`, `softcap`, `rotary_dim`, an attention
     module's `scale`, a config's `hidden_act`, `num_experts_per_tok`, `head_dim`, `intermediate_size` or `num_key_value_heads` (and with it grouped-query attention's layout, query head h reading key head h // group), a head count the product does not split into, a LayerScale start (`layer_scale_init_value`), Granite's `residual_multiplier` and
-    `attention_multiplier`, a `rope_scaling` (llama3's band ends too), a kept
+    `attention_multiplier`, a `rope_scaling` (llama3's band ends too, on the whole table where no ramp shows them;
+    YaRN's attention factor as the score scale), a LayerNorm class name with a bias, a kept
     `sliding_window` shorter than the probe (within one token), a rotary module that runs
     while no rotation reaches the scores: [spec.md](spec.md)); skips when neither"""
     from tblock_cli.card.attention import COSINE, SCALE_SEQ
@@ -57,6 +60,8 @@ def check_spec(ctx: Context) -> Outcome:
     if not claims:
         return skipped("spec.undeclared")
     verdicts = judge(card, claims)
+    if own or decl.claims:
+        verdicts = _band_by_table(verdicts, card, claims, ctx.dtype)
     differs = [v.to_dict() for v in verdicts if v.status == "differs"]
     unread = [v.key for v in verdicts if v.status == "unread"]
     matched = sum(v.status == "match" for v in verdicts)
@@ -67,6 +72,9 @@ def check_spec(ctx: Context) -> Outcome:
     if not matched:
         return skipped("spec.nothing_read", **facts)
     if (capped := _capped_scale(card, claims)) is not None:
+        if abs(math.log(capped["ratio"] / capped["softcap"])) < math.log(CAP_SIGNATURE):
+            # the slope is the cap's own multiple of 1/sqrt(head dim): cap * tanh(s), the division by the cap lost
+            return failed("spec.cap_not_divided", round(capped["ratio"], 3), **capped, **facts)
         return warned("spec.capped_scale", round(capped["ratio"], 3), **capped, **facts)
     if card.value("moe.top_k") == 1 and card.value("moe.renorm") is True:
         # one expert per token, its weight renormalised over the chosen one: p / p = 1 whatever the router computes
@@ -93,6 +101,12 @@ def _half_table(card, dtype):
     return dataclasses.replace(card, entries=tuple(skipped(e.key, why) if e.key in rounded else e for e in card.entries))
 
 
+# A capped slope within this factor of the cap itself (either way) is the cap multiplied in: cap * tanh(s) where
+# cap * tanh(s / cap) was meant, at 1/sqrt(head dim) otherwise. A scale that far off by design would have to land on
+# the cap's own value.
+CAP_SIGNATURE = 1.25
+
+
 def _capped_scale(card, claims) -> dict | None:
     """Under a soft-cap the attention check cannot read the score scale off the logits' spread (the tanh bends it);
     the card's slope at small logits can. Held to the same convention as there (1/sqrt(head dim), warned past
@@ -111,14 +125,60 @@ def _capped_scale(card, claims) -> dict | None:
             "low": OVERSCALED_RATIO}
 
 
+# the relative gap, per pair, between the table a llama-3 claim predicts and the one measured (the block's float32
+# table against float64 arithmetic: 1e-7)
+TABLE_TOL = 1e-3
+BAND = ("rope.low_freq_wavelen", "rope.high_freq_wavelen")
+
+
+def _band_by_table(verdicts, card, claims, dtype):
+    """llama-3's band ends, where the card could not read them off a ramp (fewer than two pairs inside the band, as
+    the block computes it), judged on the whole table instead: theta's plain table (the card's fitted theta, on the
+    fast pairs llama-3 leaves alone) scaled as the claimed factor and band say, pair by pair, against the frequencies
+    measured. A band the claim puts pairs in that the block scales all the way (its ends swapped, frequency taken for
+    wavelength) differs; a table that is the claim's, its band holding no pair, matches. Not in half precision, whose
+    table is rounded by design."""
+    import torch
+
+    said = {c.key: c.value for c in claims}
+    unread = [v for v in verdicts if v.key in BAND and v.status == "unread"]
+    scaled = all(v.status == "match" for v in verdicts if v.key in ("rope.scaling", "rope.factor"))
+    if not unread or not scaled or said.get("rope.scaling") != "llama3" or dtype in (torch.float16, torch.bfloat16):
+        return verdicts  # a table not scaled as claimed is said once, by its scaling or factor
+    freqs, theta, dims = card.value("rope.freqs"), card.value("rope.theta"), card.value("rope.dims")
+    factor, low_wl, high_wl = said.get("rope.factor"), said.get(BAND[0]), said.get(BAND[1])
+    numbers = (theta, dims, factor, low_wl, high_wl)
+    if not isinstance(freqs, tuple) or not freqs or not all(isinstance(v, (int, float)) and v > 0 for v in numbers) \
+            or not low_wl > high_wl or len(freqs) != int(dims) // 2:
+        return verdicts
+    predicted = []
+    for i in range(len(freqs)):
+        f = theta ** (-2 * i / dims)
+        wl = 2 * math.pi / f
+        smooth = (1 / wl - 1 / low_wl) / (1 / high_wl - 1 / low_wl)
+        predicted.append(f if wl < high_wl else f / factor if wl > low_wl else (1 - smooth) * f / factor + smooth * f)
+    gaps = [abs(m - p) / p for m, p in zip(freqs, predicted)]
+    worst = max(range(len(gaps)), key=gaps.__getitem__)
+    if gaps[worst] <= TABLE_TOL:
+        status, measured = "match", None
+    else:
+        status = "differs"
+        measured = (f"pair {worst} turns {freqs[worst]:.4g} rad per position, where this band gives "
+                    f"{predicted[worst]:.4g} ({gaps[worst]:.0%} off)")
+    from tblock_cli.card.entries import Verdict
+
+    return tuple(Verdict(v.key, status, v.claimed, measured if status == "differs" else v.claimed, v.source)
+                 if v in unread else v for v in verdicts)
+
+
 def _norm_module_contradicts(ctx: Context, claim) -> bool:
     """Whether a norm module of the block written outside torch, read alone on a float64 copy at its own width, does
-    not do what it says: one whose class name says RMSNorm subtracting the mean (norm.kind), one computing with
-    another floor than the eps it keeps (norm.eps)."""
+    not do what it says: one whose class name says RMSNorm subtracting the mean, or LayerNorm (with a bias) not
+    subtracting it (norm.kind), one computing with another floor than the eps it keeps (norm.eps)."""
     import torch
 
     from tblock_cli.card.norms import EPS_TOL, eps, kind, unit_tokens
-    from tblock_cli.card.own import ON_NORM, is_rms_name, own_norm
+    from tblock_cli.card.own import ON_NORM, is_layer_norm, is_rms_name, own_norm
     from tblock_cli.checks.training import all_modules
 
     for m in all_modules(ctx.subject.module):
@@ -126,13 +186,14 @@ def _norm_module_contradicts(ctx: Context, claim) -> bool:
         if not own_norm(m) or not isinstance(w, torch.Tensor) or w.ndim != 1:
             continue
         kept = next((vars(m)[a] for a in ON_NORM if isinstance(vars(m).get(a), float)), None)
-        if (claim.key == "norm.kind" and not is_rms_name(type(m).__name__)) or (claim.key == "norm.eps" and not kept):
+        said = "rmsnorm" if is_rms_name(type(m).__name__) else "layernorm" if is_layer_norm(m) else None
+        if (claim.key == "norm.kind" and said != claim.value) or (claim.key == "norm.eps" and not kept):
             continue
         try:
             twin = module_copy(m).to(dtype=torch.float64)
             v = torch.randn(1, 4, w.shape[0], generator=torch.Generator().manual_seed(0), dtype=torch.float64)
             v = unit_tokens(v).to(w.device)
-            if claim.key == "norm.kind" and kind(twin, v)[0] == "layernorm":
+            if claim.key == "norm.kind" and kind(twin, v)[0] not in (said, None):
                 return True
             got = eps(twin, v)[0] if claim.key == "norm.eps" else None
             if got is not None and abs(got - kept) > EPS_TOL * kept:

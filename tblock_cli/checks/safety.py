@@ -39,9 +39,11 @@ def check_train_state(ctx: Context) -> Outcome:
     The first step is the training backward the gradient checks ran, when nothing has run the block since.
 
     Catches: a second train forward + backward that fails (module state written in a training forward keeps the
-    first graph); a training step that fails after an eval forward under `torch.inference_mode()` (`trainer.validate()`
-    before `fit()`, an eval loop under `@torch.inference_mode()`: a cos/sin or mask cache built then is an inference
-    tensor that autograd refuses to save) and tensors the module keeps that carry autograd history are a
+    first graph); a backward that writes module state the forward wrote, with other values (a checkpoint inside the
+    block recomputes the forward: a balance loss appended twice, a count advanced twice); a training step that fails
+    after an eval forward under `torch.inference_mode()` (`trainer.validate()` before `fit()`, an eval loop under
+    `@torch.inference_mode()`: a cos/sin or mask cache built then is an inference tensor that autograd refuses to
+    save) and tensors the module keeps that carry autograd history are a
     **warning**; parameters that required grad as the block was built and no longer do after the battery's eval() and
     train() switches and forwards (an eval() override that freezes them, a forward that does: the loop after a validation
     trains nothing)"""
@@ -50,6 +52,7 @@ def check_train_state(ctx: Context) -> Outcome:
     done = ctx.noted(TRAINING_BACKWARD)  # the gradient checks' training backward, if one ran
     first = (done.x, done.key) if done is not None and done.key == state_key(module) else None
     kept = [first[0]] if first else []  # the inputs stay alive so their ids stay theirs
+    rewritten: list[str] = []
     inputs: set[int] = {id(x) for x in kept}
     try:
         with train_mode(module, True), torch.enable_grad():
@@ -57,10 +60,14 @@ def check_train_state(ctx: Context) -> Outcome:
                 x = ctx.x().requires_grad_(True)  # as embeddings are: state computed from x then holds x's graph
                 inputs.add(id(x))
                 kept.append(x)
+                before = named_state(module)
                 out = ctx.subject(x.clone())
                 loss = projected(ctx, out)
+                forward = named_state(module)
+                kept_then = {k: _contents(v) for k, v in forward.items() if before.get(k, (None,))[0] != v[0]}
                 if loss.requires_grad:
                     loss.backward()
+                rewritten = rewritten or written_twice(before, forward, named_state(module), kept_then)
     except RuntimeError as e:
         return failed("train_state.second_backward", step, step=step, error=one_line(e), held=held_with_history(module, inputs))
     finally:
@@ -69,6 +76,8 @@ def check_train_state(ctx: Context) -> Outcome:
     frozen = [n for n, p in module.named_parameters() if n in ctx.trained_at_start and not p.requires_grad]
     if frozen:  # the battery's eval and train switches (and forwards) left them frozen: a loop after eval() trains none
         return failed("train_state.frozen", len(frozen), frozen=frozen[:8])
+    if rewritten:  # a recompute in the backward ran the forward's writes again
+        return failed("train_state.recompute_writes", len(rewritten), written=rewritten[:8])
     poisoned = after_inference(ctx)
     if poisoned is not None:  # a warning: Lightning's fit() validates under no_grad; validate() first, or one's own
         return warned("train_state.inference_state", len(poisoned[0]), kept=poisoned[0], error=poisoned[1])
@@ -76,6 +85,52 @@ def check_train_state(ctx: Context) -> Outcome:
     if held:
         return warned("train_state.history", len(held), held=held)
     return passed("train_state.clean", 0)
+
+
+def named_state(module: nn.Module) -> dict[str, tuple]:
+    """Each module's buffers and attributes by name, as (signature, contents): a tensor's identity and version, a
+    list's, tuple's or dict's length and its tensors' identities and versions, a plain scalar's value; the contents are
+    the tensors themselves (or the scalar). Parameters are left out (an optimizer writes them, never a forward that
+    keeps to its job; the battery's other checks judge writes to them), and so are torch's own norms' running
+    statistics: a BatchNorm recomputed in the backward updates them again, as torch documents (checkpointing's
+    `state_after` leaves them out for the same reason)."""
+    out = {}
+    for name, m in module.named_modules():
+        if isinstance(m, nn.modules.batchnorm._NormBase):
+            continue
+        own = [(k, v) for k, v in vars(m).items() if k not in BOOKKEEPING and k not in ("_parameters", "_buffers", "_modules")
+               and not isinstance(v, nn.Module)]
+        for key, value in [*((k, b) for k, b in m._buffers.items() if b is not None), *own]:
+            where = f"{name}.{key}" if name else key
+            if isinstance(value, (torch.Tensor, list, tuple, dict)):
+                held = list(tensors(value))
+                size = len(value) if isinstance(value, (list, tuple, dict)) else None
+                out[where] = ((size, *((id(t), t._version) for t in held)), held)
+            elif isinstance(value, (bool, int, float, str, type(None))):
+                out[where] = ((value,), value)
+    return out
+
+
+def _contents(entry: tuple):
+    """What an entry of named_state holds, copied: its tensors' values (detached clones) or its scalar."""
+    sig, held = entry
+    return (sig[0], [t.detach().clone() for t in held]) if isinstance(held, list) else held
+
+
+def _same_contents(a, b) -> bool:
+    if isinstance(a, tuple) and isinstance(b, tuple):
+        return a[0] == b[0] and len(a[1]) == len(b[1]) and all(
+            x.shape == y.shape and x.dtype == y.dtype and torch.equal(x, y) for x, y in zip(a[1], b[1]))
+    return type(a) is type(b) and a == b
+
+
+def written_twice(before: dict, forward: dict, after: dict, kept: dict) -> list[str]:
+    """The state a training forward wrote (before -> forward; `kept`: its contents then, from `_contents`) that its
+    backward wrote again with other contents (forward -> after): a recompute of the forward inside the backward that
+    appends, counts or updates once more. State written only in the backward (a gradient hook's statistics), and state
+    the recompute writes again with the same values (a mask rebuilt, probabilities kept for a plot), is not this."""
+    return sorted(k for k in kept if k in after and after[k][0] != forward[k][0]
+                  and not _same_contents(_contents(after[k]), kept[k]))
 
 
 def after_inference(ctx: Context) -> tuple[list[str], str] | None:

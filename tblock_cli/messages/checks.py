@@ -115,6 +115,10 @@ MESSAGES = {
     "input_unchanged.kept": "caller's tensor unchanged by eval and train forwards",
     "input_unchanged.eval": "an eval forward changed the caller's tensor in place",
     "input_unchanged.train": "a train forward changed the caller's tensor in place",
+    "input_unchanged.parameters": lambda f: (f"the caller's tensor is kept, but the battery's forwards wrote parameters "
+                                             f"in place ({names(f['parameters'])}): a clamp or normalisation of the "
+                                             f"weights kept in the forward changes what an optimizer holds behind its "
+                                             f"back"),
     # grad_input, grad_params
     "grad_input.ok": "a loss's gradient reaches x: finite, non-zero (value: its norm)",
     "grad_input.none": "no gradient reaches x: the output is cut off from the input (detach? no_grad?)",
@@ -303,22 +307,6 @@ MESSAGES.update({
                                          f"no real key were filled with -inf and their NaN hidden after the softmax "
                                          f"(nan_to_num, masked_fill): 0 * NaN in the backward (fill with finfo.min); "
                                          f"{_fully_padded(f)}"),
-    # train_state
-    "train_state.clean": "two train forwards + backwards in a row run; no module state keeps an autograd graph",
-    "train_state.second_backward": lambda f: (f"train forward + backward number {f['step']} fails ({f['error']}): module state "
-                                              f"written in a training forward carries autograd history"
-                                              + (f" ({names(f['held'])})" if f["held"] else "")
-                                              + "; detach it, or write it under no_grad"),
-    "train_state.inference_state": lambda f: (f"after an eval forward under torch.inference_mode() (trainer.validate() before fit(), an "
-                                              f"eval loop under @torch.inference_mode()) a training step fails ({f['error']}): "
-                                              f"state made then is an inference tensor, which autograd will not save and "
-                                              f"training may not write"
-                                              + (f" ({names(f['kept'])})" if f["kept"] else "")
-                                              + "; build it under torch.inference_mode(False), or clone it where training "
-                                              "uses it"),
-    "train_state.history": lambda f: (f"after a train forward the module keeps tensors with autograd history "
-                                      f"({names(f['held'])}): module state carries autograd history (a cache written "
-                                      f"in training?), which keeps every step's graph alive"),
     # copy
     "copy.faithful": "a deepcopy's forward touches none of the original's modules, parameters or buffers",
     "copy.unfaithful": lambda f: (f"deepcopy is not faithful: the copy's forward uses the original's {names(f['shared'])} "

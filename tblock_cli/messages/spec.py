@@ -47,6 +47,9 @@ MESSAGES = {
                                     f"{f['low']:g}..{f['limit']:.3g}): "
                                     + ("cap * tanh(s) where cap * tanh(s / cap) was meant, or the 1/sqrt(d_head) "
                                        "missing" if f["ratio"] > 1 else "the scores scaled twice")),
+    "spec.cap_not_divided": lambda f: (f"under its soft-cap ({f['softcap']:g}) the scores' slope at small logits is "
+                                       f"{f['ratio']:.3g}x what 1/sqrt(head dim {f['head_dim']:g}) gives, the cap's own "
+                                       f"value: cap * tanh(s) where cap * tanh(s / cap) was meant"),
     "spec.nothing_read": lambda f: f"none of the {f['unread']} declared entries could be read ({', '.join(f['unread_keys'])})",
 }
 

@@ -1,5 +1,5 @@
 """The sentences of the training-time checks (derivative, checkpointing, meta_init, state_dict, precision,
-optimizer_step, grad_accumulation) and of global_state, by kind, from their facts."""
+optimizer_step, grad_accumulation, train_state) and of global_state, by kind, from their facts."""
 
 from __future__ import annotations
 
@@ -265,4 +265,30 @@ MESSAGES = {
     "global_state.kept": lambda f: ("torch's process-wide switches are as they were after every check"
                                     + ("; no forward reseeds a random stream" if f["rng_probed"] else
                                        " (random streams not probed above the training checks' size)")),
+    # train_state
+    "train_state.clean": "two train forwards + backwards in a row run; no module state keeps an autograd graph",
+    "train_state.second_backward": lambda f: (f"train forward + backward number {f['step']} fails ({f['error']}): module state "
+                                              f"written in a training forward carries autograd history"
+                                              + (f" ({names(f['held'])})" if f["held"] else "")
+                                              + "; detach it, or write it under no_grad"),
+    "train_state.inference_state": lambda f: (f"after an eval forward under torch.inference_mode() (trainer.validate() before fit(), an "
+                                              f"eval loop under @torch.inference_mode()) a training step fails ({f['error']}): "
+                                              f"state made then is an inference tensor, which autograd will not save and "
+                                              f"training may not write"
+                                              + (f" ({names(f['kept'])})" if f["kept"] else "")
+                                              + "; build it under torch.inference_mode(False), or clone it where training "
+                                              "uses it"),
+    "train_state.frozen": lambda f: (f"parameters that required grad as the block was built no longer do after the "
+                                     f"battery's eval() and train() switches and forwards ({names(f['frozen'])}): an "
+                                     f"eval() or forward that freezes them leaves a training loop after a validation "
+                                     f"training none of them"),
+    "train_state.recompute_writes": lambda f: (f"the backward writes module state the forward wrote ({names(f['written'])}): "
+                                               f"a recompute in the backward (activation checkpointing inside the block) "
+                                               f"runs the forward's side effects again, so losses kept for the trainer "
+                                               f"are appended twice and statistics or counters advance twice per step; "
+                                               f"return such a loss rather than keep it, or write the state outside "
+                                               f"the checkpointed part"),
+    "train_state.history": lambda f: (f"after a train forward the module keeps tensors with autograd history "
+                                      f"({names(f['held'])}): module state carries autograd history (a cache written "
+                                      f"in training?), which keeps every step's graph alive"),
 }
