@@ -22,6 +22,7 @@ from tblock_cli.card.attention import SCALE_SEQ  # noqa: E402
 from tblock_cli.card.entries import judge  # noqa: E402
 from tblock_cli.card.own import own_claims  # noqa: E402
 from tblock_cli.card.own_fit import fitted, needed  # noqa: E402
+from tblock_cli.card.own_layers import with_layer_claims  # noqa: E402
 from tblock_cli.card.read import read_card  # noqa: E402
 from tblock_cli.checks.training import all_modules  # noqa: E402
 from tblock_cli.subject.setup import setup  # noqa: E402
@@ -34,7 +35,8 @@ def main() -> int:
         try:
             s = setup(f"hf:{t}", {"threads": 1})
             subject = s.make()
-            claims = own_claims(all_modules(subject.module), {})
+            modules = all_modules(subject.module)
+            claims = with_layer_claims(own_claims(modules, {}), modules, {})
             if not claims:
                 print(t, "no claims", flush=True)
                 continue

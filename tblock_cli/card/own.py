@@ -24,9 +24,6 @@ from tblock_cli.card.own_names import (
     HALF_SPLIT,
     HEADS,
     KV_HEADS,
-    LAYER_INDICES,
-    LAYER_TYPES,
-    LAYER_WINDOWS,
     LLAMA3_BAND,
     LOCAL_BASES,
     MLA_WIDTHS,
@@ -40,7 +37,6 @@ from tblock_cli.card.own_names import (
     ON_ROTARY,
     POSITION_SWITCHES,
     QUERY_CHILDREN,
-    ROPE_LAYERS,
     SCALED,
     SCALINGS,
     SWITCHED,
@@ -172,8 +168,6 @@ def own_claims(modules: list[nn.Module], arguments: dict | None = None) -> tuple
     if seen.intersection(MLA_WIDTHS):
         for tier in (asked, kept):
             tier.pop("attn.head_dim", None)
-    for key, (value, where) in layer_claims(modules, arguments or {}).items():  # this layer's own, over the model's
-        asked[key] = {value: where}
     claims = []
     for key in {**named, **kept, **asked}:
         tier, values = next((t, v[key]) for t, v in (("asked", asked), ("kept", kept), ("named", named)) if v.get(key))
@@ -219,43 +213,6 @@ def _group(tier: dict) -> None:
         if group > 1:  # grouped-query attention has one layout: query head h reads key head h // group
             tier["attn.kv_grouping"] = {"contiguous": f"{where} (grouped query heads read key head h // {int(group)}, "
                                                       "as sdpa's enable_gqa and transformers' repeat_kv)"}
-
-
-def layer_claims(modules: list[nn.Module], arguments: dict) -> dict:
-    """{key: (value, where)} for what a config's `layer_types` says of this layer, found by its index (a constructor
-    argument or module attribute `layer_idx` or `layer_id`, one value): a sliding layer's window is the config's
-    `sliding_window`, a full-attention layer's none; a `rope_parameters` keyed by the kinds (transformers 5's Gemma-3)
-    gives the layer's base and scaling; Llama 4's and SmolLM3's `no_rope_layers` (1: this layer rotates, 0: NoPE)
-    its positions. Empty where no index, several, or no config with `layer_types` is found."""
-    found = {v for k, v in arguments.items() if k in LAYER_INDICES}
-    found |= {v for m in modules for k, v in vars(m).items() if k in LAYER_INDICES}
-    configs = [v for v in arguments.values() if is_config(v)]
-    configs += [v for m in modules for v in vars(m).values() if is_config(v)]
-    if len(found) != 1 or not configs:
-        return {}
-    (idx,) = found
-    out = {}
-    if not isinstance(idx, int) or isinstance(idx, bool):
-        return out
-    for config in configs:
-        fields = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else dict(vars(config))
-        roped = fields.get(ROPE_LAYERS)
-        if isinstance(roped, (list, tuple)) and 0 <= idx < len(roped) and roped[idx] in (0, 1):
-            out["pos.kind"] = ("rotary" if roped[idx] else "none", f"config's `{ROPE_LAYERS}`[{idx}] ({roped[idx]})")
-        kinds = fields.get(LAYER_TYPES)
-        if not isinstance(kinds, (list, tuple)) or not 0 <= idx < len(kinds) or not isinstance(kinds[idx], str):
-            continue
-        kind, where = kinds[idx], f"config's `layer_types`[{idx}] ({kinds[idx]})"
-        window = {"window": _count(fields.get("sliding_window")), "none": "none"}.get(LAYER_WINDOWS.get(kind, ""))
-        if window is not None:
-            out["attn.window"] = (window, where)
-        rope = fields.get("rope_parameters")
-        if isinstance(rope, dict) and isinstance(rope.get(kind), dict):
-            theta = rope[kind].get("rope_theta")
-            if isinstance(theta, (int, float)) and not isinstance(theta, bool) and theta > 0:
-                out["rope.theta"] = (float(theta), where)
-            out.update({k: (v, where) for k, v in _scaling(rope[kind]).items()})
-    return out
 
 
 def fields_of(values: dict, where: str):

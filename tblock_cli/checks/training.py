@@ -82,12 +82,18 @@ def block_claims(ctx: Context) -> tuple:
     """What a block of the user's says of itself (card.own's claims); nothing for an hf: layer, whose config is what
     transformers computes from (measured: the 89 driven types' cards agree with what their configs and modules state)."""
     from tblock_cli.card.own import own_claims
+    from tblock_cli.card.own_layers import with_layer_claims
     from tblock_cli.subject.loading import constructed_arguments
 
     if ctx.subject.name.startswith("hf:"):
         return ()
     module = ctx.subject.module
-    return ctx.probe(OWN_CLAIMS, lambda: own_claims(all_modules(module), constructed_arguments(module)))
+
+    def read() -> tuple:
+        modules, arguments = all_modules(module), constructed_arguments(module)
+        return with_layer_claims(own_claims(modules, arguments), modules, arguments)
+
+    return ctx.probe(OWN_CLAIMS, read)
 
 
 def has_dropout(module: nn.Module) -> bool:
