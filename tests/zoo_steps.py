@@ -262,6 +262,22 @@ class ProbabilitiesKeptUnderCheckpoint(_Checkpointed):
         self.last_probs = probs.detach()
 
 
+class StatsKeptInOneDict(TrainBlock):
+    """Correct: one dict of statistics for a monitor, the output's RMS written by the forward and its gradient's RMS by
+    a hook in the backward: the backward adds its own entry and rewrites none of the forward's."""
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
+        super().__init__(d_model, n_heads, dropout, causal)
+        self.stats = {}
+
+    def forward(self, x):
+        y = super().forward(x)
+        self.stats["out_rms"] = y.detach().pow(2).mean().sqrt()
+        if y.requires_grad:
+            y.register_hook(lambda g: self.stats.__setitem__("grad_rms", g.pow(2).mean().sqrt()))
+        return y
+
+
 PLANTED = {"AuxListInRecompute": ("train_state", "train_state.recompute_writes"),
            "LoadCountInRecompute": ("train_state", "train_state.recompute_writes"),
            "AuxLossSummedAcrossCalls": ("grad_accumulation", "grad_accumulation.graph_carried"),
@@ -272,4 +288,4 @@ PLANTED = {"AuxListInRecompute": ("train_state", "train_state.recompute_writes")
            "QueryIsKey": ("optimizer_step", "optimizer_step.repeated"),
            "GateIsUp": ("optimizer_step", "optimizer_step.repeated")}
 CORRECT = ["AuxLossPerCall", "BiasedNormBlock", "OldNameKept", "AuxKeptOutsideCheckpoint",
-           "ProbabilitiesKeptUnderCheckpoint"]
+           "ProbabilitiesKeptUnderCheckpoint", "StatsKeptInOneDict"]

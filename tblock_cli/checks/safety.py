@@ -88,9 +88,9 @@ def check_train_state(ctx: Context) -> Outcome:
 
 
 def named_state(module: nn.Module) -> dict[str, tuple]:
-    """Each module's buffers and attributes by name, as (signature, contents): a tensor's identity and version, a
-    list's, tuple's or dict's length and its tensors' identities and versions, a plain scalar's value; the contents are
-    the tensors themselves (or the scalar). Parameters are left out (an optimizer writes them, never a forward that
+    """Each module's buffers and attributes by name (a dict's by entry), as (signature, contents): a tensor's
+    identity and version, a list's or tuple's length and its tensors' identities and versions, a plain scalar's value;
+    the contents are the tensors themselves (or the scalar). Parameters are left out (an optimizer writes them, never a forward that
     keeps to its job; the battery's other checks judge writes to them), and so are torch's own norms' running
     statistics: a BatchNorm recomputed in the backward updates them again, as torch documents (checkpointing's
     `state_after` leaves them out for the same reason)."""
@@ -102,13 +102,22 @@ def named_state(module: nn.Module) -> dict[str, tuple]:
                and not isinstance(v, nn.Module)]
         for key, value in [*((k, b) for k, b in m._buffers.items() if b is not None), *own]:
             where = f"{name}.{key}" if name else key
-            if isinstance(value, (torch.Tensor, list, tuple, dict)):
-                held = list(tensors(value))
-                size = len(value) if isinstance(value, (list, tuple, dict)) else None
-                out[where] = ((size, *((id(t), t._version) for t in held)), held)
-            elif isinstance(value, (bool, int, float, str, type(None))):
-                out[where] = ((value,), value)
+            if isinstance(value, dict):  # by entry: a backward that adds its own entries (gradient statistics beside
+                # the forward's activation statistics) writes nothing the forward wrote
+                for k, v in value.items():
+                    _entry(out, f"{where}[{k!r}]", v)
+            else:
+                _entry(out, where, value)
     return out
+
+
+def _entry(out: dict, where: str, value) -> None:
+    if isinstance(value, (torch.Tensor, list, tuple, dict)):
+        held = list(tensors(value))
+        size = len(value) if isinstance(value, (list, tuple, dict)) else None
+        out[where] = ((size, *((id(t), t._version) for t in held)), held)
+    elif isinstance(value, (bool, int, float, str, type(None))):
+        out[where] = ((value,), value)
 
 
 def _contents(entry: tuple):
