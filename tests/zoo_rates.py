@@ -1,5 +1,5 @@
 """What a block says of its randomness and dtype against what its forward does: an attention dropout rate taken and
-never passed on (dropout.attention_ignored), a residual dropout rate never applied (dropout.residual_ignored), masks
+never passed on (dropout.attention_ignored) or another rate passed in its place (dropout.attention_rate), a residual dropout rate never applied (dropout.residual_ignored), masks
 drawn from NumPy's stream, which torch's checkpoint does not put back for its recompute (checkpointing.host_streams,
 a warning), a float64 table from NumPy in the arithmetic (shape.float64), a learnable buffer
 (grad_params.buffer_learns), a parameter built narrower than the rest (dtype.narrow_at_build); and correct blocks that
@@ -47,6 +47,23 @@ class AttentionDropoutSDPA(AttentionDropoutIgnored):
     def sdpa(self, q, k, v):
         p = self.attention_dropout if self.training else 0.0
         return F.scaled_dot_product_attention(q, k, v, is_causal=self.causal, dropout_p=p)
+
+
+class AttentionRateHardCoded(AttentionDropoutIgnored):
+    """Takes attention_dropout (0.1) and passes a constant 0.5 to SDPA in training: a rate, not the one it says."""
+
+    def sdpa(self, q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=self.causal, dropout_p=0.5 if self.training else 0.0)
+
+
+class AttentionRateFromOtherArgument(AttentionDropoutIgnored):
+    """Takes attention_dropout (0.05) beside dropout (0.1), and drops attention's probabilities at `dropout`."""
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True, attention_dropout=0.05):
+        super().__init__(d_model, n_heads, dropout, causal, attention_dropout)
+
+    def sdpa(self, q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=self.causal, dropout_p=self.p if self.training else 0.0)
 
 
 class AttentionDropoutOnProbs(AttentionDropoutIgnored):
@@ -231,6 +248,7 @@ class HalfTableTimesStream(TrainBlock):
 
 
 PLANTED = {"AttentionDropoutIgnored": "dropout.attention_ignored", "AttentionDropoutOnOutput": "dropout.attention_ignored",
+           "AttentionRateHardCoded": "dropout.attention_rate", "AttentionRateFromOtherArgument": "dropout.attention_rate",
            "ResidualDropoutIgnored": "dropout.residual_ignored", "ResidualDropoutOneBranch": "dropout.residual_one_branch",
            "NumPyMasks": "checkpointing.host_streams", "NumPyTable": "shape.float64",
            "LearnableBuffer": "grad_params.buffer_learns", "GainBuiltInBfloat16": "dtype.narrow_at_build",

@@ -21,7 +21,14 @@ from torch.utils._pytree import tree_map
 
 from tblock_cli.checks.context import Context
 from tblock_cli.checks.draws import distinct_draws, replaced_by_constant
-from tblock_cli.checks.dropout_places import attention_ignored, never_applied, on_scores, on_stream, residual_ignored
+from tblock_cli.checks.dropout_places import (
+    attention_ignored,
+    attention_rate_differs,
+    never_applied,
+    on_scores,
+    on_stream,
+    residual_ignored,
+)
 from tblock_cli.checks.result import Outcome, failed, passed, skipped
 from tblock_cli.checks.training import all_modules, seeded, too_large
 from tblock_cli.errors import is_out_of_memory, one_line
@@ -92,7 +99,8 @@ def check_dropout(ctx: Context) -> Outcome:
     Randomness that stays at dropout 0 (gating noise, router jitter) is not judged. A **warning** where a block built
     with a rate above 0 keeps an nn.Dropout and drops nothing in training (the rate ignored: defined, never called).
     A block that says it drops attention's probabilities (`attention_dropout`, `attn_pdrop`, `attn_drop`, ...) at a
-    rate above 0 and whose training forward drops none of them (SDPA called with dropout_p 0), and one that says it
+    rate above 0 and whose training forward drops none of them (SDPA called with dropout_p 0) or drops them at other
+    rates only (a constant where the argument was meant), and one that says it
     drops each sublayer's output (`resid_pdrop`, `hidden_dropout_prob`, `proj_drop`, ...) and drops no tensor of the
     stream's size, or only one while its sublayers run in a row (the FFN reads attention's output: one of the two
     outputs undropped)"""
@@ -147,7 +155,8 @@ def _check(ctx: Context) -> Outcome:
     if torch.equal(one, two):  # nothing random of the block's own: training must now be eval, or differ at any rate
         diff = rel_diff(one, want)
         if diff <= ctx.tol:
-            return (attention_ignored(ctx, module, asked, x) or residual_ignored(ctx, module, asked, x)
+            return (attention_ignored(ctx, module, asked, x) or attention_rate_differs(ctx, module, asked, x)
+                    or residual_ignored(ctx, module, asked, x)
                     or never_applied(ctx, module, asked, diff) or passed("dropout.torch_only", diff, diff=diff))
         # a decision per forward for the whole batch (batch-mode stochastic depth) can keep everything at both seeds:
         # at a raised rate such draws show, and draws too rare at the block's rate are not judged

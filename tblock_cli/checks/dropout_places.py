@@ -34,6 +34,8 @@ ATTENTION_DROPOUTS = ("attention_dropout", "attn_dropout", "attn_pdrop", "attent
                       "attn_dropout_p", "attn_drop_prob", "dropout_attn")
 # ... and for the dropout on each sublayer's output before its add (GPT-2's resid_pdrop, BERT's hidden_dropout_prob,
 # Megatron's hidden_dropout, nanoGPT's resid_dropout, timm's proj_drop)
+# a rate said and a rate applied are the same number where they differ by less than this (a float32 round trip)
+RATE_TOL = 1e-6
 RESIDUAL_DROPOUTS = ("resid_pdrop", "resid_dropout", "residual_dropout", "hidden_dropout", "hidden_dropout_prob",
                      "hidden_dropout_rate", "residual_dropout_prob", "proj_drop")
 
@@ -143,6 +145,24 @@ def attention_ignored(ctx: Context, module: nn.Module, asked: TorchDropoutOff, x
         return None  # no attention seen: what it would drop is not known
     rate, where = said
     return failed("dropout.attention_ignored", rate, rate=rate, where=where, attention_calls=asked.attention_calls)
+
+
+def attention_rate_differs(ctx: Context, module: nn.Module, asked: TorchDropoutOff, x: torch.Tensor) -> Outcome | None:
+    """A block of the user's that says it drops attention's probabilities at one rate (ATTENTION_DROPOUTS) and whose
+    training forward drops them at others only: SDPA's and MHA's dropout_p, and elementwise dropouts of a (..., T, T or
+    more keys) tensor, none at the rate it says (a constant typed where the argument was meant, another argument
+    passed). None where no attention probabilities are dropped (attention_ignored's case), and for hf: layers."""
+    if ctx.subject.name.startswith("hf:"):
+        return None
+    T, d = x.shape[1], x.shape[-1]
+    scores = [r for r, s in zip(asked.rates, asked.shapes) if len(s) >= 3 and s[-2] == T and s[-1] >= T
+              and (s[-1] != d or T == d)]
+    applied = sorted(set(asked.attention_rates + scores))
+    said = _rate_said(ctx, module, ATTENTION_DROPOUTS) if applied else None
+    if said is None or any(abs(r - said[0]) <= RATE_TOL for r in applied):
+        return None
+    rate, where = said
+    return failed("dropout.attention_rate", rate, rate=rate, where=where, applied=applied)
 
 
 def residual_ignored(ctx: Context, module: nn.Module, asked: TorchDropoutOff, x: torch.Tensor) -> Outcome | None:

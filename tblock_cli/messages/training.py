@@ -160,6 +160,10 @@ MESSAGES = {
                                             + ("its SDPA or MultiheadAttention calls ask dropout_p 0" if f["attention_calls"]
                                                else "no dropout reads the softmax's output")
                                             + " (the rate taken, never passed on)"),
+    "dropout.attention_rate": lambda f: (f"says it drops attention's probabilities at {f['rate']:g} ({f['where']}), and a "
+                                         f"training forward drops them at {', '.join(f'{r:g}' for r in f['applied'])} "
+                                         f"only: the rate it says is not the one it runs (a constant where the argument "
+                                         f"was meant, or another argument passed on)"),
     "dropout.residual_ignored": lambda f: (f"says it drops each sublayer's output at {f['rate']:g} ({f['where']}), and a "
                                            f"training forward drops no tensor of the stream's size ({f['dropped']} "
                                            f"dropout calls elsewhere): the rate taken, never applied"),
