@@ -1,5 +1,6 @@
 """What a block says of its randomness and dtype against what its forward does: an attention dropout rate taken and
-never passed on (dropout.attention_ignored) or another rate passed in its place (dropout.attention_rate), a residual dropout rate never applied (dropout.residual_ignored), masks
+never passed on (dropout.attention_ignored) or another rate passed in its place (dropout.attention_rate, and
+dropout.residual_rate for the sublayers' outputs), a residual dropout rate never applied (dropout.residual_ignored), masks
 drawn from NumPy's stream, which torch's checkpoint does not put back for its recompute (checkpointing.host_streams,
 a warning), a float64 table from NumPy in the arithmetic (shape.float64), a learnable buffer
 (grad_params.buffer_learns), a parameter built narrower than the rest (dtype.narrow_at_build); and correct blocks that
@@ -122,6 +123,16 @@ class ResidualDropoutApplied(ResidualDropoutIgnored):
 
     def residual(self, y):
         return F.dropout(y, self.resid_pdrop, self.training)
+
+
+class ResidualRateFromOtherArgument(ResidualDropoutIgnored):
+    """Takes resid_pdrop (0.05) beside dropout (0.1), and drops both sublayers' outputs at `dropout`."""
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True, attention_dropout=0.1, resid_pdrop=0.05):
+        super().__init__(d_model, n_heads, dropout, causal, attention_dropout, resid_pdrop)
+
+    def residual(self, y):
+        return F.dropout(y, self.p, self.training)
 
 
 class ResidualDropoutOneBranch(ResidualDropoutIgnored):
@@ -249,7 +260,7 @@ class HalfTableTimesStream(TrainBlock):
 
 PLANTED = {"AttentionDropoutIgnored": "dropout.attention_ignored", "AttentionDropoutOnOutput": "dropout.attention_ignored",
            "AttentionRateHardCoded": "dropout.attention_rate", "AttentionRateFromOtherArgument": "dropout.attention_rate",
-           "ResidualDropoutIgnored": "dropout.residual_ignored", "ResidualDropoutOneBranch": "dropout.residual_one_branch",
+           "ResidualDropoutIgnored": "dropout.residual_ignored", "ResidualRateFromOtherArgument": "dropout.residual_rate", "ResidualDropoutOneBranch": "dropout.residual_one_branch",
            "NumPyMasks": "checkpointing.host_streams", "NumPyTable": "shape.float64",
            "LearnableBuffer": "grad_params.buffer_learns", "GainBuiltInBfloat16": "dtype.narrow_at_build",
            "SoftmaxInHalf": "dtype.narrowed", "AutocastInside": "dtype.narrowed"}

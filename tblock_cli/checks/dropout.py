@@ -102,8 +102,8 @@ def check_dropout(ctx: Context) -> Outcome:
     rate above 0 and whose training forward drops none of them (SDPA called with dropout_p 0) or drops them at other
     rates only (a constant where the argument was meant), and one that says it
     drops each sublayer's output (`resid_pdrop`, `hidden_dropout_prob`, `proj_drop`, ...) and drops no tensor of the
-    stream's size, or only one while its sublayers run in a row (the FFN reads attention's output: one of the two
-    outputs undropped)"""
+    stream's size, or drops them at other rates only, or only one while its sublayers run in a row (the FFN reads
+    attention's output: one of the two outputs undropped)"""
     if (large := too_large(ctx)) is not None:
         return large
     with seeded(ctx.device):  # every call below reseeds: the caller's random state is put back after

@@ -168,18 +168,21 @@ def attention_rate_differs(ctx: Context, module: nn.Module, asked: TorchDropoutO
 def residual_ignored(ctx: Context, module: nn.Module, asked: TorchDropoutOff, x: torch.Tensor) -> Outcome | None:
     """A block of the user's that says it drops each sublayer's output at a rate above 0 (RESIDUAL_DROPOUTS), whose
     training forward with torch's dropouts off is deterministic and asked no elementwise dropout of a tensor of the
-    stream's size (B x T tokens of d_model: a branch's output, in any layout): the rate is taken and ignored. None
-    otherwise, and for hf: layers."""
+    stream's size (B x T tokens of d_model: a branch's output, in any layout): the rate is taken and ignored; or
+    asked such dropouts at other rates only: another rate in its place. None otherwise, and for hf: layers."""
     if ctx.subject.name.startswith("hf:"):
         return None
     said = _rate_said(ctx, module, RESIDUAL_DROPOUTS)
     if said is None:
         return None
     d, n = x.shape[-1], x.numel()
-    streams = sum(1 for s in asked.shapes if s and s[-1] == d and math.prod(s) == n)
+    stream_rates = [r for r, s in zip(asked.rates, asked.shapes) if s and s[-1] == d and math.prod(s) == n]
+    streams = len(stream_rates)
     rate, where = said
     if streams == 1 and _form(ctx) == "sequential":  # two sublayers in a row, one output dropped: a port's slip
         return failed("dropout.residual_one_branch", rate, rate=rate, where=where, dropped=len(asked.shapes))
+    if streams and not any(abs(r - rate) <= RATE_TOL for r in stream_rates):  # dropped, at another rate only
+        return failed("dropout.residual_rate", rate, rate=rate, where=where, applied=sorted(set(stream_rates)))
     if streams:
         return None
     return failed("dropout.residual_ignored", rate, rate=rate, where=where, dropped=len(asked.shapes))

@@ -167,6 +167,11 @@ MESSAGES = {
     "dropout.residual_ignored": lambda f: (f"says it drops each sublayer's output at {f['rate']:g} ({f['where']}), and a "
                                            f"training forward drops no tensor of the stream's size ({f['dropped']} "
                                            f"dropout calls elsewhere): the rate taken, never applied"),
+    "dropout.residual_rate": lambda f: (f"says it drops each sublayer's output at {f['rate']:g} ({f['where']}), and a "
+                                        f"training forward drops tensors of the stream's size at "
+                                        f"{', '.join(f'{r:g}' for r in f['applied'])} only: the rate it says is not the "
+                                        f"one it runs (a constant where the argument was meant, or another argument "
+                                        f"passed on)"),
     "dropout.residual_one_branch": lambda f: (f"says it drops each sublayer's output at {f['rate']:g} ({f['where']}), and "
                                               f"its sublayers run in a row (the FFN reads attention's output) while a "
                                               f"training forward drops one tensor of the stream's size: one sublayer's "
