@@ -264,23 +264,20 @@ class T5LayerNorm(RMSNorm):
 
 
 class LayerNormUncentred(TrainBlock):
-    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
-        super().__init__(d_model, n_heads, dropout, causal)
-        self.attn_norm, self.ffn_norm = UncentredLayerNorm(d_model), UncentredLayerNorm(d_model)
+    norm_class = UncentredLayerNorm
 
 
 class LayerNormOwn(TrainBlock):
-    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
-        super().__init__(d_model, n_heads, dropout, causal)
-        self.attn_norm, self.ffn_norm = LayerNorm(d_model), LayerNorm(d_model)
+    norm_class = LayerNorm
 
 
 class T5NamedRMSNorm(TrainBlock):
     """T5LayerNorm is an RMSNorm by design and keeps no bias: its name claims nothing, whatever it computes."""
 
+    norm_class = T5LayerNorm
+
     def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True, rope_theta=10000.0):
         super().__init__(d_model, n_heads, dropout, causal)
-        self.attn_norm, self.ffn_norm = T5LayerNorm(d_model), T5LayerNorm(d_model)
 
 
 PLANTED = {"MlpRatioIgnored": "ffn.hidden", "NormAfterSaidPreComputed": "norm.placement", "PlainMLPSaidGated": ("ffn.gated", "norm.kind"), "UngatedWhereMegatronGates": "ffn.gated",

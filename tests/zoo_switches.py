@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from zoo_numerics import WindowKeptNotApplied
 from zoo_training import RMSNorm, Rotary, TrainBlock, heads, merge
 
 
@@ -232,27 +233,19 @@ class HybridConfig:
         "full_attention": {"rope_type": "default", "rope_theta": 1000000.0}})
 
 
-class HybridLayer(TrainBlock):
-    """Layer `layer_idx` of a model with a HybridConfig: slides where `slides` says, rotates at `base`. The subclasses
-    set what the code does; HybridLayer itself is layer 0 done right (sliding, the local base)."""
+class HybridLayer(WindowKeptNotApplied):
+    """Layer `layer_idx` of a model with a HybridConfig: slides where `slides` says, rotates at `base`, and keeps the
+    window as HF's attention modules do (None on a full-attention layer). The subclasses set what the code does;
+    HybridLayer itself is layer 0 done right (sliding, the local base)."""
 
     layer_idx, slides, base = 0, True, 10000.0
+    applied, window = True, 10**9  # the mask reads the kept window, every key where it is None
 
     def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True, config=None):
-        super().__init__(d_model, n_heads, dropout, causal)
         self.config = config or HybridConfig()
+        super().__init__(d_model, n_heads, dropout, causal, self.config.sliding_window if self.slides else None)
         self.layer_idx = type(self).layer_idx  # kept on the module, as HF's attention modules keep it
         self.rotary = Rotary(d_model // n_heads, base=self.base)  # its own `base` speaks only where the config is silent
-
-    def attention(self, h):
-        q, k, v = (heads(p(h), self.n_heads) for p in (self.q_proj, self.k_proj, self.v_proj))
-        q, k = self.rotary(q), self.rotary(k)
-        i = torch.arange(h.shape[1], device=h.device)
-        allowed = i[:, None] >= i[None, :]
-        if self.slides:
-            allowed = allowed & (i[:, None] - i[None, :] < self.config.sliding_window)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=self.p if self.training else 0.0)
-        return self.o_proj(merge(y))
 
 
 class HybridGlobalLayer(HybridLayer):

@@ -138,6 +138,8 @@ def _band_by_table(verdicts, card, claims, dtype):
     measured. A band the claim puts pairs in that the block scales all the way (its ends swapped, frequency taken for
     wavelength) differs; a table that is the claim's, its band holding no pair, matches. Not in half precision, whose
     table is rounded by design."""
+    import dataclasses
+
     import torch
 
     said = {c.key: c.value for c in claims}
@@ -159,16 +161,11 @@ def _band_by_table(verdicts, card, claims, dtype):
         predicted.append(f if wl < high_wl else f / factor if wl > low_wl else (1 - smooth) * f / factor + smooth * f)
     gaps = [abs(m - p) / p for m, p in zip(freqs, predicted)]
     worst = max(range(len(gaps)), key=gaps.__getitem__)
-    if gaps[worst] <= TABLE_TOL:
-        status, measured = "match", None
-    else:
-        status = "differs"
-        measured = (f"pair {worst} turns {freqs[worst]:.4g} rad per position, where this band gives "
-                    f"{predicted[worst]:.4g} ({gaps[worst]:.0%} off)")
-    from tblock_cli.card.entries import Verdict
-
-    return tuple(Verdict(v.key, status, v.claimed, measured if status == "differs" else v.claimed, v.source)
-                 if v in unread else v for v in verdicts)
+    if gaps[worst] <= TABLE_TOL:  # the claim's table: the band's ends as said
+        return tuple(dataclasses.replace(v, status="match", measured=v.claimed, why=None) if v in unread else v for v in verdicts)
+    measured = (f"pair {worst} turns {freqs[worst]:.4g} rad per position, where this band gives {predicted[worst]:.4g} "
+                f"({gaps[worst]:.0%} off)")
+    return tuple(dataclasses.replace(v, status="differs", measured=measured, why=None) if v in unread else v for v in verdicts)
 
 
 def _norm_module_contradicts(ctx: Context, claim) -> bool:

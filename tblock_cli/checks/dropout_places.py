@@ -34,10 +34,10 @@ ATTENTION_DROPOUTS = ("attention_dropout", "attn_dropout", "attn_pdrop", "attent
                       "attn_dropout_p", "attn_drop_prob", "dropout_attn")
 # ... and for the dropout on each sublayer's output before its add (GPT-2's resid_pdrop, BERT's hidden_dropout_prob,
 # Megatron's hidden_dropout, nanoGPT's resid_dropout, timm's proj_drop)
-# a rate said and a rate applied are the same number where they differ by less than this (a float32 round trip)
-RATE_TOL = 1e-6
 RESIDUAL_DROPOUTS = ("resid_pdrop", "resid_dropout", "residual_dropout", "hidden_dropout", "hidden_dropout_prob",
                      "hidden_dropout_rate", "residual_dropout_prob", "proj_drop")
+# a rate said and a rate applied are the same number where they differ by less than this (a float32 round trip)
+RATE_TOL = 1e-6
 
 
 def on_stream(ctx: Context, run, module: nn.Module, x: torch.Tensor) -> Outcome | None:
@@ -138,8 +138,7 @@ def attention_ignored(ctx: Context, module: nn.Module, asked: TorchDropoutOff, x
     said = _rate_said(ctx, module, ATTENTION_DROPOUTS)
     if said is None:
         return None
-    T, d = x.shape[1], x.shape[-1]
-    if any(len(s) >= 3 and s[-2] == T and s[-1] >= T and (s[-1] != d or T == d) for s in asked.shapes):
+    if any(_scores_shaped(s, x) for s in asked.shapes):
         return None
     if not asked.attention_calls and not _softmax_attention(ctx):
         return None  # no attention seen: what it would drop is not known
@@ -154,15 +153,20 @@ def attention_rate_differs(ctx: Context, module: nn.Module, asked: TorchDropoutO
     passed). None where no attention probabilities are dropped (attention_ignored's case), and for hf: layers."""
     if ctx.subject.name.startswith("hf:"):
         return None
-    T, d = x.shape[1], x.shape[-1]
-    scores = [r for r, s in zip(asked.rates, asked.shapes) if len(s) >= 3 and s[-2] == T and s[-1] >= T
-              and (s[-1] != d or T == d)]
+    scores = [r for r, s in zip(asked.rates, asked.shapes) if _scores_shaped(s, x)]
     applied = sorted(set(asked.attention_rates + scores))
     said = _rate_said(ctx, module, ATTENTION_DROPOUTS) if applied else None
     if said is None or any(abs(r - said[0]) <= RATE_TOL for r in applied):
         return None
     rate, where = said
     return failed("dropout.attention_rate", rate, rate=rate, where=where, applied=applied)
+
+
+def _scores_shaped(shape: tuple, x: torch.Tensor) -> bool:
+    """Whether an elementwise dropout's input of this shape is attention's probabilities for input x: (..., T, T or
+    more keys), and not a (B, T, d) tensor of the stream (unless T is d)."""
+    T, d = x.shape[1], x.shape[-1]
+    return len(shape) >= 3 and shape[-2] == T and shape[-1] >= T and (shape[-1] != d or T == d)
 
 
 def residual_ignored(ctx: Context, module: nn.Module, asked: TorchDropoutOff, x: torch.Tensor) -> Outcome | None:

@@ -67,7 +67,7 @@ def check_train_state(ctx: Context) -> Outcome:
                 kept_then = {k: _contents(v) for k, v in forward.items() if before.get(k, (None,))[0] != v[0]}
                 if loss.requires_grad:
                     loss.backward()
-                rewritten = rewritten or written_twice(before, forward, named_state(module), kept_then)
+                rewritten = rewritten or written_twice(forward, named_state(module), kept_then)
     except RuntimeError as e:
         return failed("train_state.second_backward", step, step=step, error=one_line(e), held=held_with_history(module, inputs))
     finally:
@@ -98,9 +98,7 @@ def named_state(module: nn.Module) -> dict[str, tuple]:
     for name, m in module.named_modules():
         if isinstance(m, nn.modules.batchnorm._NormBase):
             continue
-        own = [(k, v) for k, v in vars(m).items() if k not in BOOKKEEPING and k not in ("_parameters", "_buffers", "_modules")
-               and not isinstance(v, nn.Module)]
-        for key, value in [*((k, b) for k, b in m._buffers.items() if b is not None), *own]:
+        for key, value in kept_items(m):
             where = f"{name}.{key}" if name else key
             if isinstance(value, dict):  # by entry: a backward that adds its own entries (gradient statistics beside
                 # the forward's activation statistics) writes nothing the forward wrote
@@ -109,6 +107,13 @@ def named_state(module: nn.Module) -> dict[str, tuple]:
             else:
                 _entry(out, where, value)
     return out
+
+
+def kept_items(m: nn.Module) -> list[tuple[str, object]]:
+    """(name, value) of what one module keeps besides its parameters and children's registry: its buffers, then its
+    own attributes (private ones too, `_cos`), torch's bookkeeping left out."""
+    own = [(k, v) for k, v in vars(m).items() if k not in BOOKKEEPING and k not in ("_parameters", "_buffers", "_modules")]
+    return [*((k, b) for k, b in m._buffers.items() if b is not None), *own]
 
 
 def _entry(out: dict, where: str, value) -> None:
@@ -138,8 +143,8 @@ def _same_contents(a, b) -> bool:
     return type(a) is type(b) and a == b
 
 
-def written_twice(before: dict, forward: dict, after: dict, kept: dict) -> list[str]:
-    """The state a training forward wrote (before -> forward; `kept`: its contents then, from `_contents`) that its
+def written_twice(forward: dict, after: dict, kept: dict) -> list[str]:
+    """The state a training forward wrote (`kept`: its contents right after the forward, from `_contents`) that its
     backward wrote again with other contents (forward -> after): a recompute of the forward inside the backward that
     appends, counts or updates once more. State written only in the backward (a gradient hook's statistics), and state
     the recompute writes again with the same values (a mask rebuilt, probabilities kept for a plot), is not this."""
@@ -185,8 +190,7 @@ def inference_state(module: nn.Module) -> list[str]:
     mode."""
     kept = []
     for name, m in module.named_modules():
-        own = [(k, v) for k, v in vars(m).items() if k not in BOOKKEEPING and k not in ("_parameters", "_buffers", "_modules")]
-        for key, value in list(m._buffers.items()) + own:
+        for key, value in kept_items(m):
             if any(t.is_inference() for t in tensors(value)):
                 kept.append(f"{name}.{key}" if name else key)
     return sorted(set(kept))
