@@ -166,7 +166,8 @@ def test_train_eval_tells_a_random_train_forward_from_a_different_one():
     assert abs(scaled.value - 0.1) < 1e-6, scaled
 
 
-@pytest.mark.parametrize("name", ["Alibi3", "AlibiWrongSlopes", "AlibiSlopesReversed", "Rel3", "GQA3", "Gemma3"])
+@pytest.mark.parametrize("name", ["Alibi3", "AlibiWrongSlopes", "AlibiSlopesReversed", "AlibiBeforeScale", "AlibiHalved",
+                                  "Rel3", "GQA3", "Gemma3"])
 def test_position_bias_reads_relatives_scores_first_and_decides_as_alone(name, monkeypatch):
     """After relative, a block whose identical-token scores are a multiple of q.k needs no position_bias forward (RoPE
     blocks); one with a bias runs the two-input probe as alone, and the verdict is the same either way."""

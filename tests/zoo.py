@@ -138,6 +138,8 @@ from zoo_positions import (  # noqa: F401
     AbsPos3,
     AbsPosNoRestart,
     Alibi3,
+    AlibiBeforeScale,
+    AlibiHalved,
     AlibiSlopesReversed,
     AlibiWrongSlopes,
     CrossToLatents,
@@ -318,7 +320,7 @@ CORRECT["RelativeBiasBeforeSoftmax"] = {}
 POS = {"positional": True}
 
 
-CORRECT_3 = {"Rel3": POS, "CachedRoPE": {"causal": True}, "GQA3": POS, "Window3": POS, "Alibi3": POS, "AbsPos3": POS,
+CORRECT_3 = {"Rel3": POS, "CachedRoPE": {"causal": True}, "GQA3": POS, "Window3": POS, "Alibi3": POS, "AlibiBeforeScale": POS, "AbsPos3": POS,
              "Mask3D3": POS, "Fp16Llama3": POS, "Gemma3": POS, "RoPEValues3": POS, "FirstCallInit": {},
              "SublayerPostNorm": {"causal": True}, "InferenceModeCacheCloned": POS, "LayerScaleRoPEValues": POS,
              "QKNormBeforeRotary": POS, "QKBiasBeforeRotary": POS, "RoPEValuesSDPA": POS,
@@ -348,6 +350,7 @@ PLANTED_3 = {
     "GQAKeysOnePositionAhead": ("relative", POS),
     "AlibiWrongSlopes": ("position_bias", {}),
     "AlibiSlopesReversed": ("position_bias", {}),
+    "AlibiHalved": ("position_bias", {}),
     "ActOnUp": ("names", {}),
     "ActAfterProduct": ("names", {}),
     "EvalReturnsEarly": ("train_eval", {}),

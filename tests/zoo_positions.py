@@ -242,6 +242,19 @@ class AlibiSlopesReversed(Alibi3):
         return super().slopes().flip(0)  # bug: the paper's slopes, last head first (a checkpoint's heads mismatch)
 
 
+class AlibiBeforeScale(Alibi3):
+    """Correct: Falcon's order (tiiuae/falcon-rw-*, alibi=True): the paper's bias added to q.k before the scores are
+    scaled by 1/sqrt(d_head), so the logits carry the paper's slopes over sqrt(d_head), as the checkpoints were trained."""
+
+    def slopes(self):
+        return super().slopes() / math.sqrt(self.hd)
+
+
+class AlibiHalved(Alibi3):
+    def slopes(self):
+        return super().slopes() / 2  # bug: the paper's set halved (no convention's), a checkpoint's biases off 2x
+
+
 class CrossToLatents(Good):
     """Correct: a second attention, from the tokens to 5 learned latent vectors (scores of 10 x 5: not square)."""
 

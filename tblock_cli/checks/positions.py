@@ -313,7 +313,9 @@ def check_position_bias(ctx: Context) -> Outcome:
 
     Catches: an additive bias linear in distance (ALiBi) that rises with distance or whose slopes are neither
     geometric nor the paper's set (which interleaves two geometric runs for a head count not a power of two); slopes
-    of either kind but not the paper's in head order are a **warning**; a learned (non-linear) bias is not judged; where
+    of either kind but not the paper's in head order are a **warning** (the paper's over sqrt(d_head) pass: Falcon adds
+    the paper's bias before scaling the scores, and its `alibi=True` checkpoints were trained so); a learned
+    (non-linear) bias is not judged; where
     `relative`'s identical-token scores are a multiple of their q.k product (no bias), no probe of its own; a block
     that does not run at the probe's 64 tokens (a patch grid of one length, a shorter table) is not judged"""
     flow = ctx.dataflow()
@@ -353,8 +355,12 @@ def check_position_bias(ctx: Context) -> Outcome:
         # the paper's set for a head count not a power of two interleaves two geometric runs (BLOOM-176B's 112 heads)
         if ratios and max(ratios) - min(ratios) > tol * max(ratios) and not paper_set:
             return failed("position_bias.not_geometric", round(max(ratios) - min(ratios), 4), ratios=ratios, **facts)
-        # in head order: the paper's first head has the largest slope (reversed, a checkpoint's heads would not match)
+        # in head order: the paper's first head has the largest slope (reversed, a checkpoint's heads would not match);
+        # Falcon adds the paper's bias before scaling the scores by 1/sqrt(d_head), so its logits carry the slopes
+        # over sqrt(d_head) (tiiuae/falcon-rw-*: alibi=True), trained so
         off = max(abs(a / b - 1) for a, b in zip(slopes, paper_slopes(len(slopes))))
-        if off > tol:
+        d_head = ctx.cfg.d_model / len(slopes)
+        falcon = max(abs(a * math.sqrt(d_head) / b - 1) for a, b in zip(slopes, paper_slopes(len(slopes))))
+        if off > tol and falcon > tol:
             return warned("position_bias.not_paper", round(off, 4), off=off, **facts)
     return passed("position_bias.alibi", None, calls=len(biases), **facts)
