@@ -3,6 +3,7 @@ the check leaves hf: layers out of this judgement, so this script is where the r
 
     python scripts/own_claims_sweep.py            # every popular type of hf_sweep.py, one line each
     python scripts/own_claims_sweep.py llama phi  # some types
+    python scripts/own_claims_sweep.py my_block.py:Block  # a block of one's own, with its constructor's arguments
 
 A line reads TYPE ok|DIFFERS|no claims|ERROR, with each claimed entry's verdict.
 """
@@ -25,6 +26,7 @@ from tblock_cli.card.own_fit import fitted, needed  # noqa: E402
 from tblock_cli.card.own_layers import with_layer_claims  # noqa: E402
 from tblock_cli.card.read import read_card  # noqa: E402
 from tblock_cli.checks.training import all_modules  # noqa: E402
+from tblock_cli.subject.loading import constructed_arguments  # noqa: E402
 from tblock_cli.subject.setup import setup  # noqa: E402
 
 
@@ -33,10 +35,12 @@ def main() -> int:
     differs = 0
     for t in sys.argv[1:] or POPULAR:
         try:
-            s = setup(f"hf:{t}", {"threads": 1})
+            own = ":" in t  # a file:Class block, else a transformers type
+            s = setup(t if own else f"hf:{t}", {"threads": 1, "d_model": 64, "n_heads": 4} if own else {"threads": 1})
             subject = s.make()
             modules = all_modules(subject.module)
-            claims = with_layer_claims(own_claims(modules, {}), modules, {})
+            arguments = constructed_arguments(subject.module) if own else {}
+            claims = with_layer_claims(own_claims(modules, arguments), modules, arguments)
             if not claims:
                 print(t, "no claims", flush=True)
                 continue

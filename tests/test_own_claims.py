@@ -11,6 +11,7 @@ import torch.nn as nn
 import zoo_claims
 import zoo_framework_names
 import zoo_sizes
+import zoo_stretch
 import zoo_switches
 import zoo_tables
 
@@ -18,6 +19,7 @@ import tblock_cli
 from tblock_cli.card.own import FRACTION, own_claims
 from tblock_cli.card.own_causal import own_causal
 from tblock_cli.card.own_fit import with_fraction
+from tblock_cli.card.own_names import DYNAMIC
 from tblock_cli.checks import Status
 
 from conftest import TESTS
@@ -29,7 +31,7 @@ def spec_check(name, d_model=32, zoo="zoo_claims.py", **flags):
 
 
 ZOOS = {"zoo_claims.py": zoo_claims, "zoo_tables.py": zoo_tables, "zoo_sizes.py": zoo_sizes, "zoo_switches.py": zoo_switches,
-        "zoo_framework_names.py": zoo_framework_names}
+        "zoo_framework_names.py": zoo_framework_names, "zoo_stretch.py": zoo_stretch}
 
 
 @pytest.mark.parametrize("zoo, name", [(z, n) for z, m in ZOOS.items() for n in sorted(m.PLANTED)])
@@ -91,9 +93,9 @@ def test_reading_rules():
     assert claims([m]) == {}
     # an activation named as a word claims it; a callable (nn.TransformerEncoderLayer's F.relu) claims nothing
     assert claims([], {"activation": "gelu"}) == {"ffn.act": "gelu"} and claims([], {"activation": nn.functional.relu}) == {}
-    # a rotary scaling dict: linear, llama3 and yarn with their factor; dynamic (unseen at a probe's length) nothing
+    # a rotary scaling dict: linear, llama3 and yarn with their factor; dynamic its original length only (0: unknown)
     assert claims([], {"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}) == {"rope.scaling": "llama3", "rope.factor": 8.0}
-    assert claims([], {"rope_scaling": {"type": "dynamic", "factor": 2.0}}) == {}
+    assert claims([], {"rope_scaling": {"type": "dynamic", "factor": 2.0}}) == {DYNAMIC: 0}
     # a residual switch names the form either way
     assert claims([], {"use_parallel_residual": False}) == {"residual.form": "sequential"}
     assert claims([], {"parallel_attn": True}) == {"residual.form": "parallel"}

@@ -352,7 +352,35 @@ class AttentionMultiplierDropped(GraniteMultipliers):
         return attend(self, h)
 
 
-PLANTED = {"CatTableInterleaved": "rope.theta", "ValuesTiledApart": "attn.group", "TanhGeluTypo": "ffn.act",
+class TopTwoRenormalised(MoEBlock):
+    """Qwen3-MoE's routing as its config says (num_experts_per_tok 2, norm_topk_prob): the top two probabilities over
+    their sum. Twin of ProbabilitiesSoftmaxed."""
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True, norm_topk_prob=True):
+        super().__init__(d_model, n_heads, dropout, causal)
+        self.num_experts_per_tok, self.norm_topk_prob = 2, norm_topk_prob
+
+    def gates(self, top):
+        return top / top.sum(-1, keepdim=True)
+
+    def ffn(self, h):
+        top, idx = self.router(h).softmax(-1).topk(2, dim=-1)
+        top = self.gates(top)
+        out = torch.zeros_like(h)
+        for e, expert in enumerate(self.experts):
+            out = out + (top * (idx == e)).sum(-1, keepdim=True) * expert(h)
+        return self.drop(out)
+
+
+class ProbabilitiesSoftmaxed(TopTwoRenormalised):
+    """The chosen probabilities put through a softmax again (softmax where a division was meant): the weights sum to 1,
+    and are no softmax or sigmoid of the router's outputs, renormalised or not."""
+
+    def gates(self, top):
+        return top.softmax(-1)
+
+
+PLANTED = {"CatTableInterleaved": "rope.theta", "ProbabilitiesSoftmaxed": "moe.renorm", "ValuesTiledApart": "attn.group", "TanhGeluTypo": "ffn.act",
            "ExpertsMiscounted": "moe.experts", "QKNormBuiltNotApplied": "attn.qk_norm",
            "SharedExpertDropped": "moe.shared", "NormFirstIgnored": "norm.placement",
            "RopeSwitchIgnored": "pos.kind", "ResidualMultiplierDropped": ("residual.attn_gain", "residual.ffn_gain"),
@@ -364,4 +392,4 @@ WARNED = {"SoftcapUnscaled": "spec", "OneExpertRenormalised": "spec"}
 FAILED = {"SoftcapNotDivided": "spec"}
 CORRECT = ["OneExpertRouted", "TanhGeluWritten", "ExpertsCounted", "QKNormApplied", "SharedExpertAdded",
            "NormFirstHonoured", "RopeSwitchOn", "GraniteMultipliers", "HeadDimHonoured",
-           "Llama3Scaled", "Llama3NarrowHeads"]
+           "Llama3Scaled", "Llama3NarrowHeads", "TopTwoRenormalised"]

@@ -8,12 +8,13 @@ import torch
 from tblock_cli.anatomy.attention import unit_rows
 from tblock_cli.card.entries import Entry, skipped
 from tblock_cli.card.probe import Probe
+from tblock_cli.card.qk import read_clip, read_qk_norm
 from tblock_cli.card.scores import Scores, capture_scores
 from tblock_cli.probes import parameters_replaced
 
 # the entries read by probing the scores (the rest are sizes, read off the first call as it is)
-PROBED = ("attn.scale", "attn.softcap", "attn.window", "attn.qk_norm")
-KEYS = ("attn.heads", "attn.kv_heads", "attn.group", "attn.kv_grouping", "attn.head_dim", "attn.scale", "attn.softcap", "attn.window", "attn.qk_norm")
+PROBED = ("attn.scale", "attn.softcap", "attn.window", "attn.qk_norm", "attn.clip")
+KEYS = ("attn.heads", "attn.kv_heads", "attn.group", "attn.kv_grouping", "attn.head_dim", "attn.scale", "attn.softcap", "attn.window", "attn.qk_norm", "attn.clip")
 # Tokens of the random input the scores are read on: enough entries per head for the fits below.
 SCALE_SEQ = 16
 # The q operand is scaled so that the largest q.k part of the logits is this: the linear regime of any soft-cap of 5 or
@@ -60,17 +61,7 @@ def window_seq(d_model: int) -> int:
 # Earlier outputs changed by a later token by less than this, relative to the output: unchanged (float64: exact 0 where
 # masked keys get zero weight; -1e4 masks give exp(-1e4) = 0 in float64 too).
 CAUSAL_TOL = 1e-10
-# q/k-norm: the derivative of <q, r> along the q projection's own parameters (scaling them), relative to <q, r>: 1 for
-# q linear in them, 0 for a normalised q (eps moves it by eps / rms(q)^2: <= 1e-3 at init scales).
-NORM_RATIO = 0.5
-# A clamp that binds (clip_qkv below the projections' scale) is blind to the scale too, where it binds: OLMo's clip at
-# 0.5 on default-init projections measured 0.065. A norm is read below NORMED_RATIO (20x its eps's worst effect),
-# and where no share of q's entries sits at exactly its largest magnitude (a norm's outputs have no ties; clamped ones
-# do, before a rotation moves them).
-NORMED_RATIO = 0.02
-CLIPPED_SHARE = 0.01
-# A weight slice whose gradient is below this share of the largest slice's reaches no head of interest (exact 0).
-GRAD_FLOOR = 1e-9
+
 
 
 def self_calls(probe: Probe, T: int) -> tuple[torch.Tensor, list[tuple[int, Scores]]]:
@@ -225,71 +216,6 @@ def read_causal(probe: Probe) -> Entry:
                  f"earlier outputs changed {change:.2g} (relative) when the last token changed", judged=False)
 
 
-def q_parameters(probe: Probe, call: Scores, q: torch.Tensor) -> list[torch.nn.Parameter]:
-    """The parameters of the projection whose output reaches q: the traced source projections, else the one weight
-    matrix q depends on (a norm over the whole width can hide the projection from the trace), with its module's own."""
-    modules, params = dict(probe.module.named_modules()), dict(probe.module.named_parameters())
-    out = []
-    for name in call.sources:
-        if name in modules:
-            out += [p for p in modules[name].parameters(recurse=False)]
-        elif name in params:
-            out.append(params[name])
-    if not out:
-        mats = [(n, p) for n, p in params.items() if p.ndim >= 2 and p.dtype.is_floating_point]
-        grads = torch.autograd.grad(q.sum(), [p for _, p in mats], retain_graph=True, allow_unused=True)
-        reach = [n for (n, _), g in zip(mats, grads) if g is not None and bool(g.abs().max() > 0)]
-        if len(reach) == 1:
-            owner = reach[0].rpartition(".")[0]
-            out = list(modules[owner].parameters(recurse=False)) if owner in modules else [params[reach[0]]]
-    return [p for p in out if p.dtype.is_floating_point]
-
-
-def read_qk_norm(probe: Probe, x: torch.Tensor, call: Scores, index: int) -> Entry:
-    """none / head / width: whether q is invariant to scaling its projection (the derivative along the projection's
-    own parameters is 0), and if so whether head 0's q depends on other heads' slices of the projection (width)."""
-    if call.kind == "mha":
-        return Entry("attn.qk_norm", "none", "nn.MultiheadAttention: q is the in-projection, unnormalised")
-    live = capture_scores(probe, x, grad=True)
-    if index >= len(live) or not live[index].q.requires_grad:
-        return skipped("attn.qk_norm", "q does not depend on the block's parameters here")
-    q = live[index].q
-    params = q_parameters(probe, call, q)
-    if not params:
-        return skipped("attn.qk_norm", "no one projection reaching q was found")
-    r = torch.randn(q.shape, generator=probe.gen, dtype=q.dtype).to(q.device)
-    whole = (q * r).sum()
-    g_all = torch.autograd.grad(whole, params, retain_graph=True, allow_unused=True)
-    g_0 = torch.autograd.grad((q[:, 0] * r[:, 0]).sum(), params, allow_unused=True)
-    along = sum((p.detach() * g).sum() for p, g in zip(params, g_all) if g is not None)
-    ratio = (along / whole).item() if whole.item() != 0 else float("nan")
-    how = f"d<q, r>/d(scale of q's projection) / <q, r> = {ratio:.3g}"
-    if abs(ratio - 1) < NORM_RATIO:
-        return Entry("attn.qk_norm", "none", how + ": q scales with its projection")
-    if abs(ratio) >= NORM_RATIO:
-        return skipped("attn.qk_norm", how + ": neither linear nor normalised")
-    qa = q.detach().abs()
-    tied = (qa == qa.max()).double().mean().item()
-    if abs(ratio) >= NORMED_RATIO or tied > CLIPPED_SHARE:
-        return skipped("attn.qk_norm", how + f": nearly blind to the scale, not exactly ({tied:.0%} of q's entries at "
-                                             f"its largest magnitude): a clamp that binds (clip_qkv), not a norm")
-    H = q.shape[1]
-    if H < 2:
-        return skipped("attn.qk_norm", "one head: a norm per head and over the width are the same")
-    narrower = False
-    for p, ga, g0 in zip(params, g_all, g_0):
-        if ga is None or g0 is None or p.ndim < 2:
-            continue
-        for axis in range(p.ndim):
-            dims = [d for d in range(p.ndim) if d != axis]
-            na, n0 = ga.abs().amax(dims), g0.abs().amax(dims)
-            if int((n0 > GRAD_FLOOR * n0.max()).sum()) < int((na > GRAD_FLOOR * na.max()).sum()):
-                narrower = True
-    return Entry("attn.qk_norm", "head" if narrower else "width",
-                 how + ": q is normalised; head 0 reads " + ("only its own slice of the projection" if narrower
-                                                            else "every head's slice (a norm over the whole width)"))
-
-
 def key_classes(k: torch.Tensor) -> list[int]:
     """For each of the product's key heads (B, H, S, E), the first head equal to it: repeated key heads are equal
     exactly (a copy), distinct ones are not (their projections' weights differ)."""
@@ -368,4 +294,6 @@ def read(probe: Probe) -> list[Entry]:
         out.append(read_window([c for _, c in long_calls], T) if long_calls else
                    skipped("attn.window", f"no self-attention call read at {T} tokens"))
     out.append(read_qk_norm(probe, x, call, index))
+    if wanted is None or "attn.clip" in wanted:
+        out.append(read_clip(probe, x, call, index))
     return out

@@ -23,12 +23,14 @@ KEYS: dict[str, str] = {
     "attn.softcap": "the logit soft-cap c of c*tanh(s/c), or none",
     "attn.window": "sliding-window size in tokens (a query sees this many keys, itself included), or none",
     "attn.causal": "queries ignore later keys",
+    "attn.clip": "the clamp c on the q (and k, v) projections' outputs, clip_qkv's [-c, c], or none",
     "attn.qk_norm": "a norm on queries and keys: none, head (per head) or width (over the whole projection); any (claimed: either)",
     # positions
     "pos.kind": "how positions enter: none, absolute, rotary, alibi, relative_bias, bias or other",
     "rope.theta": "the rotary base theta (frequencies theta^(-2i/dims))",
     "rope.dims": "channels per head that rotate",
     "rope.pairing": "which channels rotate together: half (i, i + dims/2) or interleaved (2i, 2i + 1)",
+    "rope.direction": "which way each pair turns as the position grows: forward (x0 cos - x1 sin, x1 cos + x0 sin: every RoPE's) or backward",
     "rope.scaling": "the frequency scaling: none, linear, ntk, llama3, yarn or other",
     "rope.factor": "the scaling's factor (1 for none)",
     "rope.freqs": "radians per position of each rotating pair, slowest last",
@@ -72,11 +74,11 @@ KEYS: dict[str, str] = {
 
 # Keys whose value is a number (or numbers): a word for one of them is refused (exit 2), not judged as a mismatch.
 # The words such a key may still take are those the card writes for it (WORDS).
-NUMERIC = ("attn.heads", "attn.kv_heads", "attn.group", "attn.head_dim", "attn.scale", "attn.softcap", "attn.window",
+NUMERIC = ("attn.heads", "attn.kv_heads", "attn.group", "attn.head_dim", "attn.scale", "attn.softcap", "attn.window", "attn.clip",
            "rope.theta", "rope.dims", "rope.factor", "rope.freqs", "rope.low_freq_wavelen", "rope.high_freq_wavelen",
            "alibi.slopes", "relbias.curve", "relbias.steps", "ffn.hidden", "norm.eps", "residual.stream_gain",
            "residual.attn_gain", "residual.ffn_gain", "moe.experts", "moe.top_k", "moe.weight_sum", "moe.scale")
-WORDS = {"attn.softcap": ("none",), "attn.window": ("none",), "moe.weight_sum": ("varies",)}
+WORDS = {"attn.softcap": ("none",), "attn.window": ("none",), "attn.clip": ("none",), "moe.weight_sum": ("varies",)}
 # Keys whose value is true or false: anything else for one of them is refused (exit 2) as well.
 BOOLEAN = ("attn.causal", "relbias.bidirectional", "ffn.gated", "norm.offset", "moe.renorm", "moe.shared", "bias.qkv",
            "bias.attn", "bias.ffn", "bias.any")

@@ -17,6 +17,8 @@ from tblock_cli.card.own_names import (
     ACTS,
     BIAS_ON,
     BRANCH_GAINS,
+    DYNAMIC,
+    DYNAMICS,
     FIELDS,
     FRACTION,
     GATED_MLPS,
@@ -26,6 +28,8 @@ from tblock_cli.card.own_names import (
     KV_HEADS,
     LLAMA3_BAND,
     LOCAL_BASES,
+    LONGROPE,
+    LONGROPES,
     MLA_WIDTHS,
     MULTI_QUERY,
     MULTIPLIERS,
@@ -45,6 +49,7 @@ from tblock_cli.card.own_names import (
     WINDOW_SWITCHES,
     WINDOWS,
     YARN_GAIN,
+    depth_scaled,
     layer_scale_off,
 )
 
@@ -94,10 +99,10 @@ def own_claims(modules: list[nn.Module], arguments: dict | None = None) -> tuple
             elif field in NORM_AFTER and isinstance(v, bool):
                 put(asked, "norm.placement", NORM_AFTER[field][not v], f"{at} `{field}`")
 
-    fields(layer_scale_off(arguments or {}), "constructor argument")
+    fields(depth_scaled(layer_scale_off(arguments or {})), "constructor argument")
     for m in modules:
         cls, owner = type(m).__name__.lower(), type(m).__name__
-        for name, value in layer_scale_off(vars(m)).items():
+        for name, value in depth_scaled(layer_scale_off(vars(m))).items():
             if name.startswith("_"):
                 continue
             seen.add(name)
@@ -256,7 +261,7 @@ def config_fields(config) -> dict:
     rope = fields.get("rope_parameters")
     if isinstance(rope, dict) and "rope_theta" in rope and "rope_theta" not in fields:
         fields["rope_theta"] = rope["rope_theta"]
-    fields = layer_scale_off(fields)
+    fields = depth_scaled(layer_scale_off(fields))
     if any(fields.get(f) is not None for f in LOCAL_BASES):
         fields = {f: v for f, v in fields.items() if FIELDS.get(f) != "rope.theta"}
     if any(_count(v) and FIELDS.get(f) != "ffn.hidden" and re.search("intermediate|ffn|inner", f) for f, v in fields.items()):
@@ -303,9 +308,12 @@ def _value(key: str, v):
 def _scaling(d: dict) -> dict:
     """{rope.scaling: type, rope.factor: factor} from a rotary-scaling dict of a SCALED type with a factor above 1.
     YaRN claims its factor alone: the card tells its ramp from llama-3's only over three pairs or more in the band,
-    which a narrow head may not have."""
+    which a narrow head may not have. LongRoPE claims its factors and attention factor, dynamic NTK its original length
+    (pseudo keys the fitting turns into claims the card can judge)."""
     kind = d.get("rope_type", d.get("type")) or next((k for k, keys in TYPED_BY_KEYS.items() if keys <= d.keys()), None)
     factor = d.get("factor")
+    if kind in LONGROPES + DYNAMICS:
+        return _stretched(kind, d)
     if kind not in SCALED or isinstance(factor, bool) or not isinstance(factor, (int, float)) or not factor > 1:
         return {}
     out = ({} if kind == "yarn" else {"rope.scaling": kind}) | {"rope.factor": float(factor)}
@@ -316,6 +324,32 @@ def _scaling(d: dict) -> dict:
         low, high = d.get("low_freq_factor"), d.get("high_freq_factor")
         if all(_value("rope.factor", v) for v in (orig, low, high)) and high > low:
             out |= {"rope.low_freq_wavelen": orig / low, "rope.high_freq_wavelen": orig / high}
+    return out
+
+
+def _stretched(kind: str, d: dict) -> dict:
+    """The pseudo claims of a LongRoPE or dynamic NTK dict (transformers' _compute_longrope_parameters and
+    _compute_dynamic_ntk_parameters): LONGROPE (short factors, long factors, original length) with the attention factor
+    as YARN_GAIN (given, else sqrt(1 + ln(factor) / ln(original)) above a factor of 1); DYNAMIC, the original length."""
+    orig = d.get("original_max_position_embeddings")
+    orig = int(orig) if isinstance(orig, (int, float)) and not isinstance(orig, bool) and orig > 1 else 0
+    if kind in DYNAMICS:
+        return {DYNAMIC: orig}
+    factors = lambda v: tuple(float(f) for f in v) if isinstance(v, (list, tuple)) and v and all(
+        isinstance(f, (int, float)) and not isinstance(f, bool) and f > 0 for f in v) else None
+    short, long = factors(d.get("short_factor")), factors(d.get("long_factor"))
+    if short is None:
+        return {}
+    out = {LONGROPE: (short, long, orig)}
+    given, factor = d.get("attention_factor"), d.get("factor")
+    if isinstance(given, (int, float)) and not isinstance(given, bool) and given > 0:
+        gain = float(given)
+    elif isinstance(factor, (int, float)) and not isinstance(factor, bool) and factor > 1 and orig:
+        gain = math.sqrt(1 + math.log(factor) / math.log(orig))
+    else:
+        gain = None
+    if gain is not None and gain != 1:
+        out[YARN_GAIN] = gain
     return out
 
 

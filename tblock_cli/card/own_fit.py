@@ -8,16 +8,21 @@ import dataclasses
 
 from tblock_cli.card.entries import Card, Claim
 from tblock_cli.card.own import FRACTION
-from tblock_cli.card.own_names import RATIO, YARN_GAIN
+from tblock_cli.card.own_names import DYNAMIC, LONGROPE, RATIO, YARN_GAIN
+from tblock_cli.card.positions import ROPE_SEQ
+
+PSEUDO = (FRACTION, RATIO, YARN_GAIN, LONGROPE, DYNAMIC)
 
 
 def needed(claims: tuple[Claim, ...]) -> tuple[str, ...]:
     """The card keys to read for the block's own claims: theirs, and those `fitted` decides by."""
-    keys = tuple(c.key for c in claims if c.key not in (FRACTION, RATIO, YARN_GAIN))
+    keys = tuple(c.key for c in claims if c.key not in PSEUDO)
+    keys += ("rope.freqs", "rope.dims") if any(c.key == LONGROPE for c in claims) else ()
     if any(c.key.startswith("moe.") or c.key in ("ffn.hidden", RATIO) for c in claims):
         keys += ("moe.experts", "ffn.act")
     keys += ("ffn.gated", "ffn.hidden") if any(c.key == RATIO for c in claims) else ()
     keys += ("attn.scale",) if any(c.key == YARN_GAIN for c in claims) else ()
+    keys += ("rope.direction",) if _rotary_claim(claims) is not None else ()
     return keys + (("attn.head_dim", "rope.dims") if any(c.key in (FRACTION, YARN_GAIN) for c in claims) else ())
 
 
@@ -25,9 +30,11 @@ def fitted(claims: tuple[Claim, ...], card: Card, seq: int, d_model: int | None 
     """The block's own claims as `card` can judge them (see the module's docstring); `seq` is the window probe's length.
     An FFN width is held only where the card fitted the FFN's curve: a hybrid layer's first `down` projection may be
     a Mamba mixer's (hf:jamba's and falcon_h1's read 1024 and 128 beside an intermediate_size of 2048)."""
+    claims = with_dynamic(with_longrope(claims))
     claims = with_fraction(claims, card.value("attn.head_dim"))
     claims = with_yarn_gain(claims, card.value("attn.head_dim"), card.value("rope.dims"))
     claims = with_window(with_ratio(claims, card.value("ffn.gated"), d_model), seq)
+    claims = with_direction(claims)
     experts, act = card.value("moe.experts"), card.value("ffn.act")
     dense_ffn = not experts and act not in (None, "other")
     return tuple(c for c in claims if not (c.key.startswith("moe.") and not experts)
@@ -44,6 +51,35 @@ def with_fraction(claims: tuple[Claim, ...], head_dim) -> tuple[Claim, ...]:
     return out + (Claim("rope.dims", float(int(fraction.value * head_dim)), fraction.source),)
 
 
+def with_longrope(claims: tuple[Claim, ...]) -> tuple[Claim, ...]:
+    """LongRoPE's table as a rope.freqs claim: pair i turns at theta^(-2i/dims) / short_factor[i] (dims twice the
+    factors' count), with the claimed theta, where the original length holds the card's probe; the theta claim itself
+    goes (the factors bend the table away from theta's). Dropped where no theta is claimed or the length is unknown or
+    shorter than the probe (the long factors, or either, would apply)."""
+    lr = next((c for c in claims if c.key == LONGROPE), None)
+    if lr is None:
+        return claims
+    out = tuple(c for c in claims if c.key not in (LONGROPE, "rope.theta"))
+    theta = next((c.value for c in claims if c.key == "rope.theta"), None)
+    short, _long, orig = lr.value
+    if not isinstance(theta, (int, float)) or not orig or orig < ROPE_SEQ or any(c.key == "rope.freqs" for c in out):
+        return out
+    dims = 2 * len(short)
+    freqs = sorted((theta ** (-2 * i / dims) / f for i, f in enumerate(short)), reverse=True)
+    return out + (Claim("rope.freqs", tuple(freqs), lr.source + f" (LongRoPE's short factors over theta {theta:g})",
+                        tier=lr.tier),)
+
+
+def with_dynamic(claims: tuple[Claim, ...]) -> tuple[Claim, ...]:
+    """A dynamic NTK scaling keeps theta's table up to its original length and raises the base past it: the theta
+    claim stands only where that length is known and holds the card's probe."""
+    dyn = next((c for c in claims if c.key == DYNAMIC), None)
+    if dyn is None:
+        return claims
+    out = tuple(c for c in claims if c.key != DYNAMIC)
+    return out if dyn.value and dyn.value >= ROPE_SEQ else tuple(c for c in out if c.key != "rope.theta")
+
+
 def with_yarn_gain(claims: tuple[Claim, ...], head_dim, rope_dims) -> tuple[Claim, ...]:
     """YaRN's attention factor m as an attn.scale claim: m on q and on k puts m^2 on every score, 1/sqrt(X) with
     X = head_dim / m^4. Only where every channel of the head rotates (HF puts m on the rotary table: a partial rotation
@@ -52,8 +88,26 @@ def with_yarn_gain(claims: tuple[Claim, ...], head_dim, rope_dims) -> tuple[Clai
     gain = next((c for c in claims if c.key == YARN_GAIN), None)
     if gain is None or not head_dim or rope_dims != head_dim or any(c.key == "attn.scale" for c in out):
         return out
-    return out + (Claim("attn.scale", float(head_dim) / gain.value ** 4, gain.source + " (YaRN's attention factor "
-                        f"{gain.value:.4g} on q and k)"),)
+    return out + (Claim("attn.scale", float(head_dim) / gain.value ** 4, gain.source + " (the scaling's attention "
+                        f"factor {gain.value:.4g} on q and k)"),)
+
+
+def _rotary_claim(claims: tuple[Claim, ...]) -> Claim | None:
+    """The first claim that says the block rotates q and k (a rotary base, width, pairing or scaling, or pos.kind
+    rotary), or None."""
+    return next((c for c in claims if (c.key.startswith("rope.") or c.key == FRACTION) and c.key != "rope.direction"
+                 or c.key == "pos.kind" and c.value == "rotary"), None)
+
+
+def with_direction(claims: tuple[Claim, ...]) -> tuple[Claim, ...]:
+    """A block that says it rotates q and k says which way: every RoPE turns pair (x0, x1) by x0 cos - x1 sin, x1 cos
+    + x0 sin (the lower channel the real part, in either pairing), the angle growing with the position. A rotation the
+    other way computes relative scores too, and reads every rotary checkpoint mirrored in position."""
+    said = _rotary_claim(claims)
+    if said is None or any(c.key == "rope.direction" for c in claims):
+        return claims
+    return claims + (Claim("rope.direction", "forward", said.source + " (RoPE's rotation turns each pair forward)",
+                           tier=said.tier),)
 
 
 def with_ratio(claims: tuple[Claim, ...], gated, d_model: int | None) -> tuple[Claim, ...]:

@@ -11,6 +11,11 @@ RATIO = "ffn.ratio"
 # Not a card key: YaRN's attention factor, the gain its rotation puts on q and k (HF's `attention_factor`, by default
 # 0.1 ln(factor) + 1), turned into an attn.scale claim by `with_yarn_gain` once the card has read the head's width
 YARN_GAIN = "rope.yarn_gain"
+# Not card keys either: LongRoPE's per-pair divisors ((short factors), (long factors) or None, the original length or
+# None), turned into a rope.freqs claim by `with_longrope` beside the claimed theta; and a dynamic NTK scaling's original
+# length (0 unknown), which says the base is theta's only at probes no longer than that (`with_dynamic`)
+LONGROPE = "rope.longrope"
+DYNAMIC = "rope.dynamic"
 # attribute or config field -> card key, read on any module or config.
 FIELDS = {
     "rope_theta": "rope.theta", "rope_base": "rope.theta", "rotary_base": "rope.theta", "rotary_emb_base": "rope.theta",
@@ -18,6 +23,8 @@ FIELDS = {
     "rotary_dim": "rope.dims", "rotary_ndims": "rope.dims", "rope_dim": "rope.dims", "qk_rope_head_dim": "rope.dims",
     "attn_logit_softcapping": "attn.softcap", "logit_softcap": "attn.softcap", "logit_softcapping": "attn.softcap",
     "attn_softcap": "attn.softcap", "softcap": "attn.softcap", "attention_logit_softcapping": "attn.softcap",
+    # OLMo's, DBRX's and MPT's clamp on the q, k and v projections' outputs (None: no clamp, and no claim)
+    "clip_qkv": "attn.clip",
     "query_pre_attn_scalar": "attn.scale", "attention_scores_scalar": "attn.scale",
     # the width of each head's q and k where a config gives it apart from the model's width (Gemma's 256 beside 3072 /
     # 16 = 192, Qwen3's 128 beside 2560 / 32 = 80): a port that splits hidden_size / heads contradicts it
@@ -83,6 +90,39 @@ FIELDS = {
 # scale itself (q.k * m, the card's attn.scale 1 / m^2). A multiplier of 1 claims nothing: left out, nothing differs.
 BRANCH_GAINS = ("residual.attn_gain", "residual.ffn_gain")
 MULTIPLIERS = {"residual_multiplier": BRANCH_GAINS, "attention_multiplier": ("attn.scale",)}
+# MiniCPM's depth-scaled residual: each branch's output times scale_depth / sqrt(num_hidden_layers) at its add, read
+# where a config (or a block's arguments, or a module's attributes) keeps both; this pseudo field holds the product
+DEPTH_SCALED = "scale_depth / sqrt(num_hidden_layers)"
+MULTIPLIERS[DEPTH_SCALED] = BRANCH_GAINS
+
+
+def depth_scaled(values: dict) -> dict:
+    """values with MiniCPM's branch gain scale_depth / sqrt(num_hidden_layers) beside them, where both are numbers;
+    and with a LongRoPE or dynamic scaling dict given the lengths it takes from its config (Phi-3 keeps
+    `original_max_position_embeddings` and `max_position_embeddings` beside its rope_scaling, whose factor is their
+    ratio)."""
+    depth, layers = values.get("scale_depth"), values.get("num_hidden_layers")
+    if _number(depth) and isinstance(layers, int) and not isinstance(layers, bool) and layers > 0:
+        values = {**values, DEPTH_SCALED: depth / layers ** 0.5}
+    orig = values.get("original_max_position_embeddings")
+    longest = values.get("max_position_embeddings")
+    for name in SCALINGS:
+        d = values.get(name)
+        if not isinstance(d, dict) or d.get("rope_type", d.get("type")) not in LONGROPES + DYNAMICS:
+            continue
+        d = dict(d)
+        if "original_max_position_embeddings" not in d and (_number(orig) or _number(longest)):
+            d["original_max_position_embeddings"] = orig if _number(orig) else longest
+        if d.get("factor") is None and _number(d.get("original_max_position_embeddings")) and _number(longest):
+            d["factor"] = longest / d["original_max_position_embeddings"]
+        values = {**values, name: d}
+    return values
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
+
+
 # LayerScale's start (CaiT, DeiT III, DINOv2, BEiT): each branch's per-channel gain at its add, as built. timm's
 # `init_values` is read only as a block's constructor argument (the name is too plain elsewhere).
 LAYER_SCALES = ("layer_scale_init_value", "layerscale_value", "layer_scale_init", "layerscale_init_value",
@@ -131,6 +171,10 @@ MLA_WIDTHS = ("qk_nope_head_dim", "qk_rope_head_dim", "qk_head_dim", "v_head_dim
 # original length, which a probe does not reach), and so is anything else the card has no name for.
 SCALINGS = ("rope_scaling", "rope_parameters", "rope_adjustments")  # the last litgpt's
 SCALED = ("linear", "llama3", "yarn")
+# LongRoPE (Phi-3's; "su" in its first configs): each pair's frequency divided by its own factor, the short ones up to
+# the original length, and an attention factor on cos and sin; dynamic NTK: theta's table up to the original length
+LONGROPES = ("longrope", "su")
+DYNAMICS = ("dynamic",)
 # a scaling dict that names no type (gpt-fast's rope_scaling, litgpt's rope_adjustments) is of the kind its keys are
 # particular to; a factor alone names none (linear in litgpt, dynamic NTK in other code)
 TYPED_BY_KEYS = {"llama3": {"low_freq_factor", "high_freq_factor"}, "yarn": {"beta_fast", "beta_slow"}}

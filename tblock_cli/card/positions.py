@@ -22,7 +22,7 @@ from tblock_cli.checks.positions import (
     toeplitz_error,
 )
 
-ROPE_KEYS = ("rope.theta", "rope.dims", "rope.pairing", "rope.scaling", "rope.factor", "rope.freqs", "rope.low_freq_wavelen",
+ROPE_KEYS = ("rope.theta", "rope.dims", "rope.pairing", "rope.direction", "rope.scaling", "rope.factor", "rope.freqs", "rope.low_freq_wavelen",
              "rope.high_freq_wavelen")
 BIAS_KEYS = ("alibi.slopes", "relbias.bidirectional", "relbias.curve", "relbias.steps")
 # Positions the rotation is read over: each pair's advance is averaged over 63 steps.
@@ -79,8 +79,9 @@ def rotary_reading(q: torch.Tensor) -> dict | None:
         wobble = (step - step.mean(1, keepdim=True)).abs().max().item()
         err = max(radius, wobble)
         if best is None or err < best[0]:
-            best = (err, pairing, step.mean(1).abs())
-    err, pairing, omega = best
+            best = (err, pairing, step.mean(1))
+    err, pairing, signed = best
+    omega = signed.abs()
     if err > ROTATION_TOL:
         return {"other": f"{n} channels vary with position but no pairing of them rotates (off by {err:.2g})"}
     spread = ((omega - omega.mean(0)).abs().max() / omega.mean(0).abs().clamp_min(1e-300).max()).item()
@@ -88,7 +89,11 @@ def rotary_reading(q: torch.Tensor) -> dict | None:
         return {"other": f"the heads rotate at different frequencies (spread {spread:.2g})"}
     freqs = sorted(omega.mean(0).tolist(), reverse=True)
     ambiguous = n == 2  # one pair: half-split and interleaved are the same channels
-    return {"dims": n, "pairing": None if ambiguous else pairing, "freqs": freqs, "channels": S, "error": err}
+    # the way each pair turns: the lower channel of a pair as the real part (both pairings), RoPE's x0 cos - x1 sin
+    # advances the angle; a sign slipped into rotate-half, or positions counted down, turns it back
+    direction = "forward" if bool((signed > 0).all()) else "backward" if bool((signed < 0).all()) else "mixed"
+    return {"dims": n, "pairing": None if ambiguous else pairing, "freqs": freqs, "channels": S, "error": err,
+            "direction": direction}
 
 
 def rotations_apart(q_rot: dict | None, k_rot: dict | None) -> str | None:
@@ -105,6 +110,9 @@ def rotations_apart(q_rot: dict | None, k_rot: dict | None) -> str | None:
         return f"q rotates, k does not ({k_rot['other']})"
     if k_rot["channels"] != q_rot["channels"]:
         return f"q and k rotate different channels ({len(q_rot['channels'])} of q's, {len(k_rot['channels'])} of k's)"
+    if k_rot["direction"] != q_rot["direction"]:
+        return (f"q turns {q_rot['direction']} and k {k_rot['direction']} with position: the scores depend on i + j, "
+                "not j - i")
     worst = max(abs(a - b) / max(abs(a), 1e-300) for a, b in zip(q_rot["freqs"], k_rot["freqs"]))
     if worst > FREQ_TOL:
         return f"q and k rotate at different frequencies (apart by {worst:.2g}, relative)"
@@ -180,6 +188,8 @@ def rope_entries(rot: dict, tol: float = RATIO_TOL) -> list[Entry]:
     out = [Entry("pos.kind", "rotary", how),
            Entry("rope.dims", rot["dims"], f"channels of q that vary with position: {rot['channels'][:4]}..."),
            pairing,
+           Entry("rope.direction", rot["direction"], "the sign of every pair's mean advance per position, the lower "
+                                                     "channel of a pair as the real part (forward: RoPE's)"),
            Entry("rope.freqs", tuple(round(f, 12) for f in rot["freqs"]),
                  "the mean angle each pair advances per position, radians", FREQ_TOL)]
     sc = scaling_reading(rot["freqs"], rot["dims"], tol)

@@ -61,7 +61,7 @@ def check_spec(ctx: Context) -> Outcome:
         return skipped("spec.undeclared")
     verdicts = judge(card, claims)
     if own or decl.claims:
-        verdicts = _band_by_table(verdicts, card, claims, ctx.dtype)
+        verdicts = _form_unfitted(_band_by_table(verdicts, card, claims, ctx.dtype), card)
     differs = [v.to_dict() for v in verdicts if v.status == "differs"]
     unread = [v.key for v in verdicts if v.status == "unread"]
     matched = sum(v.status == "match" for v in verdicts)
@@ -166,6 +166,20 @@ def _band_by_table(verdicts, card, claims, dtype):
     measured = (f"pair {worst} turns {freqs[worst]:.4g} rad per position, where this band gives {predicted[worst]:.4g} "
                 f"({gaps[worst]:.0%} off)")
     return tuple(dataclasses.replace(v, status="differs", measured=measured, why=None) if v in unread else v for v in verdicts)
+
+
+def _form_unfitted(verdicts, card):
+    """A renormalisation or a routed scale is said of a softmax or sigmoid router (Mixtral's, Qwen-MoE's
+    `norm_topk_prob`, DeepSeek's `routed_scaling_factor`): where the routing weights fit no softmax or sigmoid of the
+    router's outputs, over the chosen experts or over all, times any constant (moe.router read as other: a softmax of
+    the chosen probabilities, an activation applied twice), that claim does not hold either, and differs."""
+    import dataclasses
+
+    if card.value("moe.router") != "other":
+        return verdicts
+    measured = "no softmax or sigmoid of the router's outputs, over the chosen or over all, fits the routing weights"
+    return tuple(dataclasses.replace(v, status="differs", measured=measured, why=None)
+                 if v.key in ("moe.renorm", "moe.scale") and v.status == "unread" else v for v in verdicts)
 
 
 def _norm_module_contradicts(ctx: Context, claim) -> bool:
