@@ -131,7 +131,9 @@ def check_derivative(ctx: Context) -> Outcome:
     random directions (input and parameters jointly, input alone), the median of steps 1e-2, 3e-3, 1e-3 more than
     1e-6 and 30x their own spread away from autograd (differences that agree with each other, not with autograd; a
     kink or a float32 island makes them disagree); names the worst tensor (a custom backward, a `.detach()` or
-    `.data` on a path, a recompute with other dropout masks)"""
+    `.data` on a path, a recompute with other dropout masks); the upstream gradient is laid out in reverse (not
+    contiguous, as under a consumer that transposes the output): a backward that reads its memory as contiguous is
+    caught by the differences, one that raises on it and not on a contiguous one fails (`.view` of the gradient)"""
     if (large := too_large(ctx)) is not None:
         return large
     device = ctx.device if ctx.device.type != "mps" else torch.device("cpu")
@@ -158,7 +160,11 @@ def check_derivative(ctx: Context) -> Outcome:
             if is_out_of_memory(e):
                 raise
             return skipped("derivative.no_float64", error=one_line(e))
-        w = torch.randn(out.shape, generator=ctx.gen, dtype=torch.float64).to(device)
+        # the projection laid out in reverse (dimension order), so the gradient reaching the block's output is not
+        # contiguous, as under a consumer that transposes it ((T, B, C) layers, a conv over time): a backward that
+        # views it flat raises, one that reads its memory as if contiguous computes another derivative
+        w = torch.randn(out.shape[::-1], generator=ctx.gen, dtype=torch.float64).to(device).permute(
+            *range(out.dim() - 1, -1, -1))
         for _, p in params:
             p.grad = None
         try:  # .backward, not autograd.grad: a reentrant checkpoint inside refuses the latter
@@ -166,6 +172,8 @@ def check_derivative(ctx: Context) -> Outcome:
         except Exception as e:  # noqa: BLE001 - a custom backward written for float32 (`g.float()` meeting float64):
             if is_out_of_memory(e):  # its own dtype's backward is grad_input's and grad_params' to judge
                 raise
+            if out.dim() > 1 and _runs_contiguous(subject, m64, x, w.contiguous(), device):
+                return failed("derivative.layout", None, error=one_line(e))
             return skipped("derivative.no_float64", error=one_line(e))
     if not torch.isfinite(out).all():
         return skipped("derivative.nonfinite")
@@ -238,6 +246,19 @@ def check_derivative(ctx: Context) -> Outcome:
     wrong.sort(key=lambda t: -t[1])
     return failed("derivative.wrong", worst, **facts, tensors=wrong, tensor=wrong[0][0] if wrong else None,
                   tensor_error=wrong[0][1] if wrong else 0.0)
+
+
+def _runs_contiguous(subject, module, x: torch.Tensor, w: torch.Tensor, device) -> bool:
+    """Whether the float64 training step whose backward raised on a gradient laid out in reverse runs with the same
+    gradient contiguous."""
+    with seeded(device), train_mode(module, True), torch.enable_grad():
+        try:
+            (subject(x.clone().requires_grad_(True)) * w).sum().backward()
+        except Exception as e:  # noqa: BLE001 - it raises either way: not the layout's doing
+            if is_out_of_memory(e):
+                raise
+            return False
+    return True
 
 
 # ----------------------------------------------------------------------------- gradients accumulate

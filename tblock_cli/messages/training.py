@@ -89,6 +89,10 @@ MESSAGES = {
                                      f"as the differences spread, or under {f['limit']:g})"),
     "derivative.wrong": _derivative,
     "derivative.no_float64": lambda f: f"a float64 copy does not run: {f['error']}",
+    "derivative.layout": lambda f: (f"the backward raises when the gradient reaching the output is not contiguous (laid "
+                                    f"out as a transpose after the block leaves it), and runs with the same gradient "
+                                    f"contiguous: {f['error']} (a custom backward's .view of its gradient? reshape or "
+                                    f".contiguous() first)"),
     "derivative.nonfinite": "the float64 copy's output is not finite",
     "checkpointing.same": _checkpointing_same,
     "checkpointing.differs": _checkpointing_differs,
