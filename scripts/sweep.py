@@ -25,6 +25,7 @@ import zoo_accumulation  # noqa: E402
 import zoo_attention  # noqa: E402
 import zoo_autocast  # noqa: E402
 import zoo_backward  # noqa: E402
+import zoo_buckets  # noqa: E402
 import zoo_claims  # noqa: E402
 import zoo_complex  # noqa: E402
 import zoo_construction  # noqa: E402
@@ -61,6 +62,7 @@ CORRECT = {**{k: v for k, v in zoo.CORRECT.items() if k != "NoPadKeyword"}, **{k
            **zoo.CORRECT_3}
 CORRECT.update({f"zoo_training.py:{k}": {} for k in zoo_training.CORRECT})  # the training-time checks' twins
 CORRECT.update({f"zoo_backward.py:{k}": {} for k in zoo_backward.CORRECT})  # a hand-written backward that reshapes
+CORRECT.update({f"zoo_buckets.py:{k}": {"causal": "Decoder" in k} for k in zoo_buckets.CORRECT})  # T5's buckets
 CORRECT.update({f"zoo_dropout.py:{k}": {} for k in zoo_dropout.CORRECT})  # the dropout check's
 CORRECT.update({f"zoo_device.py:{k}": {} for k in zoo_device.CORRECT})  # the device check's
 CORRECT.update({f"zoo_hooks.py:{k}": {} for k in zoo_hooks.CORRECT})  # gradient hooks carried to the copies
@@ -154,6 +156,7 @@ def missed_bugs(sizes, device="cpu", part=(1, 1)) -> int:
                **{k: ("kv_cache", {"causal": True}) for k in zoo.CACHE_BUGS}, **zoo.PLANTED_3,
                **{f"zoo_training.py:{k}": (v, {}) for k, v in zoo_training.PLANTED.items()},
                **{f"zoo_backward.py:{k}": (v, {}) for k, v in zoo_backward.PLANTED.items()},
+               **{f"zoo_buckets.py:{k}": ("spec", {"causal": "Decoder" in k}) for k in zoo_buckets.PLANTED},
                **{f"zoo_dropout.py:{k}": ("dropout", {}) for k in {**zoo_dropout.PLANTED, **zoo_dropout.IGNORED}},
                **{f"zoo_device.py:{k}": ("device", {}) for k in zoo_device.PLANTED},
                **{f"zoo_hooks.py:{k}": (v, {}) for k, v in zoo_hooks.PLANTED.items()},

@@ -22,6 +22,7 @@ class ScaleNote:
     folded: float = 1.0  # a scalar factor applied to q or k on their way to the product
     sdpa: bool = False  # F.scaled_dot_product_attention scaled it
     passed: float | None = None  # the scale sdpa was passed (None: its default 1/sqrt(E))
+    qk_std: float | None = None  # the std of the q.k part of the logits (an additive bias, a mask taken out), where read
 
     @property
     def text(self) -> str:

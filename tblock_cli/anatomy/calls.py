@@ -86,7 +86,7 @@ class AttentionRecorder:
         if unit_rows(q, k):  # cosine attention: its scale is a temperature
             return None, ScaleNote("cosine")
         folded = self.prov.folded(q, k)
-        return logit_std * folded / (rq * rk), ScaleNote("qk", folded)
+        return logit_std * folded / (rq * rk), ScaleNote("qk", folded, qk_std=logit_std)
 
     def cached_width(self, t: torch.Tensor, seen: int) -> int:
         """Elements per token a cache keeps for keys (or values) t: the width of the one projection they come from

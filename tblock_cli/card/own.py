@@ -38,9 +38,13 @@ from tblock_cli.card.own_names import (
     ON_ATTENTION,
     ON_NORM,
     ON_QUERY_HOLDER,
+    ON_RELATIVE,
     ON_ROTARY,
     POSITION_SWITCHES,
     QUERY_CHILDREN,
+    RELBUCKETS,
+    RELMAX,
+    RELONEWAY,
     SCALED,
     SCALINGS,
     SWITCHED,
@@ -148,7 +152,8 @@ def own_claims(modules: list[nn.Module], arguments: dict | None = None) -> tuple
                 put(kept, "norm.placement", NORM_AFTER[name][not value], f"{owner}.{name}")
                 continue
             key = ((FIELDS.get(name) if FIELDS.get(name) != "ffn.hidden" else None) or (ON_ROTARY.get(name) if is_rotary_name(owner) else None)
-                   or (ON_NORM.get(name) if own_norm(m) else None))
+                   or (ON_NORM.get(name) if own_norm(m) else None)
+                   or (ON_RELATIVE.get(name) if "relative" in cls and ("bias" in cls or "position" in cls) else None))
             if key is not None:
                 put(kept, key, _value(key, value), f"{owner}.{name}")
             elif ("attn" in cls or "attention" in cls) and name in ON_ATTENTION:
@@ -173,6 +178,10 @@ def own_claims(modules: list[nn.Module], arguments: dict | None = None) -> tuple
     if seen.intersection(MLA_WIDTHS):
         for tier in (asked, kept):
             tier.pop("attn.head_dim", None)
+    if not any(RELBUCKETS in tier for tier in (asked, kept)):  # a direction or distance alone says nothing
+        for tier in (asked, kept):
+            tier.pop(RELMAX, None)
+            tier.pop(RELONEWAY, None)
     claims = []
     for key in {**named, **kept, **asked}:
         tier, values = next((t, v[key]) for t, v in (("asked", asked), ("kept", kept), ("named", named)) if v.get(key))
@@ -296,6 +305,8 @@ def _value(key: str, v):
         return v if isinstance(v, bool) else None
     if key in SWITCHED:
         return SWITCHED[key][not v] if isinstance(v, bool) else None
+    if key == RELONEWAY:
+        return v if isinstance(v, bool) else None
     if key == "moe.router":
         return v.lower() if isinstance(v, str) and v.lower() in ("softmax", "sigmoid") else None
     if key == FRACTION and isinstance(v, (int, float)) and not 0 < v <= 1:

@@ -8,10 +8,10 @@ import dataclasses
 
 from tblock_cli.card.entries import Card, Claim
 from tblock_cli.card.own import FRACTION
-from tblock_cli.card.own_names import DYNAMIC, LONGROPE, RATIO, YARN_GAIN
-from tblock_cli.card.positions import ROPE_SEQ
+from tblock_cli.card.own_names import DYNAMIC, LONGROPE, RATIO, RELBUCKETS, RELMAX, RELONEWAY, YARN_GAIN
+from tblock_cli.card.positions import BIAS_SEQ, ROPE_SEQ
 
-PSEUDO = (FRACTION, RATIO, YARN_GAIN, LONGROPE, DYNAMIC)
+PSEUDO = (FRACTION, RATIO, YARN_GAIN, LONGROPE, DYNAMIC, RELBUCKETS, RELMAX, RELONEWAY)
 
 
 def needed(claims: tuple[Claim, ...]) -> tuple[str, ...]:
@@ -23,6 +23,7 @@ def needed(claims: tuple[Claim, ...]) -> tuple[str, ...]:
     keys += ("ffn.gated", "ffn.hidden") if any(c.key == RATIO for c in claims) else ()
     keys += ("attn.scale",) if any(c.key == YARN_GAIN for c in claims) else ()
     keys += ("rope.direction",) if _rotary_claim(claims) is not None else ()
+    keys += ("relbias.steps", "attn.causal") if any(c.key == RELBUCKETS for c in claims) else ()
     return keys + (("attn.head_dim", "rope.dims") if any(c.key in (FRACTION, YARN_GAIN) for c in claims) else ())
 
 
@@ -34,7 +35,7 @@ def fitted(claims: tuple[Claim, ...], card: Card, seq: int, d_model: int | None 
     claims = with_fraction(claims, card.value("attn.head_dim"))
     claims = with_yarn_gain(claims, card.value("attn.head_dim"), card.value("rope.dims"))
     claims = with_window(with_ratio(claims, card.value("ffn.gated"), d_model), seq)
-    claims = with_direction(claims)
+    claims = with_buckets(with_direction(claims), card.value("attn.causal"))
     experts, act = card.value("moe.experts"), card.value("ffn.act")
     dense_ffn = not experts and act not in (None, "other")
     return tuple(c for c in claims if not (c.key.startswith("moe.") and not experts)
@@ -108,6 +109,45 @@ def with_direction(claims: tuple[Claim, ...]) -> tuple[Claim, ...]:
         return claims
     return claims + (Claim("rope.direction", "forward", said.source + " (RoPE's rotation turns each pair forward)",
                            tier=said.tier),)
+
+
+def t5_bucket(o: int, bidirectional: bool, buckets: int, max_distance: int) -> int:
+    """The bucket of relative position o = j - i, as T5's _relative_position_bucket computes it (its float32 log)."""
+    import math
+
+    import torch
+
+    out = 0
+    if bidirectional:
+        buckets //= 2
+        out += buckets if o > 0 else 0
+        n = abs(o)
+    else:
+        n = -min(o, 0)
+    exact = buckets // 2
+    if n < exact:
+        return out + n
+    large = exact + int((torch.log(torch.tensor(n, dtype=torch.float32) / exact) / math.log(max_distance / exact)
+                         * (buckets - exact)).item())
+    return out + min(large, buckets - 1)
+
+
+def with_buckets(claims: tuple[Claim, ...], causal) -> tuple[Claim, ...]:
+    """T5's bucket count (with its max_distance, 128 by default, and whether the buckets look one way) as the distances
+    at which the bias changes value within the card's probe (relbias.steps): where a bucket differs from the one a
+    step nearer the query. Only the distances the card sees (a causal block's earlier keys); dropped where the
+    direction is not said."""
+    said = {c.key: c for c in claims}
+    out = tuple(c for c in claims if c.key not in (RELBUCKETS, RELMAX, RELONEWAY))
+    nb, one_way = said.get(RELBUCKETS), said.get(RELONEWAY)
+    if nb is None or one_way is None or nb.value < 2 or any(c.key == "relbias.steps" for c in out):
+        return out
+    buckets, top = int(nb.value), int(said[RELMAX].value) if RELMAX in said else 128
+    bucket = lambda o: t5_bucket(o, not one_way.value, buckets, top)
+    steps = tuple(o for o in range(-(BIAS_SEQ - 1), BIAS_SEQ) if o != 0 and (o < 0 or causal is not True)
+                  and bucket(o) != bucket(o + 1 if o < 0 else o - 1))
+    return out + (Claim("relbias.steps", steps, nb.source + f" (T5's buckets: {buckets}, to {top}, "
+                        f"{'one way' if one_way.value else 'both ways'})", tier=nb.tier),)
 
 
 def with_ratio(claims: tuple[Claim, ...], gated, d_model: int | None) -> tuple[Claim, ...]:

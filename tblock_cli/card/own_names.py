@@ -16,6 +16,9 @@ YARN_GAIN = "rope.yarn_gain"
 # length (0 unknown), which says the base is theta's only at probes no longer than that (`with_dynamic`)
 LONGROPE = "rope.longrope"
 DYNAMIC = "rope.dynamic"
+# Not card keys: T5's relative-position buckets (their count, the distance the last one starts at, and whether the
+# buckets look one way only, a decoder's), turned into a relbias.steps claim by `with_buckets`
+RELBUCKETS, RELMAX, RELONEWAY = "relbias.buckets", "relbias.max_distance", "relbias.one_way"
 # attribute or config field -> card key, read on any module or config.
 FIELDS = {
     "rope_theta": "rope.theta", "rope_base": "rope.theta", "rotary_base": "rope.theta", "rotary_emb_base": "rope.theta",
@@ -25,6 +28,8 @@ FIELDS = {
     "attn_softcap": "attn.softcap", "softcap": "attn.softcap", "attention_logit_softcapping": "attn.softcap",
     # OLMo's, DBRX's and MPT's clamp on the q, k and v projections' outputs (None: no clamp, and no claim)
     "clip_qkv": "attn.clip",
+    # T5's (and mT5's, UMT5's, LongT5's) relative attention buckets; a decoder's look at earlier keys only
+    "relative_attention_num_buckets": RELBUCKETS, "relative_attention_max_distance": RELMAX, "is_decoder": RELONEWAY,
     "query_pre_attn_scalar": "attn.scale", "attention_scores_scalar": "attn.scale",
     # the width of each head's q and k where a config gives it apart from the model's width (Gemma's 256 beside 3072 /
     # 16 = 192, Qwen3's 128 beside 2560 / 32 = 80): a port that splits hidden_size / heads contradicts it
@@ -207,6 +212,8 @@ ROPE_LAYERS = "no_rope_layers"
 # full-attention layers), and so does a switch that turns sliding off for the whole model (Qwen2's
 # use_sliding_window=False, whatever sliding_window it also keeps)
 WINDOW_SWITCHES = ("use_sliding_window",)
+# read only on a module whose class name says it is a relative position bias (T5RelativePositionBias, RelativePosition)
+ON_RELATIVE = {"num_buckets": RELBUCKETS, "max_distance": RELMAX, "causal": RELONEWAY}
 # read only on a norm module written outside torch (torch's own use the eps they keep, by construction)
 ON_NORM = {"eps": "norm.eps", "variance_epsilon": "norm.eps"}
 BIAS_ON = "<a bias switch on>"  # among the names seen: a generic bias switch's False claims nothing then

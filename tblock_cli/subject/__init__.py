@@ -29,7 +29,8 @@ class Subject:
     causal: bool  # whether the user said the block is causal (--causal)
     pad_means: str = "pad"  # what True means in the block's own mask: pad, or keep (HF, x-transformers)
     # rules a known family breaks on purpose (kind -> reason; "check.skip" -> reason): tblock's own knowledge of an
-    # hf: family, never read from the module under test (a user block's attribute of that name means nothing here)
+    # hf: family, or of the family a user block's config names (`model_type`: a T5 port holding a T5Config), never
+    # read from the module under test (a user block's attribute of that name means nothing here)
     by_design: dict[str, str] = field(default_factory=dict)
     # [forwards, backwards] through this calling convention, shared with every `like` copy (checks.cost counts them
     # here, not with a module hook: a hook on the module turns off nn.TransformerEncoderLayer's fast path)

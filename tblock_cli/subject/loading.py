@@ -20,6 +20,7 @@ from tblock_cli.probes import cast, reseed, train_mode
 from tblock_cli.runtime import dtype_name
 from tblock_cli.subject import Subject, first_tensor  # noqa: F401 - Subject: where callers long found it
 from tblock_cli.subject.builtin import build_block
+from tblock_cli.subject.hf.families import family_rules
 from tblock_cli.subject.portable import missing_dependency, on_this_machine
 
 # Constructor keywords tblock fills from its flags (config.TO_CONSTRUCTOR), under the names blocks commonly use.
@@ -96,7 +97,8 @@ def user_subject(module: nn.Module, name: str, cfg: BlockConfig, device: torch.d
         if is_out_of_memory(e):
             raise
         raise LoadError(f"--block {name}: moving it to {device}/{dtype} failed: {one_line(e)}") from None
-    subject = Subject(module, name, False, pad_keyword(module, cfg.pad_keyword, name), cfg.causal, cfg.pad_means)
+    subject = Subject(module, name, False, pad_keyword(module, cfg.pad_keyword, name), cfg.causal, cfg.pad_means,
+                      family_rules(module))
     subject.trained_at_build = frozenset(n for n, p in module.named_parameters() if p.requires_grad)
     subject.narrow_at_build = narrow
     probe(subject, cfg, device, dtype, same_shape=same_shape)

@@ -109,6 +109,25 @@ def _yarn_temperature(config) -> float | None:
     return (0.1 * m * math.log(factor) + 1) ** 2 if m and factor > 1 else None
 
 
+def family_rules(module: nn.Module) -> dict[str, str]:
+    """The rules a family breaks by design (`hf:` layers' `by_design`) for a block of the user's that keeps a config
+    naming that family (`model_type`, as transformers' configs do: a T5 port holding a T5Config computes unscaled
+    scores as T5 does); none where its configs name no family or several."""
+    types, config = set(), None
+    for m in module.modules():
+        for v in vars(m).values():
+            if isinstance(v, (nn.Module, type, str, int, float, bool)) or v is None:
+                continue
+            try:
+                kind = getattr(v, "model_type", None)
+            except Exception:  # noqa: BLE001 - an attribute whose lookup raises names no family
+                continue
+            if isinstance(kind, str) and kind:
+                types.add(kind)
+                config = v
+    return by_design(types.pop(), module, config) if len(types) == 1 else {}
+
+
 def by_design(model_type: str, layers: nn.Module, config=None) -> dict[str, str]:
     """Rules of tblock's checks this family breaks on purpose, with the reason: rule -> sentence."""
     rules = {}
