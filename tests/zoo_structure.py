@@ -12,14 +12,15 @@ from zoo_positions import Rel3
 
 
 class ExtraParams(Good):
-    """A learned position table (512 x d) outside attention, FFN and norms: the FFN share is off."""
+    """Correct: a learned position table (512 x d) outside attention, FFN and norms: `ffn_share` says where those
+    parameters are (the 2/3 rule no longer reads) and passes; a design, not a fault."""
 
     def __init__(self, d_model=64, *a, **k):
         super().__init__(d_model, *a, **k)
         self.pos = nn.Parameter(torch.randn(512, d_model) * 0.02)
 
     def forward(self, x, pad_mask=None):
-        # positions counted from each sample's first real token, so left padding moves none (its one bug is the share)
+        # positions counted from each sample's first real token, so left padding moves none
         pos = torch.arange(x.shape[1], device=x.device) if pad_mask is None else ((~pad_mask).long().cumsum(-1) - 1).clamp(min=0)
         return super().forward(x + self.pos[pos], pad_mask)
 

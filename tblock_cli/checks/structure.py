@@ -145,7 +145,9 @@ def check_norm_placement(ctx: Context) -> Outcome:
 
 def check_ffn_share(ctx: Context) -> Outcome:
     """Catches: the FFN's share from dataflow roles against what its matrices predict; **warns** on a linear FFN (two
-    projections with no nonlinearity) and on parameters outside attention, FFN and norms (> 1 %)"""
+    projections with no nonlinearity); says how much sits outside attention, FFN and norms where that is over 1 % (a
+    residual's GRU gates, adaLN's tables, hyper-connections, a position table: designs, so a pass that says where the
+    parameters are, not a warning)"""
     from tblock_cli.anatomy import predicted_ffn_share
 
     flow = ctx.dataflow()
@@ -165,7 +167,7 @@ def check_ffn_share(ctx: Context) -> Outcome:
         facts["scoring"] = sorted(scoring)
         other = (flow.stray - sum(scoring.values())) / flow.total
     if other > OTHER_SHARE_MAX:
-        return warned("ffn_share.other", round(share, 4), other=other, **facts)
+        return passed("ffn_share.other", round(share, 4), other=other, **facts)
     return passed("ffn_share.measured", round(share, 4), **facts)
 
 
