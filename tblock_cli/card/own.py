@@ -53,7 +53,7 @@ from tblock_cli.card.own_names import (
     WINDOW_SWITCHES,
     WINDOWS,
     YARN_GAIN,
-    depth_scaled,
+    derived_fields,
     layer_scale_off,
 )
 
@@ -103,10 +103,10 @@ def own_claims(modules: list[nn.Module], arguments: dict | None = None) -> tuple
             elif field in NORM_AFTER and isinstance(v, bool):
                 put(asked, "norm.placement", NORM_AFTER[field][not v], f"{at} `{field}`")
 
-    fields(depth_scaled(layer_scale_off(arguments or {})), "constructor argument")
+    fields(derived_fields(layer_scale_off(arguments or {})), "constructor argument")
     for m in modules:
         cls, owner = type(m).__name__.lower(), type(m).__name__
-        for name, value in depth_scaled(layer_scale_off(vars(m))).items():
+        for name, value in derived_fields(layer_scale_off(vars(m))).items():
             if name.startswith("_"):
                 continue
             seen.add(name)
@@ -270,7 +270,7 @@ def config_fields(config) -> dict:
     rope = fields.get("rope_parameters")
     if isinstance(rope, dict) and "rope_theta" in rope and "rope_theta" not in fields:
         fields["rope_theta"] = rope["rope_theta"]
-    fields = depth_scaled(layer_scale_off(fields))
+    fields = derived_fields(layer_scale_off(fields))
     if any(fields.get(f) is not None for f in LOCAL_BASES):
         fields = {f: v for f, v in fields.items() if FIELDS.get(f) != "rope.theta"}
     if any(_count(v) and FIELDS.get(f) != "ffn.hidden" and re.search("intermediate|ffn|inner", f) for f, v in fields.items()):

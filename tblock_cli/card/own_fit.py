@@ -1,10 +1,16 @@
 """The block's own claims fitted to what its card could read: a rotating fraction turned into rope.dims once the head's
 width is known, a kept window judged within one token and only where the probe can see it, a config's routing held
-only against a mixture layer and its FFN width only against a dense one (an expert's width is another)."""
+only against a mixture layer and its FFN width only against a dense one (an expert's width is another); and claims
+the card judges in its own terms: a scaling's attention factor as a score scale, LongRoPE's factors as a frequency
+table, a dynamic scaling's theta only within its original length, RoPE's direction wherever a block says it rotates,
+T5's bucket count as the distances where the bias changes."""
 
 from __future__ import annotations
 
 import dataclasses
+import math
+
+import torch
 
 from tblock_cli.card.entries import Card, Claim
 from tblock_cli.card.own import FRACTION
@@ -113,10 +119,6 @@ def with_direction(claims: tuple[Claim, ...]) -> tuple[Claim, ...]:
 
 def t5_bucket(o: int, bidirectional: bool, buckets: int, max_distance: int) -> int:
     """The bucket of relative position o = j - i, as T5's _relative_position_bucket computes it (its float32 log)."""
-    import math
-
-    import torch
-
     out = 0
     if bidirectional:
         buckets //= 2

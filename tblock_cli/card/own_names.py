@@ -101,11 +101,11 @@ DEPTH_SCALED = "scale_depth / sqrt(num_hidden_layers)"
 MULTIPLIERS[DEPTH_SCALED] = BRANCH_GAINS
 
 
-def depth_scaled(values: dict) -> dict:
-    """values with MiniCPM's branch gain scale_depth / sqrt(num_hidden_layers) beside them, where both are numbers;
-    and with a LongRoPE or dynamic scaling dict given the lengths it takes from its config (Phi-3 keeps
-    `original_max_position_embeddings` and `max_position_embeddings` beside its rope_scaling, whose factor is their
-    ratio)."""
+def derived_fields(values: dict) -> dict:
+    """values with what their fields say together: MiniCPM's branch gain scale_depth / sqrt(num_hidden_layers) beside
+    them, where both are numbers; a LongRoPE or dynamic scaling dict given the lengths it takes from its config (Phi-3
+    keeps `original_max_position_embeddings` and `max_position_embeddings` beside its rope_scaling, whose factor is
+    their ratio)."""
     depth, layers = values.get("scale_depth"), values.get("num_hidden_layers")
     if _number(depth) and isinstance(layers, int) and not isinstance(layers, bool) and layers > 0:
         values = {**values, DEPTH_SCALED: depth / layers ** 0.5}

@@ -22,8 +22,9 @@ NORMED_RATIO = 0.02
 CLIPPED_SHARE = 0.01
 # clip_qkv, read at position 0 (not yet rotated): q's projection scaled by CLIP_SMALL must leave q linear in it (no norm
 # after the clamp, which would make the bound a norm's), scaled by CLIP_LARGE it drives every entry past any clamp, and
-# a clamp holds at least CLIP_SHARE of q's entries at exactly one magnitude (measured: OLMo's clamp 1.0 of them; an
-# unclamped q's largest entry is one of 16 or more)
+# a clamp holds at least CLIP_SHARE of q's entries at exactly one magnitude (measured: all of them under OLMo's clamp
+# and the zoo's ClippedQKV; an unclamped q's largest magnitude is one entry among the samples x heads x head_dim of
+# position 0, at most 1/16 of them)
 CLIP_SMALL, CLIP_LARGE = 1e-6, 1e6
 CLIP_SHARE = 0.25
 CLIP_TOL = 1e-6
