@@ -8,7 +8,7 @@ import pytest
 
 from tblock_cli.card.own import own_claims
 from tblock_cli.card.own_fit import with_direction, with_dynamic, with_longrope
-from tblock_cli.card.own_names import DYNAMIC, LONGROPE, YARN_GAIN
+from tblock_cli.card.own_names import DYNAMIC, FAMILY, LONGROPE, YARN_GAIN
 from tblock_cli.card.positions import ROPE_SEQ
 
 
@@ -44,5 +44,8 @@ def test_stretched_tables_depth_scales_clamps_and_the_direction_of_a_rotation_re
     assert claims({"scale_depth": 1.4}) == {}
     # clip_qkv claims the clamp; None (OLMo's default) nothing
     assert claims({"clip_qkv": 8}) == {"attn.clip": 8.0} and claims({"clip_qkv": None}) == {}
-    # any claim that the block rotates claims RoPE's direction, in the tier it came from; none without one
-    assert fit({"rope_theta": 5e5})["rope.direction"] == "forward" and "rope.direction" not in fit({"clip_qkv": 8})
+    # a family named beside a claim that the block rotates claims that family's direction; nothing without either
+    assert fit({"rope_theta": 5e5, "model_type": "llama"})["rope.direction"] == "forward"
+    assert fit({"rope_theta": 5e5, "model_type": "nanochat"})["rope.direction"] == "backward"
+    assert "rope.direction" not in fit({"rope_theta": 5e5}) and "rope.direction" not in fit({"clip_qkv": 8, "model_type": "olmo"})
+    assert FAMILY not in fit({"rope_theta": 5e5, "model_type": "llama"}) and claims({"model_type": "llama"}) == {}

@@ -1,10 +1,12 @@
-"""Rotations and gains a block states in its own words and computes otherwise: a rotary turned the other way (a sign
-slipped into rotate-half, positions counted down), LongRoPE's short factors (Phi-3's) and its attention factor, a
+"""Rotations and gains a block states in its own words and computes otherwise: a Llama port's rotary turned the other
+way (a sign slipped into rotate-half, positions counted down; nanochat's checkpoints and a block trained from scratch
+may turn that way), LongRoPE's short factors (Phi-3's) and its attention factor, a
 dynamic NTK scaling (theta's table within its original length, a larger base past it), MiniCPM's depth-scaled
 residual (scale_depth / sqrt(num_hidden_layers)) and OLMo's clip_qkv: each planted bug beside a twin that does what
 it says."""
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -29,14 +31,45 @@ class CountedDownRotary(Rotary):
         return torch.outer(torch.arange(T - 1, -1, -1, device=device, dtype=torch.float32), self.inv_freq.float())
 
 
-class RotateHalfSignSlipped(TrainBlock):
-    """Its rotary module says base 1e4 and turns every pair backward."""
+@dataclass
+class PortConfig:
+    """The config a port keeps: which family's checkpoints it reads (transformers' model_type) and its base."""
+
+    model_type: str = "llama"
+    rope_theta: float = 10000.0
+
+
+class LlamaPort(TrainBlock):
+    """Correct: a Llama port keeping its config; RoPE turns each pair forward, as Llama's checkpoints were trained."""
+
+    family = "llama"
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
+        super().__init__(d_model, n_heads, dropout, causal)
+        self.config = PortConfig(model_type=self.family)
+
+
+class RotateHalfSignSlipped(LlamaPort):
+    """A Llama port whose rotate-half has its sign slipped: every pair turns backward."""
 
     rotary_class = BackwardRotary
 
 
-class PositionsCountedDown(TrainBlock):
+class PositionsCountedDown(LlamaPort):
     rotary_class = CountedDownRotary
+
+
+class NanochatPort(LlamaPort):
+    """Correct: a nanochat port, turning each pair backward as nanochat's checkpoints do (transformers' NanoChat)."""
+
+    family, rotary_class = "nanochat", BackwardRotary
+
+
+class BackwardFromScratch(TrainBlock):
+    """Correct: a rotary module with base 1e4 that turns backward (modded-nanogpt's and nanochat's own code), in a block
+    naming no family whose checkpoints it reads: trained from scratch, either way is RoPE."""
+
+    rotary_class = BackwardRotary
 
 
 class LongRotary(Rotary):
@@ -184,7 +217,8 @@ PLANTED = {"RotateHalfSignSlipped": "rope.direction", "PositionsCountedDown": "r
            "LongRopeFactorsSwapped": "rope.freqs", "LongRopeGainDropped": "attn.scale",
            "DynamicNTKAlwaysStretched": "rope.theta", "DepthScaleDropped": ("residual.attn_gain", "residual.ffn_gain"),
            "ClipQKVIgnored": "attn.clip"}
-CORRECT = ["LongRope", "DynamicNTK", "DynamicNTKShortOriginal", "DepthScaled", "ClippedQKV"]
+CORRECT = ["LongRope", "DynamicNTK", "DynamicNTKShortOriginal", "DepthScaled", "ClippedQKV", "LlamaPort", "NanochatPort",
+           "BackwardFromScratch"]
 # Correct as to what it says, and judged so by spec; left out of the whole battery's false-alarm sweep: past its
 # original 16 positions its table depends on the sequence's length, so the first tokens run alone compute otherwise
 # than in the whole sequence, which `causal` reports, truly (a real dynamic scaling starts past 2048 or more)

@@ -30,7 +30,7 @@ KEYS: dict[str, str] = {
     "rope.theta": "the rotary base theta (frequencies theta^(-2i/dims))",
     "rope.dims": "channels per head that rotate",
     "rope.pairing": "which channels rotate together: half (i, i + dims/2) or interleaved (2i, 2i + 1)",
-    "rope.direction": "which way each pair turns as the position grows: forward (x0 cos - x1 sin, x1 cos + x0 sin: every RoPE's) or backward",
+    "rope.direction": "which way each pair turns as the position grows: forward (x0 cos - x1 sin, x1 cos + x0 sin: Llama's and nearly every family's checkpoints) or backward (nanochat's)",
     "rope.scaling": "the frequency scaling: none, linear, ntk, llama3, yarn or other",
     "rope.factor": "the scaling's factor (1 for none)",
     "rope.freqs": "radians per position of each rotating pair, slowest last",

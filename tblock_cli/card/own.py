@@ -17,8 +17,7 @@ from tblock_cli.card.own_names import (
     ACTS,
     BIAS_ON,
     BRANCH_GAINS,
-    DYNAMIC,
-    DYNAMICS,
+    FAMILY,
     FIELDS,
     FRACTION,
     GATED_MLPS,
@@ -28,8 +27,6 @@ from tblock_cli.card.own_names import (
     KV_HEADS,
     LLAMA3_BAND,
     LOCAL_BASES,
-    LONGROPE,
-    LONGROPES,
     MLA_WIDTHS,
     MULTI_QUERY,
     MULTIPLIERS,
@@ -45,17 +42,15 @@ from tblock_cli.card.own_names import (
     RELBUCKETS,
     RELMAX,
     RELONEWAY,
-    SCALED,
     SCALINGS,
     SWITCHED,
     TORCH_KEPT,
-    TYPED_BY_KEYS,
     WINDOW_SWITCHES,
     WINDOWS,
-    YARN_GAIN,
     derived_fields,
     layer_scale_off,
 )
+from tblock_cli.card.own_scaling import scaling as _scaling
 
 
 def own_claims(modules: list[nn.Module], arguments: dict | None = None) -> tuple[Claim, ...]:
@@ -102,6 +97,8 @@ def own_claims(modules: list[nn.Module], arguments: dict | None = None) -> tuple
                 put(asked, "pos.kind", POSITION_SWITCHES[field], f"{at} `{field}`")
             elif field in NORM_AFTER and isinstance(v, bool):
                 put(asked, "norm.placement", NORM_AFTER[field][not v], f"{at} `{field}`")
+            elif field == "model_type" and isinstance(v, str) and v:
+                put(asked, FAMILY, v, f"{at} `{field}`")
 
     fields(derived_fields(layer_scale_off(arguments or {})), "constructor argument")
     for m in modules:
@@ -188,7 +185,7 @@ def own_claims(modules: list[nn.Module], arguments: dict | None = None) -> tuple
         if len(values) == 1:
             (value, where), = values.items()
             claims.append(Claim(key, value, f"the block's own {where}", tier=tier, multiple=key == "attn.heads"))
-    return tuple(claims)
+    return tuple(claims) if any(c.key != FAMILY for c in claims) else ()  # a family alone claims nothing judged
 
 
 def _window(v) -> int | str | None:
@@ -267,6 +264,9 @@ def config_fields(config) -> dict:
     layers' base (Gemma-3's sliding layers rotate at 10000, its global ones at 1e6) claims neither: a layer's base
     depends on its index."""
     fields = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else dict(vars(config))
+    kind = getattr(config, "model_type", None)  # transformers keeps it on the class
+    if isinstance(kind, str) and kind:
+        fields.setdefault("model_type", kind)
     rope = fields.get("rope_parameters")
     if isinstance(rope, dict) and "rope_theta" in rope and "rope_theta" not in fields:
         fields["rope_theta"] = rope["rope_theta"]
@@ -314,66 +314,6 @@ def _value(key: str, v):
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
         return None  # a switch, a word, or 0/None for "off": nothing measured to hold it against
     return float(v)
-
-
-def _scaling(d: dict) -> dict:
-    """{rope.scaling: type, rope.factor: factor} from a rotary-scaling dict of a SCALED type with a factor above 1.
-    YaRN claims its factor alone: the card tells its ramp from llama-3's only over three pairs or more in the band,
-    which a narrow head may not have. LongRoPE claims its factors and attention factor, dynamic NTK its original length
-    (pseudo keys the fitting turns into claims the card can judge)."""
-    kind = d.get("rope_type", d.get("type")) or next((k for k, keys in TYPED_BY_KEYS.items() if keys <= d.keys()), None)
-    factor = d.get("factor")
-    if kind in LONGROPES + DYNAMICS:
-        return _stretched(kind, d)
-    if kind not in SCALED or isinstance(factor, bool) or not isinstance(factor, (int, float)) or not factor > 1:
-        return {}
-    out = ({} if kind == "yarn" else {"rope.scaling": kind}) | {"rope.factor": float(factor)}
-    if kind == "yarn" and (gain := _yarn_gain(d, float(factor))) is not None:
-        out[YARN_GAIN] = gain
-    if kind == "llama3":  # the band's ends: orig / low_freq_factor and orig / high_freq_factor (only their quotients)
-        orig = d.get("original_max_position_embeddings", d.get("original_max_seq_len"))  # the latter litgpt's
-        low, high = d.get("low_freq_factor"), d.get("high_freq_factor")
-        if all(_value("rope.factor", v) for v in (orig, low, high)) and high > low:
-            out |= {"rope.low_freq_wavelen": orig / low, "rope.high_freq_wavelen": orig / high}
-    return out
-
-
-def _stretched(kind: str, d: dict) -> dict:
-    """The pseudo claims of a LongRoPE or dynamic NTK dict (transformers' _compute_longrope_parameters and
-    _compute_dynamic_ntk_parameters): LONGROPE (short factors, long factors, original length) with the attention factor
-    as YARN_GAIN (given, else sqrt(1 + ln(factor) / ln(original)) above a factor of 1); DYNAMIC, the original length."""
-    orig = d.get("original_max_position_embeddings")
-    orig = int(orig) if isinstance(orig, (int, float)) and not isinstance(orig, bool) and orig > 1 else 0
-    if kind in DYNAMICS:
-        return {DYNAMIC: orig}
-    factors = lambda v: tuple(float(f) for f in v) if isinstance(v, (list, tuple)) and v and all(
-        isinstance(f, (int, float)) and not isinstance(f, bool) and f > 0 for f in v) else None
-    short, long = factors(d.get("short_factor")), factors(d.get("long_factor"))
-    if short is None:
-        return {}
-    out = {LONGROPE: (short, long, orig)}
-    given, factor = d.get("attention_factor"), d.get("factor")
-    if isinstance(given, (int, float)) and not isinstance(given, bool) and given > 0:
-        gain = float(given)
-    elif isinstance(factor, (int, float)) and not isinstance(factor, bool) and factor > 1 and orig:
-        gain = math.sqrt(1 + math.log(factor) / math.log(orig))
-    else:
-        gain = None
-    if gain is not None and gain != 1:
-        out[YARN_GAIN] = gain
-    return out
-
-
-def _yarn_gain(d: dict, factor: float) -> float | None:
-    """The gain YaRN's rotation puts on q and k: the dict's `attention_factor`, else 0.1 ln(factor) + 1 (HF's, the
-    paper's sqrt(1/t)). None where `mscale` or `mscale_all_dim` is given: DeepSeek's split the gain between the rotary
-    table and the softmax scale, over the rotating channels alone."""
-    given = d.get("attention_factor")
-    if given is not None:
-        return float(given) if isinstance(given, (int, float)) and not isinstance(given, bool) and given > 0 else None
-    if "mscale" in d or "mscale_all_dim" in d:
-        return None
-    return 0.1 * math.log(factor) + 1.0
 
 
 def is_rotary_name(name: str) -> bool:

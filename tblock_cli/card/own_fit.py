@@ -14,10 +14,20 @@ import torch
 
 from tblock_cli.card.entries import Card, Claim
 from tblock_cli.card.own import FRACTION
-from tblock_cli.card.own_names import DYNAMIC, LONGROPE, RATIO, RELBUCKETS, RELMAX, RELONEWAY, YARN_GAIN
+from tblock_cli.card.own_names import (
+    BACKWARD_ROTATION,
+    DYNAMIC,
+    FAMILY,
+    LONGROPE,
+    RATIO,
+    RELBUCKETS,
+    RELMAX,
+    RELONEWAY,
+    YARN_GAIN,
+)
 from tblock_cli.card.positions import BIAS_SEQ, ROPE_SEQ
 
-PSEUDO = (FRACTION, RATIO, YARN_GAIN, LONGROPE, DYNAMIC, RELBUCKETS, RELMAX, RELONEWAY)
+PSEUDO = (FRACTION, RATIO, YARN_GAIN, LONGROPE, DYNAMIC, RELBUCKETS, RELMAX, RELONEWAY, FAMILY)
 
 
 def needed(claims: tuple[Claim, ...]) -> tuple[str, ...]:
@@ -28,7 +38,7 @@ def needed(claims: tuple[Claim, ...]) -> tuple[str, ...]:
         keys += ("moe.experts", "ffn.act")
     keys += ("ffn.gated", "ffn.hidden") if any(c.key == RATIO for c in claims) else ()
     keys += ("attn.scale",) if any(c.key == YARN_GAIN for c in claims) else ()
-    keys += ("rope.direction",) if _rotary_claim(claims) is not None else ()
+    keys += ("rope.direction",) if _rotary_claim(claims) is not None and _family(claims) is not None else ()
     keys += ("relbias.steps", "attn.causal") if any(c.key == RELBUCKETS for c in claims) else ()
     return keys + (("attn.head_dim", "rope.dims") if any(c.key in (FRACTION, YARN_GAIN) for c in claims) else ())
 
@@ -106,15 +116,25 @@ def _rotary_claim(claims: tuple[Claim, ...]) -> Claim | None:
                  or c.key == "pos.kind" and c.value == "rotary"), None)
 
 
+def _family(claims: tuple[Claim, ...]) -> Claim | None:
+    return next((c for c in claims if c.key == FAMILY), None)
+
+
 def with_direction(claims: tuple[Claim, ...]) -> tuple[Claim, ...]:
-    """A block that says it rotates q and k says which way: every RoPE turns pair (x0, x1) by x0 cos - x1 sin, x1 cos
-    + x0 sin (the lower channel the real part, in either pairing), the angle growing with the position. A rotation the
-    other way computes relative scores too, and reads every rotary checkpoint mirrored in position."""
-    said = _rotary_claim(claims)
-    if said is None or any(c.key == "rope.direction" for c in claims):
-        return claims
-    return claims + (Claim("rope.direction", "forward", said.source + " (RoPE's rotation turns each pair forward)",
-                           tier=said.tier),)
+    """A block whose config names a family (transformers' `model_type`: a port of that family's checkpoints) and that
+    says it rotates q and k says which way: the family's checkpoints turn pair (x0, x1) by x0 cos - x1 sin,
+    x1 cos + x0 sin (the lower channel the real part, in either pairing), the angle growing with the position, but for
+    the families of BACKWARD_ROTATION, trained with each pair turned the other way. A rotation the other way computes
+    relative scores too, so a block trained from scratch may take either (nanochat's and modded-nanogpt's own code
+    turns backward): without a family nothing is claimed. The family claim itself goes."""
+    family = _family(claims)
+    out = tuple(c for c in claims if c.key != FAMILY)
+    said = _rotary_claim(out)
+    if family is None or said is None or any(c.key == "rope.direction" for c in out):
+        return out
+    way = "backward" if family.value in BACKWARD_ROTATION else "forward"
+    return out + (Claim("rope.direction", way, family.source + f" ({family.value!r}: its checkpoints turn each pair "
+                        f"{way})", tier=family.tier),)
 
 
 def t5_bucket(o: int, bidirectional: bool, buckets: int, max_distance: int) -> int:

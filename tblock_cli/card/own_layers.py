@@ -10,8 +10,9 @@ import dataclasses
 import torch.nn as nn
 
 from tblock_cli.card.entries import Claim
-from tblock_cli.card.own import _count, _scaling, is_config
+from tblock_cli.card.own import _count, is_config
 from tblock_cli.card.own_names import LAYER_INDICES, LAYER_TYPES, LAYER_WINDOWS, ROPE_LAYERS
+from tblock_cli.card.own_scaling import scaling as _scaling
 
 
 def layer_claims(modules: list[nn.Module], arguments: dict) -> dict:

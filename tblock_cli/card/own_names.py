@@ -16,6 +16,12 @@ YARN_GAIN = "rope.yarn_gain"
 # length (0 unknown), which says the base is theta's only at probes no longer than that (`with_dynamic`)
 LONGROPE = "rope.longrope"
 DYNAMIC = "rope.dynamic"
+# Not a card key: the family a config names (transformers' `model_type`), which says which way its checkpoints
+# rotate (`with_direction`): every rotary family forward but those listed, whose checkpoints were trained with each
+# pair turned the other way (transformers' NanoChat: rotate_half as cat(x2, -x1), as Karpathy's nanochat and
+# modded-nanogpt write it)
+FAMILY = "family"
+BACKWARD_ROTATION = ("nanochat",)
 # Not card keys: T5's relative-position buckets (their count, the distance the last one starts at, and whether the
 # buckets look one way only, a decoder's), turned into a relbias.steps claim by `with_buckets`
 RELBUCKETS, RELMAX, RELONEWAY = "relbias.buckets", "relbias.max_distance", "relbias.one_way"

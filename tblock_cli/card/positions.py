@@ -89,8 +89,9 @@ def rotary_reading(q: torch.Tensor) -> dict | None:
         return {"other": f"the heads rotate at different frequencies (spread {spread:.2g})"}
     freqs = sorted(omega.mean(0).tolist(), reverse=True)
     ambiguous = n == 2  # one pair: half-split and interleaved are the same channels
-    # the way each pair turns: the lower channel of a pair as the real part (both pairings), RoPE's x0 cos - x1 sin
-    # advances the angle; a sign slipped into rotate-half, or positions counted down, turns it back
+    # the way each pair turns: the lower channel of a pair as the real part (both pairings), x0 cos - x1 sin (Llama's
+    # and nearly every family's) advances the angle; nanochat's rotate-half, a sign slipped into one, or positions
+    # counted down turn it back
     direction = "forward" if bool((signed > 0).all()) else "backward" if bool((signed < 0).all()) else "mixed"
     return {"dims": n, "pairing": None if ambiguous else pairing, "freqs": freqs, "channels": S, "error": err,
             "direction": direction}
@@ -189,7 +190,7 @@ def rope_entries(rot: dict, tol: float = RATIO_TOL) -> list[Entry]:
            Entry("rope.dims", rot["dims"], f"channels of q that vary with position: {rot['channels'][:4]}..."),
            pairing,
            Entry("rope.direction", rot["direction"], "the sign of every pair's mean advance per position, the lower "
-                                                     "channel of a pair as the real part (forward: RoPE's)"),
+                                                     "channel of a pair as the real part (forward: Llama's)"),
            Entry("rope.freqs", tuple(round(f, 12) for f in rot["freqs"]),
                  "the mean angle each pair advances per position, radians", FREQ_TOL)]
     sc = scaling_reading(rot["freqs"], rot["dims"], tol)

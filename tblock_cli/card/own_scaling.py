@@ -1,0 +1,73 @@
+"""What a rotary-scaling dict (HF's rope_scaling, transformers 5's rope_parameters, litgpt's rope_adjustments) says
+of the block: its kind and factor, llama-3's band ends, YaRN's and LongRoPE's attention factor, LongRoPE's per-pair
+factors and a dynamic scaling's original length (the last ones pseudo keys `own_fit` turns into claims)."""
+
+from __future__ import annotations
+
+import math
+
+from tblock_cli.card.own_names import DYNAMIC, DYNAMICS, LONGROPE, LONGROPES, SCALED, TYPED_BY_KEYS, YARN_GAIN
+
+
+def _positive(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+
+
+def scaling(d: dict) -> dict:
+    """{rope.scaling: type, rope.factor: factor} from a rotary-scaling dict of a SCALED type with a factor above 1.
+    YaRN claims its factor alone: the card tells its ramp from llama-3's only over three pairs or more in the band,
+    which a narrow head may not have. LongRoPE claims its factors and attention factor, dynamic NTK its original length
+    (pseudo keys the fitting turns into claims the card can judge)."""
+    kind = d.get("rope_type", d.get("type")) or next((k for k, keys in TYPED_BY_KEYS.items() if keys <= d.keys()), None)
+    factor = d.get("factor")
+    if kind in LONGROPES + DYNAMICS:
+        return _stretched(kind, d)
+    if kind not in SCALED or isinstance(factor, bool) or not isinstance(factor, (int, float)) or not factor > 1:
+        return {}
+    out = ({} if kind == "yarn" else {"rope.scaling": kind}) | {"rope.factor": float(factor)}
+    if kind == "yarn" and (gain := _yarn_gain(d, float(factor))) is not None:
+        out[YARN_GAIN] = gain
+    if kind == "llama3":  # the band's ends: orig / low_freq_factor and orig / high_freq_factor (only their quotients)
+        orig = d.get("original_max_position_embeddings", d.get("original_max_seq_len"))  # the latter litgpt's
+        low, high = d.get("low_freq_factor"), d.get("high_freq_factor")
+        if all(_positive(v) for v in (orig, low, high)) and high > low:
+            out |= {"rope.low_freq_wavelen": orig / low, "rope.high_freq_wavelen": orig / high}
+    return out
+
+
+def _stretched(kind: str, d: dict) -> dict:
+    """The pseudo claims of a LongRoPE or dynamic NTK dict (transformers' _compute_longrope_parameters and
+    _compute_dynamic_ntk_parameters): LONGROPE (short factors, long factors, original length) with the attention factor
+    as YARN_GAIN (given, else sqrt(1 + ln(factor) / ln(original)) above a factor of 1); DYNAMIC, the original length."""
+    orig = d.get("original_max_position_embeddings")
+    orig = int(orig) if isinstance(orig, (int, float)) and not isinstance(orig, bool) and orig > 1 else 0
+    if kind in DYNAMICS:
+        return {DYNAMIC: orig}
+    factors = lambda v: tuple(float(f) for f in v) if isinstance(v, (list, tuple)) and v and all(
+        isinstance(f, (int, float)) and not isinstance(f, bool) and f > 0 for f in v) else None
+    short, long = factors(d.get("short_factor")), factors(d.get("long_factor"))
+    if short is None:
+        return {}
+    out = {LONGROPE: (short, long, orig)}
+    given, factor = d.get("attention_factor"), d.get("factor")
+    if isinstance(given, (int, float)) and not isinstance(given, bool) and given > 0:
+        gain = float(given)
+    elif isinstance(factor, (int, float)) and not isinstance(factor, bool) and factor > 1 and orig:
+        gain = math.sqrt(1 + math.log(factor) / math.log(orig))
+    else:
+        gain = None
+    if gain is not None and gain != 1:
+        out[YARN_GAIN] = gain
+    return out
+
+
+def _yarn_gain(d: dict, factor: float) -> float | None:
+    """The gain YaRN's rotation puts on q and k: the dict's `attention_factor`, else 0.1 ln(factor) + 1 (HF's, the
+    paper's sqrt(1/t)). None where `mscale` or `mscale_all_dim` is given: DeepSeek's split the gain between the rotary
+    table and the softmax scale, over the rotating channels alone."""
+    given = d.get("attention_factor")
+    if given is not None:
+        return float(given) if isinstance(given, (int, float)) and not isinstance(given, bool) and given > 0 else None
+    if "mscale" in d or "mscale_all_dim" in d:
+        return None
+    return 0.1 * math.log(factor) + 1.0
