@@ -301,12 +301,10 @@ def _value(key: str, v):
         return ("llama3" if v else "none") if isinstance(v, bool) else None
     if key == "bias.any":  # a generic switch may govern the norms' biases too: only False (no bias anywhere) is judged
         return False if v is False else None
-    if key.startswith("bias.") or key in ("norm.offset", "ffn.gated"):
+    if key.startswith("bias.") or key in ("norm.offset", "ffn.gated", RELONEWAY):
         return v if isinstance(v, bool) else None
     if key in SWITCHED:
         return SWITCHED[key][not v] if isinstance(v, bool) else None
-    if key == RELONEWAY:
-        return v if isinstance(v, bool) else None
     if key == "moe.router":
         return v.lower() if isinstance(v, str) and v.lower() in ("softmax", "sigmoid") else None
     if key == FRACTION and isinstance(v, (int, float)) and not 0 < v <= 1:

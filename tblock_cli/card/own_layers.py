@@ -11,7 +11,7 @@ import torch.nn as nn
 
 from tblock_cli.card.entries import Claim
 from tblock_cli.card.own import _count, is_config
-from tblock_cli.card.own_names import LAYER_INDICES, LAYER_TYPES, LAYER_WINDOWS, ROPE_LAYERS
+from tblock_cli.card.own_names import LAYER_INDICES, LAYER_TYPES, LAYER_WINDOWS, ROPE_LAYERS, positive
 from tblock_cli.card.own_scaling import scaling as _scaling
 
 
@@ -47,7 +47,7 @@ def layer_claims(modules: list[nn.Module], arguments: dict) -> dict:
         rope = fields.get("rope_parameters")
         if isinstance(rope, dict) and isinstance(rope.get(kind), dict):
             theta = rope[kind].get("rope_theta")
-            if isinstance(theta, (int, float)) and not isinstance(theta, bool) and theta > 0:
+            if positive(theta):
                 out["rope.theta"] = (float(theta), where)
             out.update({k: (v, where) for k, v in _scaling(rope[kind]).items()})
     return out

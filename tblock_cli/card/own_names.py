@@ -3,6 +3,8 @@ and module attributes (`card/own.py` reads them). Only names whose meaning is no
 
 from __future__ import annotations
 
+import math
+
 # Not a card key: the rotating fraction of a head, turned into a rope.dims claim by `with_fraction`.
 FRACTION = "rope.fraction"
 # Not a card key either: the FFN's hidden width over the model's (timm's mlp_ratio), an ffn.hidden claim where the
@@ -113,7 +115,7 @@ def derived_fields(values: dict) -> dict:
     keeps `original_max_position_embeddings` and `max_position_embeddings` beside its rope_scaling, whose factor is
     their ratio)."""
     depth, layers = values.get("scale_depth"), values.get("num_hidden_layers")
-    if _number(depth) and isinstance(layers, int) and not isinstance(layers, bool) and layers > 0:
+    if positive(depth) and isinstance(layers, int) and not isinstance(layers, bool) and layers > 0:
         values = {**values, DEPTH_SCALED: depth / layers ** 0.5}
     orig = values.get("original_max_position_embeddings")
     longest = values.get("max_position_embeddings")
@@ -122,16 +124,17 @@ def derived_fields(values: dict) -> dict:
         if not isinstance(d, dict) or d.get("rope_type", d.get("type")) not in LONGROPES + DYNAMICS:
             continue
         d = dict(d)
-        if "original_max_position_embeddings" not in d and (_number(orig) or _number(longest)):
-            d["original_max_position_embeddings"] = orig if _number(orig) else longest
-        if d.get("factor") is None and _number(d.get("original_max_position_embeddings")) and _number(longest):
+        if "original_max_position_embeddings" not in d and (positive(orig) or positive(longest)):
+            d["original_max_position_embeddings"] = orig if positive(orig) else longest
+        if d.get("factor") is None and positive(d.get("original_max_position_embeddings")) and positive(longest):
             d["factor"] = longest / d["original_max_position_embeddings"]
         values = {**values, name: d}
     return values
 
 
-def _number(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
+def positive(v) -> bool:
+    """A number a config field may claim by: a finite int or float above 0 (a bool is a switch, not a number)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
 
 
 # LayerScale's start (CaiT, DeiT III, DINOv2, BEiT): each branch's per-channel gain at its add, as built. timm's

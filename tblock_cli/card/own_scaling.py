@@ -6,11 +6,16 @@ from __future__ import annotations
 
 import math
 
-from tblock_cli.card.own_names import DYNAMIC, DYNAMICS, LONGROPE, LONGROPES, SCALED, TYPED_BY_KEYS, YARN_GAIN
-
-
-def _positive(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+from tblock_cli.card.own_names import (
+    DYNAMIC,
+    DYNAMICS,
+    LONGROPE,
+    LONGROPES,
+    SCALED,
+    TYPED_BY_KEYS,
+    YARN_GAIN,
+    positive,
+)
 
 
 def scaling(d: dict) -> dict:
@@ -30,7 +35,7 @@ def scaling(d: dict) -> dict:
     if kind == "llama3":  # the band's ends: orig / low_freq_factor and orig / high_freq_factor (only their quotients)
         orig = d.get("original_max_position_embeddings", d.get("original_max_seq_len"))  # the latter litgpt's
         low, high = d.get("low_freq_factor"), d.get("high_freq_factor")
-        if all(_positive(v) for v in (orig, low, high)) and high > low:
+        if all(positive(v) for v in (orig, low, high)) and high > low:
             out |= {"rope.low_freq_wavelen": orig / low, "rope.high_freq_wavelen": orig / high}
     return out
 
@@ -40,19 +45,19 @@ def _stretched(kind: str, d: dict) -> dict:
     _compute_dynamic_ntk_parameters): LONGROPE (short factors, long factors, original length) with the attention factor
     as YARN_GAIN (given, else sqrt(1 + ln(factor) / ln(original)) above a factor of 1); DYNAMIC, the original length."""
     orig = d.get("original_max_position_embeddings")
-    orig = int(orig) if isinstance(orig, (int, float)) and not isinstance(orig, bool) and orig > 1 else 0
+    orig = int(orig) if positive(orig) and orig > 1 else 0
     if kind in DYNAMICS:
         return {DYNAMIC: orig}
-    factors = lambda v: tuple(float(f) for f in v) if isinstance(v, (list, tuple)) and v and all(
-        isinstance(f, (int, float)) and not isinstance(f, bool) and f > 0 for f in v) else None
+    factors = lambda v: tuple(float(f) for f in v) if isinstance(v, (list, tuple)) and v and all(map(positive, v)) \
+        else None
     short, long = factors(d.get("short_factor")), factors(d.get("long_factor"))
     if short is None:
         return {}
     out = {LONGROPE: (short, long, orig)}
     given, factor = d.get("attention_factor"), d.get("factor")
-    if isinstance(given, (int, float)) and not isinstance(given, bool) and given > 0:
+    if positive(given):
         gain = float(given)
-    elif isinstance(factor, (int, float)) and not isinstance(factor, bool) and factor > 1 and orig:
+    elif positive(factor) and factor > 1 and orig:
         gain = math.sqrt(1 + math.log(factor) / math.log(orig))
     else:
         gain = None
@@ -67,7 +72,7 @@ def _yarn_gain(d: dict, factor: float) -> float | None:
     table and the softmax scale, over the rotating channels alone."""
     given = d.get("attention_factor")
     if given is not None:
-        return float(given) if isinstance(given, (int, float)) and not isinstance(given, bool) and given > 0 else None
+        return float(given) if positive(given) else None
     if "mscale" in d or "mscale_all_dim" in d:
         return None
     return 0.1 * math.log(factor) + 1.0

@@ -3,6 +3,7 @@ block's weights carried to it."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from tblock_cli.checks.context import Context
@@ -87,8 +88,6 @@ def _half_table(card, dtype):
     position: theta 5e5 at 64 dims, or a scaling's divided pairs) holds them rounded to its subnormal steps, so its
     scaling and band are not what the block computes by design: those entries unread (the precision and dtype checks
     judge the rounding)."""
-    import dataclasses
-
     import torch
 
     from tblock_cli.card.entries import skipped
@@ -138,8 +137,6 @@ def _band_by_table(verdicts, card, claims, dtype):
     measured. A band the claim puts pairs in that the block scales all the way (its ends swapped, frequency taken for
     wavelength) differs; a table that is the claim's, its band holding no pair, matches. Not in half precision, whose
     table is rounded by design."""
-    import dataclasses
-
     import torch
 
     said = {c.key: c.value for c in claims}
@@ -162,10 +159,10 @@ def _band_by_table(verdicts, card, claims, dtype):
     gaps = [abs(m - p) / p for m, p in zip(freqs, predicted)]
     worst = max(range(len(gaps)), key=gaps.__getitem__)
     if gaps[worst] <= TABLE_TOL:  # the claim's table: the band's ends as said
-        return tuple(dataclasses.replace(v, status="match", measured=v.claimed, why=None) if v in unread else v for v in verdicts)
+        return _settled(verdicts, unread, "match")
     measured = (f"pair {worst} turns {freqs[worst]:.4g} rad per position, where this band gives {predicted[worst]:.4g} "
                 f"({gaps[worst]:.0%} off)")
-    return tuple(dataclasses.replace(v, status="differs", measured=measured, why=None) if v in unread else v for v in verdicts)
+    return _settled(verdicts, unread, "differs", measured)
 
 
 def _form_unfitted(verdicts, card):
@@ -173,13 +170,17 @@ def _form_unfitted(verdicts, card):
     `norm_topk_prob`, DeepSeek's `routed_scaling_factor`): where the routing weights fit no softmax or sigmoid of the
     router's outputs, over the chosen experts or over all, times any constant (moe.router read as other: a softmax of
     the chosen probabilities, an activation applied twice), that claim does not hold either, and differs."""
-    import dataclasses
-
     if card.value("moe.router") != "other":
         return verdicts
-    measured = "no softmax or sigmoid of the router's outputs, over the chosen or over all, fits the routing weights"
-    return tuple(dataclasses.replace(v, status="differs", measured=measured, why=None)
-                 if v.key in ("moe.renorm", "moe.scale") and v.status == "unread" else v for v in verdicts)
+    unread = [v for v in verdicts if v.key in ("moe.renorm", "moe.scale") and v.status == "unread"]
+    return _settled(verdicts, unread, "differs", "no softmax or sigmoid of the router's outputs, over the chosen or over "
+                                                 "all, fits the routing weights")
+
+
+def _settled(verdicts, unread: list, status: str, measured=None) -> tuple:
+    """verdicts with those of `unread` judged after all: match (measured as claimed) or differs (measured, a sentence)."""
+    return tuple(dataclasses.replace(v, status=status, measured=v.claimed if measured is None else measured, why=None)
+                 if v in unread else v for v in verdicts)
 
 
 def _norm_module_contradicts(ctx: Context, claim) -> bool:

@@ -81,6 +81,12 @@ def _eval_step(f: dict) -> str:
     return "" if f.get("train", True) else " (in eval mode: the training forward's masks do not follow the seed)"
 
 
+def _other_rate(f: dict, said: str, dropped: str) -> str:
+    return (f"says it drops {said} at {f['rate']:g} ({f['where']}), and a training forward drops {dropped} at "
+            f"{', '.join(f'{r:g}' for r in f['applied'])} only: the rate it says is not the one it runs (a constant where "
+            f"the argument was meant, or another argument passed on)")
+
+
 MESSAGES = {
     "training.too_large": lambda f: (f"{f['params']:,} parameters, above {f['limit']:,}: this check copies or rebuilds the "
                                      f"whole block several times (gigabytes at a 7B-size layer); run it at a smaller width"),
@@ -164,18 +170,11 @@ MESSAGES = {
                                             + ("its SDPA or MultiheadAttention calls ask dropout_p 0" if f["attention_calls"]
                                                else "no dropout reads the softmax's output")
                                             + " (the rate taken, never passed on)"),
-    "dropout.attention_rate": lambda f: (f"says it drops attention's probabilities at {f['rate']:g} ({f['where']}), and a "
-                                         f"training forward drops them at {', '.join(f'{r:g}' for r in f['applied'])} "
-                                         f"only: the rate it says is not the one it runs (a constant where the argument "
-                                         f"was meant, or another argument passed on)"),
+    "dropout.attention_rate": lambda f: _other_rate(f, "attention's probabilities", "them"),
     "dropout.residual_ignored": lambda f: (f"says it drops each sublayer's output at {f['rate']:g} ({f['where']}), and a "
                                            f"training forward drops no tensor of the stream's size ({f['dropped']} "
                                            f"dropout calls elsewhere): the rate taken, never applied"),
-    "dropout.residual_rate": lambda f: (f"says it drops each sublayer's output at {f['rate']:g} ({f['where']}), and a "
-                                        f"training forward drops tensors of the stream's size at "
-                                        f"{', '.join(f'{r:g}' for r in f['applied'])} only: the rate it says is not the "
-                                        f"one it runs (a constant where the argument was meant, or another argument "
-                                        f"passed on)"),
+    "dropout.residual_rate": lambda f: _other_rate(f, "each sublayer's output", "tensors of the stream's size"),
     "dropout.residual_one_branch": lambda f: (f"says it drops each sublayer's output at {f['rate']:g} ({f['where']}), and "
                                               f"its sublayers run in a row (the FFN reads attention's output) while a "
                                               f"training forward drops one tensor of the stream's size: one sublayer's "
