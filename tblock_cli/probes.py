@@ -237,12 +237,16 @@ _ALPHA = frozenset({F.alpha_dropout, F.feature_alpha_dropout})  # training defau
 _DROPOUT_P = {F.scaled_dot_product_attention: 4, F.multi_head_attention_forward: 10}  # dropout_p's position
 
 
+# Added to the seed of Python's and NumPy's streams by `reseed` while checks/seeding.py builds a twin apart from them
+STREAMS_APART = [0]
+
+
 def reseed(seed: int) -> None:
     """torch.manual_seed (and Python's and NumPy's streams), without the lazy seeding of absent accelerators: each of
     CUDA, XPU and MTIA queues a call that formats its caller's traceback (~1 ms a seed, ~27 seeds a battery)."""
-    random.seed(seed)  # a block may draw from these too (x-transformers' layer dropout: random() < p)
+    random.seed(seed + STREAMS_APART[0])  # a block may draw from these too (x-transformers' layer dropout)
     if (np := sys.modules.get("numpy")) is not None:
-        np.random.seed(seed)
+        np.random.seed(seed + STREAMS_APART[0])
     absent = [getattr(torch, name, None) for name in ("cuda", "xpu", "mtia")]
     if any(d is not None and d.is_available() for d in absent):
         torch.manual_seed(seed)

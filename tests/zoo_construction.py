@@ -1,9 +1,13 @@
 """Construction slips Python makes easy: a list multiplied where a comprehension was meant (`[Head()] * n` is one
 head n times), an init that assigns new Parameters where it should fill them, a `causal` argument never wired to the
 attention, a count kept in the forward that activation checkpointing's recompute runs again, a module every instance
-shares (a default argument, a module-level cache). Each with its twin.
+shares (a default argument, a module-level cache), weights drawn from NumPy's or Python's stream or after a reseed
+from the clock (no torch seed reproduces them). Each with its twin.
 nanoGPT-lecture style blocks: a ModuleList of single-head attentions, a LayerNorm before each sublayer, a ReLU FFN."""
 
+import random
+
+import numpy as np
 import torch
 import torch.nn as nn
 from zoo_training import MoEBlock, RMSNorm, TrainBlock, attend
@@ -155,6 +159,53 @@ def TorchEncoderStack(d_model=64, n_heads=4, dropout=0.1):
     return nn.TransformerEncoder(layer, 2, norm=nn.LayerNorm(d_model), enable_nested_tensor=False)
 
 
+class NumpyInit(TrainBlock):
+    """The FFN's weights drawn from NumPy's global stream (an init ported from NumPy code): torch.manual_seed does not
+    make two builds agree."""
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
+        super().__init__(d_model, n_heads, dropout, causal)
+        with torch.no_grad():
+            for lin in (self.w1, self.w3, self.w2):
+                lin.weight.copy_(torch.from_numpy(np.random.randn(*lin.weight.shape) * lin.in_features ** -0.5))
+
+
+class PythonRandomInit(TrainBlock):
+    """q's and k's weights drawn one by one from Python's random module."""
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
+        super().__init__(d_model, n_heads, dropout, causal)
+        with torch.no_grad():
+            for lin in (self.q_proj, self.k_proj):
+                std = lin.in_features ** -0.5
+                lin.weight.copy_(torch.tensor([[random.gauss(0, std) for _ in range(lin.in_features)]
+                                               for _ in range(lin.out_features)]))
+
+
+class ClockSeededInit(TrainBlock):
+    """torch.seed() in the constructor (a "fresh randomness" call left in): torch's stream reseeded from the clock, so
+    no seed reproduces the weights."""
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
+        torch.seed()
+        super().__init__(d_model, n_heads, dropout, causal)
+
+
+class OwnGeneratorInit(TrainBlock):
+    """Correct: the FFN's weights from NumPy's Generator and torch's, each seeded by the block's own argument:
+    reproducible whatever the global streams hold."""
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True, init_seed=0):
+        super().__init__(d_model, n_heads, dropout, causal)
+        rng, gen = np.random.default_rng(init_seed), torch.Generator().manual_seed(init_seed)
+        with torch.no_grad():
+            for lin in (self.w1, self.w3):
+                lin.weight.copy_(torch.from_numpy(rng.standard_normal(lin.weight.shape) * lin.in_features ** -0.5))
+            self.w2.weight.copy_(torch.randn(self.w2.weight.shape, generator=gen) * self.w2.in_features ** -0.5)
+
+
 PLANTED = {"NormReplacedAtInit": "meta_init", "CausalArgumentIgnored": "causal", "ExpertCountsRecounted": "checkpointing",
-           "NormAsDefaultArgument": "state_dict", "ProjectionFromModuleCache": "state_dict"}
-CORRECT = ["CausalArgumentHonoured", "ExpertCountsOnce", "FrozenTableFromModuleCache", "TorchEncoderStack"]  # HeadsBuilt: zoo_numerics.CORRECT  # HeadsListMultiplied: zoo_numerics.PLANTED
+           "NormAsDefaultArgument": "state_dict", "ProjectionFromModuleCache": "state_dict", "NumpyInit": "state_dict",
+           "PythonRandomInit": "state_dict", "ClockSeededInit": "state_dict"}
+CORRECT = ["CausalArgumentHonoured", "ExpertCountsOnce", "FrozenTableFromModuleCache", "TorchEncoderStack",
+           "OwnGeneratorInit"]  # HeadsBuilt: zoo_numerics.CORRECT  # HeadsListMultiplied: zoo_numerics.PLANTED

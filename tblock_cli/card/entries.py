@@ -65,6 +65,9 @@ KEYS: dict[str, str] = {
     "moe.shared_gate": "the shared expert's per-token gate: sigmoid, none or other",
     "moe.scale": "a constant factor on the routing weights (DeepSeek-V3's routed_scaling_factor; 1 usually)",
     "moe.select": "which experts are chosen: top (the largest router outputs) or other (a selection bias, groups)",
+    "moe.groups": "group-limited routing: n_group/topk_group (\"8/4\": the experts in 8 contiguous groups, each token's "
+                  "top-k among its 4 best groups; \"strided\": expert e in group e % n_group), none for the plain top-k; "
+                  "the limits the probe cannot tell apart are all listed",
     # biases
     "bias.qkv": "some query, key or value projection adds a bias",
     "bias.attn": "some attention projection (query, key, value or output) adds a bias",
@@ -79,6 +82,8 @@ NUMERIC = ("attn.heads", "attn.kv_heads", "attn.group", "attn.head_dim", "attn.s
            "alibi.slopes", "relbias.curve", "relbias.steps", "ffn.hidden", "norm.eps", "residual.stream_gain",
            "residual.attn_gain", "residual.ffn_gain", "moe.experts", "moe.top_k", "moe.weight_sum", "moe.scale")
 WORDS = {"attn.softcap": ("none",), "attn.window": ("none",), "attn.clip": ("none",), "moe.weight_sum": ("varies",)}
+# Keys whose value is a tuple of readings the card's probe could not tell apart: a claim holds where it is one of them
+ALTERNATIVES = ("moe.groups",)
 # Keys whose value is true or false: anything else for one of them is refused (exit 2) as well.
 BOOLEAN = ("attn.causal", "relbias.bidirectional", "ffn.gated", "norm.offset", "moe.renorm", "moe.shared", "bias.qkv",
            "bias.attn", "bias.ffn", "bias.any")
@@ -249,7 +254,10 @@ def judge(card: Card, claims: tuple[Claim, ...]) -> tuple[Verdict, ...]:
             out.append(Verdict(key, "unread", c.value, None, c.source, e.skip if e is not None else "not measured"))
             continue
         tol = max(e.tol, c.tol)
-        ok = same(c.value, e.value, tol) or (c.multiple and _multiple_of(e.value, c.value))
+        if key in ALTERNATIVES and isinstance(e.value, tuple):  # any of the readings the probe could not tell apart
+            ok = any(same(v, m, tol) for v in (c.value if isinstance(c.value, tuple) else (c.value,)) for m in e.value)
+        else:
+            ok = same(c.value, e.value, tol) or (c.multiple and _multiple_of(e.value, c.value))
         out.append(Verdict(key, "match" if ok else "differs", c.value, e.value, c.source))
     return tuple(out)
 

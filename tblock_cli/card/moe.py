@@ -11,11 +11,12 @@ import torch.nn as nn
 
 from tblock_cli.card.entries import Entry, skipped
 from tblock_cli.card.experts import FEW_TOKENS, MANY_EXPERTS, Experts, Mixture, find, one_expert
+from tblock_cli.card.groups import groups_entry
 from tblock_cli.card.probe import Probe
 from tblock_cli.probes import train_mode
 
 KEYS = ("moe.experts", "moe.top_k", "moe.router", "moe.renorm", "moe.scale", "moe.weight_sum", "moe.select",
-        "moe.shared", "moe.shared_gate")
+        "moe.groups", "moe.shared", "moe.shared_gate")
 # A routing weight below this fraction of the token's largest counts as "not routed": an unrouted expert's
 # zeroing changes nothing at all (exactly 0 in float64); the smallest real weight met (a sigmoid of a large
 # negative logit among qwen2_moe's 60 experts) is ~1e-4 of the largest.
@@ -212,14 +213,15 @@ def _read_routing(probe: Probe, g: Experts, mix: Mixture, router, z: torch.Tenso
 
 
 def _select(z: torch.Tensor, routed: torch.Tensor, counts: torch.Tensor) -> list[Entry]:
-    """moe.select: the chosen experts are the ones with the largest router outputs, or not."""
+    """moe.select: the chosen experts are the ones with the largest router outputs, or not; moe.groups: the group
+    limit that explains the choice (see `_groups`)."""
     top = torch.zeros_like(routed)
     top.scatter_(-1, z.topk(int(counts.max()), -1).indices, True)
     plain = bool((top == routed).all())
     return [Entry("moe.select", "top" if plain else "other", judged=False,
                   how="the routed experts are the largest router outputs for every token" if plain else
                   "the routed experts are not the largest router outputs for some token (a selection bias, "
-                  "group-limited routing, or another rule)")]
+                  "group-limited routing, or another rule)"), groups_entry(z, routed, counts, plain)]
 
 
 def _forms(fits: dict, routed: torch.Tensor) -> list[Entry]:

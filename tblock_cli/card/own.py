@@ -44,6 +44,7 @@ from tblock_cli.card.own_names import (
     RELONEWAY,
     SCALINGS,
     SWITCHED,
+    TOPKMETHOD,
     TORCH_KEPT,
     WINDOW_SWITCHES,
     WINDOWS,
@@ -305,6 +306,10 @@ def _value(key: str, v):
         return v if isinstance(v, bool) else None
     if key in SWITCHED:
         return SWITCHED[key][not v] if isinstance(v, bool) else None
+    if key == "attn.causal":  # a bidirectional switch: True claims no causal mask, False nothing
+        return False if v is True else None
+    if key == TOPKMETHOD:
+        return v.lower() if isinstance(v, str) and v else None
     if key == "moe.router":
         return v.lower() if isinstance(v, str) and v.lower() in ("softmax", "sigmoid") else None
     if key == FRACTION and isinstance(v, (int, float)) and not 0 < v <= 1:

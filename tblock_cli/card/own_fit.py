@@ -19,15 +19,19 @@ from tblock_cli.card.own_names import (
     DYNAMIC,
     FAMILY,
     LONGROPE,
+    NGROUP,
     RATIO,
     RELBUCKETS,
     RELMAX,
     RELONEWAY,
+    TOPKGROUP,
+    TOPKMETHOD,
     YARN_GAIN,
 )
 from tblock_cli.card.positions import BIAS_SEQ, ROPE_SEQ
 
-PSEUDO = (FRACTION, RATIO, YARN_GAIN, LONGROPE, DYNAMIC, RELBUCKETS, RELMAX, RELONEWAY, FAMILY)
+PSEUDO = (FRACTION, RATIO, YARN_GAIN, LONGROPE, DYNAMIC, RELBUCKETS, RELMAX, RELONEWAY, FAMILY, NGROUP, TOPKGROUP,
+          TOPKMETHOD)
 
 
 def needed(claims: tuple[Claim, ...]) -> tuple[str, ...]:
@@ -40,6 +44,7 @@ def needed(claims: tuple[Claim, ...]) -> tuple[str, ...]:
     keys += ("attn.scale",) if any(c.key == YARN_GAIN for c in claims) else ()
     keys += ("rope.direction",) if _rotary_claim(claims) is not None and _family(claims) is not None else ()
     keys += ("relbias.steps", "attn.causal") if any(c.key == RELBUCKETS for c in claims) else ()
+    keys += ("moe.groups",) if any(c.key == NGROUP for c in claims) else ()
     return keys + (("attn.head_dim", "rope.dims") if any(c.key in (FRACTION, YARN_GAIN) for c in claims) else ())
 
 
@@ -51,7 +56,7 @@ def fitted(claims: tuple[Claim, ...], card: Card, seq: int, d_model: int | None 
     claims = with_fraction(claims, card.value("attn.head_dim"))
     claims = with_yarn_gain(claims, card.value("attn.head_dim"), card.value("rope.dims"))
     claims = with_window(with_ratio(claims, card.value("ffn.gated"), d_model), seq)
-    claims = with_buckets(with_direction(claims), card.value("attn.causal"))
+    claims = with_groups(with_buckets(with_direction(claims), card.value("attn.causal")))
     experts, act = card.value("moe.experts"), card.value("ffn.act")
     dense_ffn = not experts and act not in (None, "other")
     return tuple(c for c in claims if not (c.key.startswith("moe.") and not experts)
@@ -170,6 +175,23 @@ def with_buckets(claims: tuple[Claim, ...], causal) -> tuple[Claim, ...]:
                   and bucket(o) != bucket(o + 1 if o < 0 else o - 1))
     return out + (Claim("relbias.steps", steps, nb.source + f" (T5's buckets: {buckets}, to {top}, "
                         f"{'one way' if one_way.value else 'both ways'})", tier=nb.tier),)
+
+
+def with_groups(claims: tuple[Claim, ...]) -> tuple[Claim, ...]:
+    """DeepSeek's group limit (n_group, topk_group) as a moe.groups claim "n_group/topk_group": the experts in n_group
+    contiguous groups, each token's experts among its topk_group best. Only where it limits (more than one group, fewer
+    kept) and the router's topk_method is not "greedy" (DeepSeek-V2-Lite's, which reads neither); dropped otherwise."""
+    said = {c.key: c for c in claims}
+    out = tuple(c for c in claims if c.key not in (NGROUP, TOPKGROUP, TOPKMETHOD))
+    groups, kept, method = said.get(NGROUP), said.get(TOPKGROUP), said.get(TOPKMETHOD)
+    if groups is None or kept is None or any(c.key == "moe.groups" for c in out) or \
+            (method is not None and method.value == "greedy"):
+        return out
+    g, k = int(groups.value), int(kept.value)
+    if g != groups.value or k != kept.value or not 1 <= k < g:
+        return out
+    return out + (Claim("moe.groups", f"{g}/{k}", groups.source + f" and `topk_group` {k} (each token's experts among "
+                        f"its {k} best of {g} groups)", tier=groups.tier),)
 
 
 def with_ratio(claims: tuple[Claim, ...], gated, d_model: int | None) -> tuple[Claim, ...]:

@@ -27,6 +27,9 @@ BACKWARD_ROTATION = ("nanochat",)
 # Not card keys: T5's relative-position buckets (their count, the distance the last one starts at, and whether the
 # buckets look one way only, a decoder's), turned into a relbias.steps claim by `with_buckets`
 RELBUCKETS, RELMAX, RELONEWAY = "relbias.buckets", "relbias.max_distance", "relbias.one_way"
+# Not card keys: DeepSeek's group-limited routing (the experts in n_group groups, each token's top-k among its
+# topk_group best groups, unless its topk_method is "greedy"), turned into a moe.groups claim by `with_groups`
+NGROUP, TOPKGROUP, TOPKMETHOD = "moe.n_group", "moe.topk_group", "moe.topk_method"
 # attribute or config field -> card key, read on any module or config.
 FIELDS = {
     "rope_theta": "rope.theta", "rope_base": "rope.theta", "rotary_base": "rope.theta", "rotary_emb_base": "rope.theta",
@@ -53,6 +56,18 @@ FIELDS = {
     "num_local_experts": "moe.experts", "n_routed_experts": "moe.experts", "num_experts": "moe.experts",
     "moe_num_experts": "moe.experts", "n_expert": "moe.experts", "n_expert_per_token": "moe.top_k",
     "norm_topk_prob": "moe.renorm", "scoring_func": "moe.router", "routed_scaling_factor": "moe.scale",
+    "n_group": NGROUP, "topk_group": TOPKGROUP, "topk_method": TOPKMETHOD,
+    # the same routing under other names (Aria's, Hunyuan's and LongCat's moe_topk, Ernie's moe_num_shared_experts,
+    # Kimi's and Bailing's aliases, AFMoE's route_scale on the chosen weights)
+    "moe_topk": "moe.top_k", "num_experts_per_token": "moe.top_k", "moe_num_shared_experts": "moe.shared",
+    "num_expert_group": NGROUP, "moe_renormalize": "moe.renorm", "route_scale": "moe.scale",
+    # T5's (and Pix2Struct's, CPM-Ant's) per-head width, T5's gated FFN switch and its activation; DINOv2's SwiGLU and
+    # DINOv3's gated FFN switches; Gemma's bidirectional switch (True: no causal mask; False says nothing of the mask)
+    "d_kv": "attn.head_dim", "dim_head": "attn.head_dim", "is_gated_act": "ffn.gated", "dense_act_fn": "ffn.act",
+    "use_swiglu_ffn": "ffn.gated", "use_gated_mlp": "ffn.gated", "use_bidirectional_attention": "attn.causal",
+    "rotary_embedding_base": "rope.theta",
+    # litgpt's Config: its q/k norm switch, group-limited routing (DeepSeek-V3's) and shared experts
+    "norm_qk": "attn.qk_norm", "n_expert_groups": NGROUP, "n_topk_groups": TOPKGROUP, "n_shared_expert": "moe.shared",
     # a count or width of shared experts: above 0 claims one (DeepSeek's n_shared_experts, Qwen2-MoE's width)
     "n_shared_experts": "moe.shared", "num_shared_experts": "moe.shared", "shared_expert_intermediate_size": "moe.shared",
     # a fraction of each head's channels that rotate: rope.dims once the card has read the head's width
@@ -76,6 +91,8 @@ FIELDS = {
     # is hard-coded in some versions, a field in others), False none
     "use_scaled_rope": "rope.scaling",
     "normalize_before": "norm.placement",  # fairseq's switch: True normalises each sublayer's input (pre), False the sum
+    # the same switch in OPT's config (OPT-350m's False: its layers are Post-LN), Flaubert's and X-MOD's
+    "do_layer_norm_before": "norm.placement", "pre_norm": "norm.placement",
     "rotary_emb_dim": "rope.dims",  # flash-attn's MHA: the rotating channels per head
     # Megatron's switch for a (1 + w) norm weight initialised at 0
     "layernorm_zero_centered_gamma": "norm.offset", "zero_centered_gamma": "norm.offset",
@@ -111,12 +128,15 @@ MULTIPLIERS[DEPTH_SCALED] = BRANCH_GAINS
 
 def derived_fields(values: dict) -> dict:
     """values with what their fields say together: MiniCPM's branch gain scale_depth / sqrt(num_hidden_layers) beside
-    them, where both are numbers; a LongRoPE or dynamic scaling dict given the lengths it takes from its config (Phi-3
+    them, where both are numbers; litgpt's rope_condense_ratio as the linear scaling it is; a LongRoPE or dynamic scaling dict given the lengths it takes from its config (Phi-3
     keeps `original_max_position_embeddings` and `max_position_embeddings` beside its rope_scaling, whose factor is
     their ratio)."""
     depth, layers = values.get("scale_depth"), values.get("num_hidden_layers")
     if positive(depth) and isinstance(layers, int) and not isinstance(layers, bool) and layers > 0:
         values = {**values, DEPTH_SCALED: depth / layers ** 0.5}
+    ratio = values.get("rope_condense_ratio")  # litgpt's positions divided by it: linear scaling by that factor
+    if positive(ratio) and ratio != 1 and not any(isinstance(values.get(n), dict) for n in SCALINGS):
+        values = {**values, "rope_scaling": {"type": "linear", "factor": ratio}}
     orig = values.get("original_max_position_embeddings")
     longest = values.get("max_position_embeddings")
     for name in SCALINGS:

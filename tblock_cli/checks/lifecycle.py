@@ -15,6 +15,7 @@ from torch.utils._pytree import tree_leaves
 from tblock_cli.checks.context import Context, eval_forward
 from tblock_cli.checks.holdings import hidden_params, roots, sibling_shares
 from tblock_cli.checks.result import Outcome, failed, passed, skipped, warned
+from tblock_cli.checks.seeding import built_apart
 from tblock_cli.checks.training import all_modules, seeded, too_large
 from tblock_cli.errors import is_out_of_memory, one_line
 from tblock_cli.probes import cast, module_copy, rel_diff, reseed, train_mode
@@ -285,8 +286,12 @@ def check_state_dict(ctx: Context) -> Outcome:
             raise
         return failed("state_dict.load_fails", None, error=one_line(e), fresh=how)
     diff = rel_diff(eval_forward(ctx, x, subject=ctx.subject.like(fresh)), y)
+    apart = built_apart(ctx) if ctx.subject.rebuild is not None else None
     facts = {"fresh": how, "missing": missing, "unexpected": unexpected, "diff": diff, "limit": ctx.tol,
-             "plain_tensors": read_plain, "hidden_params": hidden, "shared": shared}
+             "plain_tensors": read_plain, "hidden_params": hidden, "shared": shared,
+             "built_apart": None if apart is None else apart[1]}
+    if apart is not None and apart[0] == "unseeded":
+        return failed("state_dict.unseeded", f"{len(apart[1])} apart", **facts)
     if shared:
         return failed("state_dict.shared", f"{len(shared)} shared", **facts)
     if hidden:
@@ -295,6 +300,8 @@ def check_state_dict(ctx: Context) -> Outcome:
         return failed("state_dict.keys", f"{len(missing)} missing, {len(unexpected)} unexpected", **facts)
     if diff > ctx.tol:
         return failed("state_dict.outputs", diff, **facts)
+    if apart is not None:
+        return warned("state_dict.other_streams", f"{len(apart[1])} apart", **facts)
     if read_plain and not follows_device(ctx, x):
         return warned("state_dict.plain_tensors", f"{len(read_plain)} plain", **facts)
     return passed("state_dict.round_trip", diff, **facts)

@@ -139,6 +139,16 @@ MESSAGES = {
                                      f"(limit {f['limit']:g}): state that is not saved" + (f"; plain tensor attributes the forward "
                                      f"reads: {names(f['plain_tensors'])}" if f["plain_tensors"] else "")),
     "state_dict.plain_tensors": _state_plain,
+    "state_dict.unseeded": lambda f: (f"two builds at one seed (torch's, Python's and NumPy's) hold different values in "
+                                      f"{names(f['built_apart'])}: the construction reads the clock, reseeds a stream "
+                                      f"itself (torch.seed()) or leaves memory unwritten (a torch.empty weight no init "
+                                      f"fills): runs do not reproduce, and processes that build their own copy (FSDP's "
+                                      f"ranks) start apart"),
+    "state_dict.other_streams": lambda f: (f"the construction draws from Python's or NumPy's random stream: built again "
+                                           f"at the same torch seed with those seeded otherwise, "
+                                           f"{names(f['built_apart'])} differ; torch.manual_seed alone does not "
+                                           f"reproduce it, and processes seeded by torch alone (FSDP's ranks) build "
+                                           f"different weights"),
     "history.instance": "handed over as an instance: no fresh one to hold its calls' history against",
     "history.unrun": "no input but the standard one ran on both (other lengths refused, no padding keyword): no other order to compare",
     "history.unloadable": lambda f: f"a fresh instance does not load the block's state_dict: {f['error']}",

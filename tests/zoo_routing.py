@@ -1,0 +1,198 @@
+"""Routing and widths a block states in its own words and computes otherwise: DeepSeek's group-limited routing
+(n_group groups of experts, each token's experts among its topk_group best; DeepSeek-V2's greedy groups ranked by their
+best expert, V3's by the sum of their two best sigmoid scores), T5's per-head width `d_kv`, Gemma's
+`use_bidirectional_attention` and DINOv2's `use_swiglu_ffn`: each planted bug beside a twin that does what it says."""
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from zoo_training import TrainBlock
+
+
+@dataclass
+class GroupConfig:
+    """DeepSeek-V2's routing fields: 8 experts in 4 groups of 2, each token's 2 experts from its best group."""
+
+    model_type: str = "deepseek_v2"
+    n_routed_experts: int = 8
+    num_experts_per_tok: int = 2
+    n_group: int = 4
+    topk_group: int = 1
+    topk_method: str = "group_limited_greedy"
+    scoring_func: str = "softmax"
+
+
+class GroupLimited(TrainBlock):
+    """Correct: DeepSeek-V2's group_limited_greedy router over a dense FFN's place, as its MoE gate computes it."""
+
+    config_class = GroupConfig
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
+        super().__init__(d_model, n_heads, dropout, causal)
+        del self.w1, self.w2, self.w3
+        self.config = self.config_class()
+        n = self.config.n_routed_experts
+        self.gate = nn.Linear(d_model, n, bias=False)
+        self.experts = nn.ModuleList(nn.Sequential(nn.Linear(d_model, 32), nn.SiLU(), nn.Linear(32, d_model))
+                                     for _ in range(n))
+
+    def scores(self, h):
+        return self.gate(h).softmax(-1)
+
+    def group_mask(self, s):
+        """(..., E) -> (..., E) True for the experts of each token's topk_group best groups (ranked by their best)."""
+        c = self.config
+        g = s.view(*s.shape[:-1], c.n_group, -1).max(-1).values
+        keep = torch.zeros_like(g, dtype=torch.bool).scatter_(-1, g.topk(c.topk_group, -1).indices, True)
+        return keep.unsqueeze(-1).expand(*g.shape, s.shape[-1] // c.n_group).reshape(s.shape)
+
+    def weights(self, s, idx):
+        return s.gather(-1, idx)
+
+    def ffn(self, h):
+        s = self.scores(h)
+        idx = s.masked_fill(~self.group_mask(s), -math.inf).topk(self.config.num_experts_per_tok, -1).indices
+        w = self.weights(s, idx)
+        out = torch.zeros_like(h)
+        for e, expert in enumerate(self.experts):
+            out = out + (w * (idx == e)).sum(-1, keepdim=True) * expert(h)
+        return self.drop(out)
+
+
+class GroupLimitIgnored(GroupLimited):
+    """Keeps DeepSeek-V2's n_group 4, topk_group 1 and takes each token's plain top-2 over all experts."""
+
+    def group_mask(self, s):
+        return torch.ones_like(s, dtype=torch.bool)
+
+
+class GroupsStrided(GroupLimited):
+    """Groups the experts e % n_group (0, 4 | 1, 5 | ...) where DeepSeek's groups are contiguous (0, 1 | 2, 3 | ...)."""
+
+    def group_mask(self, s):
+        c = self.config
+        g = s.view(*s.shape[:-1], -1, c.n_group).max(-2).values  # group j holds experts j, j + 4
+        keep = torch.zeros_like(g, dtype=torch.bool).scatter_(-1, g.topk(c.topk_group, -1).indices, True)
+        return keep.unsqueeze(-2).expand(*g.shape[:-1], s.shape[-1] // c.n_group, c.n_group).reshape(s.shape)
+
+
+@dataclass
+class V3Config(GroupConfig):
+    """DeepSeek-V3's: sigmoid scores, groups ranked by their two best, the chosen renormalised and scaled by 2.5."""
+
+    model_type: str = "deepseek_v3"
+    n_routed_experts: int = 16
+    num_experts_per_tok: int = 4
+    n_group: int = 4
+    topk_group: int = 2
+    topk_method: str = "noaux_tc"
+    scoring_func: str = "sigmoid"
+    norm_topk_prob: bool = True
+    routed_scaling_factor: float = 2.5
+
+
+class V3Grouped(GroupLimited):
+    """Correct: DeepSeek-V3's router (its selection bias at 0, as built)."""
+
+    config_class = V3Config
+
+    def scores(self, h):
+        return self.gate(h).sigmoid()
+
+    def group_mask(self, s):
+        c = self.config
+        g = s.view(*s.shape[:-1], c.n_group, -1).topk(2, -1).values.sum(-1)
+        keep = torch.zeros_like(g, dtype=torch.bool).scatter_(-1, g.topk(c.topk_group, -1).indices, True)
+        return keep.unsqueeze(-1).expand(*g.shape, s.shape[-1] // c.n_group).reshape(s.shape)
+
+    def weights(self, s, idx):
+        w = s.gather(-1, idx)
+        return w / (w.sum(-1, keepdim=True) + 1e-20) * self.config.routed_scaling_factor
+
+
+@dataclass
+class T5Config:
+    model_type: str = "t5"
+    d_kv: int = 32
+
+
+class HeadWidthFromDKV(TrainBlock):
+    """Correct: T5's per-head width d_kv (32) apart from the model's width over its heads (64 / 4 = 16): q, k and v
+    project to heads x d_kv."""
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
+        super().__init__(d_model, n_heads, dropout, causal)
+        self.config = T5Config()
+        inner = n_heads * self.width(d_model, n_heads)
+        self.q_proj, self.k_proj, self.v_proj = (nn.Linear(d_model, inner, bias=False) for _ in range(3))
+        self.o_proj = nn.Linear(inner, d_model, bias=False)
+        self.rotary = self.rotary_class(self.width(d_model, n_heads))
+
+    def width(self, d_model, n_heads):
+        return self.config.d_kv
+
+
+class DKVIgnored(HeadWidthFromDKV):
+    """Keeps d_kv 32 and splits the model's width over its heads."""
+
+    def width(self, d_model, n_heads):
+        return d_model // n_heads
+
+
+@dataclass
+class GemmaConfig:
+    model_type: str = "gemma3_text"
+    use_bidirectional_attention: bool = True
+
+
+class Bidirectional(TrainBlock):
+    """Correct: an embedding model's layer (EmbeddingGemma's) that says it attends both ways, and does: an encoder's
+    constructor, no causal argument."""
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1):
+        super().__init__(d_model, n_heads, dropout, causal=False)
+        self.config = GemmaConfig()
+
+
+class BidirectionalMaskedCausally(Bidirectional):
+    """Says use_bidirectional_attention and keeps the decoder's causal mask."""
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1):
+        super().__init__(d_model, n_heads, dropout)
+        self.causal = True
+
+
+@dataclass
+class DinoConfig:
+    model_type: str = "dinov2"
+    use_swiglu_ffn: bool = True
+    hidden_act: str = "silu"
+
+
+class SwiGLUSaid(TrainBlock):
+    """Correct: DINOv2's SwiGLU FFN switch, honoured (TrainBlock's FFN is SwiGLU)."""
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
+        super().__init__(d_model, n_heads, dropout, causal)
+        self.config = DinoConfig()
+
+
+class SwiGLUSaidPlainMLP(SwiGLUSaid):
+    """Says use_swiglu_ffn and runs a plain SiLU MLP (the gate's matrix built and never called: w3 removed)."""
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
+        super().__init__(d_model, n_heads, dropout, causal)
+        del self.w3
+
+    def ffn(self, h):
+        return self.drop(self.w2(F.silu(self.w1(h))))
+
+
+PLANTED = {"GroupLimitIgnored": "moe.groups", "GroupsStrided": "moe.groups", "DKVIgnored": "attn.head_dim",
+           "BidirectionalMaskedCausally": "attn.causal", "SwiGLUSaidPlainMLP": "ffn.gated"}
+CORRECT = ["GroupLimited", "V3Grouped", "HeadWidthFromDKV", "Bidirectional", "SwiGLUSaid"]
+# bidirectional: run without --causal in the sweeps
+BIDIRECTIONAL = ["Bidirectional"]
