@@ -82,6 +82,23 @@ def test_group_claims_and_routing_names_reading_rules():
     assert claims({"use_bidirectional_attention": False, "use_swiglu_ffn": False}) == {"ffn.gated": False}
 
 
+def test_class_names_that_say_what_an_ffn_computes():
+    from tblock_cli.card.own import class_act
+
+    def named(name, module="mine"):
+        return class_act(type(name, (), {"__module__": module}))
+
+    assert named("SwiGLU") == (True, "silu") and named("SwiGLUPacked") == (True, "silu")
+    assert named("GEGLU") == (True, ("gelu", "gelu_tanh")) and named("ReGLU") == (True, "relu")
+    assert named("ReLUSquaredActivation") == (None, "relu2") and named("Squared_ReLU") == (None, "relu2")
+    assert named("QuickGELU") == (None, "quick_gelu") and named("NewGELUActivation") == (None, "gelu_tanh")
+    assert named("GELUActivation") is None and named("FeedForward") is None and named("GLU") is None
+    assert named("SwiGLU", module="torch.nn.modules.custom") is None  # torch's own do what they say
+    card = Card("x", (Entry("ffn.act", "silu"),))
+    assert judge(card, (Claim("ffn.act", ("gelu", "gelu_tanh"), "GeGLU"),))[0].status == "differs"
+    assert judge(card, (Claim("ffn.act", ("gelu", "silu"), "either"),))[0].status == "match"
+
+
 def test_a_group_claim_holds_where_it_is_among_the_limits_the_probe_cannot_tell_apart():
     card = Card("x", (Entry("moe.groups", ("none", "4/2", "4/3")),))
     ok, = judge(card, (Claim("moe.groups", "4/2", "said"),))

@@ -1,7 +1,8 @@
 """Routing and widths a block states in its own words and computes otherwise: DeepSeek's group-limited routing
 (n_group groups of experts, each token's experts among its topk_group best; DeepSeek-V2's greedy groups ranked by their
 best expert, V3's by the sum of their two best sigmoid scores), T5's per-head width `d_kv`, Gemma's
-`use_bidirectional_attention` and DINOv2's `use_swiglu_ffn`: each planted bug beside a twin that does what it says."""
+`use_bidirectional_attention` and DINOv2's `use_swiglu_ffn`, and FFN classes named for what they compute (SwiGLU,
+GeGLU, ReLUSquared): each planted bug beside a twin that does what it says."""
 
 import math
 from dataclasses import dataclass
@@ -191,8 +192,102 @@ class SwiGLUSaidPlainMLP(SwiGLUSaid):
         return self.drop(self.w2(F.silu(self.w1(h))))
 
 
+class SwiGLU(nn.Module):
+    """A gated FFN as timm and xformers name it: act(w1 x) * w3 x, then w2."""
+
+    act = staticmethod(F.silu)
+
+    def __init__(self, d_model, hidden, dropout):
+        super().__init__()
+        self.w1, self.w3 = nn.Linear(d_model, hidden, bias=False), nn.Linear(d_model, hidden, bias=False)
+        self.w2, self.drop = nn.Linear(hidden, d_model, bias=False), nn.Dropout(dropout)
+
+    def forward(self, x):
+        return self.drop(self.w2(self.act(self.w1(x)) * self.w3(x)))
+
+
+class GeGLU(SwiGLU):
+    act = staticmethod(F.gelu)
+
+
+class ClassNamedFFN(TrainBlock):
+    """Correct: its FFN a module whose class name says what it computes (SwiGLU)."""
+
+    ffn_class = SwiGLU
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
+        super().__init__(d_model, n_heads, dropout, causal)
+        del self.w1, self.w2, self.w3
+        self.mlp = self.ffn_class(d_model, int(8 * d_model / 3), dropout)
+
+    def ffn(self, h):
+        return self.mlp(h)
+
+
+class GeGLUNamed(ClassNamedFFN):
+    """Correct: a GeGLU FFN (lucidrains' and diffusers' GEGLU: exact gelu)."""
+
+    ffn_class = GeGLU
+
+
+class _GeluGate(SwiGLU):
+    act = staticmethod(F.gelu)
+
+
+_GeluGate.__name__ = "SwiGLU"
+
+
+class SwiGLUComputingGelu(ClassNamedFFN):
+    """A class named SwiGLU whose gate is a GELU (the activation copied from the GeGLU next to it)."""
+
+    ffn_class = _GeluGate
+
+
+class _SiluGate(SwiGLU):
+    pass
+
+
+_SiluGate.__name__ = "GeGLU"
+
+
+class GeGLUComputingSilu(ClassNamedFFN):
+    ffn_class = _SiluGate
+
+
+class ReLUSquared(nn.Module):
+    """Primer's squared ReLU, as Persimmon's and Nemotron's ReLUSquaredActivation; `square` False drops the square."""
+
+    square = True
+
+    def forward(self, x):
+        return F.relu(x) ** 2 if self.square else F.relu(x)
+
+
+class SquaredReLUFFN(TrainBlock):
+    """Correct: Primer's FFN, relu(x)^2 through a module named for it."""
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
+        super().__init__(d_model, n_heads, dropout, causal)
+        del self.w3
+        self.act = ReLUSquared()
+        self.act.square = self.square
+
+    square = True
+
+    def ffn(self, h):
+        return self.drop(self.w2(self.act(self.w1(h))))
+
+
+class ReLUSquaredUnsquared(SquaredReLUFFN):
+    """Its ReLUSquared module computes a plain ReLU."""
+
+    square = False
+
+
 PLANTED = {"GroupLimitIgnored": "moe.groups", "GroupsStrided": "moe.groups", "DKVIgnored": "attn.head_dim",
-           "BidirectionalMaskedCausally": "attn.causal", "SwiGLUSaidPlainMLP": "ffn.gated"}
-CORRECT = ["GroupLimited", "V3Grouped", "HeadWidthFromDKV", "Bidirectional", "SwiGLUSaid"]
+           "BidirectionalMaskedCausally": "attn.causal", "SwiGLUSaidPlainMLP": "ffn.gated",
+           "SwiGLUComputingGelu": "ffn.act", "GeGLUComputingSilu": "ffn.act", "ReLUSquaredUnsquared": "ffn.act"}
+CORRECT = ["GroupLimited", "V3Grouped", "HeadWidthFromDKV", "Bidirectional", "SwiGLUSaid", "ClassNamedFFN", "GeGLUNamed",
+           "SquaredReLUFFN"]
 # bidirectional: run without --causal in the sweeps
 BIDIRECTIONAL = ["Bidirectional"]

@@ -256,6 +256,8 @@ def judge(card: Card, claims: tuple[Claim, ...]) -> tuple[Verdict, ...]:
         tol = max(e.tol, c.tol)
         if key in ALTERNATIVES and isinstance(e.value, tuple):  # any of the readings the probe could not tell apart
             ok = any(same(v, m, tol) for v in (c.value if isinstance(c.value, tuple) else (c.value,)) for m in e.value)
+        elif isinstance(c.value, tuple) and key not in NUMERIC:  # a claim of any of some words (GeGLU: either gelu)
+            ok = any(same(v, e.value, tol) for v in c.value)
         else:
             ok = same(c.value, e.value, tol) or (c.multiple and _multiple_of(e.value, c.value))
         out.append(Verdict(key, "match" if ok else "differs", c.value, e.value, c.source))

@@ -17,6 +17,7 @@ from tblock_cli.card.own_names import (
     ACTS,
     BIAS_ON,
     BRANCH_GAINS,
+    CLASS_ACTS,
     FAMILY,
     FIELDS,
     FRACTION,
@@ -166,6 +167,11 @@ def own_claims(modules: list[nn.Module], arguments: dict | None = None) -> tuple
             is_layer_norm(m) for m in held):  # torch's own LayerNorm does what it says by construction: no claim
         put(named, "norm.kind", "layernorm",
             f"class name `{type(held[0]).__name__}` with a bias (every norm's class written here says LayerNorm)")
+    for m in modules:  # an FFN's or activation's class name (SwiGLU, ReLUSquared, QuickGELU): silent where others speak
+        said = class_act(type(m))
+        for key, value in zip(("ffn.gated", "ffn.act"), said or ()):
+            if value is not None:
+                put(named, key, value, f"class name `{type(m).__name__}`")
     for name, where in switched_off.items():  # Qwen2's use_sliding_window=False: no window, whatever one is kept
         {"asked": asked, "kept": kept}[name]["attn.window"] = {"none": where}
     for tier in (asked, kept):
@@ -317,6 +323,15 @@ def _value(key: str, v):
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
         return None  # a switch, a word, or 0/None for "off": nothing measured to hold it against
     return float(v)
+
+
+def class_act(cls: type) -> tuple | None:
+    """(ffn.gated, ffn.act) a module's class name says (CLASS_ACTS), or None; torch's own classes say nothing."""
+    if cls.__module__.startswith("torch."):
+        return None
+    name = re.sub(r"[^a-z0-9]", "", cls.__name__.lower())
+    name = name[: -len("activation")] if name.endswith("activation") else name
+    return next((v for k, v in CLASS_ACTS.items() if name.startswith(k)), None)
 
 
 def is_rotary_name(name: str) -> bool:

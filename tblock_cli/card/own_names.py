@@ -248,6 +248,13 @@ ON_NORM = {"eps": "norm.eps", "variance_epsilon": "norm.eps"}
 BIAS_ON = "<a bias switch on>"  # among the names seen: a generic bias switch's False claims nothing then
 # norm class names as configs write them (Megatron's normalization, litgpt's norm_class_name) -> the card's
 NORM_KINDS = {"rmsnorm": "rmsnorm", "layernorm": "layernorm", "rms": "rmsnorm"}  # the last OLMo's layer_norm_type
+# class names that say what an FFN computes (a module of the block's own, or a library's: torch's do what they say by
+# construction), lower-cased, letters and digits only, a trailing "activation" dropped, read by their start ->
+# (ffn.gated, ffn.act) they claim (None: nothing; a tuple: any of them, GeGLU's gelu exact or tanh).
+CLASS_ACTS = {"swiglu": (True, "silu"), "geglu": (True, ("gelu", "gelu_tanh")), "reglu": (True, "relu"), "relusquared": (None, "relu2"),
+              "squaredrelu": (None, "relu2"), "relu2": (None, "relu2"), "quickgelu": (None, "quick_gelu"),
+              "newgelu": (None, "gelu_tanh"), "gelutanh": (None, "gelu_tanh"), "pytorchgelutanh": (None, "gelu_tanh"),
+              "fastgelu": (None, "gelu_tanh")}
 # FFN class names that say whether it is gated (litgpt's mlp_class_name; its MoE classes say nothing)
 GATED_MLPS = {"LLaMAMLP": True, "GemmaMLP": True, "GptNeoxMLP": False}
 # activation names as configs write them -> the card's

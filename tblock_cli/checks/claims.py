@@ -22,7 +22,8 @@ def check_spec(ctx: Context) -> Outcome:
     `attention_multiplier`, a `rope_scaling` (llama3's band ends too, on the whole table where no ramp shows them;
     YaRN's attention factor as the score scale), a LayerNorm class name with a bias, a kept
     `sliding_window` shorter than the probe (within one token), a rotary module that runs
-    while no rotation reaches the scores: [spec.md](spec.md)); skips when neither"""
+    while no rotation reaches the scores, DeepSeek's `n_group`/`topk_group` (group-limited routing), T5's `d_kv`,
+    Gemma's `use_bidirectional_attention`, OPT's `do_layer_norm_before`: [spec.md](spec.md)); skips when neither"""
     from tblock_cli.card.attention import COSINE, SCALE_SEQ
     from tblock_cli.card.entries import Claim, judge
     from tblock_cli.card.own_fit import fitted, needed

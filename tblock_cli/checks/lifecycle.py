@@ -247,7 +247,11 @@ def plain_tensors(module: nn.Module) -> dict[str, torch.Tensor]:
 
 def check_state_dict(ctx: Context) -> Outcome:
     """Catches: a fresh instance (another seed) loaded with the block's `state_dict` whose outputs differ, missing or
-    unexpected keys, parameters hidden in a Python list; a fresh instance that shares trainable parameters with the
+    unexpected keys, parameters hidden in a Python list; a construction no seed reproduces: built twice at one seed of
+    torch's, Python's and NumPy's streams, parameters or buffers that differ bit for bit (`torch.seed()` in a
+    constructor, the clock, a `torch.empty` weight no init fills); one that draws from Python's or NumPy's stream
+    (built again at the same torch seed with those seeded otherwise, it differs: torch.manual_seed alone does not
+    reproduce it, and FSDP's ranks seeded by torch build different weights) is a **warning**; a fresh instance that shares trainable parameters with the
     block (a module as a default argument or from a module-level cache: a stack built from it is tied); tensors the
     forward reads that are plain attributes (not moved by `.to()`, not saved) are a **warning**, unless a copy moved
     to the meta device runs its forward there (a cache rebuilt for the input's device)"""
