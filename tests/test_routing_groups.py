@@ -94,6 +94,13 @@ def test_class_names_that_say_what_an_ffn_computes():
     assert named("QuickGELU") == (None, "quick_gelu") and named("NewGELUActivation") == (None, "gelu_tanh")
     assert named("GELUActivation") is None and named("FeedForward") is None and named("GLU") is None
     assert named("SwiGLU", module="torch.nn.modules.custom") is None  # torch's own do what they say
+    # timm's and open_clip's act_layer: a class, or a partial of nn.GELU; an instance kept as an attribute says nothing
+    import functools
+
+    from tblock_cli.card.own import act_layer
+    assert act_layer(torch.nn.GELU) == "gelu" and act_layer(functools.partial(torch.nn.GELU, approximate="tanh")) == "gelu_tanh"
+    assert act_layer(type("QuickGELU", (torch.nn.Module,), {})) == "quick_gelu" and act_layer(torch.nn.SiLU()) is None
+    assert act_layer(torch.nn.Mish) is None
     card = Card("x", (Entry("ffn.act", "silu"),))
     assert judge(card, (Claim("ffn.act", ("gelu", "gelu_tanh"), "GeGLU"),))[0].status == "differs"
     assert judge(card, (Claim("ffn.act", ("gelu", "silu"), "either"),))[0].status == "match"

@@ -2,14 +2,17 @@
 (n_group groups of experts, each token's experts among its topk_group best; DeepSeek-V2's greedy groups ranked by their
 best expert, V3's by the sum of their two best sigmoid scores), T5's per-head width `d_kv`, Gemma's
 `use_bidirectional_attention` and DINOv2's `use_swiglu_ffn`, and FFN classes named for what they compute (SwiGLU,
-GeGLU, ReLUSquared): each planted bug beside a twin that does what it says."""
+GeGLU, ReLUSquared), and gpt-fast's `n_local_heads` (its key/value heads): each planted bug beside a twin that does what
+it says."""
 
+import functools
 import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from blocks_configs import ModelArgs, TransformerBlock
 from zoo_training import TrainBlock
 
 
@@ -284,10 +287,74 @@ class ReLUSquaredUnsquared(SquaredReLUFFN):
     square = False
 
 
+class GptFastGQA(TransformerBlock):
+    """Correct: gpt-fast's block with two key/value heads for four query heads (n_local_heads), interleaved."""
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.0, causal=True):
+        super().__init__(ModelArgs(n_layer=1, n_head=n_heads, dim=d_model, n_local_heads=n_heads // 2,
+                                   intermediate_size=4 * d_model))
+
+
+class GptFastRepeated(GptFastGQA):
+    """k and v tiled with repeat (query head h reads key head h % 2) where gpt-fast interleaves (h // 2): it trains,
+    and reads every gpt-fast checkpoint wrong."""
+
+    def forward(self, x):
+        B, T, C = x.shape
+        kv = self.n_local_heads * self.head_dim
+        q, k, v = self.wqkv(self.attention_norm(x)).split([C, kv, kv], dim=-1)
+        q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)
+        k, v = (t.view(B, T, self.n_local_heads, self.head_dim).transpose(1, 2) for t in (k, v))
+        group = self.n_head // self.n_local_heads
+        k, v = k.repeat(1, group, 1, 1), v.repeat(1, group, 1, 1)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        h = x + self.wo(y.transpose(1, 2).contiguous().view(B, T, C))
+        n = self.ffn_norm(h)
+        return h + self.w2(F.silu(self.w1(n)) * self.w3(n))
+
+
+class QuickGELU(nn.Module):
+    """open_clip's: x * sigmoid(1.702 x), the activation OpenAI's CLIP checkpoints were trained with."""
+
+    def forward(self, x):
+        return x * torch.sigmoid(1.702 * x)
+
+
+class ActLayerArgument(TrainBlock):
+    """Correct: open_clip's and timm's `act_layer` argument, a class the MLP builds its activation from."""
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True, act_layer=QuickGELU):
+        super().__init__(d_model, n_heads, dropout, causal)
+        del self.w3
+        self.act = self.activation(act_layer)
+
+    def activation(self, act_layer):
+        return act_layer()
+
+    def ffn(self, h):
+        return self.drop(self.w2(self.act(self.w1(h))))
+
+
+class TanhGeluPartial(ActLayerArgument):
+    """Correct: timm's `partial(nn.GELU, approximate="tanh")` as the act_layer."""
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True,
+                 act_layer=functools.partial(nn.GELU, approximate="tanh")):
+        super().__init__(d_model, n_heads, dropout, causal, act_layer)
+
+
+class ActLayerIgnored(ActLayerArgument):
+    """Takes act_layer=QuickGELU and builds nn.GELU: OpenAI's CLIP weights under the wrong activation."""
+
+    def activation(self, act_layer):
+        return nn.GELU()
+
+
 PLANTED = {"GroupLimitIgnored": "moe.groups", "GroupsStrided": "moe.groups", "DKVIgnored": "attn.head_dim",
            "BidirectionalMaskedCausally": "attn.causal", "SwiGLUSaidPlainMLP": "ffn.gated",
-           "SwiGLUComputingGelu": "ffn.act", "GeGLUComputingSilu": "ffn.act", "ReLUSquaredUnsquared": "ffn.act"}
+           "SwiGLUComputingGelu": "ffn.act", "GeGLUComputingSilu": "ffn.act", "ReLUSquaredUnsquared": "ffn.act", "GptFastRepeated": "attn.kv_grouping",
+           "ActLayerIgnored": "ffn.act"}
 CORRECT = ["GroupLimited", "V3Grouped", "HeadWidthFromDKV", "Bidirectional", "SwiGLUSaid", "ClassNamedFFN", "GeGLUNamed",
-           "SquaredReLUFFN"]
+           "SquaredReLUFFN", "GptFastGQA", "ActLayerArgument", "TanhGeluPartial"]
 # bidirectional: run without --causal in the sweeps
 BIDIRECTIONAL = ["Bidirectional"]

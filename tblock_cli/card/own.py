@@ -7,6 +7,7 @@ rotary module, a `scale` only on an attention module); a key whose values disagr
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import re
 
@@ -28,6 +29,8 @@ from tblock_cli.card.own_names import (
     KV_HEADS,
     LLAMA3_BAND,
     LOCAL_BASES,
+    LOCAL_KV_HEADS,
+    META_LOCAL,
     MLA_WIDTHS,
     MULTI_QUERY,
     MULTIPLIERS,
@@ -82,7 +85,7 @@ def own_claims(modules: list[nn.Module], arguments: dict | None = None) -> tuple
             elif field in MULTIPLIERS or (field == "init_values" and at == "constructor argument"):
                 for key in MULTIPLIERS.get(field, BRANCH_GAINS):
                     put(asked, key, _multiplier(key, v), f"{at} `{field}`")
-            elif field in HEADS + KV_HEADS + GROUPS:
+            elif field in HEADS + KV_HEADS + GROUPS or (field in LOCAL_KV_HEADS and META_LOCAL not in values):
                 put(asked, f"count.{field}", _count(v), f"{at} `{field}`")
             elif field in MULTI_QUERY and v is True:
                 put(asked, "count.multi_query", True, f"{at} `{field}`")
@@ -116,7 +119,7 @@ def own_claims(modules: list[nn.Module], arguments: dict | None = None) -> tuple
             if is_config(value):
                 fields(config_fields(value), f"{owner}.{name}'s")
                 continue
-            if name in HEADS + KV_HEADS + GROUPS:
+            if name in HEADS + KV_HEADS + GROUPS or (name in LOCAL_KV_HEADS and META_LOCAL not in vars(m)):
                 put(kept, f"count.{name}", _count(value), f"{owner}.{name}")
                 continue
             if name in MULTIPLIERS:
@@ -215,7 +218,7 @@ def _group(tier: dict) -> None:
         found = {value: where for n in names for value, where in counts.get(n, {}).items()}
         return next(iter(found.items())) if len(found) == 1 else None
 
-    heads, kv, group = one(HEADS), one(KV_HEADS), one(GROUPS)
+    heads, kv, group = one(HEADS), one(KV_HEADS + LOCAL_KV_HEADS), one(GROUPS)
     if heads:  # query heads: the product may split each in two (differential attention), so a multiple matches
         tier["attn.heads"] = {float(heads[0]): heads[1]}
     if "multi_query" in counts:
@@ -290,7 +293,7 @@ def config_fields(config) -> dict:
 def _value(key: str, v):
     """A config value as the card writes it, or None where it claims nothing the card can hold against it."""
     if key == "ffn.act":
-        return ACTS.get(v.lower()) if isinstance(v, str) else None
+        return ACTS.get(v.lower()) if isinstance(v, str) else act_layer(v)
     if key == "norm.kind":
         return NORM_KINDS.get(v.lower()) if isinstance(v, str) else None
     if key == "ffn.gated" and isinstance(v, str):
@@ -323,6 +326,25 @@ def _value(key: str, v):
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
         return None  # a switch, a word, or 0/None for "off": nothing measured to hold it against
     return float(v)
+
+
+# torch's activation classes as a layer argument names them (timm's and open_clip's `act_layer=nn.GELU`)
+TORCH_ACTS = {nn.GELU: "gelu", nn.SiLU: "silu", nn.ReLU: "relu"}
+
+
+def act_layer(v) -> str | None:
+    """The activation an `act_layer` names as a class: torch's (nn.GELU exact, unless a partial says
+    approximate="tanh"), one named for it (open_clip's QuickGELU), or None. An instance kept as an attribute (an
+    `act_fn` module) claims nothing: it may serve a gate elsewhere than the FFN."""
+    if isinstance(v, functools.partial):
+        tanh = v.keywords.get("approximate") == "tanh"
+        return "gelu_tanh" if tanh and v.func is nn.GELU else None if tanh else act_layer(v.func)
+    if not isinstance(v, type):
+        return None
+    if v in TORCH_ACTS:
+        return TORCH_ACTS[v]
+    said = class_act(v)
+    return said[1] if said and isinstance(said[1], str) and said[0] is None else None
 
 
 def class_act(cls: type) -> tuple | None:

@@ -52,6 +52,7 @@ FIELDS = {
     "d_ff": "ffn.hidden", "dim_feedforward": "ffn.hidden",
     "hidden_act": "ffn.act", "hidden_activation": "ffn.act", "activation_function": "ffn.act", "activation": "ffn.act",
     "activation_fn": "ffn.act", "act_fn": "ffn.act", "ffn_activation": "ffn.act", "mlp_activation": "ffn.act",
+    "act_layer": "ffn.act",  # timm's and open_clip's: a class (nn.GELU, QuickGELU) or a word
     "num_experts_per_tok": "moe.top_k", "moe_top_k": "moe.top_k", "n_activated_experts": "moe.top_k",
     "num_local_experts": "moe.experts", "n_routed_experts": "moe.experts", "num_experts": "moe.experts",
     "moe_num_experts": "moe.experts", "n_expert": "moe.experts", "n_expert_per_token": "moe.top_k",
@@ -91,8 +92,9 @@ FIELDS = {
     # is hard-coded in some versions, a field in others), False none
     "use_scaled_rope": "rope.scaling",
     "normalize_before": "norm.placement",  # fairseq's switch: True normalises each sublayer's input (pre), False the sum
-    # the same switch in OPT's config (OPT-350m's False: its layers are Post-LN), Flaubert's and X-MOD's
-    "do_layer_norm_before": "norm.placement", "pre_norm": "norm.placement",
+    # the same switch in OPT's config (OPT-350m's False: its layers are Post-LN); not a bare `pre_norm`, which
+    # x-transformers keeps True beside its sandwich norms
+    "do_layer_norm_before": "norm.placement",
     "rotary_emb_dim": "rope.dims",  # flash-attn's MHA: the rotating channels per head
     # Megatron's switch for a (1 + w) norm weight initialised at 0
     "layernorm_zero_centered_gamma": "norm.offset", "zero_centered_gamma": "norm.offset",
@@ -191,6 +193,9 @@ HEADS = ("num_attention_heads", "num_heads", "n_heads", "n_head")
 KV_HEADS = ("num_key_value_heads", "num_kv_heads", "n_kv_heads", "n_kv_head", "n_query_groups", "multi_query_group_num",
             "num_query_groups")
 GROUPS = ("num_key_value_groups", "n_rep")
+# gpt-fast's count of key/value heads (its ModelArgs' and its Attention's): not where the module also keeps
+# `n_local_kv_heads`, as Meta's llama Attention does, whose `n_local_heads` counts one model-parallel rank's query heads
+LOCAL_KV_HEADS, META_LOCAL = ("n_local_heads",), "n_local_kv_heads"
 # A multi-query switch set overrides a kv count that stays in the config (Falcon's `multi_query=True` beside its
 # `num_kv_heads`, used only with `new_decoder_architecture`): where one is True the counts claim nothing.
 MULTI_QUERY = ("multi_query", "multi_query_attention")
