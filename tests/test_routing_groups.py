@@ -101,6 +101,10 @@ def test_class_names_that_say_what_an_ffn_computes():
     assert act_layer(torch.nn.GELU) == "gelu" and act_layer(functools.partial(torch.nn.GELU, approximate="tanh")) == "gelu_tanh"
     assert act_layer(type("QuickGELU", (torch.nn.Module,), {})) == "quick_gelu" and act_layer(torch.nn.SiLU()) is None
     assert act_layer(torch.nn.Mish) is None
+    assert act_layer(torch.nn.functional.silu) == "silu"  # Megatron's activation_func, a function by its name
+    said = lambda arguments: {c.key: c.value for c in own_claims([], arguments)}  # noqa: E731
+    assert said({"activation_func": torch.nn.functional.gelu}) == {"ffn.act": "gelu"}
+    assert said({"activation": torch.nn.functional.gelu}) == {}  # a bare callable under a generic name: nothing
     card = Card("x", (Entry("ffn.act", "silu"),))
     assert judge(card, (Claim("ffn.act", ("gelu", "gelu_tanh"), "GeGLU"),))[0].status == "differs"
     assert judge(card, (Claim("ffn.act", ("gelu", "silu"), "either"),))[0].status == "match"

@@ -12,16 +12,19 @@ import math
 import re
 
 import torch.nn as nn
+import torch.nn.functional as F
 
 from tblock_cli.card.entries import Claim
 from tblock_cli.card.own_names import (
     ACTS,
     BIAS_ON,
     BRANCH_GAINS,
+    CALLABLE_ACTS,
     CLASS_ACTS,
     FAMILY,
     FIELDS,
     FRACTION,
+    FUNCTION_ACTS,
     GATED_MLPS,
     GROUPS,
     HALF_SPLIT,
@@ -81,6 +84,7 @@ def own_claims(modules: list[nn.Module], arguments: dict | None = None) -> tuple
                 continue
             if field in FIELDS:
                 v = {"tanh": "gelu_tanh"}.get(v) if field == "gelu_approximate" else v
+                v = act_layer(v) if field in CALLABLE_ACTS and not isinstance(v, str) else v
                 put(asked, FIELDS[field], _value(FIELDS[field], v), f"{at} `{field}`")
             elif field in MULTIPLIERS or (field == "init_values" and at == "constructor argument"):
                 for key in MULTIPLIERS.get(field, BRANCH_GAINS):
@@ -157,6 +161,7 @@ def own_claims(modules: list[nn.Module], arguments: dict | None = None) -> tuple
                    or (ON_NORM.get(name) if own_norm(m) else None)
                    or (ON_RELATIVE.get(name) if "relative" in cls and ("bias" in cls or "position" in cls) else None))
             if key is not None:
+                value = act_layer(value) if name in CALLABLE_ACTS and not isinstance(value, str) else value
                 put(kept, key, _value(key, value), f"{owner}.{name}")
             elif ("attn" in cls or "attention" in cls) and name in ON_ATTENTION:
                 put(kept, ON_ATTENTION[name], _scale_claim(value), f"{owner}.{name}")
@@ -293,7 +298,7 @@ def config_fields(config) -> dict:
 def _value(key: str, v):
     """A config value as the card writes it, or None where it claims nothing the card can hold against it."""
     if key == "ffn.act":
-        return ACTS.get(v.lower()) if isinstance(v, str) else act_layer(v)
+        return ACTS.get(v.lower()) if isinstance(v, str) else None
     if key == "norm.kind":
         return NORM_KINDS.get(v.lower()) if isinstance(v, str) else None
     if key == "ffn.gated" and isinstance(v, str):
@@ -333,18 +338,18 @@ TORCH_ACTS = {nn.GELU: "gelu", nn.SiLU: "silu", nn.ReLU: "relu"}
 
 
 def act_layer(v) -> str | None:
-    """The activation an `act_layer` names as a class: torch's (nn.GELU exact, unless a partial says
-    approximate="tanh"), one named for it (open_clip's QuickGELU), or None. An instance kept as an attribute (an
-    `act_fn` module) claims nothing: it may serve a gate elsewhere than the FFN."""
+    """The activation a class or function names, as `act_layer` (timm's, open_clip's) and `activation_func`
+    (Megatron's) give it: torch's class (nn.GELU exact, unless a partial says approximate="tanh"), one named for it
+    (open_clip's QuickGELU), a function by its name (F.gelu, Megatron's squared_relu); else None."""
     if isinstance(v, functools.partial):
         tanh = v.keywords.get("approximate") == "tanh"
-        return "gelu_tanh" if tanh and v.func is nn.GELU else None if tanh else act_layer(v.func)
-    if not isinstance(v, type):
-        return None
-    if v in TORCH_ACTS:
-        return TORCH_ACTS[v]
-    said = class_act(v)
-    return said[1] if said and isinstance(said[1], str) and said[0] is None else None
+        return "gelu_tanh" if tanh and v.func in (nn.GELU, F.gelu) else None if tanh else act_layer(v.func)
+    if isinstance(v, type):
+        if v in TORCH_ACTS:
+            return TORCH_ACTS[v]
+        said = class_act(v)
+        return said[1] if said and isinstance(said[1], str) and said[0] is None else None
+    return FUNCTION_ACTS.get(getattr(v, "__name__", None)) if callable(v) and not isinstance(v, nn.Module) else None
 
 
 def class_act(cls: type) -> tuple | None:

@@ -52,7 +52,7 @@ FIELDS = {
     "d_ff": "ffn.hidden", "dim_feedforward": "ffn.hidden",
     "hidden_act": "ffn.act", "hidden_activation": "ffn.act", "activation_function": "ffn.act", "activation": "ffn.act",
     "activation_fn": "ffn.act", "act_fn": "ffn.act", "ffn_activation": "ffn.act", "mlp_activation": "ffn.act",
-    "act_layer": "ffn.act",  # timm's and open_clip's: a class (nn.GELU, QuickGELU) or a word
+    "act_layer": "ffn.act", "activation_func": "ffn.act",  # timm's and open_clip's class, Megatron's function
     "num_experts_per_tok": "moe.top_k", "moe_top_k": "moe.top_k", "n_activated_experts": "moe.top_k",
     "num_local_experts": "moe.experts", "n_routed_experts": "moe.experts", "num_experts": "moe.experts",
     "moe_num_experts": "moe.experts", "n_expert": "moe.experts", "n_expert_per_token": "moe.top_k",
@@ -69,6 +69,8 @@ FIELDS = {
     "rotary_embedding_base": "rope.theta",
     # litgpt's Config: its q/k norm switch, group-limited routing (DeepSeek-V3's) and shared experts
     "norm_qk": "attn.qk_norm", "n_expert_groups": NGROUP, "n_topk_groups": TOPKGROUP, "n_shared_expert": "moe.shared",
+    # Megatron's TransformerConfig: the same group limit and the router's score function
+    "moe_router_num_groups": NGROUP, "moe_router_group_topk": TOPKGROUP, "moe_router_score_function": "moe.router",
     # a count or width of shared experts: above 0 claims one (DeepSeek's n_shared_experts, Qwen2-MoE's width)
     "n_shared_experts": "moe.shared", "num_shared_experts": "moe.shared", "shared_expert_intermediate_size": "moe.shared",
     # a fraction of each head's channels that rotate: rope.dims once the card has read the head's width
@@ -260,6 +262,11 @@ CLASS_ACTS = {"swiglu": (True, "silu"), "geglu": (True, ("gelu", "gelu_tanh")), 
               "squaredrelu": (None, "relu2"), "relu2": (None, "relu2"), "quickgelu": (None, "quick_gelu"),
               "newgelu": (None, "gelu_tanh"), "gelutanh": (None, "gelu_tanh"), "pytorchgelutanh": (None, "gelu_tanh"),
               "fastgelu": (None, "gelu_tanh")}
+# fields whose value may be an activation's class or function (timm's and open_clip's act_layer, Megatron's
+# activation_func), read by `act_layer`; functions by their name
+CALLABLE_ACTS = ("act_layer", "activation_func")
+FUNCTION_ACTS = {"gelu": "gelu", "silu": "silu", "relu": "relu", "squared_relu": "relu2", "quick_gelu": "quick_gelu",
+                 "erf_gelu": "gelu", "openai_gelu": "gelu_tanh", "fast_gelu": "gelu_tanh"}
 # FFN class names that say whether it is gated (litgpt's mlp_class_name; its MoE classes say nothing)
 GATED_MLPS = {"LLaMAMLP": True, "GemmaMLP": True, "GptNeoxMLP": False}
 # activation names as configs write them -> the card's
