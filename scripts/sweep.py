@@ -27,6 +27,7 @@ import zoo_autocast  # noqa: E402
 import zoo_backward  # noqa: E402
 import zoo_buckets  # noqa: E402
 import zoo_claims  # noqa: E402
+import zoo_classes  # noqa: E402
 import zoo_complex  # noqa: E402
 import zoo_construction  # noqa: E402
 import zoo_designs  # noqa: E402
@@ -83,6 +84,7 @@ CORRECT.update({f"zoo_switches.py:{k}": {"causal": True} for k in zoo_switches.C
 CORRECT.update({f"zoo_framework_names.py:{k}": {"causal": True} for k in zoo_framework_names.CORRECT})  # litgpt, OLMo...
 CORRECT.update({f"zoo_stretch.py:{k}": {"causal": True} for k in zoo_stretch.CORRECT if k not in zoo_stretch.SPEC_ONLY})  # LongRoPE, dynamic NTK, clip_qkv
 CORRECT.update({f"zoo_routing.py:{k}": {"causal": k not in zoo_routing.BIDIRECTIONAL} for k in zoo_routing.CORRECT})  # group-limited routing, d_kv
+CORRECT.update({f"zoo_classes.py:{k}": {"causal": True} for k in zoo_classes.CORRECT})  # classes named for what they compute
 CORRECT.update({f"zoo_attention.py:{k}": {"causal": True} for k in zoo_attention.CORRECT})  # softmax1, a sink
 CORRECT.update({f"zoo_rates.py:{k}": {"causal": True} for k in zoo_rates.CORRECT})  # attention dropout applied, a frozen table
 CORRECT.update({f"zoo_construction.py:{k}": {} for k in zoo_construction.CORRECT})  # built as asked
@@ -178,6 +180,7 @@ def missed_bugs(sizes, device="cpu", part=(1, 1)) -> int:
                **{f"zoo_framework_names.py:{k}": ("spec", {"causal": True}) for k in zoo_framework_names.PLANTED},
                **{f"zoo_stretch.py:{k}": ("spec", {"causal": True}) for k in zoo_stretch.PLANTED},
                **{f"zoo_routing.py:{k}": ("spec", {"causal": True}) for k in zoo_routing.PLANTED},
+               **{f"zoo_classes.py:{k}": ("spec", {"causal": True}) for k in zoo_classes.PLANTED},
                **{f"zoo_rates.py:{k}": (v.split(".")[0], {"causal": True}) for k, v in zoo_rates.PLANTED.items()},
                **{f"zoo_construction.py:{k}": (v, {}) for k, v in zoo_construction.PLANTED.items()},
                **{f"zoo_steps.py:{k}": (check, {"causal": "BatchNorm" not in k}) for k, (check, _) in zoo_steps.PLANTED.items()},

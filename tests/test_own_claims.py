@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import pytest
 import torch.nn as nn
 import zoo_claims
+import zoo_classes
 import zoo_framework_names
 import zoo_routing
 import zoo_sizes
@@ -20,7 +21,7 @@ import tblock_cli
 from tblock_cli.card.own import FRACTION, own_claims
 from tblock_cli.card.own_causal import own_causal
 from tblock_cli.card.own_fit import with_fraction
-from tblock_cli.card.own_names import DYNAMIC
+from tblock_cli.card.own_names import DYNAMIC, RENORM_OFF
 from tblock_cli.checks import Status
 
 from conftest import TESTS
@@ -32,7 +33,8 @@ def spec_check(name, d_model=32, zoo="zoo_claims.py", **flags):
 
 
 ZOOS = {"zoo_claims.py": zoo_claims, "zoo_tables.py": zoo_tables, "zoo_sizes.py": zoo_sizes, "zoo_switches.py": zoo_switches,
-        "zoo_framework_names.py": zoo_framework_names, "zoo_stretch.py": zoo_stretch, "zoo_routing.py": zoo_routing}
+        "zoo_framework_names.py": zoo_framework_names, "zoo_stretch.py": zoo_stretch, "zoo_routing.py": zoo_routing,
+        "zoo_classes.py": zoo_classes}
 
 
 @pytest.mark.parametrize("zoo, name", [(z, n) for z, m in ZOOS.items() for n in sorted(m.PLANTED)])
@@ -101,8 +103,10 @@ def test_reading_rules():
     assert claims([], {"use_parallel_residual": False}) == {"residual.form": "sequential"}
     assert claims([], {"parallel_attn": True}) == {"residual.form": "parallel"}
     # a renormalisation asked for claims it; False, many configs' default (litgpt's for Mixtral, whose router
-    # renormalises by construction), claims nothing
-    assert claims([], {"norm_topk_prob": True}) == {"moe.renorm": True} and claims([], {"norm_topk_prob": False}) == {}
+    # renormalises by construction), claims nothing by itself: only beside a family whose code reads it
+    # (card/own_fit.py with_renorm_off, tests/test_routing_groups.py)
+    assert claims([], {"norm_topk_prob": True}) == {"moe.renorm": True}
+    assert claims([], {"norm_topk_prob": False}) == {RENORM_OFF: True}
 
     @dataclass
     class TwoBases:  # Gemma-3: sliding layers rotate at 10000, global ones at 1e6

@@ -79,6 +79,11 @@ def test_group_claims_and_routing_names_reading_rules():
     assert claims({"d_kv": 64, "is_gated_act": True, "dense_act_fn": "gelu_new"}) == \
         {"attn.head_dim": 64.0, "ffn.gated": True, "ffn.act": "gelu_tanh"}
     assert claims({"use_bidirectional_attention": True}) == {"attn.causal": False}
+    # norm_topk_prob=False claims no renormalisation beside a family whose code reads it, and nothing elsewhere
+    from tblock_cli.card.own_fit import with_direction, with_renorm_off
+    off = lambda arguments: {c.key: c.value for c in with_direction(with_renorm_off(own_claims([], arguments)))}  # noqa: E731
+    assert off({"model_type": "qwen2_moe", "norm_topk_prob": False}) == {"moe.renorm": False}
+    assert off({"model_type": "mixtral", "norm_topk_prob": False}) == {} and off({"norm_topk_prob": False}) == {}
     assert claims({"use_bidirectional_attention": False, "use_swiglu_ffn": False}) == {"ffn.gated": False}
 
 

@@ -1,18 +1,15 @@
 """Routing and widths a block states in its own words and computes otherwise: DeepSeek's group-limited routing
 (n_group groups of experts, each token's experts among its topk_group best; DeepSeek-V2's greedy groups ranked by their
 best expert, V3's by the sum of their two best sigmoid scores), T5's per-head width `d_kv`, Gemma's
-`use_bidirectional_attention` and DINOv2's `use_swiglu_ffn`, and FFN classes named for what they compute (SwiGLU,
-GeGLU, ReLUSquared), and gpt-fast's `n_local_heads` (its key/value heads): each planted bug beside a twin that does what
-it says."""
+`use_bidirectional_attention`, DINOv2's `use_swiglu_ffn` and Qwen2-MoE's `norm_topk_prob=False`: each planted bug
+beside a twin that does what it says."""
 
-import functools
 import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from blocks_configs import ModelArgs, TransformerBlock
 from zoo_training import TrainBlock
 
 
@@ -38,7 +35,7 @@ class GroupLimited(TrainBlock):
         super().__init__(d_model, n_heads, dropout, causal)
         del self.w1, self.w2, self.w3
         self.config = self.config_class()
-        n = self.config.n_routed_experts
+        n = self.config.num_experts if hasattr(self.config, "num_experts") else self.config.n_routed_experts
         self.gate = nn.Linear(d_model, n, bias=False)
         self.experts = nn.ModuleList(nn.Sequential(nn.Linear(d_model, 32), nn.SiLU(), nn.Linear(32, d_model))
                                      for _ in range(n))
@@ -195,166 +192,48 @@ class SwiGLUSaidPlainMLP(SwiGLUSaid):
         return self.drop(self.w2(F.silu(self.w1(h))))
 
 
-class SwiGLU(nn.Module):
-    """A gated FFN as timm and xformers name it: act(w1 x) * w3 x, then w2."""
-
-    act = staticmethod(F.silu)
-
-    def __init__(self, d_model, hidden, dropout):
-        super().__init__()
-        self.w1, self.w3 = nn.Linear(d_model, hidden, bias=False), nn.Linear(d_model, hidden, bias=False)
-        self.w2, self.drop = nn.Linear(hidden, d_model, bias=False), nn.Dropout(dropout)
-
-    def forward(self, x):
-        return self.drop(self.w2(self.act(self.w1(x)) * self.w3(x)))
+@dataclass
+class Qwen2MoeConfig:
+    model_type: str = "qwen2_moe"
+    num_experts: int = 8
+    num_experts_per_tok: int = 2
+    norm_topk_prob: bool = False
 
 
-class GeGLU(SwiGLU):
-    act = staticmethod(F.gelu)
+class Qwen2MoePort(GroupLimited):
+    """Correct: Qwen2-MoE's router, a softmax over every expert and the chosen experts' probabilities as they are
+    (its config's norm_topk_prob=False)."""
 
+    config_class = Qwen2MoeConfig
 
-class ClassNamedFFN(TrainBlock):
-    """Correct: its FFN a module whose class name says what it computes (SwiGLU)."""
-
-    ffn_class = SwiGLU
-
-    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
-        super().__init__(d_model, n_heads, dropout, causal)
-        del self.w1, self.w2, self.w3
-        self.mlp = self.ffn_class(d_model, int(8 * d_model / 3), dropout)
+    def group_mask(self, s):
+        return torch.ones_like(s, dtype=torch.bool)
 
     def ffn(self, h):
-        return self.mlp(h)
+        s = self.scores(h)
+        w, idx = self.chosen(self.gate(h), s)
+        out = torch.zeros_like(h)
+        for e, expert in enumerate(self.experts):
+            out = out + (w * (idx == e)).sum(-1, keepdim=True) * expert(h)
+        return self.drop(out)
+
+    def chosen(self, logits, s):
+        w, idx = s.topk(self.config.num_experts_per_tok, -1)
+        return w, idx
 
 
-class GeGLUNamed(ClassNamedFFN):
-    """Correct: a GeGLU FFN (lucidrains' and diffusers' GEGLU: exact gelu)."""
+class Qwen2MoeMixtralRouted(Qwen2MoePort):
+    """A Qwen2-MoE port routed as Mixtral is: the softmax taken over the chosen logits, renormalised, where its config
+    says norm_topk_prob=False."""
 
-    ffn_class = GeGLU
-
-
-class _GeluGate(SwiGLU):
-    act = staticmethod(F.gelu)
-
-
-_GeluGate.__name__ = "SwiGLU"
-
-
-class SwiGLUComputingGelu(ClassNamedFFN):
-    """A class named SwiGLU whose gate is a GELU (the activation copied from the GeGLU next to it)."""
-
-    ffn_class = _GeluGate
-
-
-class _SiluGate(SwiGLU):
-    pass
-
-
-_SiluGate.__name__ = "GeGLU"
-
-
-class GeGLUComputingSilu(ClassNamedFFN):
-    ffn_class = _SiluGate
-
-
-class ReLUSquared(nn.Module):
-    """Primer's squared ReLU, as Persimmon's and Nemotron's ReLUSquaredActivation; `square` False drops the square."""
-
-    square = True
-
-    def forward(self, x):
-        return F.relu(x) ** 2 if self.square else F.relu(x)
-
-
-class SquaredReLUFFN(TrainBlock):
-    """Correct: Primer's FFN, relu(x)^2 through a module named for it."""
-
-    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
-        super().__init__(d_model, n_heads, dropout, causal)
-        del self.w3
-        self.act = ReLUSquared()
-        self.act.square = self.square
-
-    square = True
-
-    def ffn(self, h):
-        return self.drop(self.w2(self.act(self.w1(h))))
-
-
-class ReLUSquaredUnsquared(SquaredReLUFFN):
-    """Its ReLUSquared module computes a plain ReLU."""
-
-    square = False
-
-
-class GptFastGQA(TransformerBlock):
-    """Correct: gpt-fast's block with two key/value heads for four query heads (n_local_heads), interleaved."""
-
-    def __init__(self, d_model=64, n_heads=4, dropout=0.0, causal=True):
-        super().__init__(ModelArgs(n_layer=1, n_head=n_heads, dim=d_model, n_local_heads=n_heads // 2,
-                                   intermediate_size=4 * d_model))
-
-
-class GptFastRepeated(GptFastGQA):
-    """k and v tiled with repeat (query head h reads key head h % 2) where gpt-fast interleaves (h // 2): it trains,
-    and reads every gpt-fast checkpoint wrong."""
-
-    def forward(self, x):
-        B, T, C = x.shape
-        kv = self.n_local_heads * self.head_dim
-        q, k, v = self.wqkv(self.attention_norm(x)).split([C, kv, kv], dim=-1)
-        q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)
-        k, v = (t.view(B, T, self.n_local_heads, self.head_dim).transpose(1, 2) for t in (k, v))
-        group = self.n_head // self.n_local_heads
-        k, v = k.repeat(1, group, 1, 1), v.repeat(1, group, 1, 1)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        h = x + self.wo(y.transpose(1, 2).contiguous().view(B, T, C))
-        n = self.ffn_norm(h)
-        return h + self.w2(F.silu(self.w1(n)) * self.w3(n))
-
-
-class QuickGELU(nn.Module):
-    """open_clip's: x * sigmoid(1.702 x), the activation OpenAI's CLIP checkpoints were trained with."""
-
-    def forward(self, x):
-        return x * torch.sigmoid(1.702 * x)
-
-
-class ActLayerArgument(TrainBlock):
-    """Correct: open_clip's and timm's `act_layer` argument, a class the MLP builds its activation from."""
-
-    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True, act_layer=QuickGELU):
-        super().__init__(d_model, n_heads, dropout, causal)
-        del self.w3
-        self.act = self.activation(act_layer)
-
-    def activation(self, act_layer):
-        return act_layer()
-
-    def ffn(self, h):
-        return self.drop(self.w2(self.act(self.w1(h))))
-
-
-class TanhGeluPartial(ActLayerArgument):
-    """Correct: timm's `partial(nn.GELU, approximate="tanh")` as the act_layer."""
-
-    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True,
-                 act_layer=functools.partial(nn.GELU, approximate="tanh")):
-        super().__init__(d_model, n_heads, dropout, causal, act_layer)
-
-
-class ActLayerIgnored(ActLayerArgument):
-    """Takes act_layer=QuickGELU and builds nn.GELU: OpenAI's CLIP weights under the wrong activation."""
-
-    def activation(self, act_layer):
-        return nn.GELU()
+    def chosen(self, logits, s):
+        top, idx = logits.topk(self.config.num_experts_per_tok, -1)
+        return top.softmax(-1), idx
 
 
 PLANTED = {"GroupLimitIgnored": "moe.groups", "GroupsStrided": "moe.groups", "DKVIgnored": "attn.head_dim",
            "BidirectionalMaskedCausally": "attn.causal", "SwiGLUSaidPlainMLP": "ffn.gated",
-           "SwiGLUComputingGelu": "ffn.act", "GeGLUComputingSilu": "ffn.act", "ReLUSquaredUnsquared": "ffn.act", "GptFastRepeated": "attn.kv_grouping",
-           "ActLayerIgnored": "ffn.act"}
-CORRECT = ["GroupLimited", "V3Grouped", "HeadWidthFromDKV", "Bidirectional", "SwiGLUSaid", "ClassNamedFFN", "GeGLUNamed",
-           "SquaredReLUFFN", "GptFastGQA", "ActLayerArgument", "TanhGeluPartial"]
+           "Qwen2MoeMixtralRouted": "moe.renorm"}
+CORRECT = ["GroupLimited", "V3Grouped", "HeadWidthFromDKV", "Bidirectional", "SwiGLUSaid", "Qwen2MoePort"]
 # bidirectional: run without --causal in the sweeps
 BIDIRECTIONAL = ["Bidirectional"]

@@ -49,6 +49,7 @@ from tblock_cli.card.own_names import (
     RELBUCKETS,
     RELMAX,
     RELONEWAY,
+    RENORM_OFF,
     SCALINGS,
     SWITCHED,
     TOPKMETHOD,
@@ -82,6 +83,8 @@ def own_claims(modules: list[nn.Module], arguments: dict | None = None) -> tuple
                 seen.add(BIAS_ON)
             if FIELDS.get(field) == "ffn.hidden" and at == "constructor argument":
                 continue
+            if FIELDS.get(field) == "moe.renorm" and v is False:
+                put(asked, RENORM_OFF, True, f"{at} `{field}`")
             if field in FIELDS:
                 v = {"tanh": "gelu_tanh"}.get(v) if field == "gelu_approximate" else v
                 v = act_layer(v) if field in CALLABLE_ACTS and not isinstance(v, str) else v

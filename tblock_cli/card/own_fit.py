@@ -24,6 +24,8 @@ from tblock_cli.card.own_names import (
     RELBUCKETS,
     RELMAX,
     RELONEWAY,
+    RENORM_FAMILIES,
+    RENORM_OFF,
     TOPKGROUP,
     TOPKMETHOD,
     YARN_GAIN,
@@ -31,7 +33,7 @@ from tblock_cli.card.own_names import (
 from tblock_cli.card.positions import BIAS_SEQ, ROPE_SEQ
 
 PSEUDO = (FRACTION, RATIO, YARN_GAIN, LONGROPE, DYNAMIC, RELBUCKETS, RELMAX, RELONEWAY, FAMILY, NGROUP, TOPKGROUP,
-          TOPKMETHOD)
+          TOPKMETHOD, RENORM_OFF)
 
 
 def needed(claims: tuple[Claim, ...]) -> tuple[str, ...]:
@@ -45,6 +47,7 @@ def needed(claims: tuple[Claim, ...]) -> tuple[str, ...]:
     keys += ("rope.direction",) if _rotary_claim(claims) is not None and _family(claims) is not None else ()
     keys += ("relbias.steps", "attn.causal") if any(c.key == RELBUCKETS for c in claims) else ()
     keys += ("moe.groups",) if any(c.key == NGROUP for c in claims) else ()
+    keys += ("moe.renorm",) if any(c.key == RENORM_OFF for c in claims) else ()
     return keys + (("attn.head_dim", "rope.dims") if any(c.key in (FRACTION, YARN_GAIN) for c in claims) else ())
 
 
@@ -56,7 +59,7 @@ def fitted(claims: tuple[Claim, ...], card: Card, seq: int, d_model: int | None 
     claims = with_fraction(claims, card.value("attn.head_dim"))
     claims = with_yarn_gain(claims, card.value("attn.head_dim"), card.value("rope.dims"))
     claims = with_window(with_ratio(claims, card.value("ffn.gated"), d_model), seq)
-    claims = with_groups(with_buckets(with_direction(claims), card.value("attn.causal")))
+    claims = with_groups(with_buckets(with_direction(with_renorm_off(claims)), card.value("attn.causal")))
     experts, act = card.value("moe.experts"), card.value("ffn.act")
     dense_ffn = not experts and act not in (None, "other")
     return tuple(c for c in claims if not (c.key.startswith("moe.") and not experts)
@@ -175,6 +178,18 @@ def with_buckets(claims: tuple[Claim, ...], causal) -> tuple[Claim, ...]:
                   and bucket(o) != bucket(o + 1 if o < 0 else o - 1))
     return out + (Claim("relbias.steps", steps, nb.source + f" (T5's buckets: {buckets}, to {top}, "
                         f"{'one way' if one_way.value else 'both ways'})", tier=nb.tier),)
+
+
+def with_renorm_off(claims: tuple[Claim, ...]) -> tuple[Claim, ...]:
+    """`norm_topk_prob=False` as a moe.renorm false claim, where the config names a family whose transformers code
+    reads the switch (Qwen2-MoE's, OLMoE's: the chosen experts' softmax weights left as they are, not renormalised as
+    Mixtral's are) and nothing else claims moe.renorm; dropped otherwise."""
+    off = next((c for c in claims if c.key == RENORM_OFF), None)
+    out = tuple(c for c in claims if c.key != RENORM_OFF)
+    family = _family(claims)
+    if off is None or family is None or family.value not in RENORM_FAMILIES or any(c.key == "moe.renorm" for c in out):
+        return out
+    return out + (Claim("moe.renorm", False, off.source + f" ({family.value!r} reads it)", tier=off.tier),)
 
 
 def with_groups(claims: tuple[Claim, ...]) -> tuple[Claim, ...]:

@@ -27,6 +27,11 @@ BACKWARD_ROTATION = ("nanochat",)
 # Not card keys: T5's relative-position buckets (their count, the distance the last one starts at, and whether the
 # buckets look one way only, a decoder's), turned into a relbias.steps claim by `with_buckets`
 RELBUCKETS, RELMAX, RELONEWAY = "relbias.buckets", "relbias.max_distance", "relbias.one_way"
+# Not a card key: `norm_topk_prob=False`, which claims no renormalisation only beside a family whose transformers code
+# reads it (`with_renorm_off`): litgpt keeps it False for every model while its MoE renormalises
+RENORM_OFF = "moe.renorm_off"
+RENORM_FAMILIES = ("qwen2_moe", "qwen3_moe", "olmoe", "flex_olmo", "doge", "kolibri1", "kolibri1_1", "qwen3_next",
+                   "qwen3_omni_moe", "deepseek_v3", "glm4_moe", "dots1", "exaone_moe", "minicpm5_moe", "kimi_linear")
 # Not card keys: DeepSeek's group-limited routing (the experts in n_group groups, each token's top-k among its
 # topk_group best groups, unless its topk_method is "greedy"), turned into a moe.groups claim by `with_groups`
 NGROUP, TOPKGROUP, TOPKMETHOD = "moe.n_group", "moe.topk_group", "moe.topk_method"
