@@ -49,3 +49,79 @@ def test_stretched_tables_depth_scales_clamps_and_the_direction_of_a_rotation_re
     assert fit({"rope_theta": 5e5, "model_type": "nanochat"})["rope.direction"] == "backward"
     assert "rope.direction" not in fit({"rope_theta": 5e5}) and "rope.direction" not in fit({"clip_qkv": 8, "model_type": "olmo"})
     assert FAMILY not in fit({"rope_theta": 5e5, "model_type": "llama"}) and claims({"model_type": "llama"}) == {}
+
+
+def test_deepseeks_yarn_gain_on_the_softmax_scale_reading_rules():
+    from tblock_cli.card.own_fit import with_softmax_gain
+    from tblock_cli.card.own_names import SOFTMAX_GAIN
+
+    def claims(d):
+        return {c.key: c.value for c in own_claims([], {"rope_scaling": d})}
+
+    v3 = {"rope_type": "yarn", "factor": 40.0, "mscale": 1.0, "mscale_all_dim": 1.0}
+    gain = (0.1 * math.log(40) + 1) ** 2  # transformers' yarn_apply_mscale: the scale times mscale(40, 1)^2
+    assert claims(v3)[SOFTMAX_GAIN] == pytest.approx(gain) and YARN_GAIN not in claims(v3)
+    # the table's own gain is the ratio mscale(f, mscale) / mscale(f, mscale_all_dim): only where it is 1 is there one
+    # score scale (V2-Lite's 0.707 and 0.707 too); a lone mscale_all_dim leaves the table scaled: nothing claimed
+    assert SOFTMAX_GAIN in claims({**v3, "mscale": 0.707, "mscale_all_dim": 0.707})
+    assert SOFTMAX_GAIN not in claims({**v3, "mscale": 0.5}) and SOFTMAX_GAIN not in claims({"rope_type": "yarn", "factor": 40.0, "mscale_all_dim": 1.0})
+    assert SOFTMAX_GAIN in claims({"rope_type": "yarn", "factor": 40.0, "mscale_all_dim": 1.0, "attention_factor": 1.0})
+    # X = head_dim / gain^2 over the q.k width the card reads; a module's own `scaling` attribute gives way to it
+    from tblock_cli.card.entries import Claim
+    kept = Claim("attn.scale", 24.0, "the block's own Attention.scaling", tier="kept")
+    fitted_ = with_softmax_gain((kept, Claim(SOFTMAX_GAIN, gain, "config")), 24)
+    assert [(c.key, c.value) for c in fitted_] == [("attn.scale", pytest.approx(24 / gain ** 2))]
+
+
+def test_transformers_deepseek_v3_attention_under_yarn_matches_its_claim_and_a_port_without_the_gain_differs():
+    pytest.importorskip("transformers")
+    import torch
+    import torch.nn as nn
+    from transformers import DeepseekV3Config
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3Attention, DeepseekV3RotaryEmbedding
+
+    from tblock_cli.card.attention import SCALE_SEQ
+    from tblock_cli.card.entries import judge
+    from tblock_cli.card.own_fit import fitted, needed
+    from tblock_cli.card.read import read_card
+    from tblock_cli.checks.training import all_modules
+    from tblock_cli.config import build_config
+    from tblock_cli.subject.loading import user_subject
+
+    def layer(keep_plain_scale):
+        config = DeepseekV3Config(hidden_size=64, num_attention_heads=4, num_key_value_heads=4, q_lora_rank=32,
+                                  kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
+                                  rope_parameters={"rope_type": "yarn", "factor": 40.0, "mscale": 1.0,
+                                                   "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096,
+                                                   "beta_fast": 32, "beta_slow": 1, "rope_theta": 10000.0})
+        config._attn_implementation = "eager"
+
+        class MLALayer(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.config, self.norm = config, nn.RMSNorm(64, eps=1e-6)
+                self.attn, self.rope = DeepseekV3Attention(config, layer_idx=0), DeepseekV3RotaryEmbedding(config)
+                if keep_plain_scale:  # a port that keeps qk_head_dim^-0.5
+                    self.attn.scaling = self.attn.qk_head_dim ** -0.5
+                with torch.no_grad():
+                    for p in self.attn.parameters():
+                        if p.dim() > 1:
+                            p.normal_(0, p.shape[-1] ** -0.5)
+
+            def forward(self, x):
+                T = x.shape[1]
+                cos, sin = self.rope(x, torch.arange(T)[None])
+                mask = torch.full((T, T), float("-inf")).triu(1)[None, None]
+                return x + self.attn(self.norm(x), (cos, sin), attention_mask=mask)[0]
+
+        return MLALayer()
+
+    cfg = build_config(d_model=64, n_heads=4, threads=1)
+    verdicts = {}
+    for plain in (False, True):
+        subject = user_subject(layer(plain), "mla", cfg, torch.device("cpu"), torch.float32)
+        claims = own_claims(all_modules(subject.module))
+        card = read_card(subject, cfg, torch.device("cpu"), keys=needed(claims))
+        (verdicts[plain],) = [v for v in judge(card, fitted(claims, card, SCALE_SEQ, 64)) if v.key == "attn.scale"]
+    assert verdicts[False].status == "match" and verdicts[False].measured == pytest.approx(24 / (0.1 * math.log(40) + 1) ** 4, rel=1e-3)
+    assert verdicts[True].status == "differs" and verdicts[True].measured == pytest.approx(24.0, rel=1e-3)

@@ -26,6 +26,7 @@ from tblock_cli.card.own_names import (
     RELONEWAY,
     RENORM_FAMILIES,
     RENORM_OFF,
+    SOFTMAX_GAIN,
     TOPKGROUP,
     TOPKMETHOD,
     YARN_GAIN,
@@ -33,7 +34,7 @@ from tblock_cli.card.own_names import (
 from tblock_cli.card.positions import BIAS_SEQ, ROPE_SEQ
 
 PSEUDO = (FRACTION, RATIO, YARN_GAIN, LONGROPE, DYNAMIC, RELBUCKETS, RELMAX, RELONEWAY, FAMILY, NGROUP, TOPKGROUP,
-          TOPKMETHOD, RENORM_OFF)
+          TOPKMETHOD, RENORM_OFF, SOFTMAX_GAIN)
 
 
 def needed(claims: tuple[Claim, ...]) -> tuple[str, ...]:
@@ -43,12 +44,13 @@ def needed(claims: tuple[Claim, ...]) -> tuple[str, ...]:
     if any(c.key.startswith("moe.") or c.key in ("ffn.hidden", RATIO) for c in claims):
         keys += ("moe.experts", "ffn.act")
     keys += ("ffn.gated", "ffn.hidden") if any(c.key == RATIO for c in claims) else ()
-    keys += ("attn.scale",) if any(c.key == YARN_GAIN for c in claims) else ()
+    keys += ("attn.scale",) if any(c.key in (YARN_GAIN, SOFTMAX_GAIN) for c in claims) else ()
     keys += ("rope.direction",) if _rotary_claim(claims) is not None and _family(claims) is not None else ()
     keys += ("relbias.steps", "attn.causal") if any(c.key == RELBUCKETS for c in claims) else ()
     keys += ("moe.groups",) if any(c.key == NGROUP for c in claims) else ()
     keys += ("moe.renorm",) if any(c.key == RENORM_OFF for c in claims) else ()
-    return keys + (("attn.head_dim", "rope.dims") if any(c.key in (FRACTION, YARN_GAIN) for c in claims) else ())
+    return keys + (("attn.head_dim", "rope.dims") if any(c.key in (FRACTION, YARN_GAIN, SOFTMAX_GAIN) for c in claims)
+                   else ())
 
 
 def fitted(claims: tuple[Claim, ...], card: Card, seq: int, d_model: int | None = None) -> tuple[Claim, ...]:
@@ -58,6 +60,7 @@ def fitted(claims: tuple[Claim, ...], card: Card, seq: int, d_model: int | None 
     claims = with_dynamic(with_longrope(claims))
     claims = with_fraction(claims, card.value("attn.head_dim"))
     claims = with_yarn_gain(claims, card.value("attn.head_dim"), card.value("rope.dims"))
+    claims = with_softmax_gain(claims, card.value("attn.head_dim"))
     claims = with_window(with_ratio(claims, card.value("ffn.gated"), d_model), seq)
     claims = with_groups(with_buckets(with_direction(with_renorm_off(claims)), card.value("attn.causal")))
     experts, act = card.value("moe.experts"), card.value("ffn.act")
@@ -115,6 +118,20 @@ def with_yarn_gain(claims: tuple[Claim, ...], head_dim, rope_dims) -> tuple[Clai
         return out
     return out + (Claim("attn.scale", float(head_dim) / gain.value ** 4, gain.source + " (the scaling's attention "
                         f"factor {gain.value:.4g} on q and k)"),)
+
+
+def with_softmax_gain(claims: tuple[Claim, ...], head_dim) -> tuple[Claim, ...]:
+    """DeepSeek's YaRN softmax gain g (mscale(factor, mscale_all_dim)^2) as an attn.scale claim: the score scale
+    g / sqrt(head_dim), X = head_dim / g^2, with the head's q.k width the card reads (MLA's nope + rope channels),
+    where no argument or config names attn.scale itself; it replaces a module's own `scaling` attribute (a port that
+    keeps qk_head_dim^-0.5 computes what it keeps, and not what its config says). Dropped otherwise."""
+    out = tuple(c for c in claims if c.key != SOFTMAX_GAIN)
+    gain = next((c for c in claims if c.key == SOFTMAX_GAIN), None)
+    if gain is None or not head_dim or any(c.key == "attn.scale" and c.tier != "kept" for c in out):
+        return out
+    out = tuple(c for c in out if c.key != "attn.scale")
+    return out + (Claim("attn.scale", float(head_dim) / gain.value ** 2, gain.source + " (DeepSeek's YaRN gain "
+                        f"{gain.value:.4g} on the softmax scale, from its mscale_all_dim)", tier=gain.tier),)
 
 
 def _rotary_claim(claims: tuple[Claim, ...]) -> Claim | None:

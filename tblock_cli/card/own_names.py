@@ -13,6 +13,9 @@ RATIO = "ffn.ratio"
 # Not a card key: YaRN's attention factor, the gain its rotation puts on q and k (HF's `attention_factor`, by default
 # 0.1 ln(factor) + 1), turned into an attn.scale claim by `with_yarn_gain` once the card has read the head's width
 YARN_GAIN = "rope.yarn_gain"
+# Not a card key: DeepSeek's YaRN softmax gain (HF's yarn_apply_mscale: the score scale times mscale(factor,
+# mscale_all_dim)^2 over every channel, rotating or not), turned into an attn.scale claim by `with_softmax_gain`
+SOFTMAX_GAIN = "attn.softmax_gain"
 # Not card keys either: LongRoPE's per-pair divisors ((short factors), (long factors) or None, the original length or
 # None), turned into a rope.freqs claim by `with_longrope` beside the claimed theta; and a dynamic NTK scaling's original
 # length (0 unknown), which says the base is theta's only at probes no longer than that (`with_dynamic`)

@@ -12,6 +12,7 @@ from tblock_cli.card.own_names import (
     LONGROPE,
     LONGROPES,
     SCALED,
+    SOFTMAX_GAIN,
     TYPED_BY_KEYS,
     YARN_GAIN,
     positive,
@@ -30,7 +31,9 @@ def scaling(d: dict) -> dict:
     if kind not in SCALED or isinstance(factor, bool) or not isinstance(factor, (int, float)) or not factor > 1:
         return {}
     out = ({} if kind == "yarn" else {"rope.scaling": kind}) | {"rope.factor": float(factor)}
-    if kind == "yarn" and (gain := _yarn_gain(d, float(factor))) is not None:
+    if kind == "yarn" and (soft := _softmax_gain(d, float(factor))) is not None:
+        out[SOFTMAX_GAIN] = soft
+    elif kind == "yarn" and (gain := _yarn_gain(d, float(factor))) is not None:
         out[YARN_GAIN] = gain
     if kind == "llama3":  # the band's ends: orig / low_freq_factor and orig / high_freq_factor (only their quotients)
         orig = d.get("original_max_position_embeddings", d.get("original_max_seq_len"))  # the latter litgpt's
@@ -76,3 +79,17 @@ def _yarn_gain(d: dict, factor: float) -> float | None:
     if "mscale" in d or "mscale_all_dim" in d:
         return None
     return 0.1 * math.log(factor) + 1.0
+
+
+def _softmax_gain(d: dict, factor: float) -> float | None:
+    """DeepSeek's YaRN gain on the softmax scale (transformers' yarn_apply_mscale, DeepSeek's reference code): the
+    scale times (0.1 mscale_all_dim ln(factor) + 1)^2, on every channel. Only where the rotary table itself is not
+    scaled (its `attention_factor` 1, or `mscale` equal to `mscale_all_dim`: DeepSeek-V2-Lite's 0.707, V3's 1.0, whose
+    ratio is 1): a gain on the rotating channels alone is no single score scale. None otherwise."""
+    every = d.get("mscale_all_dim")
+    if not positive(every):
+        return None
+    given, table = d.get("attention_factor"), d.get("mscale")
+    if not (given == 1 if given is not None else positive(table) and table == every):
+        return None
+    return (0.1 * every * math.log(factor) + 1.0) ** 2
