@@ -120,6 +120,7 @@ FIELDS = {
     "num_moe_experts": "moe.experts", "moe_router_topk": "moe.top_k", "moe_router_topk_scaling_factor": "moe.scale",
     # OLMo's ModelConfig: its activation, norm, qk-norm and bias switches
     "activation_type": "ffn.act", "layer_norm_type": "norm.kind", "attention_layer_norm": "attn.qk_norm",
+    "norm_type": "norm.kind",  # MPT's (low_precision_layernorm), InternVL's vision layers' (layer_norm, rms_norm)
     "include_bias": "bias.any",  # litgpt's: "tanh" claims gelu_tanh, "none" nothing (its Llama MLPs never read it)
     # whether projections add a bias (Llama's attention_bias, mlp_bias, timm's qkv_bias, nanoGPT's bias): True claims
     # some does, False none does. The generic ones claim False only (True may mean the norms' biases), and only where no
@@ -199,7 +200,7 @@ HALF_SPLIT = ("is_neox_style",)
 # Head counts, read together: a count of key/value heads (or of query heads per key/value head) beside a count of
 # query heads claims attn.group, their ratio. The ratio, not the counts: a layer that splits each head in two
 # (Differential Transformer's q1/q2, k1/k2) doubles both counts and keeps the ratio.
-HEADS = ("num_attention_heads", "num_heads", "n_heads", "n_head")
+HEADS = ("num_attention_heads", "num_heads", "n_heads", "n_head", "attention_heads")  # the last XGLM's, Kosmos-2's
 KV_HEADS = ("num_key_value_heads", "num_kv_heads", "n_kv_heads", "n_kv_head", "n_query_groups", "multi_query_group_num",
             "num_query_groups")
 GROUPS = ("num_key_value_groups", "n_rep")
@@ -262,7 +263,8 @@ ON_RELATIVE = {"num_buckets": RELBUCKETS, "max_distance": RELMAX, "causal": RELO
 ON_NORM = {"eps": "norm.eps", "variance_epsilon": "norm.eps"}
 BIAS_ON = "<a bias switch on>"  # among the names seen: a generic bias switch's False claims nothing then
 # norm class names as configs write them (Megatron's normalization, litgpt's norm_class_name) -> the card's
-NORM_KINDS = {"rmsnorm": "rmsnorm", "layernorm": "layernorm", "rms": "rmsnorm"}  # the last OLMo's layer_norm_type
+NORM_KINDS = {"rmsnorm": "rmsnorm", "layernorm": "layernorm", "rms": "rmsnorm",  # the last OLMo's layer_norm_type
+              "rms_norm": "rmsnorm", "layer_norm": "layernorm", "low_precision_layernorm": "layernorm"}  # norm_type's
 # class names that say what an FFN computes (a module of the block's own, or a library's: torch's do what they say by
 # construction), lower-cased, letters and digits only, a trailing "activation" dropped, read by their start ->
 # (ffn.gated, ffn.act) they claim (None: nothing; a tuple: any of them, GeGLU's gelu exact or tanh).
