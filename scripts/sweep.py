@@ -41,6 +41,7 @@ import zoo_hooks  # noqa: E402
 import zoo_init  # noqa: E402
 import zoo_length  # noqa: E402
 import zoo_numerics  # noqa: E402
+import zoo_paths  # noqa: E402
 import zoo_rates  # noqa: E402
 import zoo_routing  # noqa: E402
 import zoo_sizes  # noqa: E402
@@ -85,6 +86,7 @@ CORRECT.update({f"zoo_framework_names.py:{k}": {"causal": True} for k in zoo_fra
 CORRECT.update({f"zoo_stretch.py:{k}": {"causal": True} for k in zoo_stretch.CORRECT if k not in zoo_stretch.SPEC_ONLY})  # LongRoPE, dynamic NTK, clip_qkv
 CORRECT.update({f"zoo_routing.py:{k}": {"causal": k not in zoo_routing.BIDIRECTIONAL} for k in zoo_routing.CORRECT})  # group-limited routing, d_kv
 CORRECT.update({f"zoo_classes.py:{k}": {"causal": True} for k in zoo_classes.CORRECT})  # classes named for what they compute
+CORRECT.update({f"zoo_paths.py:{k}": {"causal": True} for k in zoo_paths.CORRECT})  # a straight-through, a sparse MoE
 CORRECT.update({f"zoo_attention.py:{k}": {"causal": True} for k in zoo_attention.CORRECT})  # softmax1, a sink
 CORRECT.update({f"zoo_rates.py:{k}": {"causal": True} for k in zoo_rates.CORRECT})  # attention dropout applied, a frozen table
 CORRECT.update({f"zoo_construction.py:{k}": {} for k in zoo_construction.CORRECT})  # built as asked
@@ -181,6 +183,7 @@ def missed_bugs(sizes, device="cpu", part=(1, 1)) -> int:
                **{f"zoo_stretch.py:{k}": ("spec", {"causal": True}) for k in zoo_stretch.PLANTED},
                **{f"zoo_routing.py:{k}": ("spec", {"causal": True}) for k in zoo_routing.PLANTED},
                **{f"zoo_classes.py:{k}": ("spec", {"causal": True}) for k in zoo_classes.PLANTED},
+               **{f"zoo_paths.py:{k}": (check, {"causal": True}) for k, (check, _) in zoo_paths.PLANTED.items()},
                **{f"zoo_rates.py:{k}": (v.split(".")[0], {"causal": True}) for k, v in zoo_rates.PLANTED.items()},
                **{f"zoo_construction.py:{k}": (v, {}) for k, v in zoo_construction.PLANTED.items()},
                **{f"zoo_steps.py:{k}": (check, {"causal": "BatchNorm" not in k}) for k, (check, _) in zoo_steps.PLANTED.items()},
@@ -221,6 +224,9 @@ def main() -> int:
     parser.add_argument("--widths", help="comma-separated d_model values for the false-alarm sweep (default: by --quick)")
     parser.add_argument("--only", help="comma-separated block names (zoo names or hf:TYPE) to sweep for false alarms")
     parser.add_argument("--no-bugs", action="store_true", help="skip the planted-bug sweep")
+    parser.add_argument("--no-alarms", action="store_true", help="skip the false-alarm sweep")
+    parser.add_argument("--bug-sizes", metavar="D/H/F,...",
+                        help="the planted-bug sweep's sizes as d_model/n_heads/d_ff (default: the defaults and 64/4/256)")
     parser.add_argument("--device", default="cpu", help="where the blocks run (cuda on a GPU machine)")
     parser.add_argument("--shard", default="1/1", metavar="K/N", help="every N-th block from the K-th: shards side by side")
     args = parser.parse_args()
@@ -229,9 +235,13 @@ def main() -> int:
     dtypes = args.dtypes.split(",") if args.dtypes else ["float32"] if args.quick else ["float32", "float16", "bfloat16"]
     widths = [int(w) for w in args.widths.split(",")] if args.widths else [64] if args.quick else [64, 512]
     part = tuple(int(x) for x in args.shard.split("/"))
-    bad = false_alarms(dtypes, widths, [10, 64], args.only.split(",") if args.only else None, args.device, part)
+    bad = 0 if args.no_alarms else false_alarms(dtypes, widths, [10, 64], args.only.split(",") if args.only else None,
+                                                args.device, part)
+    sizes = [{}, {"d_model": 64, "n_heads": 4, "d_ff": 256}]
+    if args.bug_sizes:
+        sizes = [dict(zip(("d_model", "n_heads", "d_ff"), map(int, s.split("/")))) for s in args.bug_sizes.split(",")]
     if not args.no_bugs:
-        bad += missed_bugs([{}, {"d_model": 64, "n_heads": 4, "d_ff": 256}], args.device, part)
+        bad += missed_bugs(sizes, args.device, part)
     print(f"{time.perf_counter() - t0:.0f} s, torch {torch.__version__}, 1 thread, {args.device}, shard {args.shard}")
     return 1 if bad else 0
 

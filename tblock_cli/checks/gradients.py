@@ -12,7 +12,15 @@ import torch.nn as nn
 
 from tblock_cli.anatomy.dataflow import OTHER_SHARE_MAX
 from tblock_cli.checks.context import TRAINING_BACKWARD, TRAINING_INPUT, Context, eval_forward, nonfinite_kind
-from tblock_cli.checks.graphs import graph_nodes
+from tblock_cli.checks.paths import (
+    OTHER_BATCH,
+    OTHER_INPUTS,
+    PIECEWISE_MOVE,
+    piecewise,
+    reached_parameters,
+    unreached_by_other_inputs,
+    within_rows,
+)
 from tblock_cli.checks.result import Outcome, failed, passed
 from tblock_cli.probes import (
     changed,
@@ -89,11 +97,9 @@ class TrainingBackward:
     detached_losses: list = field(default_factory=list)
     reached: set = field(default_factory=set)  # ids of the parameters the training graph reaches
     buffers: list = field(default_factory=list)  # buffers the backward left a gradient on (requires_grad=True)
-
-
-def reached_parameters(out: torch.Tensor) -> set[int]:
-    """ids of the leaves a backward from out would reach: the graph's AccumulateGrad nodes (no backward runs)."""
-    return {id(node.variable) for node in graph_nodes(out.grad_fn) if hasattr(node, "variable")}
+    # where the gradient is exactly zero, for matrices whose gradient is so at half their elements or more (not all),
+    # mostly within rows that also hold a non-zero (`_within_rows`)
+    mostly_zero: dict = field(default_factory=dict)
 
 
 def training_backward(ctx: Context) -> TrainingBackward:
@@ -124,13 +130,17 @@ def training_backward(ctx: Context) -> TrainingBackward:
                 (out.float() * w).sum().backward()
                 del out
             states = {n: grad_state(p.grad) for n, p in module.named_parameters() if p.requires_grad}
+            mostly_zero = {n: p.grad == 0 for n, p in module.named_parameters() if states.get(n) == "ok" and
+                           p.grad.layout == torch.strided and p.grad.dim() >= 2 and
+                           2 * torch.count_nonzero(p.grad) <= p.grad.numel()}
+            mostly_zero = {n: z for n, z in mostly_zero.items() if within_rows(z)}
             buffers = [n for n, b, was in learnable if b.grad is not None and b.grad is not was]
         finally:
             for n, p in module.named_parameters():
                 p.grad = saved[n]
             for _, b, was in learnable:
                 b.grad = was
-        return TrainingBackward(x.grad, states, x, state_key(module), detached, reached, buffers)
+        return TrainingBackward(x.grad, states, x, state_key(module), detached, reached, buffers, mostly_zero)
     return ctx.probe(TRAINING_BACKWARD, compute)
 
 
@@ -172,11 +182,16 @@ def check_grad_input(ctx: Context) -> Outcome:
 
 def check_grad_params(ctx: Context) -> Outcome:
     """Catches: a parameter with no gradient (unused, under `no_grad`, detached; one outside the step's graph that
-    training forwards at other seeds reach is a path random draws skip, LayerDrop's); a loss the training forward keeps for
+    training forwards at other seeds reach is a path random draws skip, LayerDrop's, and one that training forwards of
+    other, larger inputs reach is a path the data chooses, an expert no token of the probe was routed to); a loss the training forward keeps for
     the trainer to add (`self.aux_loss`, a load-balancing or z-loss) with no graph, where no kept or returned loss has
     one (computed under `no_grad` or detached: it trains nothing); a buffer the backward leaves a gradient on
-    (registered with requires_grad=True: learnable, and no optimizer built from `.parameters()` steps it); zero
-    gradients are a note (a key bias can legitimately get one)"""
+    (registered with requires_grad=True: learnable, and no optimizer built from `.parameters()` steps it); a
+    parameter whose gradient is exactly zero, everywhere or at half its elements or more, while the eval output moves
+    with those elements (given random values about them, at half its scale): a round, sign or argmax on its path with
+    no straight-through estimator, so they never train (weights fake-quantised by `torch.round` alone, their row's
+    scale the one element with a gradient); other zero gradients are a note (a key bias gets one by the
+    softmax's shift invariance: moving it moves nothing)"""
     _, states = train_backward(ctx)
     if not states:
         return Outcome(Status.SKIP, "grad_params.no_params", 0)
@@ -187,7 +202,11 @@ def check_grad_params(ctx: Context) -> Outcome:
     if missing:
         if _reached_at_other_draws(ctx, missing):  # a sublayer skipped at random (LayerDrop): the path's design
             return passed("grad_params.random_path", value, params=missing, draws=OTHER_DRAWS)
-        return failed("grad_params.missing", value, params=missing)
+        unreached = unreached_by_other_inputs(ctx, missing, training_backward(ctx).reached)
+        if not unreached:  # experts no token of the probe was routed to: the data's path
+            return passed("grad_params.routed_path", value, params=missing, inputs=OTHER_INPUTS,
+                          batch=OTHER_BATCH * ctx.cfg.batch)
+        return failed("grad_params.missing", value, params=unreached)
     if nonfinite:
         return failed("grad_params.nonfinite", value, params=nonfinite)
     backward = training_backward(ctx)
@@ -195,6 +214,9 @@ def check_grad_params(ctx: Context) -> Outcome:
         return failed("grad_params.loss_detached", value, losses=backward.detached_losses)
     if backward.buffers:
         return failed("grad_params.buffer_learns", value, buffers=backward.buffers)
+    if (zero or backward.mostly_zero) and (stuck := piecewise(ctx, zero, backward.mostly_zero)):
+        return failed("grad_params.piecewise", value, params=sorted(stuck, key=stuck.get, reverse=True), moves=stuck,
+                      limit=PIECEWISE_MOVE)
     return passed("grad_params.ok", value, zero=zero)
 
 

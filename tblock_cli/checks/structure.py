@@ -52,6 +52,10 @@ def eval_unused(ctx: Context, x: torch.Tensor) -> tuple[list[str], torch.Tensor 
         return [], out.detach()
     reached = reached_parameters(out) if out.requires_grad else set()
     unused = [n for n, p in params if id(p) not in reached]
+    if unused and out.requires_grad:  # a path the data chooses (an expert) that dropout's draws moved in training: a
+        with train_mode(ctx.subject.module, True), zero_dropout(ctx.subject.module), torch.enable_grad():  # train
+            still = reached_parameters(ctx.subject(x.clone()))  # forward without them reaches what eval does
+        unused = [n for n, p in params if id(p) not in reached and id(p) in still]
     if unused and (not out.requires_grad or any(n.name() == "CheckpointFunctionBackward" for n in graph_nodes(out.grad_fn))):
         # a reentrant checkpoint hides its parameters from the graph (and gives no graph where no input requires
         # grad): a real eval backward from an input that requires grad tells what it reaches
@@ -65,7 +69,8 @@ def eval_unused(ctx: Context, x: torch.Tensor) -> tuple[list[str], torch.Tensor 
 def check_train_eval(ctx: Context) -> Outcome:
     """With every dropout zeroed, a train-mode forward computes what the eval forward does.
 
-    Catches: parameters a train backward reaches that an eval backward never touches; with every dropout zeroed (the
+    Catches: parameters a train backward reaches that an eval backward never touches (not where a train forward with
+    dropout zeroed leaves them too: a path the data chooses, an expert, that dropout's draws moved); with every dropout zeroed (the
     block rebuilt through its constructor with `dropout=0` where it takes one), a train-mode forward that differs
     from the eval forward (an eval-only path), unless a second train forward shows training itself random"""
     x = ctx.x()

@@ -26,6 +26,13 @@ def _grad_params_ok(f: dict) -> str:
     return f"every trainable parameter gets a finite gradient{note}"
 
 
+def _grad_params_piecewise(f: dict) -> str:
+    moved = ", ".join(f"{n} (moves it {f['moves'][n]:.1e})" for n in f["params"])
+    return (f"gradient exactly zero while the output moves with them: {moved} when each takes values at half its "
+            f"scale about itself (limit {f['limit']:g}): a round, sign or argmax on the path with no straight-through "
+            f"estimator, so they never train")
+
+
 def _fully_padded(f: dict) -> str:
     if f.get("fully_padded") == "raises":
         return f"a fully padded sequence raises {f['fully_padded_error']}"
@@ -129,6 +136,9 @@ MESSAGES = {
     "grad_params.random_path": lambda f: (f"no gradient in the training step read: {names(f['params'])}; each is reached "
                                           f"in a training forward at another of {f['draws']} seeds (a sublayer skipped "
                                           "at random, as LayerDrop does)"),
+    "grad_params.routed_path": lambda f: (f"no gradient in the training step read: {names(f['params'])}; each is reached "
+                                          f"by a training forward of one of {f['inputs']} other inputs of batch "
+                                          f"{f['batch']} (an expert no token of the probe was routed to)"),
     "grad_params.nonfinite": lambda f: f"non-finite gradient: {names(f['params'])}",
     "grad_params.loss_detached": lambda f: (f"the training forward keeps {names(f['losses'])} without a graph (computed "
                                             "under no_grad or detached), and no loss it keeps or returns has one: "
@@ -137,6 +147,7 @@ MESSAGES = {
                                             f"requires_grad=True: learnable, yet no optimizer built from .parameters() "
                                             f"steps them (register them as nn.Parameter)"),
     "grad_params.ok": _grad_params_ok,
+    "grad_params.piecewise": _grad_params_piecewise,
     # residual
     "residual.not_linear": lambda f: (f"at {f['scale']:g}x the input the output is not a multiple of it (misfit "
                                       f"{f['misfit']:.2g}, limit {f['limit']:g}) though every sublayer reads a normalised "
