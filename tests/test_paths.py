@@ -39,6 +39,15 @@ def test_the_twins_pass_grad_params_and_train_eval():
     by = run("SparseMoE", ("grad_params", "train_eval"))
     assert by["grad_params"].kind in ("grad_params.ok", "grad_params.routed_path"), by["grad_params"]
     assert by["train_eval"].status is Status.PASS, by["train_eval"]
+    # the eval graph itself, read as train_eval reads it: dropout's draws moved the training step's routing, a
+    # dropout-free training forward reaches what eval does, so no parameter is an eval-only path's
+    from tblock_cli.checks.context import Context
+    from tblock_cli.checks.structure import eval_unused
+
+    cfg = build_config(d_model=32, n_heads=4, causal=True)
+    subject = make_subject(cfg, CPU, torch.float32, f"{TESTS / 'zoo_paths.py'}:SparseMoE")
+    ctx = Context(subject, cfg, CPU, torch.float32)
+    assert eval_unused(ctx, ctx.x())[0] == []
 
 
 def test_zeros_within_rows_are_a_rounding_and_whole_zero_rows_are_units_nothing_reached():

@@ -42,7 +42,9 @@ def rebuilt_with_dropout(ctx: Context, p: float) -> nn.Module | None:
 def eval_unused(ctx: Context, x: torch.Tensor) -> tuple[list[str], torch.Tensor | None]:
     """Parameters a train-mode backward reaches that an eval-mode graph never reaches (an eval-only path), read from
     the eval forward's graph; and that forward's output."""
-    from tblock_cli.checks.gradients import graph_nodes, reached_parameters, train_backward
+    from tblock_cli.checks.gradients import train_backward
+    from tblock_cli.checks.graphs import graph_nodes
+    from tblock_cli.checks.paths import reached_parameters
 
     _, train = train_backward(ctx)
     params = [(n, p) for n, p in ctx.subject.module.named_parameters() if p.requires_grad and train.get(n) is not None]
