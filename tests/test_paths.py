@@ -7,7 +7,7 @@ import torch
 import zoo_paths
 
 from tblock_cli.checks import Status, run_checks
-from tblock_cli.checks.paths import within_rows
+from tblock_cli.checks.paths import scattered
 from tblock_cli.config import build_config
 from tblock_cli.subject.loading import make_subject
 
@@ -50,9 +50,13 @@ def test_the_twins_pass_grad_params_and_train_eval():
     assert eval_unused(ctx, ctx.x())[0] == []
 
 
-def test_zeros_within_rows_are_a_rounding_and_whole_zero_rows_are_units_nothing_reached():
-    quantised = torch.ones(4, 8, dtype=torch.bool)
-    quantised[:, 0] = False  # one element per row learns: the row's scale
-    unrouted = torch.zeros(4, 8, dtype=torch.bool)
-    unrouted[1:] = True  # three whole rows (experts, table entries) nothing reached
-    assert within_rows(quantised) and not within_rows(unrouted)
+def test_zeros_scattered_over_rows_and_columns_are_a_rounding_and_whole_zero_rows_or_columns_are_units_nothing_reached():
+    gen = torch.Generator().manual_seed(0)
+    w = torch.randn(64, 64, generator=gen)
+    per_row = torch.ones(64, 64, dtype=torch.bool).scatter_(1, w.abs().argmax(1, keepdim=True), False)  # a row's scale
+    per_tensor = torch.ones(64, 64, dtype=torch.bool)
+    per_tensor[3, 5] = False  # one scale for the tensor: its largest element alone learns
+    router_rows = torch.zeros(64, 64, dtype=torch.bool)
+    router_rows[20:] = True  # (experts, d): the rows of 44 experts no token chose
+    assert scattered(per_row) and scattered(per_tensor)
+    assert not scattered(router_rows) and not scattered(router_rows.t().contiguous())  # (d, experts) as x @ w_gate

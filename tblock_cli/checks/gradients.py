@@ -18,8 +18,8 @@ from tblock_cli.checks.paths import (
     PIECEWISE_MOVE,
     piecewise,
     reached_parameters,
+    scattered,
     unreached_by_other_inputs,
-    within_rows,
 )
 from tblock_cli.checks.result import Outcome, failed, passed
 from tblock_cli.probes import (
@@ -98,7 +98,7 @@ class TrainingBackward:
     reached: set = field(default_factory=set)  # ids of the parameters the training graph reaches
     buffers: list = field(default_factory=list)  # buffers the backward left a gradient on (requires_grad=True)
     # where the gradient is exactly zero, for matrices whose gradient is so at half their elements or more (not all),
-    # mostly within rows that also hold a non-zero (`_within_rows`)
+    # in a rounding's pattern (`scattered`)
     mostly_zero: dict = field(default_factory=dict)
 
 
@@ -133,7 +133,7 @@ def training_backward(ctx: Context) -> TrainingBackward:
             mostly_zero = {n: p.grad == 0 for n, p in module.named_parameters() if states.get(n) == "ok" and
                            p.grad.layout == torch.strided and p.grad.dim() >= 2 and
                            2 * torch.count_nonzero(p.grad) <= p.grad.numel()}
-            mostly_zero = {n: z for n, z in mostly_zero.items() if within_rows(z)}
+            mostly_zero = {n: z for n, z in mostly_zero.items() if scattered(z)}
             buffers = [n for n, b, was in learnable if b.grad is not None and b.grad is not was]
         finally:
             for n, p in module.named_parameters():
@@ -187,7 +187,8 @@ def check_grad_params(ctx: Context) -> Outcome:
     the trainer to add (`self.aux_loss`, a load-balancing or z-loss) with no graph, where no kept or returned loss has
     one (computed under `no_grad` or detached: it trains nothing); a buffer the backward leaves a gradient on
     (registered with requires_grad=True: learnable, and no optimizer built from `.parameters()` steps it); a
-    parameter whose gradient is exactly zero, everywhere or at half its elements or more, while the eval output moves
+    parameter whose gradient is exactly zero, everywhere or at half its elements or more in a rounding's pattern (all
+    but 1 %, or spread over rows and columns: whole zero rows or columns are experts no token chose), while the eval output moves
     with those elements (given random values about them, at half its scale): a round, sign or argmax on its path with
     no straight-through estimator, so they never train (weights fake-quantised by `torch.round` alone, their row's
     scale the one element with a gradient); other zero gradients are a note (a key bias gets one by the

@@ -16,14 +16,26 @@ def reached_parameters(out: torch.Tensor) -> set[int]:
     return {id(node.variable) for node in graph_nodes(out.grad_fn) if hasattr(node, "variable")}
 
 
-def within_rows(zero: torch.Tensor) -> bool:
-    """Whether a gradient's zeros lie within its rows (last axis), most rows that hold one holding a non-zero too: a
-    rounding that passes one element per row (a quantiser's scale). Whole rows at zero are units nothing reached this
-    step (an expert no token chose, its router row; a table's unused entries; a dead unit), not a path that never
-    trains."""
+# A gradient with at most this share of non-zero elements is zero but for a few (a per-tensor quantiser's scale: its
+# one largest element)
+NEARLY_ZERO = 0.01
+
+
+def scattered(zero: torch.Tensor) -> bool:
+    """Whether a gradient's zeros (`zero`, where it is exactly 0) are a rounding's pattern: all but a few elements, or
+    spread within its rows and within its columns (of the last axis), most rows and most columns that hold a zero
+    holding a non-zero too (a per-row quantiser passes its row's largest element alone). Whole zero rows or columns are
+    units nothing reached this step: an expert no token chose and its router row or column, a table's unused entries,
+    a dead unit."""
     rows = zero.reshape(-1, zero.shape[-1])
-    some = rows.any(-1)
-    return bool(some.any()) and 2 * int((some & ~rows.all(-1)).sum()) >= int(some.sum())
+    if 1 - rows.float().mean().item() <= NEARLY_ZERO:
+        return True
+
+    def mixed(m: torch.Tensor) -> bool:
+        some = m.any(-1)
+        return bool(some.any()) and 2 * int((some & ~m.all(-1)).sum()) >= int(some.sum())
+
+    return mixed(rows) and mixed(rows.t())
 
 
 # A parameter with an exactly zero gradient whose eval output moves by more than this (relative to max(1, |y|)) when
