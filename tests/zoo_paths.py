@@ -68,7 +68,7 @@ class SparseMoE(TrainBlock):
         flat, hf, wf, tf = out.view(-1, h.shape[-1]), h.reshape(-1, h.shape[-1]), w.reshape(-1, self.top_k), top.reshape(-1, self.top_k)
         for e in tf.unique().tolist():
             tok, slot = (tf == e).nonzero(as_tuple=True)
-            flat = flat.index_add(0, tok, wf[tok, slot, None] * self.experts[e](hf[tok]))
+            flat = flat.index_add(0, tok, (wf[tok, slot, None] * self.experts[e](hf[tok])).to(flat.dtype))
         return self.drop(flat.view_as(h))
 
 

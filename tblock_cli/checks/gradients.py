@@ -188,8 +188,9 @@ def check_grad_params(ctx: Context) -> Outcome:
     one (computed under `no_grad` or detached: it trains nothing); a buffer the backward leaves a gradient on
     (registered with requires_grad=True: learnable, and no optimizer built from `.parameters()` steps it); a
     parameter whose gradient is exactly zero, everywhere or at half its elements or more in a rounding's pattern (all
-    but 1 %, or spread over rows and columns: whole zero rows or columns are experts no token chose), while the eval output moves
-    with those elements (given random values about them, at half its scale): a round, sign or argmax on its path with
+    but 1 %, or spread over rows and columns: whole zero rows or columns are experts no token chose), while the
+    training output, at a seeded draw whose gradient is so too, moves with those elements (given random values about
+    them, at half its scale; a branch that draw drops moves nothing): a round, sign or argmax on its path with
     no straight-through estimator, so they never train (weights fake-quantised by `torch.round` alone, their row's
     scale the one element with a gradient); other zero gradients are a note (a key bias gets one by the
     softmax's shift invariance: moving it moves nothing)"""

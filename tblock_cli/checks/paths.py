@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from tblock_cli.checks.context import Context, eval_forward
+from tblock_cli.checks.context import Context
 from tblock_cli.checks.graphs import graph_nodes
 from tblock_cli.probes import f64, rel_diff, train_mode
 
@@ -38,35 +38,57 @@ def scattered(zero: torch.Tensor) -> bool:
     return mixed(rows) and mixed(rows.t())
 
 
-# A parameter with an exactly zero gradient whose eval output moves by more than this (relative to max(1, |y|)) when
-# it takes random values at half its scale about itself: its path is flat almost everywhere (a rounding), not
-# invariant (a key bias moves the output by float rounding only, ~1e-7).
+# A parameter with an exactly zero gradient whose training output moves by more than this (relative to max(1, |y|))
+# when it takes random values at half its scale about itself, at the draw that gave the gradient: its path is flat
+# almost everywhere (a rounding), not invariant (a key bias moves the output by float rounding only, ~1e-7), nor
+# dropped by that draw (stochastic depth, an expert dropout's draw left unrouted).
 PIECEWISE_MOVE = 1e-3
+PIECEWISE_SEED = 20
 
 
 def piecewise(ctx: Context, zero: list[str], mostly: dict) -> dict[str, float]:
-    """Of the parameters with an exactly zero gradient, everywhere (and values not all zero: a zero start is
-    optimizer_step's to judge) or at half their elements or more (`mostly`: where), those whose eval output moves
-    when those elements alone take random values at half the parameter's scale about themselves: {name: move}. A
-    masked or unrouted element moves nothing; one whose path rounds (weights fake-quantised by `torch.round`, their
-    row's scale the one element with a gradient) does."""
-    from tblock_cli.probes import parameters_replaced
+    """Of the parameters with an exactly zero gradient in the training step, everywhere (values not all zero: a zero
+    start is optimizer_step's to judge) or in a rounding's pattern (`mostly`), those whose gradient is so again in a
+    seeded training step and whose training output at that same draw moves when those elements alone take random
+    values at half the parameter's scale about themselves, either way: {name: move}. A masked or unrouted element, or
+    a branch the draw dropped, moves nothing; one whose path rounds (weights fake-quantised by `torch.round`) does."""
+    from tblock_cli.checks.training import seeded
+    from tblock_cli.probes import grads_kept, parameters_replaced
+    from tblock_cli.subject import first_tensor
 
-    params = dict(ctx.subject.module.named_parameters())
-    x, y = ctx.standard()
+    module = ctx.subject.module
+    params = dict(module.named_parameters())
+    names = [n for n in [*zero, *mostly] if n in params and params[n].detach().any()]
+    if not names:
+        return {}
+    x = ctx.x()
+
+    def forward(grad: bool = False) -> torch.Tensor:
+        with seeded(ctx.device, PIECEWISE_SEED), train_mode(module, True), torch.set_grad_enabled(grad):
+            return first_tensor(ctx.subject(x.clone()))
+
+    where = {}
+    with grads_kept(module):
+        out = forward(grad=True)
+        (out.float() * torch.randn(out.shape, generator=ctx.gen).to(out.device)).sum().backward()
+        for n in names:
+            g = params[n].grad
+            if g is not None and g.layout == torch.strided and not g.any():
+                where[n] = None
+            elif g is not None and n in mostly and (z := g == 0).dim() >= 2 and 2 * int(z.sum()) >= z.numel() \
+                    and scattered(z):
+                where[n] = z
+    base = forward()
     out = {}
-    for n in [*zero, *mostly]:
-        p = params.get(n)
-        if p is None or not p.detach().any():
-            continue
-        where = mostly.get(n)
+    for n, mask in where.items():
+        p = params[n]
         scale = f64(p.detach()).pow(2).mean().sqrt().item()
         step = torch.randn(p.shape, generator=ctx.gen, dtype=torch.float64)
-        step = step if where is None else step * where.cpu()
+        step = step if mask is None else step * mask.cpu()
         step = (step * (0.5 * scale / step.pow(2).mean().sqrt().clamp_min(1e-300))).to(p)  # RMS half the scale
         for sign in (1, -1):  # both ways: a coarse rounding (a scalar gate's) may keep one side in its step
             with parameters_replaced(params, [n], lambda _n, t, step=sign * step: t + step):
-                move = rel_diff(eval_forward(ctx, x), y)
+                move = rel_diff(forward(), base)
             if move > PIECEWISE_MOVE:
                 out[n] = move
                 break
