@@ -128,12 +128,16 @@ class TransformerBlock(nn.Module):
         q, k, v = self.wqkv(self.attention_norm(x)).split([C, kv, kv], dim=-1)
         q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)
         k, v = (t.view(B, T, self.n_local_heads, self.head_dim).transpose(1, 2) for t in (k, v))
-        k = k.repeat_interleave(self.n_head // self.n_local_heads, dim=1)
-        v = v.repeat_interleave(self.n_head // self.n_local_heads, dim=1)
+        k, v = self.grouped(k), self.grouped(v)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         h = x + self.wo(y.transpose(1, 2).contiguous().view(B, T, C))
         n = self.ffn_norm(h)
         return h + self.w2(F.silu(self.w1(n)) * self.w3(n))
+
+
+    def grouped(self, t):
+        """(B, kv heads, T, hd) -> (B, heads, T, hd): each key/value head read by n_head // n_local_heads query heads."""
+        return t.repeat_interleave(self.n_head // self.n_local_heads, dim=1)
 
 
 class CfgNode:

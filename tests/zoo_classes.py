@@ -115,18 +115,8 @@ class GptFastRepeated(GptFastGQA):
     """k and v tiled with repeat (query head h reads key head h % 2) where gpt-fast interleaves (h // 2): it trains,
     and reads every gpt-fast checkpoint wrong."""
 
-    def forward(self, x):
-        B, T, C = x.shape
-        kv = self.n_local_heads * self.head_dim
-        q, k, v = self.wqkv(self.attention_norm(x)).split([C, kv, kv], dim=-1)
-        q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)
-        k, v = (t.view(B, T, self.n_local_heads, self.head_dim).transpose(1, 2) for t in (k, v))
-        group = self.n_head // self.n_local_heads
-        k, v = k.repeat(1, group, 1, 1), v.repeat(1, group, 1, 1)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        h = x + self.wo(y.transpose(1, 2).contiguous().view(B, T, C))
-        n = self.ffn_norm(h)
-        return h + self.w2(F.silu(self.w1(n)) * self.w3(n))
+    def grouped(self, t):
+        return t.repeat(1, self.n_head // self.n_local_heads, 1, 1)
 
 
 class QuickGELU(nn.Module):
