@@ -13,9 +13,9 @@ import torch.nn as nn
 from tblock_cli.anatomy.dataflow import OTHER_SHARE_MAX
 from tblock_cli.checks.context import TRAINING_BACKWARD, TRAINING_INPUT, Context, eval_forward, nonfinite_kind
 from tblock_cli.checks.paths import (
-    OTHER_BATCH,
     OTHER_INPUTS,
     PIECEWISE_MOVE,
+    other_batch,
     piecewise,
     reached_parameters,
     scattered,
@@ -207,7 +207,7 @@ def check_grad_params(ctx: Context) -> Outcome:
         unreached = unreached_by_other_inputs(ctx, missing, training_backward(ctx).reached)
         if not unreached:  # experts no token of the probe was routed to: the data's path
             return passed("grad_params.routed_path", value, params=missing, inputs=OTHER_INPUTS,
-                          batch=OTHER_BATCH * ctx.cfg.batch)
+                          batch=other_batch(ctx))
         return failed("grad_params.missing", value, params=unreached)
     if nonfinite:
         return failed("grad_params.nonfinite", value, params=nonfinite)

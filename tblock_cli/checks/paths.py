@@ -8,6 +8,7 @@ import torch
 
 from tblock_cli.checks.context import Context
 from tblock_cli.checks.graphs import graph_nodes
+from tblock_cli.errors import is_out_of_memory
 from tblock_cli.probes import f64, rel_diff, train_mode
 
 
@@ -69,8 +70,13 @@ def piecewise(ctx: Context, zero: list[str], mostly: dict) -> dict[str, float]:
 
     where = {}
     with grads_kept(module):
-        out = forward(grad=True)
-        (out.float() * torch.randn(out.shape, generator=ctx.gen).to(out.device)).sum().backward()
+        try:
+            out = forward(grad=True)
+            (out.float() * torch.randn(out.shape, generator=ctx.gen).to(out.device)).sum().backward()
+        except Exception as e:  # noqa: BLE001 - a draw whose step raises: the training checks report it; no judgement
+            if is_out_of_memory(e):
+                raise
+            return {}
         for n in names:
             g = params[n].grad
             if g is not None and g.layout == torch.strided and not g.any():
@@ -99,6 +105,12 @@ def piecewise(ctx: Context, zero: list[str], mostly: dict) -> dict[str, float]:
 # probe's tokens did not: an expert of a sparse MoE that skips the experts no token chose (64 experts, top-1: with
 # 4 x 16 x 10 tokens each expert is left out with probability (63/64)^640 ~ 4e-5 under even routing)
 OTHER_INPUTS, OTHER_BATCH = 4, 8
+OTHER_TOKENS = 4096  # at most this many tokens an input, however long the sequence (--seq 2048: batch 2)
+
+
+def other_batch(ctx: Context) -> int:
+    """The batch of the other inputs: OTHER_BATCH times the probe's, at most OTHER_TOKENS tokens (never below it)."""
+    return max(ctx.cfg.batch, min(OTHER_BATCH * ctx.cfg.batch, OTHER_TOKENS // ctx.cfg.seq))
 
 
 def unreached_by_other_inputs(ctx: Context, missing: list[str], in_graph: set[int]) -> list[str]:
@@ -114,11 +126,13 @@ def unreached_by_other_inputs(ctx: Context, missing: list[str], in_graph: set[in
     if not left:
         return missing
     for i in range(OTHER_INPUTS):
-        x = ctx.x(batch=OTHER_BATCH * ctx.cfg.batch)
+        x = ctx.x(batch=other_batch(ctx))
         with seeded(ctx.device, i + 1), train_mode(ctx.subject.module, True), torch.enable_grad():
             try:
                 out = first_tensor(ctx.subject(x))
-            except Exception:  # noqa: BLE001 - a block of one batch size: no other input to try
+            except Exception as e:  # noqa: BLE001 - a block of one batch size: no other input to try
+                if is_out_of_memory(e):
+                    raise
                 return missing
         reached = reached_parameters(out)
         left = {n for n in left if id(params[n]) not in reached}
