@@ -68,9 +68,14 @@ def test_deepseeks_yarn_gain_on_the_softmax_scale_reading_rules():
     assert SOFTMAX_GAIN in claims({"rope_type": "yarn", "factor": 40.0, "mscale_all_dim": 1.0, "attention_factor": 1.0})
     # X = head_dim / gain^2 over the q.k width the card reads; a module's own `scaling` attribute gives way to it
     from tblock_cli.card.entries import Claim
+    # only for a family whose transformers code applies it: Ministral 3 keeps mscale_all_dim and scales its table alone
     kept = Claim("attn.scale", 24.0, "the block's own Attention.scaling", tier="kept")
-    fitted_ = with_softmax_gain((kept, Claim(SOFTMAX_GAIN, gain, "config")), 24)
-    assert [(c.key, c.value) for c in fitted_] == [("attn.scale", pytest.approx(24 / gain ** 2))]
+    said = (kept, Claim(SOFTMAX_GAIN, gain, "config"), Claim(FAMILY, "deepseek_v3", "config"))
+    fitted_ = [(c.key, c.value) for c in with_softmax_gain(said, 24) if c.key != FAMILY]
+    assert fitted_ == [("attn.scale", pytest.approx(24 / gain ** 2))]
+    ministral = (kept, Claim(SOFTMAX_GAIN, gain, "config"), Claim(FAMILY, "ministral3", "config"))
+    assert [(c.key, c.value) for c in with_softmax_gain(ministral, 24) if c.key != FAMILY] == [("attn.scale", 24.0)]
+    assert SOFTMAX_GAIN not in {c.key for c in with_softmax_gain(said[1:2], 24)}  # no family: nothing claimed
 
 
 def test_transformers_deepseek_v3_attention_under_yarn_matches_its_claim_and_a_port_without_the_gain_differs():

@@ -19,6 +19,7 @@ from tblock_cli.card.own_names import (
     DYNAMIC,
     FAMILY,
     LONGROPE,
+    MSCALE_FAMILIES,
     NGROUP,
     RATIO,
     RELBUCKETS,
@@ -123,11 +124,13 @@ def with_yarn_gain(claims: tuple[Claim, ...], head_dim, rope_dims) -> tuple[Clai
 def with_softmax_gain(claims: tuple[Claim, ...], head_dim) -> tuple[Claim, ...]:
     """DeepSeek's YaRN softmax gain g (mscale(factor, mscale_all_dim)^2) as an attn.scale claim: the score scale
     g / sqrt(head_dim), X = head_dim / g^2, with the head's q.k width the card reads (MLA's nope + rope channels),
-    where no argument or config names attn.scale itself; it replaces a module's own `scaling` attribute (a port that
+    where the config names a family whose code applies it (MSCALE_FAMILIES) and no argument or config names attn.scale
+    itself; it replaces a module's own `scaling` attribute (a port that
     keeps qk_head_dim^-0.5 computes what it keeps, and not what its config says). Dropped otherwise."""
     out = tuple(c for c in claims if c.key != SOFTMAX_GAIN)
-    gain = next((c for c in claims if c.key == SOFTMAX_GAIN), None)
-    if gain is None or not head_dim or any(c.key == "attn.scale" and c.tier != "kept" for c in out):
+    gain, family = next((c for c in claims if c.key == SOFTMAX_GAIN), None), _family(claims)
+    if gain is None or not head_dim or any(c.key == "attn.scale" and c.tier != "kept" for c in out) or \
+            family is None or family.value not in MSCALE_FAMILIES:
         return out
     out = tuple(c for c in out if c.key != "attn.scale")
     return out + (Claim("attn.scale", float(head_dim) / gain.value ** 2, gain.source + " (DeepSeek's YaRN gain "

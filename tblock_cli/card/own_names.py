@@ -16,6 +16,11 @@ YARN_GAIN = "rope.yarn_gain"
 # Not a card key: DeepSeek's YaRN softmax gain (HF's yarn_apply_mscale: the score scale times mscale(factor,
 # mscale_all_dim)^2 over every channel, rotating or not), turned into an attn.scale claim by `with_softmax_gain`
 SOFTMAX_GAIN = "attn.softmax_gain"
+# the families whose transformers code applies it (yarn_apply_mscale); Ministral 3 keeps mscale_all_dim in its yarn
+# dict and scales only its rotary table by it
+MSCALE_FAMILIES = ("deepseek_v2", "deepseek_v3", "deepseek_v32", "glm4_moe_lite", "glm_moe_dsa", "longcat_flash",
+                   "minicpm3", "mistral4", "mistral_large4", "youtu", "axk1", "axk2", "bailing_hybrid", "hy_v4",
+                   "hy_v4_vl")
 # Not card keys either: LongRoPE's per-pair divisors ((short factors), (long factors) or None, the original length or
 # None), turned into a rope.freqs claim by `with_longrope` beside the claimed theta; and a dynamic NTK scaling's original
 # length (0 unknown), which says the base is theta's only at probes no longer than that (`with_dynamic`)
