@@ -214,7 +214,7 @@ def _read_routing(probe: Probe, g: Experts, mix: Mixture, router, z: torch.Tenso
 
 def _select(z: torch.Tensor, routed: torch.Tensor, counts: torch.Tensor) -> list[Entry]:
     """moe.select: the chosen experts are the ones with the largest router outputs, or not; moe.groups: the group
-    limit that explains the choice (see `_groups`)."""
+    limits that explain the choice (card/groups.py `groups_entry`)."""
     top = torch.zeros_like(routed)
     top.scatter_(-1, z.topk(int(counts.max()), -1).indices, True)
     plain = bool((top == routed).all())

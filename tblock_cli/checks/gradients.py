@@ -97,9 +97,9 @@ class TrainingBackward:
     detached_losses: list = field(default_factory=list)
     reached: set = field(default_factory=set)  # ids of the parameters the training graph reaches
     buffers: list = field(default_factory=list)  # buffers the backward left a gradient on (requires_grad=True)
-    # where the gradient is exactly zero, for matrices whose gradient is so at half their elements or more (not all),
-    # in a rounding's pattern (`scattered`)
-    mostly_zero: dict = field(default_factory=dict)
+    # matrices whose gradient is exactly zero at half their elements or more (not all), in a rounding's pattern
+    # (`scattered`): piecewise judges them at a draw of its own
+    mostly_zero: tuple = ()
 
 
 def training_backward(ctx: Context) -> TrainingBackward:
@@ -130,10 +130,9 @@ def training_backward(ctx: Context) -> TrainingBackward:
                 (out.float() * w).sum().backward()
                 del out
             states = {n: grad_state(p.grad) for n, p in module.named_parameters() if p.requires_grad}
-            mostly_zero = {n: p.grad == 0 for n, p in module.named_parameters() if states.get(n) == "ok" and
-                           p.grad.layout == torch.strided and p.grad.dim() >= 2 and
-                           2 * torch.count_nonzero(p.grad) <= p.grad.numel()}
-            mostly_zero = {n: z for n, z in mostly_zero.items() if scattered(z)}
+            mostly_zero = tuple(n for n, p in module.named_parameters() if states.get(n) == "ok" and
+                                p.grad.layout == torch.strided and p.grad.dim() >= 2 and
+                                2 * torch.count_nonzero(p.grad) <= p.grad.numel() and scattered(p.grad == 0))
             buffers = [n for n, b, was in learnable if b.grad is not None and b.grad is not was]
         finally:
             for n, p in module.named_parameters():

@@ -47,9 +47,9 @@ PIECEWISE_MOVE = 1e-3
 PIECEWISE_SEED = 20
 
 
-def piecewise(ctx: Context, zero: list[str], mostly: dict) -> dict[str, float]:
+def piecewise(ctx: Context, zero: list[str], mostly: tuple[str, ...]) -> dict[str, float]:
     """Of the parameters with an exactly zero gradient in the training step, everywhere (values not all zero: a zero
-    start is optimizer_step's to judge) or in a rounding's pattern (`mostly`), those whose gradient is so again in a
+    start is optimizer_step's to judge) or in a rounding's pattern (`mostly`, names), those whose gradient is so again in a
     seeded training step and whose training output at that same draw moves when those elements alone take random
     values at half the parameter's scale about themselves, either way: {name: move}. A masked or unrouted element, or
     a branch the draw dropped, moves nothing; one whose path rounds (weights fake-quantised by `torch.round`) does."""

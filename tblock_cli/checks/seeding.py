@@ -58,9 +58,11 @@ def state_apart(a: nn.Module, b: nn.Module) -> list[str]:
         prefix = f"{i}." if i else ""
         out += [prefix + n for n in sorted(set(ta) ^ set(tb))]
         for n in sorted(set(ta) & set(tb)):
-            u, v = ta[n], tb[n]
-            if u is None or v is None or u.shape != v.shape or u.dtype != v.dtype or u.is_meta or v.is_meta:
-                out += [prefix + n] if (u is None) != (v is None) or (u is not None and u.shape != v.shape) else []
+            u, v = ta[n], tb[n]  # named_parameters and named_buffers hold no None
+            if u.shape != v.shape:
+                out.append(prefix + n)
+                continue
+            if u.dtype != v.dtype or u.is_meta or v.is_meta:  # no values to hold alike
                 continue
             u, v = u.detach().cpu(), v.detach().cpu()
             if torch.equal(u, v):
