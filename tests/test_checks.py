@@ -243,6 +243,9 @@ def test_norm_placement_names_the_sublayer_that_reads_an_unnormalised_stream():
 def test_attention_axis_diagonal_and_overscaling():
     _, axis = battery("SoftmaxQueryAxisBidirectional")
     assert axis["attention"].status == Status.FAIL and "query axis" in axis["attention"].detail
+    _, over_heads = battery("SoftmaxHeadAxisBidirectional")  # said as what it is, not as the query axis
+    assert over_heads["attention"].status == Status.FAIL and over_heads["attention"].facts["axis"] == "head"
+    assert "head axis" in over_heads["attention"].detail
     _, diag = battery("DiagonalMasked", causal=True)
     assert diag["attention"].status == Status.WARN and "attends to itself" in diag["attention"].detail
     _, first_open = battery("DiagonalMaskedFirstOpen", causal=True)  # the first row reopened: the others still blind

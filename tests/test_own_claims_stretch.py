@@ -130,3 +130,51 @@ def test_transformers_deepseek_v3_attention_under_yarn_matches_its_claim_and_a_p
         (verdicts[plain],) = [v for v in judge(card, fitted(claims, card, SCALE_SEQ, 64)) if v.key == "attn.scale"]
     assert verdicts[False].status == "match" and verdicts[False].measured == pytest.approx(24 / (0.1 * math.log(40) + 1) ** 4, rel=1e-3)
     assert verdicts[True].status == "differs" and verdicts[True].measured == pytest.approx(24.0, rel=1e-3)
+
+
+def test_gpt2s_score_scale_switches_read_at_the_layers_index_against_transformers_gpt2_block():
+    """GPT-2's `scale_attn_weights` False claims q.k undivided (X = 1), and `scale_attn_by_inverse_layer_idx` divides
+    by the layer's index + 1 as well: X = d_head (idx + 1)^2, or (idx + 1)^2 unscaled. transformers' GPT2Block at
+    layer 2 matches; a port that keeps 1/sqrt(d_head) alone differs (16, not 144 or 9)."""
+    assert {c.key: c.value for c in own_claims([], {"scale_attn_weights": False})} == {"attn.scale": 1.0}
+    assert own_claims([], {"scale_attn_weights": True}) == ()
+    assert own_claims([], {"scale_attn_weights": False, "scale_attn_by_inverse_layer_idx": True}) == ()  # no index
+    pytest.importorskip("transformers")
+    import torch
+    import torch.nn as nn
+    from transformers import GPT2Config
+    from transformers.models.gpt2.modeling_gpt2 import GPT2Block
+
+    from tblock_cli.checks import Status, run_checks
+    from tblock_cli.config import build_config
+    from tblock_cli.subject.loading import user_subject
+
+    def layer(scaled: bool, port: bool) -> nn.Module:
+        config = GPT2Config(n_embd=64, n_head=4, scale_attn_by_inverse_layer_idx=True, scale_attn_weights=scaled,
+                            attn_pdrop=0.0, resid_pdrop=0.0)
+        config._attn_implementation = "eager"
+
+        class Layer(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.config, self.block = config, GPT2Block(config, layer_idx=2)
+                if port:  # a port that keeps 1/sqrt(d_head) alone
+                    self.block.attn.scaling = 16 ** -0.5
+
+            def forward(self, x):
+                out = self.block(x)
+                return out[0] if isinstance(out, tuple) else out
+
+        return Layer()
+
+    cfg = build_config(d_model=64, n_heads=4, threads=1, causal=True)
+    cpu = torch.device("cpu")
+    for scaled, claimed in ((True, 144.0), (False, 9.0)):
+        got = {}
+        for port in (False, True):
+            subject = user_subject(layer(scaled, port), "gpt2", cfg, cpu, torch.float32)
+            got[port] = {c.name: c for c in run_checks(subject, cfg, cpu, torch.float32, only=("spec", "attention")).checks}
+        assert got[False]["spec"].kind == "spec.matches" and got[False]["attention"].status is Status.PASS
+        (differs,) = got[True]["spec"].facts["differs"]
+        assert differs["key"] == "attn.scale" and differs["claimed"] == claimed
+        assert differs["measured"] == pytest.approx(16.0, rel=1e-3)

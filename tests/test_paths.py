@@ -31,6 +31,34 @@ def test_a_path_no_gradient_takes_is_caught_and_named(name):
         assert c.facts["params"] == ["router.weight"]
     if kind == "grad_params.piecewise":
         assert all(c.facts["moves"][n] > c.facts["limit"] for n in c.facts["params"])
+    if name == "UpHalfUnread":  # the up half: the second half of w1's output rows, derived from the chunk
+        hidden = 2 * int(8 * 32 / 3)
+        assert c.facts["slices"] == {"w1.weight": ("rows", hidden // 2, hidden)}
+    if name == "OneHeadOfWideKeys":  # of 32 output rows, one head's 8 are read
+        assert c.facts["slices"] == {"k_proj.weight": ("rows", 24, 32), "v_proj.weight": ("rows", 24, 32)}
+
+
+@pytest.mark.parametrize("name", ["FusedGateUp", "AdaLNZero", "PrunedUnits", "DenseExperts", "SparseActivations",
+                                  "OneHotPositions"])
+def test_zero_rows_that_other_inputs_or_parameters_revive_or_that_are_no_outputs_pass(name):
+    c = run(name, ("grad_params",))["grad_params"]
+    assert c.kind == "grad_params.ok", c
+
+
+def test_which_axis_of_a_matrix_is_a_products_output():
+    from tblock_cli.checks.paths import multiplied
+
+    lin = torch.nn.Linear(8, 6)  # F.linear: addmm(bias, x, weight.t()): the weight's rows are outputs
+    table = torch.nn.Parameter(torch.randn(5, 8))  # x @ table: its columns; one-hot @ table: its columns too
+    right = torch.nn.Parameter(torch.randn(8, 3))
+    x = torch.randn(2, 4, 8)
+    out = lin(x).sum() + (x @ right).sum() + (torch.eye(5)[:4] @ table).sum() + (table[0] * 2).sum()
+    found = multiplied(out)
+    assert found[id(lin.weight)] == "rows" and found[id(right)] == "columns"
+    assert id(table) not in found  # also indexed: not only a product's operand
+    assert id(lin.bias) not in found  # added, not multiplied
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # through autocast's cast
+        assert multiplied(lin(x))[id(lin.weight)] == "rows"
 
 
 def test_the_twins_pass_grad_params_and_train_eval():

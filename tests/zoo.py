@@ -19,6 +19,7 @@ from zoo_attention import (  # noqa: F401
     RelativeBiasOnProbabilities,
     ScaledByDModel,
     ScaledTwice,
+    SoftmaxHeadAxisBidirectional,
     SoftmaxOverQueries,
     SoftmaxQueryAxisBidirectional,
     SoftmaxTwice,
@@ -290,6 +291,7 @@ PLANTED_2["UnscaledQKNorm"] = ("attention", {"causal": True})
 
 PLANTED_2.update({
     "SoftmaxQueryAxisBidirectional": ("attention", {}),
+    "SoftmaxHeadAxisBidirectional": ("attention", {}),
     "DiagonalMasked": ("attention", {"causal": True}),
     "DiagonalMaskedFirstOpen": ("attention", {"causal": True}),
     "SoftmaxTwice": ("attention", {}),

@@ -65,6 +65,13 @@ class SoftmaxQueryAxisBidirectional(HandSoftmax):
         return merge(s.softmax(dim=-2).nan_to_num(0.0) @ v)  # bug: normalised over the queries
 
 
+class SoftmaxHeadAxisBidirectional(HandSoftmax):
+    def attend(self, h, mask):
+        q, k, v = (heads(t, self.n) for t in self.qkv(h).chunk(3, dim=-1))
+        s = self.scores(q, k).masked_fill(~allowed_mask(h.shape[1], h.device, self.causal, mask), float("-inf"))
+        return merge(s.softmax(dim=1).nan_to_num(0.0) @ v)  # bug: normalised over the heads
+
+
 class DiagonalMasked(HandSoftmax):
     """Causal mask from triu(0): no token sees itself; the first row is empty and zeroed."""
 

@@ -53,6 +53,7 @@ class AttentionCall:
     flops: int  # scores + weighted sum, multiply-add = 2
     kv_width: int = 0  # key + value elements per token: what a decoding cache keeps for this call
     key_axis: bool = True  # the softmax normalises over the keys (the last axis), as attention must
+    axis: str = "key"  # the axis it normalises over: key, query, head (of (B, H, L, S) scores), batch, or another
     self_masked: bool = False  # L == S and every query's own position is masked: no token attends to itself
     normalised: bool = True  # the weights multiplied into the values are non-negative and each row sums to 1
     gated: bool = False  # not normalised: a sigmoid of the q.k product per key (sigmoid attention), by design

@@ -283,11 +283,12 @@ class AttentionRecorder:
         k_width = self.cached_width(b, b.numel() // max(1, batch * S))
         dim = args[1] if len(args) > 1 else kwargs.get("dim", -1)
         key_axis = dim is None or dim % x.ndim == x.ndim - 1
+        axis = "key" if key_axis else softmax_axis(dim % x.ndim, x.ndim)
         self.origin[len(self.calls)] = ("softmax", markers[-1])
         self.calls.append(AttentionCall(
             kind="softmax(QK^T)V", where=self.stack[-1], q=prov.sources(a), k=prov.sources(b), v=(), heads=heads,
             head_dim=e, batch=batch, q_len=L, k_len=S, logit_std=std, entropy=ent, max_prob=mp, scale_ratio=ratio,
-            scale_note=note, flops=flops, kv_width=k_width, key_axis=key_axis, self_masked=self_masked(x)))
+            scale_note=note, flops=flops, kv_width=k_width, key_axis=key_axis, axis=axis, self_masked=self_masked(x)))
         marker = Probs(len(self.calls) - 1)
         self.probs[marker] = len(self.calls) - 1
         if isinstance(out, torch.Tensor):
@@ -320,3 +321,12 @@ def reshaped_after_softmax(w: torch.Tensor) -> bool:
     spread = (rows.masked_fill(~live, -math.inf).amax(-1) - rows.masked_fill(~live, math.inf).amin(-1))
     return bool((spread[live.any(-1)] > WEIGHT_SUM_TOL).any())
 
+
+
+def softmax_axis(dim: int, ndim: int) -> str:
+    """What a softmax over axis `dim` of ndim-dimensional scores (..., L, S) normalises, other than the keys."""
+    if dim == ndim - 2:
+        return "query"
+    if ndim == 4 and dim == 1:
+        return "head"
+    return "batch" if dim == 0 else f"axis {dim} of {ndim}"

@@ -19,6 +19,7 @@ from tblock_cli.card.own_names import (
     ACTS,
     BIAS_ON,
     BRANCH_GAINS,
+    BY_LAYER,
     CALLABLE_ACTS,
     CLASS_ACTS,
     FAMILY,
@@ -54,6 +55,7 @@ from tblock_cli.card.own_names import (
     SWITCHED,
     TOPKMETHOD,
     TORCH_KEPT,
+    UNSCALED,
     WINDOW_SWITCHES,
     WINDOWS,
     derived_fields,
@@ -111,6 +113,8 @@ def own_claims(modules: list[nn.Module], arguments: dict | None = None) -> tuple
                 put(asked, "norm.placement", NORM_AFTER[field][not v], f"{at} `{field}`")
             elif field == "model_type" and isinstance(v, str) and v:
                 put(asked, FAMILY, v, f"{at} `{field}`")
+            elif field == UNSCALED and v is False and values.get(BY_LAYER) is not True:  # by layer: own_layers
+                put(asked, "attn.scale", 1.0, f"{at} `{field}` (scores not divided by sqrt(d_head))")
 
     fields(derived_fields(layer_scale_off(arguments or {})), "constructor argument")
     for m in modules:

@@ -255,6 +255,11 @@ WINDOWS = ("sliding_window",)
 # `sliding_window` or none, and which of a `rope_parameters` keyed by kind (Gemma-3's local and global bases) it rotates by
 LAYER_TYPES = "layer_types"
 LAYER_INDICES = ("layer_idx", "layer_id")
+# GPT-2's score scale switches (ImageGPT's, GPT-BigCode's): `scale_attn_weights` False leaves q.k undivided, and
+# `scale_attn_by_inverse_layer_idx` divides it by the layer's index + 1 as well (the card's attn.scale X of 1/sqrt(X)
+# times (index + 1)^2), read at the layer's own index
+UNSCALED, BY_LAYER = "scale_attn_weights", "scale_attn_by_inverse_layer_idx"
+
 LAYER_WINDOWS = {"sliding_attention": "window", "full_attention": "none"}
 # Llama 4's and SmolLM3's per-layer switch list, read at the layer's index the same way: 1 rotates, 0 is a NoPE layer
 ROPE_LAYERS = "no_rope_layers"

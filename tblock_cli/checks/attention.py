@@ -89,7 +89,7 @@ def check_attention(ctx: Context) -> Outcome:
     value = None if worst is None else round(worst.scale_ratio, 3)
     wrong_axis = next((c for c in flow.attention if not c.key_axis), None)
     if wrong_axis is not None:
-        return failed("attention.query_axis", value, where=wrong_axis.where or "root", calls=calls)
+        return failed("attention.query_axis", value, where=wrong_axis.where or "root", axis=wrong_axis.axis, calls=calls)
     overflow = softmax_overflows(ctx, flow)
     if overflow is not None:
         return failed("attention.overflows", value, got=overflow, logit=OVERFLOW_LOGIT, calls=calls)

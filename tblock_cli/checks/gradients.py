@@ -15,7 +15,10 @@ from tblock_cli.checks.context import TRAINING_BACKWARD, TRAINING_INPUT, Context
 from tblock_cli.checks.paths import (
     OTHER_INPUTS,
     PIECEWISE_MOVE,
+    dead_slices,
+    multiplied,
     other_batch,
+    partly_dead,
     piecewise,
     reached_parameters,
     scattered,
@@ -100,6 +103,9 @@ class TrainingBackward:
     # matrices whose gradient is exactly zero at half their elements or more (not all), in a rounding's pattern
     # (`scattered`): piecewise judges them at a draw of its own
     mostly_zero: tuple = ()
+    # matrices the graph only multiplies by whose gradient has whole output rows or columns exactly zero, not all:
+    # dead_slices judges them at other inputs and parameters
+    partly_dead: dict = field(default_factory=dict)  # name -> the output axis, "rows" or "columns"
 
 
 def training_backward(ctx: Context) -> TrainingBackward:
@@ -126,20 +132,29 @@ def training_backward(ctx: Context) -> TrainingBackward:
                 ctx.note(TRAINING_INPUT, changed(xin, x))  # input_unchanged reads it, even if the backward raises
                 # a random projection: out.sum() would see nothing through a final LayerNorm
                 w = torch.randn(out.shape, generator=ctx.gen).to(out.device)
-                reached = reached_parameters(out)
+                reached, products = reached_parameters(out), multiplied(out)
                 (out.float() * w).sum().backward()
                 del out
             states = {n: grad_state(p.grad) for n, p in module.named_parameters() if p.requires_grad}
-            mostly_zero = tuple(n for n, p in module.named_parameters() if states.get(n) == "ok" and
-                                p.grad.layout == torch.strided and p.grad.dim() >= 2 and
-                                2 * torch.count_nonzero(p.grad) <= p.grad.numel() and scattered(p.grad == 0))
+            mostly_zero, dead = [], {}
+            for n, p in module.named_parameters():
+                if states.get(n) != "ok" or p.grad.layout != torch.strided or p.grad.dim() < 2:
+                    continue
+                nonzero = int(torch.count_nonzero(p.grad))
+                if nonzero == p.grad.numel():  # no zero at all: the usual gradient, nothing more to read
+                    continue
+                if 2 * nonzero <= p.grad.numel() and scattered(p.grad == 0):
+                    mostly_zero.append(n)
+                elif id(p) in products and partly_dead(p.grad, products[id(p)]):
+                    dead[n] = products[id(p)]
             buffers = [n for n, b, was in learnable if b.grad is not None and b.grad is not was]
         finally:
             for n, p in module.named_parameters():
                 p.grad = saved[n]
             for _, b, was in learnable:
                 b.grad = was
-        return TrainingBackward(x.grad, states, x, state_key(module), detached, reached, buffers, mostly_zero)
+        return TrainingBackward(x.grad, states, x, state_key(module), detached, reached, buffers, tuple(mostly_zero),
+                                dead)
     return ctx.probe(TRAINING_BACKWARD, compute)
 
 
@@ -191,7 +206,12 @@ def check_grad_params(ctx: Context) -> Outcome:
     training output, at a seeded draw whose gradient is so too, moves with those elements (given random values about
     them, at half its scale; a branch that draw drops moves nothing): a round, sign or argmax on its path with
     no straight-through estimator, so they never train (weights fake-quantised by `torch.round` alone, their row's
-    scale the one element with a gradient); other zero gradients are a note (a key bias gets one by the
+    scale the one element with a gradient); a matrix the block multiplies by whose output rows or columns, some and
+    not all, get an exactly zero gradient in training steps of the probe, of inputs of 4096 tokens, and of those with
+    every parameter and floating buffer moved (a projection's output computed and never read: a fused gate/up
+    projection's up half unused, keys of full width of which one head's channels are kept; a unit some draw leaves
+    off, an expert no token chose, one behind a zero-initialised gate or a pruning mask, comes alive in one of them,
+    and a table it indexes or slices is not judged); other zero gradients are a note (a key bias gets one by the
     softmax's shift invariance: moving it moves nothing)"""
     _, states = train_backward(ctx)
     if not states:
@@ -218,6 +238,8 @@ def check_grad_params(ctx: Context) -> Outcome:
     if (zero or backward.mostly_zero) and (stuck := piecewise(ctx, zero, backward.mostly_zero)):
         return failed("grad_params.piecewise", value, params=sorted(stuck, key=stuck.get, reverse=True), moves=stuck,
                       limit=PIECEWISE_MOVE)
+    if backward.partly_dead and (dead := dead_slices(ctx, backward.partly_dead)):
+        return failed("grad_params.dead", value, params=sorted(dead), slices=dead)
     return passed("grad_params.ok", value, zero=zero)
 
 

@@ -6,10 +6,10 @@ for bench, depth and params findings). An entry is a format string over the fact
 
 from __future__ import annotations
 
-from tblock_cli.messages import batch, checks, compare, distributed, dtypes, norms, reports, spec, training
+from tblock_cli.messages import batch, checks, compare, distributed, dtypes, gradients, norms, reports, spec, training
 
 MESSAGES = {**checks.MESSAGES, **batch.MESSAGES, **distributed.MESSAGES, **reports.MESSAGES, **compare.MESSAGES, **spec.MESSAGES, **training.MESSAGES,
-            **norms.MESSAGES, **dtypes.MESSAGES}
+            **norms.MESSAGES, **dtypes.MESSAGES, **gradients.MESSAGES}
 
 
 def text(kind: str, facts: dict) -> str:

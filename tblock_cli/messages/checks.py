@@ -21,16 +21,9 @@ def _finite(f: dict) -> str:
     return "; ".join(parts)
 
 
-def _grad_params_ok(f: dict) -> str:
-    note = f"; exactly zero (can be legitimate, e.g. a key bias): {names(f['zero'])}" if f["zero"] else ""
-    return f"every trainable parameter gets a finite gradient{note}"
-
-
-def _grad_params_piecewise(f: dict) -> str:
-    moved = ", ".join(f"{n} (moves it {f['moves'][n]:.1e})" for n in f["params"])
-    return (f"gradient exactly zero while the output moves with them: {moved} when each takes values at half its "
-            f"scale about itself (limit {f['limit']:g}): a round, sign or argmax on the path with no straight-through "
-            f"estimator, so they never train")
+# what sums to 1 under a softmax over another axis than the keys
+_WRONG_AXIS = {"query": "each key's weights over the queries", "head": "each query-key pair's weights over the heads",
+               "batch": "each position's weights over the batch's samples"}
 
 
 def _fully_padded(f: dict) -> str:
@@ -131,23 +124,6 @@ MESSAGES = {
     "grad_input.none": "no gradient reaches x: the output is cut off from the input (detach? no_grad?)",
     "grad_input.nonfinite": "the gradient at x is not finite",
     "grad_input.zero": "the gradient at x is exactly zero",
-    "grad_params.no_params": "the block has no trainable parameters",
-    "grad_params.missing": lambda f: f"no gradient (defined but unused, or run under no_grad): {names(f['params'])}",
-    "grad_params.random_path": lambda f: (f"no gradient in the training step read: {names(f['params'])}; each is reached "
-                                          f"in a training forward at another of {f['draws']} seeds (a sublayer skipped "
-                                          "at random, as LayerDrop does)"),
-    "grad_params.routed_path": lambda f: (f"no gradient in the training step read: {names(f['params'])}; each is reached "
-                                          f"by a training forward of one of {f['inputs']} other inputs of batch "
-                                          f"{f['batch']} (an expert no token of the probe was routed to)"),
-    "grad_params.nonfinite": lambda f: f"non-finite gradient: {names(f['params'])}",
-    "grad_params.loss_detached": lambda f: (f"the training forward keeps {names(f['losses'])} without a graph (computed "
-                                            "under no_grad or detached), and no loss it keeps or returns has one: "
-                                            "added to the training loss, it trains nothing"),
-    "grad_params.buffer_learns": lambda f: (f"the backward reaches {names(f['buffers'])}, registered as buffers with "
-                                            f"requires_grad=True: learnable, yet no optimizer built from .parameters() "
-                                            f"steps them (register them as nn.Parameter)"),
-    "grad_params.ok": _grad_params_ok,
-    "grad_params.piecewise": _grad_params_piecewise,
     # residual
     "residual.not_linear": lambda f: (f"at {f['scale']:g}x the input the output is not a multiple of it (misfit "
                                       f"{f['misfit']:.2g}, limit {f['limit']:g}) though every sublayer reads a normalised "
@@ -208,8 +184,9 @@ MESSAGES = {
                                                    f"({'; '.join(f['slip_errors'])}), so it may have missed one"
                                                    if f.get("tracing_slips") else "")),
     "attention.stats": _calls,
-    "attention.query_axis": lambda f: (f"softmax over the query axis in {f['where']}: each key's weights sum to 1, not each "
-                                       f"query's (softmax(dim=-2)?); {_calls(f)}"),
+    "attention.query_axis": lambda f: (f"softmax over the {f.get('axis', 'query')} axis in {f['where']}: "
+                                       f"{_WRONG_AXIS.get(f.get('axis', 'query'), 'the weights over it')} sum to 1, not each "
+                                       f"query's weights over the keys (softmax(dim=-1) meant?); {_calls(f)}"),
     "attention.no_softmax": lambda f: (f"no softmax, or one changed after, in {f['where']}: the values' weights come from q.k in rows not "
                                        f"non-negative summing to 1 (a bias added to the probabilities; linear attention by design); {_calls(f)}"),
     "attention.self_masked": lambda f: (f"no token attends to itself in {f['where']}: the diagonal of the scores is masked (a "
@@ -289,8 +266,6 @@ MESSAGES = {
                                   f"without device=, or a plain tensor attribute .to() does not move)"),
     "device.portable": "a training forward and backward keep every tensor on the side .to(device) puts the block",
 }
-
-
 
 
 def _relative(f: dict) -> str:
