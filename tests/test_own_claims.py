@@ -139,8 +139,13 @@ def test_reading_rules_for_litgpt_megatron_and_falcon_names():
 
 
 def test_a_rotating_fraction_becomes_rope_dims_of_the_measured_head():
-    (fraction,) = own_claims([], {"partial_rotary_factor": 0.25})
+    claims = own_claims([], {"partial_rotary_factor": 0.25})
+    (fraction,) = [c for c in claims if c.key == FRACTION]
     assert fraction.key == FRACTION and fraction.value == 0.25
+    # and the head's first channels, as every transformers family with a partial rotation turns them
+    assert {(c.key, c.value) for c in claims if c.key != FRACTION} == {("rope.place", "first")}
+    # not beside multi-head latent attention's widths: its rope part comes last
+    assert "rope.place" not in {c.key for c in own_claims([], {"rotary_dim": 8, "qk_rope_head_dim": 8})}
     assert [(c.key, c.value) for c in with_fraction((fraction,), 64)] == [("rope.dims", 16.0)]
     assert with_fraction((fraction,), None) == ()  # the head's width unread: nothing to hold it against
 

@@ -122,17 +122,18 @@ class OneHeadOfWideKeys(TrainBlock):
 
 
 class AdaLNZero(TrainBlock):
-    """Correct: DiT's adaLN-Zero (conditioned on the sequence's mean): its modulation starts at zero, so the gates are
-    0 and the shift and scale rows get no gradient until the gates move."""
+    """Correct: DiT's adaLN-Zero, its condition a learned vector (a fixed timestep and class): the modulation starts at
+    zero, so the gates are 0 and the shift and scale rows get no gradient until the gates move."""
 
-    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=False):
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
         super().__init__(d_model, n_heads, dropout, causal)
-        self.mod = nn.Linear(d_model, 6 * d_model)
-        nn.init.zeros_(self.mod.weight)
-        nn.init.zeros_(self.mod.bias)
+        self.condition = nn.Parameter(torch.randn(d_model))
+        self.modulation = nn.Linear(d_model, 6 * d_model)
+        nn.init.zeros_(self.modulation.weight)
+        nn.init.zeros_(self.modulation.bias)
 
     def forward(self, x):
-        s1, b1, g1, s2, b2, g2 = self.mod(F.silu(x.mean(1, keepdim=True))).chunk(6, -1)
+        s1, b1, g1, s2, b2, g2 = self.modulation(F.silu(self.condition)).chunk(6, -1)
         x = x + g1 * self.drop(self.attention(self.attn_norm(x) * (1 + s1) + b1))
         return x + g2 * self.ffn(self.ffn_norm(x) * (1 + s2) + b2)
 
@@ -159,15 +160,15 @@ class DenseExperts(TrainBlock):
         super().__init__(d_model, n_heads, dropout, causal)
         del self.w1, self.w3, self.w2
         self.router = nn.Linear(d_model, 64, bias=False)
-        self.up = nn.Linear(d_model, 64 * 8)
-        self.down = nn.Linear(64 * 8, d_model)
+        self.experts_in = nn.Linear(d_model, 64 * 8)
+        self.experts_out = nn.Linear(64 * 8, d_model)
 
     def ffn(self, h):
         probs = self.router(h).softmax(-1)
         top, idx = probs.max(-1, keepdim=True)
-        gate = torch.zeros_like(probs).scatter(-1, idx, top)
-        hidden = F.gelu(self.up(h)).unflatten(-1, (64, 8)) * gate.unsqueeze(-1)
-        return self.drop(self.down(hidden.flatten(-2)))
+        weight = torch.zeros_like(probs).scatter(-1, idx, top)
+        hidden = F.gelu(self.experts_in(h)).unflatten(-1, (64, 8)) * weight.unsqueeze(-1)
+        return self.drop(self.experts_out(hidden.flatten(-2)))
 
 
 class SparseActivations(TrainBlock):

@@ -1,8 +1,8 @@
 """Routing and widths a block states in its own words and computes otherwise: DeepSeek's group-limited routing
 (n_group groups of experts, each token's experts among its topk_group best; DeepSeek-V2's greedy groups ranked by their
 best expert, V3's by the sum of their two best sigmoid scores), T5's per-head width `d_kv`, Gemma's
-`use_bidirectional_attention`, DINOv2's `use_swiglu_ffn` and Qwen2-MoE's `norm_topk_prob=False`: each planted bug
-beside a twin that does what it says."""
+`use_bidirectional_attention`, DINOv2's `use_swiglu_ffn`, Qwen2-MoE's `norm_topk_prob=False` and Mixtral's softmax
+router (its family's, no field says it): each planted bug beside a twin that does what it says."""
 
 import math
 from dataclasses import dataclass
@@ -231,9 +231,36 @@ class Qwen2MoeMixtralRouted(Qwen2MoePort):
         return top.softmax(-1), idx
 
 
+@dataclass
+class MixtralConfig:
+    model_type: str = "mixtral"
+    num_experts: int = 8  # Mixtral's num_local_experts, named as the port's base class reads it
+    num_experts_per_tok: int = 2
+
+
+class MixtralPort(Qwen2MoePort):
+    """Correct: Mixtral's router, a softmax over every expert, the chosen experts' probabilities renormalised (its
+    config names no router: its family, `model_type` mixtral, says softmax)."""
+
+    config_class = MixtralConfig
+
+    def chosen(self, logits, s):
+        w, idx = s.topk(self.config.num_experts_per_tok, -1)
+        return w / w.sum(-1, keepdim=True), idx
+
+
+class MixtralWeightsSwapped(MixtralPort):
+    """Each token's two chosen experts weighted by each other's probability (the order of the top-k lost): the
+    weights are no function of the router's outputs."""
+
+    def chosen(self, logits, s):
+        w, idx = super().chosen(logits, s)
+        return w.flip(-1), idx
+
+
 PLANTED = {"GroupLimitIgnored": "moe.groups", "GroupsStrided": "moe.groups", "DKVIgnored": "attn.head_dim",
            "BidirectionalMaskedCausally": "attn.causal", "SwiGLUSaidPlainMLP": "ffn.gated",
-           "Qwen2MoeMixtralRouted": "moe.renorm"}
-CORRECT = ["GroupLimited", "V3Grouped", "HeadWidthFromDKV", "Bidirectional", "SwiGLUSaid", "Qwen2MoePort"]
+           "Qwen2MoeMixtralRouted": "moe.renorm", "MixtralWeightsSwapped": "moe.router"}
+CORRECT = ["GroupLimited", "V3Grouped", "HeadWidthFromDKV", "Bidirectional", "SwiGLUSaid", "Qwen2MoePort", "MixtralPort"]
 # bidirectional: run without --causal in the sweeps
 BIDIRECTIONAL = ["Bidirectional"]

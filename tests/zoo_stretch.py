@@ -2,8 +2,9 @@
 way (a sign slipped into rotate-half, positions counted down; nanochat's checkpoints and a block trained from scratch
 may turn that way), LongRoPE's short factors (Phi-3's) and its attention factor, a
 dynamic NTK scaling (theta's table within its original length, a larger base past it), MiniCPM's depth-scaled
-residual (scale_depth / sqrt(num_hidden_layers)) and OLMo's clip_qkv: each planted bug beside a twin that does what
-it says."""
+residual (scale_depth / sqrt(num_hidden_layers)), OLMo's clip_qkv and a partial rotation's place in the head (the
+first channels, as every transformers family with a partial_rotary_factor rotates them): each planted bug beside a twin
+that does what it says."""
 
 import math
 from dataclasses import dataclass
@@ -213,12 +214,53 @@ class ClipQKVIgnored(ClippedQKV):
         return t
 
 
+@dataclass
+class PartialConfig:
+    model_type: str = "phi"
+    partial_rotary_factor: float = 0.5
+
+
+class PartialRotary(torch.nn.Module):
+    """A partial rotation, q[..., :half] rotated and the rest passed (Phi's, GPT-NeoX's, StableLM's)."""
+
+    def __init__(self, dim, base=10000.0):
+        super().__init__()
+        self.inner = Rotary(dim // 2, base)
+
+    def forward(self, t):
+        half = t.shape[-1] // 2
+        return torch.cat([self.inner(t[..., :half]), t[..., half:]], -1)
+
+
+class PartialRotaryLast(PartialRotary):
+    """The same partial rotation on the head's last channels (q[..., half:]): as many pairs, at the same angles, on
+    the channels a checkpoint trained for passing."""
+
+    def forward(self, t):
+        half = t.shape[-1] // 2
+        return torch.cat([t[..., :half], self.inner(t[..., half:])], -1)
+
+
+class PartialFirst(TrainBlock):
+    """Correct: Phi's partial rotation, the head's first half of channels turning (partial_rotary_factor 0.5)."""
+
+    rotary_class = PartialRotary
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
+        super().__init__(d_model, n_heads, dropout, causal)
+        self.config = PartialConfig()
+
+
+class PartialOnTheLastChannels(PartialFirst):
+    rotary_class = PartialRotaryLast
+
+
 PLANTED = {"RotateHalfSignSlipped": "rope.direction", "PositionsCountedDown": "rope.direction",
            "LongRopeFactorsSwapped": "rope.freqs", "LongRopeGainDropped": "attn.scale",
            "DynamicNTKAlwaysStretched": "rope.theta", "DepthScaleDropped": ("residual.attn_gain", "residual.ffn_gain"),
-           "ClipQKVIgnored": "attn.clip"}
+           "ClipQKVIgnored": "attn.clip", "PartialOnTheLastChannels": "rope.place"}
 CORRECT = ["LongRope", "DynamicNTK", "DynamicNTKShortOriginal", "DepthScaled", "ClippedQKV", "LlamaPort", "NanochatPort",
-           "BackwardFromScratch"]
+           "BackwardFromScratch", "PartialFirst"]
 # Correct as to what it says, and judged so by spec; left out of the whole battery's false-alarm sweep: past its
 # original 16 positions its table depends on the sequence's length, so the first tokens run alone compute otherwise
 # than in the whole sequence, which `causal` reports, truly (a real dynamic scaling starts past 2048 or more)

@@ -29,6 +29,7 @@ KEYS: dict[str, str] = {
     "pos.kind": "how positions enter: none, absolute, rotary, alibi, relative_bias, bias or other",
     "rope.theta": "the rotary base theta (frequencies theta^(-2i/dims))",
     "rope.dims": "channels per head that rotate",
+    "rope.place": "where a partial rotation's channels sit in the head at the q.k product: first (q[..., :dims], every partial rotary of transformers'), last (multi-head latent attention's rope part) or other",
     "rope.pairing": "which channels rotate together: half (i, i + dims/2) or interleaved (2i, 2i + 1)",
     "rope.direction": "which way each pair turns as the position grows: forward (x0 cos - x1 sin, x1 cos + x0 sin: Llama's and nearly every family's checkpoints) or backward (nanochat's)",
     "rope.scaling": "the frequency scaling: none, linear, ntk, llama3, yarn or other",

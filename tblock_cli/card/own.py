@@ -45,6 +45,7 @@ from tblock_cli.card.own_names import (
     ON_QUERY_HOLDER,
     ON_RELATIVE,
     ON_ROTARY,
+    PLACED_FIRST,
     POSITION_SWITCHES,
     QUERY_CHILDREN,
     RELBUCKETS,
@@ -85,6 +86,8 @@ def own_claims(modules: list[nn.Module], arguments: dict | None = None) -> tuple
                 seen.add(BIAS_ON)
             if FIELDS.get(field) == "ffn.hidden" and at == "constructor argument":
                 continue
+            if field in PLACED_FIRST and v is not None:
+                put(asked, "rope.place", "first", f"{at} `{field}` (a partial rotation turns the head's first channels)")
             if FIELDS.get(field) == "moe.renorm" and v is False:
                 put(asked, RENORM_OFF, True, f"{at} `{field}`")
             if field in FIELDS:
@@ -133,6 +136,8 @@ def own_claims(modules: list[nn.Module], arguments: dict | None = None) -> tuple
             if name in HEADS + KV_HEADS + GROUPS or (name in LOCAL_KV_HEADS and META_LOCAL not in vars(m)):
                 put(kept, f"count.{name}", _count(value), f"{owner}.{name}")
                 continue
+            if name in PLACED_FIRST and value is not None:
+                put(kept, "rope.place", "first", f"{owner}.{name} (a partial rotation turns the head's first channels)")
             if name in MULTIPLIERS:
                 for key in MULTIPLIERS[name]:
                     put(kept, key, _multiplier(key, value), f"{owner}.{name}")
@@ -197,6 +202,7 @@ def own_claims(modules: list[nn.Module], arguments: dict | None = None) -> tuple
     if seen.intersection(MLA_WIDTHS):
         for tier in (asked, kept):
             tier.pop("attn.head_dim", None)
+            tier.pop("rope.place", None)
     if not any(RELBUCKETS in tier for tier in (asked, kept)):  # a direction or distance alone says nothing
         for tier in (asked, kept):
             tier.pop(RELMAX, None)

@@ -3,7 +3,7 @@ width is known, a kept window judged within one token and only where the probe c
 only against a mixture layer and its FFN width only against a dense one (an expert's width is another); and claims
 the card judges in its own terms: a scaling's attention factor as a score scale, LongRoPE's factors as a frequency
 table, a dynamic scaling's theta only within its original length, RoPE's direction wherever a block says it rotates,
-T5's bucket count as the distances where the bias changes."""
+T5's bucket count as the distances where the bias changes, a family's softmax router."""
 
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ from tblock_cli.card.own_names import (
     RENORM_FAMILIES,
     RENORM_OFF,
     SOFTMAX_GAIN,
+    SOFTMAX_ROUTERS,
     TOPKGROUP,
     TOPKMETHOD,
     YARN_GAIN,
@@ -50,6 +51,7 @@ def needed(claims: tuple[Claim, ...]) -> tuple[str, ...]:
     keys += ("relbias.steps", "attn.causal") if any(c.key == RELBUCKETS for c in claims) else ()
     keys += ("moe.groups",) if any(c.key == NGROUP for c in claims) else ()
     keys += ("moe.renorm",) if any(c.key == RENORM_OFF for c in claims) else ()
+    keys += ("moe.router", "moe.experts") if (f := _family(claims)) is not None and f.value in SOFTMAX_ROUTERS else ()
     return keys + (("attn.head_dim", "rope.dims") if any(c.key in (FRACTION, YARN_GAIN, SOFTMAX_GAIN) for c in claims)
                    else ())
 
@@ -63,7 +65,7 @@ def fitted(claims: tuple[Claim, ...], card: Card, seq: int, d_model: int | None 
     claims = with_yarn_gain(claims, card.value("attn.head_dim"), card.value("rope.dims"))
     claims = with_softmax_gain(claims, card.value("attn.head_dim"))
     claims = with_window(with_ratio(claims, card.value("ffn.gated"), d_model), seq)
-    claims = with_groups(with_buckets(with_direction(with_renorm_off(claims)), card.value("attn.causal")))
+    claims = with_groups(with_buckets(with_direction(with_renorm_off(with_router(claims))), card.value("attn.causal")))
     experts, act = card.value("moe.experts"), card.value("ffn.act")
     dense_ffn = not experts and act not in (None, "other")
     return tuple(c for c in claims if not (c.key.startswith("moe.") and not experts)
@@ -198,6 +200,16 @@ def with_buckets(claims: tuple[Claim, ...], causal) -> tuple[Claim, ...]:
                   and bucket(o) != bucket(o + 1 if o < 0 else o - 1))
     return out + (Claim("relbias.steps", steps, nb.source + f" (T5's buckets: {buckets}, to {top}, "
                         f"{'one way' if one_way.value else 'both ways'})", tier=nb.tier),)
+
+
+def with_router(claims: tuple[Claim, ...]) -> tuple[Claim, ...]:
+    """A family whose transformers code routes by a softmax (SOFTMAX_ROUTERS) claims moe.router softmax, where nothing
+    else claims the router (held only against a mixture layer, as every moe claim)."""
+    family = _family(claims)
+    if family is None or family.value not in SOFTMAX_ROUTERS or any(c.key == "moe.router" for c in claims):
+        return claims
+    return claims + (Claim("moe.router", "softmax", family.source + f" ({family.value!r} weights the chosen experts by "
+                           "a softmax of the router's outputs)", tier=family.tier),)
 
 
 def with_renorm_off(claims: tuple[Claim, ...]) -> tuple[Claim, ...]:

@@ -40,6 +40,17 @@ RELBUCKETS, RELMAX, RELONEWAY = "relbias.buckets", "relbias.max_distance", "relb
 RENORM_OFF = "moe.renorm_off"
 RENORM_FAMILIES = ("qwen2_moe", "qwen3_moe", "olmoe", "flex_olmo", "doge", "kolibri1", "kolibri1_1", "qwen3_next",
                    "qwen3_omni_moe", "deepseek_v3", "glm4_moe", "dots1", "exaone_moe", "minicpm5_moe", "kimi_linear")
+# Families whose transformers code weights each token's chosen experts by a softmax of the router's outputs (over all
+# experts, renormalised over the chosen or not, or over the chosen logits), with no field saying so: their model_type
+# claims moe.router softmax (each read so from its own layer: `tblock spec --block hf:TYPE`). Not Phi-MoE's
+# sparsemixer, nor the sigmoid routers (Llama 4's, GLM-4.5's, DeepSeek-V3's, which says so in `scoring_func`)
+SOFTMAX_ROUTERS = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "flex_olmo", "granitemoe", "minimax", "jetmoe",
+                   "gpt_oss")
+# Fields that size a partial rotation and, in every transformers family that keeps one, rotate the head's first
+# channels (q[..., :rotary_dim]): they claim rope.place first as well (not multi-head latent attention's
+# qk_rope_head_dim, whose rope part comes last)
+PLACED_FIRST = ("partial_rotary_factor", "rotary_pct", "rotary_percentage", "rotary_dim", "rotary_ndims",
+                "rotary_emb_dim")
 # Not card keys: DeepSeek's group-limited routing (the experts in n_group groups, each token's top-k among its
 # topk_group best groups, unless its topk_method is "greedy"), turned into a moe.groups claim by `with_groups`
 NGROUP, TOPKGROUP, TOPKMETHOD = "moe.n_group", "moe.topk_group", "moe.topk_method"

@@ -22,7 +22,7 @@ from tblock_cli.checks.positions import (
     toeplitz_error,
 )
 
-ROPE_KEYS = ("rope.theta", "rope.dims", "rope.pairing", "rope.direction", "rope.scaling", "rope.factor", "rope.freqs", "rope.low_freq_wavelen",
+ROPE_KEYS = ("rope.theta", "rope.dims", "rope.place", "rope.pairing", "rope.direction", "rope.scaling", "rope.factor", "rope.freqs", "rope.low_freq_wavelen",
              "rope.high_freq_wavelen")
 BIAS_KEYS = ("alibi.slopes", "relbias.bidirectional", "relbias.curve", "relbias.steps")
 # Positions the rotation is read over: each pair's advance is averaged over 63 steps.
@@ -94,7 +94,7 @@ def rotary_reading(q: torch.Tensor) -> dict | None:
     # counted down turn it back
     direction = "forward" if bool((signed > 0).all()) else "backward" if bool((signed < 0).all()) else "mixed"
     return {"dims": n, "pairing": None if ambiguous else pairing, "freqs": freqs, "channels": S, "error": err,
-            "direction": direction}
+            "direction": direction, "width": q.shape[-1]}
 
 
 def rotations_apart(q_rot: dict | None, k_rot: dict | None) -> str | None:
@@ -173,6 +173,15 @@ def layout_pairing(probe: Probe, x: torch.Tensor, call: Scores, rot: dict) -> st
     return found.pop() if len(found) == 1 else None
 
 
+def place_entry(rot: dict) -> Entry:
+    """rope.place: where the rotating channels sit among the head's at the q.k product, where only some rotate."""
+    S, n, width = rot["channels"], rot["dims"], rot.get("width", rot["dims"])
+    if n >= width:
+        return skipped("rope.place", "every channel of the head rotates")
+    place = "first" if S == list(range(n)) else "last" if S == list(range(width - n, width)) else "other"
+    return Entry("rope.place", place, f"the rotating channels at the product: {S[0]}..{S[-1]} of {width}", judged=False)
+
+
 def rope_entries(rot: dict, tol: float = RATIO_TOL) -> list[Entry]:
     how = (f"q on identical tokens: {rot['dims']} channels rotate (each pair's radius and advance per position constant "
            f"to {rot['error']:.1g})")
@@ -188,6 +197,7 @@ def rope_entries(rot: dict, tol: float = RATIO_TOL) -> list[Entry]:
                                                 f"writes{moved}", judged=False)
     out = [Entry("pos.kind", "rotary", how),
            Entry("rope.dims", rot["dims"], f"channels of q that vary with position: {rot['channels'][:4]}..."),
+           place_entry(rot),
            pairing,
            Entry("rope.direction", rot["direction"], "the sign of every pair's mean advance per position, the lower "
                                                      "channel of a pair as the real part (forward: Llama's)"),
