@@ -61,6 +61,11 @@ def test_which_axis_of_a_matrix_is_a_products_output():
         assert multiplied(lin(x))[id(lin.weight)] == "rows"
 
 
+def test_a_straight_through_estimators_surrogate_is_no_wrong_backward():
+    c = run("RoundedGateSTE", ("derivative",))["derivative"]
+    assert c.status is Status.PASS and c.kind == "derivative.surrogate" and c.facts["tensors"] == ["gate"], c
+
+
 def test_the_twins_pass_grad_params_and_train_eval():
     by = run("QuantisedFFN", ("grad_params", "train_eval"))
     assert by["grad_params"].kind == "grad_params.ok" and by["train_eval"].status is Status.PASS

@@ -48,6 +48,16 @@ class RoundedGate(TrainBlock):
         return x + torch.round(self.gate * 2) / 2 * self.ffn(self.ffn_norm(x))
 
 
+class RoundedGateSTE(RoundedGate):
+    """Correct: the same rounded gate with a straight-through estimator (its gradient passes as if unrounded): flat at
+    every finite-difference step, a surrogate gradient by design (derivative.surrogate, not a wrong backward)."""
+
+    def forward(self, x):
+        x = x + self.drop(self.attention(self.attn_norm(x)))
+        rounded = torch.round(self.gate * 2) / 2
+        return x + (self.gate + (rounded - self.gate).detach()) * self.ffn(self.ffn_norm(x))
+
+
 class SparseMoE(TrainBlock):
     """Correct: 32 experts, one per token, each run on the tokens routed to it only (an expert no token chose is not
     called: Mixtral's loop over the experts hit), weighted by the router's softmax probability."""
@@ -199,5 +209,5 @@ PLANTED = {"QuantisedNoStraightThrough": ("grad_params", "grad_params.piecewise"
            "RouterOnlyPicks": ("grad_params", "grad_params.missing"),
            "UpHalfUnread": ("grad_params", "grad_params.dead"),
            "OneHeadOfWideKeys": ("grad_params", "grad_params.dead")}
-CORRECT = ["QuantisedFFN", "SparseMoE", "FusedGateUp", "AdaLNZero", "PrunedUnits", "DenseExperts", "SparseActivations",
+CORRECT = ["QuantisedFFN", "RoundedGateSTE", "SparseMoE", "FusedGateUp", "AdaLNZero", "PrunedUnits", "DenseExperts", "SparseActivations",
            "OneHotPositions"]

@@ -133,7 +133,11 @@ def check_derivative(ctx: Context) -> Outcome:
     kink or a float32 island makes them disagree); names the worst tensor (a custom backward, a `.detach()` or
     `.data` on a path, a recompute with other dropout masks); the upstream gradient is laid out in reverse (not
     contiguous, as under a consumer that transposes the output): a backward that reads its memory as contiguous is
-    caught by the differences, one that raises on it and not on a contiguous one fails (`.view` of the gradient)"""
+    caught by the differences, one that raises on it and not on a contiguous one fails (`.view` of the gradient).
+    Where every tensor that disagrees is one along which the block is flat at every step and jumps when it moves by
+    half its scale (a rounding: quantisation-aware training's straight-through estimator, a rounded gate), the
+    gradient is a surrogate by design and passes; a tensor the forward never reads while the backward gives it a
+    gradient (a custom function's forgotten bias) still fails"""
     if (large := too_large(ctx)) is not None:
         return large
     device = ctx.device if ctx.device.type != "mps" else torch.device("cpu")
@@ -238,14 +242,49 @@ def check_derivative(ctx: Context) -> Outcome:
     # Which tensor: each alone (the input, then the parameters), relative to the joint derivative's size.
     ctx.step("finite differences per tensor")
     floor = max(size for _, size in found) * 1e-6
-    wrong = []
+
+    def stepwise(dps: list) -> bool:
+        """Whether the block is flat along dps at every finite-difference step yet moves when the tensor moves by half
+        its scale, either way: a piecewise-constant path (a rounding) whose gradient is a surrogate by design."""
+        if any(along(None, dps, h) != 0.0 for h in FD_STEPS):
+            return False
+        with torch.no_grad():
+            base = value(x).item()
+        return any(_moved_by(params, originals, dps, sign * SURROGATE_MOVE, lambda: value(x).item()) != base
+                   for sign in (1.0, -1.0))
+
+    wrong, surrogate = [], []
     for i in [-1] + list(range(len(params)))[:FD_LOCALISE]:
-        errs, _ = errors(*direction({i}), floor=floor)
+        dx, dps = direction({i})
+        errs, _ = errors(dx, dps, floor=floor)
         if consistent(errs):
             wrong.append(["input" if i < 0 else params[i][0], errs[0]])
+            if i >= 0 and stepwise(dps):
+                surrogate.append(params[i][0])
     wrong.sort(key=lambda t: -t[1])
+    if wrong and len(surrogate) == len(wrong):  # every disagreement a straight-through estimator's surrogate
+        return passed("derivative.surrogate", worst, **facts, tensors=surrogate)
     return failed("derivative.wrong", worst, **facts, tensors=wrong, tensor=wrong[0][0] if wrong else None,
                   tensor_error=wrong[0][1] if wrong else 0.0)
+
+
+# A tensor along which the block is flat at every finite-difference step is moved by this much of its scale (either
+# way) to tell a rounding, whose output then jumps (a straight-through estimator's gradient is a surrogate by design:
+# QAT, a rounded gate), from a tensor the forward never reads while a custom backward gives it a gradient
+SURROGATE_MOVE = 0.5
+
+
+def _moved_by(params, originals, dps, h: float, value) -> float:
+    """value() with each parameter moved by h times its direction in dps (None: left), put back after."""
+    with torch.no_grad():
+        try:
+            for (_, p), orig, d in zip(params, originals, dps):
+                if d is not None:
+                    p.copy_(orig).add_(d, alpha=h)
+            return value()
+        finally:
+            for (_, p), orig in zip(params, originals):
+                p.copy_(orig)
 
 
 def _runs_contiguous(subject, module, x: torch.Tensor, w: torch.Tensor, device) -> bool:

@@ -94,6 +94,10 @@ MESSAGES = {
                                      f"{f['directions']} directions (float64; worst {f['error']:.1e} relative, as far "
                                      f"as the differences spread, or under {f['limit']:g})"),
     "derivative.wrong": _derivative,
+    "derivative.surrogate": lambda f: (f"autograd's directional derivative differs from finite differences only along "
+                                       f"{names(f['tensors'])}, where the block is flat at every step and jumps when "
+                                       f"they move by half their scale: a rounding whose gradient is a straight-through "
+                                       f"estimator's surrogate (quantisation-aware training), by design"),
     "derivative.no_float64": lambda f: f"a float64 copy does not run: {f['error']}",
     "derivative.layout": lambda f: (f"the backward raises when the gradient reaching the output is not contiguous (laid "
                                     f"out as a transpose after the block leaves it), and runs with the same gradient "
