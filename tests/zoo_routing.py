@@ -1,8 +1,8 @@
 """Routing and widths a block states in its own words and computes otherwise: DeepSeek's group-limited routing
 (n_group groups of experts, each token's experts among its topk_group best; DeepSeek-V2's greedy groups ranked by their
 best expert, V3's by the sum of their two best sigmoid scores), T5's per-head width `d_kv`, Gemma's
-`use_bidirectional_attention`, DINOv2's `use_swiglu_ffn`, Qwen2-MoE's `norm_topk_prob=False` and Mixtral's softmax
-router (its family's, no field says it): each planted bug beside a twin that does what it says."""
+`use_bidirectional_attention`, DINOv2's `use_swiglu_ffn`, Qwen2-MoE's `norm_topk_prob=False` and its shared expert's
+sigmoid gate, and Mixtral's softmax router (its family's, no field says them): each planted bug beside a twin that does what it says."""
 
 import math
 from dataclasses import dataclass
@@ -232,6 +232,64 @@ class Qwen2MoeMixtralRouted(Qwen2MoePort):
 
 
 @dataclass
+class Qwen2MoeSharedConfig(Qwen2MoeConfig):
+    shared_expert_intermediate_size: int = 32
+
+
+class SharedMoe(nn.Module):
+    """Qwen2-MoE's sparse MoE block as a module of its own: routed experts (a softmax over all, the chosen
+    probabilities as they are) and a shared expert gated by a sigmoid of a one-output linear."""
+
+    gated = True
+
+    def __init__(self, d_model, config):
+        super().__init__()
+        self.config = config
+        self.gate = nn.Linear(d_model, config.num_experts, bias=False)
+        self.experts = nn.ModuleList(nn.Sequential(nn.Linear(d_model, 32), nn.SiLU(), nn.Linear(32, d_model))
+                                     for _ in range(config.num_experts))
+        self.shared_expert = nn.Sequential(nn.Linear(d_model, 32), nn.SiLU(), nn.Linear(32, d_model))
+        self.shared_expert_gate = nn.Linear(d_model, 1, bias=False)
+
+    def forward(self, h):
+        w, idx = self.gate(h).softmax(-1).topk(self.config.num_experts_per_tok, -1)
+        out = torch.zeros_like(h)
+        for e, expert in enumerate(self.experts):
+            out = out + (w * (idx == e)).sum(-1, keepdim=True) * expert(h)
+        shared = self.shared_expert(h)
+        return out + (torch.sigmoid(self.shared_expert_gate(h)) * shared if self.gated else shared)
+
+
+class UngatedSharedMoe(SharedMoe):
+    gated = False
+
+    def __init__(self, d_model, config):
+        super().__init__(d_model, config)
+        del self.shared_expert_gate
+
+
+class Qwen2MoeShared(TrainBlock):
+    """Correct: Qwen2-MoE's layer, its shared expert gated by a sigmoid (`shared_expert_gate`)."""
+
+    moe_class = SharedMoe
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
+        super().__init__(d_model, n_heads, dropout, causal)
+        del self.w1, self.w2, self.w3
+        self.config = Qwen2MoeSharedConfig()
+        self.mlp = self.moe_class(d_model, self.config)
+
+    def ffn(self, h):
+        return self.drop(self.mlp(h))
+
+
+class Qwen2MoeSharedUngated(Qwen2MoeShared):
+    """Its shared expert added as DeepSeek's is, ungated (no gate built: only `spec` can tell)."""
+
+    moe_class = UngatedSharedMoe
+
+
+@dataclass
 class MixtralConfig:
     model_type: str = "mixtral"
     num_experts: int = 8  # Mixtral's num_local_experts, named as the port's base class reads it
@@ -260,7 +318,9 @@ class MixtralWeightsSwapped(MixtralPort):
 
 PLANTED = {"GroupLimitIgnored": "moe.groups", "GroupsStrided": "moe.groups", "DKVIgnored": "attn.head_dim",
            "BidirectionalMaskedCausally": "attn.causal", "SwiGLUSaidPlainMLP": "ffn.gated",
-           "Qwen2MoeMixtralRouted": "moe.renorm", "MixtralWeightsSwapped": "moe.router"}
-CORRECT = ["GroupLimited", "V3Grouped", "HeadWidthFromDKV", "Bidirectional", "SwiGLUSaid", "Qwen2MoePort", "MixtralPort"]
+           "Qwen2MoeMixtralRouted": "moe.renorm", "MixtralWeightsSwapped": "moe.router",
+           "Qwen2MoeSharedUngated": "moe.shared_gate"}
+CORRECT = ["GroupLimited", "V3Grouped", "HeadWidthFromDKV", "Bidirectional", "SwiGLUSaid", "Qwen2MoePort", "MixtralPort",
+           "Qwen2MoeShared"]
 # bidirectional: run without --causal in the sweeps
 BIDIRECTIONAL = ["Bidirectional"]

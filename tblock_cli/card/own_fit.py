@@ -3,7 +3,7 @@ width is known, a kept window judged within one token and only where the probe c
 only against a mixture layer and its FFN width only against a dense one (an expert's width is another); and claims
 the card judges in its own terms: a scaling's attention factor as a score scale, LongRoPE's factors as a frequency
 table, a dynamic scaling's theta only within its original length, RoPE's direction wherever a block says it rotates,
-T5's bucket count as the distances where the bias changes, a family's softmax router."""
+T5's bucket count as the distances where the bias changes, a family's softmax router and shared expert gate."""
 
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ from tblock_cli.card.own_names import (
     RELONEWAY,
     RENORM_FAMILIES,
     RENORM_OFF,
+    SIGMOID_SHARED_GATES,
     SOFTMAX_GAIN,
     SOFTMAX_ROUTERS,
     TOPKGROUP,
@@ -52,6 +53,7 @@ def needed(claims: tuple[Claim, ...]) -> tuple[str, ...]:
     keys += ("moe.groups",) if any(c.key == NGROUP for c in claims) else ()
     keys += ("moe.renorm",) if any(c.key == RENORM_OFF for c in claims) else ()
     keys += ("moe.router", "moe.experts") if (f := _family(claims)) is not None and f.value in SOFTMAX_ROUTERS else ()
+    keys += ("moe.shared_gate",) if f is not None and f.value in SIGMOID_SHARED_GATES else ()
     return keys + (("attn.head_dim", "rope.dims") if any(c.key in (FRACTION, YARN_GAIN, SOFTMAX_GAIN) for c in claims)
                    else ())
 
@@ -65,7 +67,7 @@ def fitted(claims: tuple[Claim, ...], card: Card, seq: int, d_model: int | None 
     claims = with_yarn_gain(claims, card.value("attn.head_dim"), card.value("rope.dims"))
     claims = with_softmax_gain(claims, card.value("attn.head_dim"))
     claims = with_window(with_ratio(claims, card.value("ffn.gated"), d_model), seq)
-    claims = with_groups(with_buckets(with_direction(with_renorm_off(with_router(claims))), card.value("attn.causal")))
+    claims = with_groups(with_buckets(with_direction(with_renorm_off(with_shared_gate(with_router(claims)))), card.value("attn.causal")))
     experts, act = card.value("moe.experts"), card.value("ffn.act")
     dense_ffn = not experts and act not in (None, "other")
     return tuple(c for c in claims if not (c.key.startswith("moe.") and not experts)
@@ -210,6 +212,17 @@ def with_router(claims: tuple[Claim, ...]) -> tuple[Claim, ...]:
         return claims
     return claims + (Claim("moe.router", "softmax", family.source + f" ({family.value!r} weights the chosen experts by "
                            "a softmax of the router's outputs)", tier=family.tier),)
+
+
+def with_shared_gate(claims: tuple[Claim, ...]) -> tuple[Claim, ...]:
+    """A family whose transformers code gates its shared expert by a sigmoid (SIGMOID_SHARED_GATES) claims
+    moe.shared_gate sigmoid beside a claimed shared expert, where nothing else claims the gate."""
+    family = _family(claims)
+    if family is None or family.value not in SIGMOID_SHARED_GATES or any(c.key == "moe.shared_gate" for c in claims) \
+            or not any(c.key == "moe.shared" and c.value is True for c in claims):
+        return claims
+    return claims + (Claim("moe.shared_gate", "sigmoid", family.source + f" ({family.value!r} gates its shared expert "
+                           "by a sigmoid of a one-output linear)", tier=family.tier),)
 
 
 def with_renorm_off(claims: tuple[Claim, ...]) -> tuple[Claim, ...]:

@@ -46,6 +46,10 @@ RENORM_FAMILIES = ("qwen2_moe", "qwen3_moe", "olmoe", "flex_olmo", "doge", "koli
 # sparsemixer, nor the sigmoid routers (Llama 4's, GLM-4.5's, DeepSeek-V3's, which says so in `scoring_func`)
 SOFTMAX_ROUTERS = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "flex_olmo", "granitemoe", "minimax", "jetmoe",
                    "gpt_oss")
+# Families whose transformers code gates the shared expert's output by a sigmoid of a one-output linear
+# (`shared_expert_gate`): beside a shared expert they claim moe.shared_gate sigmoid (DeepSeek's, GLM's and Llama 4's
+# shared experts are added ungated)
+SIGMOID_SHARED_GATES = ("qwen2_moe", "qwen3_5_moe", "qwen3_next", "qwen3_omni_moe", "qwen4_exp")
 # Fields that size a partial rotation and, in every transformers family that keeps one, rotate the head's first
 # channels (q[..., :rotary_dim]): they claim rope.place first as well (not multi-head latent attention's
 # qk_rope_head_dim, whose rope part comes last)
