@@ -33,6 +33,7 @@ import zoo_construction  # noqa: E402
 import zoo_designs  # noqa: E402
 import zoo_device  # noqa: E402
 import zoo_dropout  # noqa: E402
+import zoo_families  # noqa: E402
 import zoo_float_only  # noqa: E402
 import zoo_framework_names  # noqa: E402
 import zoo_grids  # noqa: E402
@@ -86,6 +87,7 @@ CORRECT.update({f"zoo_framework_names.py:{k}": {"causal": True} for k in zoo_fra
 CORRECT.update({f"zoo_stretch.py:{k}": {"causal": True} for k in zoo_stretch.CORRECT if k not in zoo_stretch.SPEC_ONLY})  # LongRoPE, dynamic NTK, clip_qkv
 CORRECT.update({f"zoo_routing.py:{k}": {"causal": k not in zoo_routing.BIDIRECTIONAL} for k in zoo_routing.CORRECT})  # group-limited routing, d_kv
 CORRECT.update({f"zoo_classes.py:{k}": {"causal": True} for k in zoo_classes.CORRECT})  # classes named for what they compute
+CORRECT.update({f"zoo_families.py:{k}": {"causal": True} for k in zoo_families.CORRECT})  # Qwen3, Gemma, Cohere
 CORRECT.update({f"zoo_paths.py:{k}": {"causal": True} for k in zoo_paths.CORRECT})  # a straight-through, a sparse MoE
 CORRECT.update({f"zoo_attention.py:{k}": {"causal": True} for k in zoo_attention.CORRECT})  # softmax1, a sink
 CORRECT.update({f"zoo_rates.py:{k}": {"causal": True} for k in zoo_rates.CORRECT})  # attention dropout applied, a frozen table
@@ -182,6 +184,7 @@ def missed_bugs(sizes, device="cpu", part=(1, 1)) -> int:
                **{f"zoo_framework_names.py:{k}": ("spec", {"causal": True}) for k in zoo_framework_names.PLANTED},
                **{f"zoo_stretch.py:{k}": ("spec", {"causal": True}) for k in zoo_stretch.PLANTED},
                **{f"zoo_routing.py:{k}": ("spec", {"causal": True}) for k in zoo_routing.PLANTED},
+               **{f"zoo_families.py:{k}": ("spec", {"causal": True}) for k in zoo_families.PLANTED},
                **{f"zoo_classes.py:{k}": ("spec", {"causal": True}) for k in zoo_classes.PLANTED},
                **{f"zoo_paths.py:{k}": (check, {"causal": True}) for k, (check, _) in zoo_paths.PLANTED.items()},
                **{f"zoo_rates.py:{k}": (v.split(".")[0], {"causal": True}) for k, v in zoo_rates.PLANTED.items()},

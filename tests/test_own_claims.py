@@ -10,6 +10,7 @@ import pytest
 import torch.nn as nn
 import zoo_claims
 import zoo_classes
+import zoo_families
 import zoo_framework_names
 import zoo_routing
 import zoo_sizes
@@ -34,7 +35,7 @@ def spec_check(name, d_model=32, zoo="zoo_claims.py", **flags):
 
 ZOOS = {"zoo_claims.py": zoo_claims, "zoo_tables.py": zoo_tables, "zoo_sizes.py": zoo_sizes, "zoo_switches.py": zoo_switches,
         "zoo_framework_names.py": zoo_framework_names, "zoo_stretch.py": zoo_stretch, "zoo_routing.py": zoo_routing,
-        "zoo_classes.py": zoo_classes}
+        "zoo_classes.py": zoo_classes, "zoo_families.py": zoo_families}
 
 
 @pytest.mark.parametrize("zoo, name", [(z, n) for z, m in ZOOS.items() for n in sorted(m.PLANTED)])

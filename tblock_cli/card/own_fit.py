@@ -3,7 +3,7 @@ width is known, a kept window judged within one token and only where the probe c
 only against a mixture layer and its FFN width only against a dense one (an expert's width is another); and claims
 the card judges in its own terms: a scaling's attention factor as a score scale, LongRoPE's factors as a frequency
 table, a dynamic scaling's theta only within its original length, RoPE's direction wherever a block says it rotates,
-T5's bucket count as the distances where the bias changes, a family's softmax router and shared expert gate."""
+T5's bucket count as the distances where the bias changes, a family's softmax router and shared expert gate, and what a family computes with no field saying it."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from tblock_cli.card.own_names import (
     BACKWARD_ROTATION,
     DYNAMIC,
     FAMILY,
+    FAMILY_IMPLIED,
     LONGROPE,
     MSCALE_FAMILIES,
     NGROUP,
@@ -54,6 +55,7 @@ def needed(claims: tuple[Claim, ...]) -> tuple[str, ...]:
     keys += ("moe.renorm",) if any(c.key == RENORM_OFF for c in claims) else ()
     keys += ("moe.router", "moe.experts") if (f := _family(claims)) is not None and f.value in SOFTMAX_ROUTERS else ()
     keys += ("moe.shared_gate",) if f is not None and f.value in SIGMOID_SHARED_GATES else ()
+    keys += tuple(FAMILY_IMPLIED.get(f.value, {})) if f is not None and isinstance(f.value, str) else ()
     return keys + (("attn.head_dim", "rope.dims") if any(c.key in (FRACTION, YARN_GAIN, SOFTMAX_GAIN) for c in claims)
                    else ())
 
@@ -67,7 +69,7 @@ def fitted(claims: tuple[Claim, ...], card: Card, seq: int, d_model: int | None 
     claims = with_yarn_gain(claims, card.value("attn.head_dim"), card.value("rope.dims"))
     claims = with_softmax_gain(claims, card.value("attn.head_dim"))
     claims = with_window(with_ratio(claims, card.value("ffn.gated"), d_model), seq)
-    claims = with_groups(with_buckets(with_direction(with_renorm_off(with_shared_gate(with_router(claims)))), card.value("attn.causal")))
+    claims = with_groups(with_buckets(with_direction(with_renorm_off(with_shared_gate(with_router(with_implied(claims))))), card.value("attn.causal")))
     experts, act = card.value("moe.experts"), card.value("ffn.act")
     dense_ffn = not experts and act not in (None, "other")
     return tuple(c for c in claims if not (c.key.startswith("moe.") and not experts)
@@ -202,6 +204,16 @@ def with_buckets(claims: tuple[Claim, ...], causal) -> tuple[Claim, ...]:
                   and bucket(o) != bucket(o + 1 if o < 0 else o - 1))
     return out + (Claim("relbias.steps", steps, nb.source + f" (T5's buckets: {buckets}, to {top}, "
                         f"{'one way' if one_way.value else 'both ways'})", tier=nb.tier),)
+
+
+def with_implied(claims: tuple[Claim, ...]) -> tuple[Claim, ...]:
+    """What a family computes in every layer with no field saying it (FAMILY_IMPLIED: Qwen3's per-head q/k norms,
+    Gemma's (1 + w) norms, ...), claimed by its model_type for each key nothing else claims."""
+    family = _family(claims)
+    implied = FAMILY_IMPLIED.get(family.value, {}) if family is not None and isinstance(family.value, str) else {}
+    said = {c.key for c in claims}
+    return claims + tuple(Claim(key, value, family.source + f" ({family.value!r} computes it in every layer)",
+                                tier=family.tier) for key, value in implied.items() if key not in said)
 
 
 def with_router(claims: tuple[Claim, ...]) -> tuple[Claim, ...]:

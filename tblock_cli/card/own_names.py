@@ -50,6 +50,18 @@ SOFTMAX_ROUTERS = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "flex_olmo", "g
 # (`shared_expert_gate`): beside a shared expert they claim moe.shared_gate sigmoid (DeepSeek's, GLM's and Llama 4's
 # shared experts are added ungated)
 SIGMOID_SHARED_GATES = ("qwen2_moe", "qwen3_5_moe", "qwen3_next", "qwen3_omni_moe", "qwen4_exp")
+# What a family's transformers code computes in every layer with no config field saying it, claimed by its
+# `model_type` where nothing else claims the key (each read so on its own layer, `tblock spec --block hf:TYPE`):
+# Qwen3's and OLMo 2's norms on q and k (per head, over the whole projection), OLMo 2's norms after each sublayer,
+# Gemma's (1 + w) RMSNorm and Gemma 2's and 3's norms on both sides of each sublayer, Cohere's parallel sublayers
+FAMILY_IMPLIED = {
+    "qwen3": {"attn.qk_norm": "head"}, "qwen3_moe": {"attn.qk_norm": "head"},
+    "olmo2": {"attn.qk_norm": "width", "norm.placement": "olmo2"}, "olmo3": {"attn.qk_norm": "width", "norm.placement": "olmo2"},
+    "gemma": {"norm.offset": True}, "vaultgemma": {"norm.offset": True},
+    "gemma2": {"norm.offset": True, "norm.placement": "sandwich"},
+    "gemma3_text": {"norm.offset": True, "norm.placement": "sandwich", "attn.qk_norm": "head"},
+    "cohere": {"residual.form": "parallel"}, "cohere2": {"residual.form": "parallel"},
+}
 # Fields that size a partial rotation and, in every transformers family that keeps one, rotate the head's first
 # channels (q[..., :rotary_dim]): they claim rope.place first as well (not multi-head latent attention's
 # qk_rope_head_dim, whose rope part comes last)

@@ -1,0 +1,103 @@
+"""What a family computes with no config field saying it, claimed by the `model_type` a port's config keeps: Qwen3's
+per-head norms on q and k, Gemma's (1 + w) RMSNorm, Cohere's parallel sublayers. Each planted port leaves one out and
+fails `spec` naming the entry; each twin passes."""
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from zoo_training import RMSNorm, TrainBlock, heads, merge
+
+
+@dataclass
+class FamilyConfig:
+    model_type: str = "qwen3"
+    rms_norm_eps: float = 1e-6
+
+
+class Qwen3Port(TrainBlock):
+    """Correct: Qwen3's attention, an RMSNorm over each head's channels on q and on k before the rotation."""
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
+        super().__init__(d_model, n_heads, dropout, causal)
+        self.config = FamilyConfig()
+        self.q_norm, self.k_norm = RMSNorm(d_model // n_heads), RMSNorm(d_model // n_heads)
+
+    def qk(self, q, k):
+        return self.q_norm(q), self.k_norm(k)
+
+    def attention(self, h):
+        q, k, v = (heads(p(h), self.n_heads) for p in (self.q_proj, self.k_proj, self.v_proj))
+        q, k = self.qk(q, k)
+        y = F.scaled_dot_product_attention(self.rotary(q), self.rotary(k), v, is_causal=self.causal,
+                                           dropout_p=self.p if self.training else 0.0)
+        return self.o_proj(merge(y))
+
+
+class Qwen3PortWithoutQKNorm(Qwen3Port):
+    """A Qwen3 port written from Qwen2's layer: no norm on q and k (the norms' weights would load unused)."""
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
+        super().__init__(d_model, n_heads, dropout, causal)
+        del self.q_norm, self.k_norm
+
+    def qk(self, q, k):
+        return q, k
+
+
+class OffsetRMSNorm(RMSNorm):
+    """Gemma's RMSNorm: the weight stored as an offset from 1, started at 0."""
+
+    def __init__(self, d, eps=1e-6):
+        super().__init__(d, eps)
+        nn.init.zeros_(self.weight)
+
+    def reset_parameters(self):
+        nn.init.zeros_(self.weight)
+
+    def forward(self, x):
+        h = x.float()
+        return (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * (1 + self.weight)
+
+
+class GemmaPort(TrainBlock):
+    """Correct: Gemma's (1 + w) RMSNorms."""
+
+    norm_class = OffsetRMSNorm
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
+        super().__init__(d_model, n_heads, dropout, causal)
+        self.config = FamilyConfig(model_type="gemma")
+
+
+class GemmaPortPlainNorm(GemmaPort):
+    """A Gemma port with Llama's RMSNorm (weight started at 1, applied as w): the checkpoints' offsets read as gains."""
+
+    norm_class = RMSNorm
+
+
+class CoherePort(TrainBlock):
+    """Correct: Cohere's layer, attention and FFN reading one norm of the same stream, added together."""
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
+        super().__init__(d_model, n_heads, dropout, causal)
+        self.config = FamilyConfig(model_type="cohere")
+        del self.ffn_norm
+
+    def forward(self, x):
+        h = self.attn_norm(x)
+        return x + self.drop(self.attention(h)) + self.ffn(h)
+
+
+class CoherePortSequential(CoherePort):
+    """A Cohere port with Llama's sequential sublayers (the FFN reads the stream after attention's add)."""
+
+    def forward(self, x):
+        x = x + self.drop(self.attention(self.attn_norm(x)))
+        return x + self.ffn(self.attn_norm(x))
+
+
+PLANTED = {"Qwen3PortWithoutQKNorm": "attn.qk_norm", "GemmaPortPlainNorm": "norm.offset",
+           "CoherePortSequential": "residual.form"}
+CORRECT = ["Qwen3Port", "GemmaPort", "CoherePort"]
