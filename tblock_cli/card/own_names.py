@@ -53,7 +53,8 @@ SIGMOID_SHARED_GATES = ("qwen2_moe", "qwen3_5_moe", "qwen3_next", "qwen3_omni_mo
 # What a family's transformers code computes in every layer with no config field saying it, claimed by its
 # `model_type` where nothing else claims the key (each read so on its own layer, `tblock spec --block hf:TYPE`):
 # Qwen3's and OLMo 2's norms on q and k (per head, over the whole projection), OLMo 2's norms after each sublayer,
-# Gemma's (1 + w) RMSNorm and Gemma 2's and 3's norms on both sides of each sublayer, Cohere's parallel sublayers
+# Gemma's (1 + w) RMSNorm and Gemma 2's and 3's norms on both sides of each sublayer, Cohere's parallel sublayers,
+# EXAONE 4's, Apertus's and Doge's per-head q/k norms, GLM-4's sandwich, Nemotron's LayerNorm1P
 FAMILY_IMPLIED = {
     "qwen3": {"attn.qk_norm": "head"}, "qwen3_moe": {"attn.qk_norm": "head"},
     "olmo2": {"attn.qk_norm": "width", "norm.placement": "olmo2"}, "olmo3": {"attn.qk_norm": "width", "norm.placement": "olmo2"},
@@ -61,6 +62,8 @@ FAMILY_IMPLIED = {
     "gemma2": {"norm.offset": True, "norm.placement": "sandwich"},
     "gemma3_text": {"norm.offset": True, "norm.placement": "sandwich", "attn.qk_norm": "head"},
     "cohere": {"residual.form": "parallel"}, "cohere2": {"residual.form": "parallel"},
+    "exaone4": {"attn.qk_norm": "head", "norm.placement": "olmo2"}, "apertus": {"attn.qk_norm": "head"},
+    "doge": {"attn.qk_norm": "head"}, "glm4": {"norm.placement": "sandwich"}, "nemotron": {"norm.offset": True},
 }
 # Fields that size a partial rotation and, in every transformers family that keeps one, rotate the head's first
 # channels (q[..., :rotary_dim]): they claim rope.place first as well (not multi-head latent attention's
