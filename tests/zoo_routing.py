@@ -145,7 +145,9 @@ class DKVIgnored(HeadWidthFromDKV):
 
 @dataclass
 class GemmaConfig:
-    model_type: str = "gemma3_text"
+    """EmbeddingGemma's switch, without its model_type (gemma3_text's family also claims (1 + w) norms on both sides of
+    each sublayer and per-head q/k norms, which this small block leaves out)."""
+
     use_bidirectional_attention: bool = True
 
 
