@@ -250,7 +250,10 @@ def check_derivative(ctx: Context) -> Outcome:
             return False
         with torch.no_grad():
             base = value(x).item()
-        return any(_moved_by(params, originals, dps, sign * SURROGATE_MOVE, lambda: value(x).item()) != base
+        # each direction rescaled to its tensor's RMS (a scalar's draw may be small), then moved by half that
+        unit = [None if d is None else d * (o.pow(2).mean().sqrt() / d.pow(2).mean().sqrt().clamp_min(1e-300))
+                for d, o in zip(dps, originals)]
+        return any(_moved_by(params, originals, unit, sign * SURROGATE_MOVE, lambda: value(x).item()) != base
                    for sign in (1.0, -1.0))
 
     wrong, surrogate = [], []
