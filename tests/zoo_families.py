@@ -1,5 +1,5 @@
 """What a family computes with no config field saying it, claimed by the `model_type` a port's config keeps: Qwen3's
-per-head norms on q and k, Gemma's (1 + w) RMSNorm, Cohere's parallel sublayers. Each planted port leaves one out and
+per-head norms on q and k, Gemma's (1 + w) RMSNorm, Cohere's parallel sublayers, Llama's gated FFN. Each planted port leaves one out and
 fails `spec` naming the entry; each twin passes."""
 
 from dataclasses import dataclass
@@ -98,6 +98,25 @@ class CoherePortSequential(CoherePort):
         return x + self.ffn(self.attn_norm(x))
 
 
+class LlamaPort(TrainBlock):
+    """Correct: Llama's layer (its SwiGLU FFN gated)."""
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
+        super().__init__(d_model, n_heads, dropout, causal)
+        self.config = FamilyConfig(model_type="llama")
+
+
+class LlamaPortPlainMLP(LlamaPort):
+    """A Llama port with GPT-2's MLP shape, one activation between two projections (no up projection to gate)."""
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
+        super().__init__(d_model, n_heads, dropout, causal)
+        del self.w3
+
+    def ffn(self, h):
+        return self.drop(self.w2(F.silu(self.w1(h))))
+
+
 PLANTED = {"Qwen3PortWithoutQKNorm": "attn.qk_norm", "GemmaPortPlainNorm": "norm.offset",
-           "CoherePortSequential": "residual.form"}
-CORRECT = ["Qwen3Port", "GemmaPort", "CoherePort"]
+           "CoherePortSequential": "residual.form", "LlamaPortPlainMLP": "ffn.gated"}
+CORRECT = ["Qwen3Port", "GemmaPort", "CoherePort", "LlamaPort"]

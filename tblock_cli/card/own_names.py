@@ -65,6 +65,12 @@ FAMILY_IMPLIED = {
     "exaone4": {"attn.qk_norm": "head", "norm.placement": "olmo2"}, "apertus": {"attn.qk_norm": "head"},
     "doge": {"attn.qk_norm": "head"}, "glm4": {"norm.placement": "sandwich"}, "nemotron": {"norm.offset": True},
 }
+# ... and whether the FFN is gated (act(gate) * up, Llama's; an act between two projections, GPT-2's), each read so
+FFN_GATED = {**dict.fromkeys(("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "olmo",
+                              "olmo2", "cohere", "granite"), True),
+             **dict.fromkeys(("gpt2", "gpt_neox", "phi", "falcon", "bloom", "opt", "starcoder2", "gptj"), False)}
+FAMILY_IMPLIED = {f: {**FAMILY_IMPLIED.get(f, {}), **({"ffn.gated": FFN_GATED[f]} if f in FFN_GATED else {})}
+                  for f in FAMILY_IMPLIED.keys() | FFN_GATED.keys()}
 # Fields that size a partial rotation and, in every transformers family that keeps one, rotate the head's first
 # channels (q[..., :rotary_dim]): they claim rope.place first as well (not multi-head latent attention's
 # qk_rope_head_dim, whose rope part comes last)
