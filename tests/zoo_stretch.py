@@ -216,8 +216,7 @@ class ClipQKVIgnored(ClippedQKV):
 
 @dataclass
 class PartialConfig:
-    model_type: str = "phi"
-    partial_rotary_factor: float = 0.5
+    partial_rotary_factor: float = 0.5  # no model_type: Phi's family would claim its ungated FFN too
 
 
 class PartialRotary(torch.nn.Module):
@@ -242,7 +241,7 @@ class PartialRotaryLast(PartialRotary):
 
 
 class PartialFirst(TrainBlock):
-    """Correct: Phi's partial rotation, the head's first half of channels turning (partial_rotary_factor 0.5)."""
+    """Correct: a partial rotation as Phi's, the head's first half of channels turning (partial_rotary_factor 0.5)."""
 
     rotary_class = PartialRotary
 
