@@ -250,9 +250,8 @@ def check_derivative(ctx: Context) -> Outcome:
             return False
         with torch.no_grad():
             base = value(x).item()
-        # each direction rescaled to its tensor's RMS (a scalar's draw may be small), then moved by half that
         unit = [None if d is None else d * (o.pow(2).mean().sqrt() / d.pow(2).mean().sqrt().clamp_min(1e-300))
-                for d, o in zip(dps, originals)]
+                for d, o in zip(dps, originals)]  # at its tensor's RMS: a scalar's draw may be small
         return any(_moved_by(params, originals, unit, sign * SURROGATE_MOVE, lambda: value(x).item()) != base
                    for sign in (1.0, -1.0))
 
@@ -281,9 +280,8 @@ def _moved_by(params, originals, dps, h: float, value) -> float:
     """value() with each parameter moved by h times its direction in dps (None: left), put back after."""
     with torch.no_grad():
         try:
-            for (_, p), orig, d in zip(params, originals, dps):
-                if d is not None:
-                    p.copy_(orig).add_(d, alpha=h)
+            for (_, p), orig, d in ((q, o, d) for q, o, d in zip(params, originals, dps) if d is not None):
+                p.copy_(orig).add_(d, alpha=h)
             return value()
         finally:
             for (_, p), orig in zip(params, originals):
