@@ -3,7 +3,8 @@ width is known, a kept window judged within one token and only where the probe c
 only against a mixture layer and its FFN width only against a dense one (an expert's width is another); and claims
 the card judges in its own terms: a scaling's attention factor as a score scale, LongRoPE's factors as a frequency
 table, a dynamic scaling's theta only within its original length, RoPE's direction wherever a block says it rotates,
-T5's bucket count as the distances where the bias changes, a family's softmax router and shared expert gate, and what a family computes with no field saying it."""
+T5's bucket count as the distances where the bias changes, a family's softmax router and shared expert gate,
+and what a family computes with no field saying it."""
 
 from __future__ import annotations
 
@@ -69,7 +70,8 @@ def fitted(claims: tuple[Claim, ...], card: Card, seq: int, d_model: int | None 
     claims = with_yarn_gain(claims, card.value("attn.head_dim"), card.value("rope.dims"))
     claims = with_softmax_gain(claims, card.value("attn.head_dim"))
     claims = with_window(with_ratio(claims, card.value("ffn.gated"), d_model), seq)
-    claims = with_groups(with_buckets(with_direction(with_renorm_off(with_shared_gate(with_router(with_implied(claims))))), card.value("attn.causal")))
+    claims = with_renorm_off(with_shared_gate(with_router(with_implied(claims))))
+    claims = with_groups(with_buckets(with_direction(claims), card.value("attn.causal")))
     experts, act = card.value("moe.experts"), card.value("ffn.act")
     dense_ffn = not experts and act not in (None, "other")
     return tuple(c for c in claims if not (c.key.startswith("moe.") and not experts)

@@ -192,10 +192,10 @@ def unreached_by_other_inputs(ctx: Context, missing: list[str], in_graph: set[in
 
 def dead_slices(ctx: Context, names: dict[str, str]) -> dict[str, tuple[str, int, int]]:
     """Of the matrices ({name: output axis}) whose gradient had whole output rows or columns exactly zero, and not all,
-    those whose same rows or columns get an exactly zero gradient again in training steps of other inputs of about
-    OTHER_TOKENS tokens,
-    once with the block's parameters as they are and once with every parameter and floating buffer moved (at half its
-    scale; a zero one given 1/sqrt(its last axis)): {name: (axis, how many, of how many)}. A unit a draw left off (a
+    those whose same rows or columns get an exactly zero gradient again at the probe's seeded draw and in training
+    steps of other inputs of about OTHER_TOKENS tokens, once with the block's parameters as they are and once with every
+    parameter and floating buffer moved (at half its scale; a zero one given 1/sqrt(its last axis)): {name: (axis, how
+    many, of how many)}. A unit a draw left off (a
     ReLU's, an expert's, its router's row), one behind a zero-initialised gate (adaLN-Zero's) or a pruning mask, comes
     alive in one of them; a projection's output that nothing reads (a chunk discarded, a slice of the keys' width
     kept) never does."""
