@@ -4,9 +4,8 @@ fails `spec` naming the entry; each twin passes."""
 
 from dataclasses import dataclass
 
-import torch
-import torch.nn as nn
 import torch.nn.functional as F
+from zoo_switches import OffsetRMSNorm  # Gemma's (1 + w) RMSNorm, started at 0, as Megatron's zero-centred gamma
 from zoo_training import RMSNorm, TrainBlock, heads, merge
 
 
@@ -44,21 +43,6 @@ class Qwen3PortWithoutQKNorm(Qwen3Port):
 
     def qk(self, q, k):
         return q, k
-
-
-class OffsetRMSNorm(RMSNorm):
-    """Gemma's RMSNorm: the weight stored as an offset from 1, started at 0."""
-
-    def __init__(self, d, eps=1e-6):
-        super().__init__(d, eps)
-        nn.init.zeros_(self.weight)
-
-    def reset_parameters(self):
-        nn.init.zeros_(self.weight)
-
-    def forward(self, x):
-        h = x.float()
-        return (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * (1 + self.weight)
 
 
 class GemmaPort(TrainBlock):
