@@ -1,9 +1,10 @@
 """What a family computes with no config field saying it, claimed by the `model_type` a port's config keeps: Qwen3's
-per-head norms on q and k, Gemma's (1 + w) RMSNorm, Cohere's parallel sublayers, Llama's gated FFN. Each planted port leaves one out and
-fails `spec` naming the entry; each twin passes."""
+per-head norms on q and k, Gemma's (1 + w) RMSNorm, Cohere's parallel sublayers, Llama's gated FFN and RMSNorm. Each
+planted port leaves one out and fails `spec` naming the entry; each twin passes."""
 
 from dataclasses import dataclass
 
+import torch.nn as nn
 import torch.nn.functional as F
 from zoo_switches import OffsetRMSNorm  # Gemma's (1 + w) RMSNorm, started at 0, as Megatron's zero-centred gamma
 from zoo_training import RMSNorm, TrainBlock, heads, merge
@@ -61,8 +62,17 @@ class GemmaPortPlainNorm(GemmaPort):
     norm_class = RMSNorm
 
 
+class CohereLayerNorm(nn.LayerNorm):
+    """Cohere's LayerNorm: the mean subtracted, no bias."""
+
+    def __init__(self, d, eps=1e-6):  # the config's eps
+        super().__init__(d, eps=eps, bias=False)
+
+
 class CoherePort(TrainBlock):
-    """Correct: Cohere's layer, attention and FFN reading one norm of the same stream, added together."""
+    """Correct: Cohere's layer, attention and FFN reading one LayerNorm of the same stream, added together."""
+
+    norm_class = CohereLayerNorm
 
     def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
         super().__init__(d_model, n_heads, dropout, causal)
@@ -101,6 +111,17 @@ class LlamaPortPlainMLP(LlamaPort):
         return self.drop(self.w2(F.silu(self.w1(h))))
 
 
+class ConfigEpsLayerNorm(nn.LayerNorm):
+    def __init__(self, d, eps=1e-6):  # the config's eps
+        super().__init__(d, eps=eps)
+
+
+class LlamaPortLayerNorm(LlamaPort):
+    """A Llama port with nn.LayerNorm where Llama's RMSNorm is (the mean subtracted, a bias added)."""
+
+    norm_class = ConfigEpsLayerNorm
+
+
 PLANTED = {"Qwen3PortWithoutQKNorm": "attn.qk_norm", "GemmaPortPlainNorm": "norm.offset",
-           "CoherePortSequential": "residual.form", "LlamaPortPlainMLP": "ffn.gated"}
+           "CoherePortSequential": "residual.form", "LlamaPortPlainMLP": "ffn.gated", "LlamaPortLayerNorm": "norm.kind"}
 CORRECT = ["Qwen3Port", "GemmaPort", "CoherePort", "LlamaPort"]

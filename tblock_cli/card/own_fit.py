@@ -210,12 +210,15 @@ def with_buckets(claims: tuple[Claim, ...], causal) -> tuple[Claim, ...]:
 
 def with_implied(claims: tuple[Claim, ...]) -> tuple[Claim, ...]:
     """What a family computes in every layer with no field saying it (FAMILY_IMPLIED: Qwen3's per-head q/k norms,
-    Gemma's (1 + w) norms, ...), claimed by its model_type for each key nothing else claims."""
+    Gemma's (1 + w) norms, ...), claimed by its model_type for each key no argument, config or attribute claims; over
+    what a class name says (a Llama port's config outranks the nn.LayerNorm it was built with)."""
     family = _family(claims)
     implied = FAMILY_IMPLIED.get(family.value, {}) if family is not None and isinstance(family.value, str) else {}
-    said = {c.key for c in claims}
-    return claims + tuple(Claim(key, value, family.source + f" ({family.value!r} computes it in every layer)",
-                                tier=family.tier) for key, value in implied.items() if key not in said)
+    said = {c.key for c in claims if c.tier != "named"}
+    implied = {k: v for k, v in implied.items() if k not in said}
+    return tuple(c for c in claims if c.key not in implied) + tuple(
+        Claim(key, value, family.source + f" ({family.value!r} computes it in every layer)", tier=family.tier)
+        for key, value in implied.items())
 
 
 def with_router(claims: tuple[Claim, ...]) -> tuple[Claim, ...]:

@@ -69,8 +69,15 @@ FAMILY_IMPLIED = {
 FFN_GATED = {**dict.fromkeys(("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "olmo",
                               "olmo2", "cohere", "granite"), True),
              **dict.fromkeys(("gpt2", "gpt_neox", "phi", "falcon", "bloom", "opt", "starcoder2", "gptj"), False)}
-FAMILY_IMPLIED = {f: {**FAMILY_IMPLIED.get(f, {}), **({"ffn.gated": FFN_GATED[f]} if f in FFN_GATED else {})}
-                  for f in FAMILY_IMPLIED.keys() | FFN_GATED.keys()}
+# ... and which norm it is (an RMSNorm, or a LayerNorm that subtracts the mean: Cohere's without a bias, OLMo's
+# without parameters), each read so
+NORM_KIND = {**dict.fromkeys(("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "olmo2",
+                              "granite", "mixtral", "qwen2_moe", "qwen3_moe", "olmoe"), "rmsnorm"),
+             **dict.fromkeys(("olmo", "cohere", "gpt2", "gpt_neox", "phi", "falcon", "bloom", "opt", "starcoder2",
+                              "gptj"), "layernorm")}
+FAMILY_IMPLIED = {f: {**FAMILY_IMPLIED.get(f, {}), **({"ffn.gated": FFN_GATED[f]} if f in FFN_GATED else {}),
+                      **({"norm.kind": NORM_KIND[f]} if f in NORM_KIND else {})}
+                  for f in FAMILY_IMPLIED.keys() | FFN_GATED.keys() | NORM_KIND.keys()}
 # Fields that size a partial rotation and, in every transformers family that keeps one, rotate the head's first
 # channels (q[..., :rotary_dim]): they claim rope.place first as well (not multi-head latent attention's
 # qk_rope_head_dim, whose rope part comes last)
