@@ -1,13 +1,13 @@
 """What a family computes with no config field saying it, claimed by the `model_type` a port's config keeps: Qwen3's
-per-head norms on q and k, Gemma's (1 + w) RMSNorm, Cohere's parallel sublayers, Llama's gated FFN and RMSNorm. Each
-planted port leaves one out and fails `spec` naming the entry; each twin passes."""
+per-head norms on q and k, Gemma's (1 + w) RMSNorm, Cohere's parallel sublayers, Llama's gated FFN, RMSNorm and
+rotate-half pairing. Each planted port leaves one out and fails `spec` naming the entry; each twin passes."""
 
 from dataclasses import dataclass
 
 import torch.nn as nn
 import torch.nn.functional as F
 from zoo_switches import OffsetRMSNorm  # Gemma's (1 + w) RMSNorm, started at 0, as Megatron's zero-centred gamma
-from zoo_training import RMSNorm, TrainBlock, heads, merge
+from zoo_training import HalfRotary, RMSNorm, Rotary, TrainBlock, heads, merge
 
 
 @dataclass
@@ -18,6 +18,8 @@ class FamilyConfig:
 
 class Qwen3Port(TrainBlock):
     """Correct: Qwen3's attention, an RMSNorm over each head's channels on q and on k before the rotation."""
+
+    rotary_class = HalfRotary  # transformers' layout, as the family's checkpoints pair the channels
 
     def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
         super().__init__(d_model, n_heads, dropout, causal)
@@ -48,6 +50,8 @@ class Qwen3PortWithoutQKNorm(Qwen3Port):
 
 class GemmaPort(TrainBlock):
     """Correct: Gemma's (1 + w) RMSNorms."""
+
+    rotary_class = HalfRotary  # transformers' layout, as the family's checkpoints pair the channels
 
     norm_class = OffsetRMSNorm
 
@@ -95,6 +99,8 @@ class CoherePortSequential(CoherePort):
 class LlamaPort(TrainBlock):
     """Correct: Llama's layer (its SwiGLU FFN gated)."""
 
+    rotary_class = HalfRotary  # transformers' layout, as the family's checkpoints pair the channels
+
     def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
         super().__init__(d_model, n_heads, dropout, causal)
         self.config = FamilyConfig(model_type="llama")
@@ -111,6 +117,13 @@ class LlamaPortPlainMLP(LlamaPort):
         return self.drop(self.w2(F.silu(self.w1(h))))
 
 
+class LlamaPortInterleaved(LlamaPort):
+    """A Llama port holding transformers' config with Meta's interleaved rotary (pairs 2i, 2i + 1): transformers'
+    checkpoints pair i with i + dims/2, their q/k weights permuted at conversion."""
+
+    rotary_class = Rotary
+
+
 class ConfigEpsLayerNorm(nn.LayerNorm):
     def __init__(self, d, eps=1e-6):  # the config's eps
         super().__init__(d, eps=eps)
@@ -123,5 +136,6 @@ class LlamaPortLayerNorm(LlamaPort):
 
 
 PLANTED = {"Qwen3PortWithoutQKNorm": "attn.qk_norm", "GemmaPortPlainNorm": "norm.offset",
-           "CoherePortSequential": "residual.form", "LlamaPortPlainMLP": "ffn.gated", "LlamaPortLayerNorm": "norm.kind"}
+           "CoherePortSequential": "residual.form", "LlamaPortPlainMLP": "ffn.gated", "LlamaPortLayerNorm": "norm.kind",
+           "LlamaPortInterleaved": "rope.pairing"}
 CORRECT = ["Qwen3Port", "GemmaPort", "CoherePort", "LlamaPort"]

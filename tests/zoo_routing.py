@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from zoo_training import TrainBlock
+from zoo_training import HalfRotary, TrainBlock
 
 
 @dataclass
@@ -206,6 +206,8 @@ class Qwen2MoePort(GroupLimited):
     """Correct: Qwen2-MoE's router, a softmax over every expert and the chosen experts' probabilities as they are
     (its config's norm_topk_prob=False)."""
 
+    rotary_class = HalfRotary  # transformers' layout, as the family's checkpoints pair the channels
+
     config_class = Qwen2MoeConfig
 
     def group_mask(self, s):
@@ -272,6 +274,8 @@ class UngatedSharedMoe(SharedMoe):
 
 class Qwen2MoeShared(TrainBlock):
     """Correct: Qwen2-MoE's layer, its shared expert gated by a sigmoid (`shared_expert_gate`)."""
+
+    rotary_class = HalfRotary  # transformers' layout, as the family's checkpoints pair the channels
 
     moe_class = SharedMoe
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from zoo_training import Rotary, TrainBlock, heads, merge
+from zoo_training import HalfRotary, Rotary, TrainBlock, heads, merge
 
 
 class BackwardRotary(Rotary):
@@ -32,6 +32,16 @@ class CountedDownRotary(Rotary):
         return torch.outer(torch.arange(T - 1, -1, -1, device=device, dtype=torch.float32), self.inv_freq.float())
 
 
+class BackwardHalfRotary(HalfRotary):
+    """rotate-half as cat(x2, -x1) where cat(-x2, x1) was meant (a sign slipped): every pair turned by -angle."""
+
+    sign = -1.0
+
+
+class CountedDownHalfRotary(HalfRotary):
+    angles = CountedDownRotary.angles
+
+
 @dataclass
 class PortConfig:
     """The config a port keeps: which family's checkpoints it reads (transformers' model_type) and its base."""
@@ -41,9 +51,10 @@ class PortConfig:
 
 
 class LlamaPort(TrainBlock):
-    """Correct: a Llama port keeping its config; RoPE turns each pair forward, as Llama's checkpoints were trained."""
+    """Correct: a Llama port keeping its config; RoPE turns each pair forward, as Llama's checkpoints were trained, in
+    their layout (rotate-half)."""
 
-    family = "llama"
+    family, rotary_class = "llama", HalfRotary
 
     def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
         super().__init__(d_model, n_heads, dropout, causal)
@@ -53,11 +64,11 @@ class LlamaPort(TrainBlock):
 class RotateHalfSignSlipped(LlamaPort):
     """A Llama port whose rotate-half has its sign slipped: every pair turns backward."""
 
-    rotary_class = BackwardRotary
+    rotary_class = BackwardHalfRotary
 
 
 class PositionsCountedDown(LlamaPort):
-    rotary_class = CountedDownRotary
+    rotary_class = CountedDownHalfRotary
 
 
 class NanochatPort(LlamaPort):

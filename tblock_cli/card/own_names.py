@@ -75,9 +75,17 @@ NORM_KIND = {**dict.fromkeys(("llama", "mistral", "qwen2", "qwen3", "gemma", "ge
                               "granite", "mixtral", "qwen2_moe", "qwen3_moe", "olmoe"), "rmsnorm"),
              **dict.fromkeys(("olmo", "cohere", "gpt2", "gpt_neox", "phi", "falcon", "bloom", "opt", "starcoder2",
                               "gptj"), "layernorm")}
+# ... and how its checkpoints pair the rotating channels in the projections' outputs (transformers' rotate_half: i with
+# i + dims/2, the q/k weights permuted from Meta's interleaved layout at conversion; Cohere's and GPT-J's 2i with
+# 2i + 1), each read so: a port holding the family's config reads its checkpoints as they are
+ROPE_PAIRING = {**dict.fromkeys(("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "olmo",
+                                 "olmo2", "granite", "mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "gpt_neox", "phi",
+                                 "stablelm", "falcon", "starcoder2"), "half"),
+                **dict.fromkeys(("cohere", "cohere2", "gptj"), "interleaved")}
 FAMILY_IMPLIED = {f: {**FAMILY_IMPLIED.get(f, {}), **({"ffn.gated": FFN_GATED[f]} if f in FFN_GATED else {}),
-                      **({"norm.kind": NORM_KIND[f]} if f in NORM_KIND else {})}
-                  for f in FAMILY_IMPLIED.keys() | FFN_GATED.keys() | NORM_KIND.keys()}
+                      **({"norm.kind": NORM_KIND[f]} if f in NORM_KIND else {}),
+                      **({"rope.pairing": ROPE_PAIRING[f]} if f in ROPE_PAIRING else {})}
+                  for f in FAMILY_IMPLIED.keys() | FFN_GATED.keys() | NORM_KIND.keys() | ROPE_PAIRING.keys()}
 # Fields that size a partial rotation and, in every transformers family that keeps one, rotate the head's first
 # channels (q[..., :rotary_dim]): they claim rope.place first as well (not multi-head latent attention's
 # qk_rope_head_dim, whose rope part comes last)
