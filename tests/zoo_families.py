@@ -4,10 +4,24 @@ rotate-half pairing. Each planted port leaves one out and fails `spec` naming th
 
 from dataclasses import dataclass
 
+import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from zoo_switches import OffsetRMSNorm  # Gemma's (1 + w) RMSNorm, started at 0, as Megatron's zero-centred gamma
-from zoo_training import HalfRotary, RMSNorm, Rotary, TrainBlock, heads, merge
+from zoo_training import RMSNorm, Rotary, TrainBlock, heads, merge
+
+
+class HalfRotary(Rotary):
+    """The same rotation in transformers' layout (rotate_half): channel i turns with i + dims/2, as the checkpoints of
+    a family whose config a port keeps (Llama's, Qwen's, Gemma's) pair them."""
+
+    sign = 1.0  # -1: the sign slipped into rotate-half, every pair turned the other way
+
+    def forward(self, t):
+        freqs = self.angles(t.shape[-2], t.device)
+        cos, sin = freqs.cos().to(t.dtype), (self.sign * freqs.sin()).to(t.dtype)
+        t1, t2 = t.chunk(2, -1)
+        return torch.cat((t1 * cos - t2 * sin, t2 * cos + t1 * sin), dim=-1)
 
 
 @dataclass

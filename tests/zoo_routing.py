@@ -10,7 +10,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from zoo_training import HalfRotary, TrainBlock
+from zoo_families import HalfRotary
+from zoo_training import TrainBlock
 
 
 @dataclass

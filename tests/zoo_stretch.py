@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from zoo_training import HalfRotary, Rotary, TrainBlock, heads, merge
+from zoo_families import HalfRotary
+from zoo_training import Rotary, TrainBlock, heads, merge
 
 
 class BackwardRotary(Rotary):

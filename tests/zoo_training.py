@@ -78,19 +78,6 @@ class Rotary(nn.Module):
         return torch.stack((t1 * cos - t2 * sin, t1 * sin + t2 * cos), dim=-1).flatten(-2)
 
 
-class HalfRotary(Rotary):
-    """The same rotation in transformers' layout (rotate_half): channel i turns with i + dims/2, as the checkpoints of
-    a family whose config a port keeps (Llama's, Qwen's, Gemma's) pair them."""
-
-    sign = 1.0  # -1: the sign slipped into rotate-half, every pair turned the other way
-
-    def forward(self, t):
-        freqs = self.angles(t.shape[-2], t.device)
-        cos, sin = freqs.cos().to(t.dtype), (self.sign * freqs.sin()).to(t.dtype)
-        t1, t2 = t.chunk(2, -1)
-        return torch.cat((t1 * cos - t2 * sin, t2 * cos + t1 * sin), dim=-1)
-
-
 class TrainBlock(nn.Module):
     """Llama-style Pre-norm block with dropout: RMSNorm, rotary SDPA attention, SwiGLU FFN."""
 
