@@ -201,18 +201,23 @@ def check_derivative(ctx: Context) -> Outcome:
             dps.append(d.mul_(scale if scale > 0 else 1.0))
         return dx, dps
 
-    def along(dx, dps, h: float) -> float:
+    def ends(dx, dps, h: float) -> list[float]:
+        """The block's value at h and at -h along the direction, the parameters put back after."""
         with torch.no_grad():
-            ends = []
+            out = []
             for sign in (1.0, -1.0):
                 for (_, p), orig, d in zip(params, originals, dps):
                     if d is not None:  # in place: no temporaries the size of the weights
                         p.copy_(orig).add_(d, alpha=sign * h)
-                ends.append(value(x + sign * h * dx if dx is not None else x).item())
+                out.append(value(x + sign * h * dx if dx is not None else x).item())
             for (_, p), orig, d in zip(params, originals, dps):
                 if d is not None:
                     p.copy_(orig)
-        return (ends[0] - ends[1]) / (2 * h)
+        return out
+
+    def along(dx, dps, h: float) -> float:
+        plus, minus = ends(dx, dps, h)
+        return (plus - minus) / (2 * h)
 
     def errors(dx, dps, floor: float = 0.0) -> tuple[list[float], float]:
         """[distance of the median difference from autograd, spread of the differences], both relative; |autograd|."""
@@ -252,8 +257,7 @@ def check_derivative(ctx: Context) -> Outcome:
             base = value(x).item()
         unit = [None if d is None else d * (o.pow(2).mean().sqrt() / d.pow(2).mean().sqrt().clamp_min(1e-300))
                 for d, o in zip(dps, originals)]  # at its tensor's RMS: a scalar's draw may be small
-        return any(_moved_by(params, originals, unit, sign * SURROGATE_MOVE, lambda: value(x).item()) != base
-                   for sign in (1.0, -1.0))
+        return any(end != base for end in ends(None, unit, SURROGATE_MOVE))
 
     wrong, surrogate = [], []
     for i in [-1] + list(range(len(params)))[:FD_LOCALISE]:
@@ -274,18 +278,6 @@ def check_derivative(ctx: Context) -> Outcome:
 # way) to tell a rounding, whose output then jumps (a straight-through estimator's gradient is a surrogate by design:
 # QAT, a rounded gate), from a tensor the forward never reads while a custom backward gives it a gradient
 SURROGATE_MOVE = 0.5
-
-
-def _moved_by(params, originals, dps, h: float, value) -> float:
-    """value() with each parameter moved by h times its direction in dps (None: left), put back after."""
-    with torch.no_grad():
-        try:
-            for (_, p), orig, d in ((q, o, d) for q, o, d in zip(params, originals, dps) if d is not None):
-                p.copy_(orig).add_(d, alpha=h)
-            return value()
-        finally:
-            for (_, p), orig in zip(params, originals):
-                p.copy_(orig)
 
 
 def _runs_contiguous(subject, module, x: torch.Tensor, w: torch.Tensor, device) -> bool:
