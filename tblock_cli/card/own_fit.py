@@ -31,7 +31,6 @@ from tblock_cli.card.own_names import (
     RENORM_OFF,
     SIGMOID_SHARED_GATES,
     SOFTMAX_GAIN,
-    SOFTMAX_ROUTERS,
     TOPKGROUP,
     TOPKMETHOD,
     YARN_GAIN,
@@ -54,9 +53,10 @@ def needed(claims: tuple[Claim, ...]) -> tuple[str, ...]:
     keys += ("relbias.steps", "attn.causal") if any(c.key == RELBUCKETS for c in claims) else ()
     keys += ("moe.groups",) if any(c.key == NGROUP for c in claims) else ()
     keys += ("moe.renorm",) if any(c.key == RENORM_OFF for c in claims) else ()
-    keys += ("moe.router", "moe.experts") if (f := _family(claims)) is not None and f.value in SOFTMAX_ROUTERS else ()
+    f = _family(claims)
+    implied = tuple(FAMILY_IMPLIED.get(f.value, {})) if f is not None and isinstance(f.value, str) else ()
+    keys += implied + (("moe.experts",) if any(k.startswith("moe.") for k in implied) else ())
     keys += ("moe.shared_gate",) if f is not None and f.value in SIGMOID_SHARED_GATES else ()
-    keys += tuple(FAMILY_IMPLIED.get(f.value, {})) if f is not None and isinstance(f.value, str) else ()
     return keys + (("attn.head_dim", "rope.dims") if any(c.key in (FRACTION, YARN_GAIN, SOFTMAX_GAIN) for c in claims)
                    else ())
 
@@ -70,7 +70,7 @@ def fitted(claims: tuple[Claim, ...], card: Card, seq: int, d_model: int | None 
     claims = with_yarn_gain(claims, card.value("attn.head_dim"), card.value("rope.dims"))
     claims = with_softmax_gain(claims, card.value("attn.head_dim"))
     claims = with_window(with_ratio(claims, card.value("ffn.gated"), d_model), seq)
-    claims = with_renorm_off(with_shared_gate(with_router(with_implied(claims))))
+    claims = with_renorm_off(with_shared_gate(with_implied(claims)))
     claims = with_groups(with_buckets(with_direction(claims), card.value("attn.causal")))
     experts, act = card.value("moe.experts"), card.value("ffn.act")
     dense_ffn = not experts and act not in (None, "other")
@@ -210,7 +210,7 @@ def with_buckets(claims: tuple[Claim, ...], causal) -> tuple[Claim, ...]:
 
 def with_implied(claims: tuple[Claim, ...]) -> tuple[Claim, ...]:
     """What a family computes in every layer with no field saying it (FAMILY_IMPLIED: Qwen3's per-head q/k norms,
-    Gemma's (1 + w) norms, ...), claimed by its model_type for each key no argument, config or attribute claims; over
+    Gemma's (1 + w) norms, Mixtral's softmax router, ...), claimed by its model_type for each key no argument, config or attribute claims; over
     what a class name says (a Llama port's config outranks the nn.LayerNorm it was built with)."""
     family = _family(claims)
     implied = FAMILY_IMPLIED.get(family.value, {}) if family is not None and isinstance(family.value, str) else {}
@@ -219,16 +219,6 @@ def with_implied(claims: tuple[Claim, ...]) -> tuple[Claim, ...]:
     return tuple(c for c in claims if c.key not in implied) + tuple(
         Claim(key, value, family.source + f" ({family.value!r} computes it in every layer)", tier=family.tier)
         for key, value in implied.items())
-
-
-def with_router(claims: tuple[Claim, ...]) -> tuple[Claim, ...]:
-    """A family whose transformers code routes by a softmax (SOFTMAX_ROUTERS) claims moe.router softmax, where nothing
-    else claims the router (held only against a mixture layer, as every moe claim)."""
-    family = _family(claims)
-    if family is None or family.value not in SOFTMAX_ROUTERS or any(c.key == "moe.router" for c in claims):
-        return claims
-    return claims + (Claim("moe.router", "softmax", family.source + f" ({family.value!r} weights the chosen experts by "
-                           "a softmax of the router's outputs)", tier=family.tier),)
 
 
 def with_shared_gate(claims: tuple[Claim, ...]) -> tuple[Claim, ...]:

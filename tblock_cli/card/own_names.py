@@ -43,7 +43,8 @@ RENORM_FAMILIES = ("qwen2_moe", "qwen3_moe", "olmoe", "flex_olmo", "doge", "koli
 # Families whose transformers code weights each token's chosen experts by a softmax of the router's outputs (over all
 # experts, renormalised over the chosen or not, or over the chosen logits), with no field saying so: their model_type
 # claims moe.router softmax (each read so from its own layer: `tblock spec --block hf:TYPE`). Not Phi-MoE's
-# sparsemixer, nor the sigmoid routers (Llama 4's, GLM-4.5's, DeepSeek-V3's, which says so in `scoring_func`)
+# sparsemixer, nor the sigmoid routers (Llama 4's, GLM-4.5's, DeepSeek-V3's, which says so in `scoring_func`). Held in
+# FAMILY_IMPLIED below, as every key a family implies
 SOFTMAX_ROUTERS = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "flex_olmo", "granitemoe", "minimax", "jetmoe",
                    "gpt_oss")
 # Families whose transformers code gates the shared expert's output by a sigmoid of a one-output linear
@@ -84,8 +85,10 @@ ROPE_PAIRING = {**dict.fromkeys(("llama", "mistral", "qwen2", "qwen3", "gemma", 
                 **dict.fromkeys(("cohere", "cohere2", "gptj"), "interleaved")}
 FAMILY_IMPLIED = {f: {**FAMILY_IMPLIED.get(f, {}), **({"ffn.gated": FFN_GATED[f]} if f in FFN_GATED else {}),
                       **({"norm.kind": NORM_KIND[f]} if f in NORM_KIND else {}),
-                      **({"rope.pairing": ROPE_PAIRING[f]} if f in ROPE_PAIRING else {})}
-                  for f in FAMILY_IMPLIED.keys() | FFN_GATED.keys() | NORM_KIND.keys() | ROPE_PAIRING.keys()}
+                      **({"rope.pairing": ROPE_PAIRING[f]} if f in ROPE_PAIRING else {}),
+                      **({"moe.router": "softmax"} if f in SOFTMAX_ROUTERS else {})}
+                  for f in FAMILY_IMPLIED.keys() | FFN_GATED.keys() | NORM_KIND.keys() | ROPE_PAIRING.keys()
+                  | set(SOFTMAX_ROUTERS)}
 # Fields that size a partial rotation and, in every transformers family that keeps one, rotate the head's first
 # channels (q[..., :rotary_dim]): they claim rope.place first as well (not multi-head latent attention's
 # qk_rope_head_dim, whose rope part comes last)
