@@ -43,6 +43,12 @@ def test_reseeding_is_told_by_stream_and_mode():
     assert battery("SetSeedInEval")["global_state"].facts["reseeds"] == {"eval": ["torch", "python", "numpy"]}
 
 
+def test_a_module_switched_by_the_forward_is_named_with_the_mode_it_happened_in():
+    assert battery("DropoutOffInTraining")["global_state"].facts["modes"] == {"train": ["drop"]}
+    c = battery("DropoutOnInEval")["global_state"]
+    assert c.facts["modes"] == {"eval": ["drop"]} and "drop in an eval forward" in c.detail
+
+
 # What a correct twin may be told: a layer skip drawn from Python's stream is drawn anew in torch's checkpoint's recompute
 TOLD = {"PythonLayerDrop": {"checkpointing": "checkpointing.host_streams"}}
 

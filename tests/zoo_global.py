@@ -183,6 +183,34 @@ class SkipsFirstStep(TrainBlock):
         return x + self.ffn(self.ffn_norm(x))
 
 
+class DropoutOffInTraining(TrainBlock):
+    """'Deterministic attention' done by switching the block's dropout to eval inside the forward: after the first
+    call it never drops again, in training too."""
+
+    def forward(self, x):
+        self.drop.eval()
+        return super().forward(x)
+
+
+class DropoutOnInEval(TrainBlock):
+    """Monte Carlo dropout meant for one call, left on: an eval forward puts the dropout in train mode for good."""
+
+    def forward(self, x):
+        if not self.training:
+            self.drop.train()
+        return super().forward(x)
+
+
+class EvalDropoutByOverride(TrainBlock):
+    """Correct: a `train()` override keeps the FFN's dropout in eval whatever mode the caller asks (a frozen part, as
+    frozen BatchNorm statistics are kept); the forward switches nothing."""
+
+    def train(self, mode=True):
+        super().train(mode)
+        self.drop.eval()
+        return self
+
+
 class _NoWeightGrad(torch.autograd.Function):
     @staticmethod
     def forward(ctx, h, w):
@@ -204,6 +232,8 @@ class WeightGradDropped(TrainBlock):
 
 PLANTED = {"ReseedsInTraining": "global_state.reseeds", "SetSeedInEval": "global_state.reseeds",
            "GradOffInEval": "global_state.changed", "Float64Default": "global_state.changed",
-           "LowerMatmulPrecision": "global_state.switched"}
+           "LowerMatmulPrecision": "global_state.switched", "DropoutOffInTraining": "global_state.modes",
+           "DropoutOnInEval": "global_state.modes"}
 WRITES_IN_EVAL = ("EvalRunningMean", "KeepsInputs")  # determinism.writes_state
-CORRECT = ("TrainBlock", "ForkedNoise", "ScopedSwitches", "LazyTables", "HooksOnce", "PythonLayerDrop")
+CORRECT = ("TrainBlock", "ForkedNoise", "ScopedSwitches", "LazyTables", "HooksOnce", "PythonLayerDrop",
+           "EvalDropoutByOverride")

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
+import torch.nn as nn
 
 from tblock_cli.checks.context import Context
 from tblock_cli.checks.result import Outcome, failed, passed, warned
@@ -133,16 +134,28 @@ class _Streams:
         return got
 
 
-def bare_forwards(ctx: Context) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+def flipped(module: nn.Module, was: dict[str, bool]) -> list[str]:
+    """The submodules whose training flag differs from `was` (name -> flag), each set back to it."""
+    out = []
+    for name, m in module.named_modules():
+        if name in was and m.training != was[name]:
+            out.append(name or type(module).__name__)
+            m.training = was[name]
+    return out
+
+
+def bare_forwards(ctx: Context) -> tuple[dict[str, list[str]], dict[str, list[str]], dict[str, list[str]]]:
     """Two eval and two train forwards, each from other seeds of the random streams, with no context of tblock's
     around them (a block that turns grad mode off inside a caller's no_grad leaks nothing visible after it). Returns
-    (mode -> streams left in the same state from both starts, switch -> [before, after] one of them left changed)."""
-    module, reseeds, changed = ctx.subject.module, {}, {}
+    (mode -> streams left in the same state from both starts, switch -> [before, after] one of them left changed,
+    mode -> submodules whose train/eval flag a forward changed)."""
+    module, reseeds, changed, modes = ctx.subject.module, {}, {}, {}
     x = ctx.x()
     base = snapshot()
     with _Streams(ctx.device) as streams, kept_modes(module):
         for mode in ("eval", "train"):
             module.train(mode == "train")
+            was = {name: m.training for name, m in module.named_modules()}  # a train() override's choices kept
             ends = []
             for seed in SEEDS:
                 streams.seed(seed)
@@ -151,30 +164,34 @@ def bare_forwards(ctx: Context) -> tuple[dict[str, list[str]], dict[str, list[st
                 finally:
                     changed.update(changes(base, snapshot()))
                     restore(base)
+                    modes[mode] = sorted(set(modes.get(mode, [])) | set(flipped(module, was)))
                 ends.append(streams.read())
             same = [name for name in ends[0] if ends[0][name] == ends[1][name]]
             if same:
                 reseeds[mode] = same
-    return reseeds, changed
+    return reseeds, changed, {m: v for m, v in modes.items() if v}
 
 
 def check_global_state(ctx: Context) -> Outcome:
     """Catches: a forward that leaves torch's process-wide state changed (grad mode off, the default dtype or device,
     autocast, anomaly or deterministic mode; numerics switches such as TF32, matmul precision, SDPA backends or the
     thread count are a **warning**), seen around every check of the battery; a forward that reseeds torch's, Python's
-    or NumPy's random stream (the same dropout masks at every step)"""
+    or NumPy's random stream (the same dropout masks at every step); a forward that switches a submodule between
+    train and eval (`self.dropout.eval()` inside it: dropout off in training from then on)"""
     from tblock_cli.checks.training import too_large
 
     large = too_large(ctx) is not None  # above the training checks' size: the switches noted, no forwards of its own
-    reseeds, own = ({}, {}) if large else bare_forwards(ctx)
+    reseeds, own, modes = ({}, {}, {}) if large else bare_forwards(ctx)
     seen = list(ctx.state_changes) + ([("a bare forward", own)] if own else [])
     # per switch, the first check it changed during (later notes of the same switch overwritten by earlier ones)
     changed = {name: (check, values) for check, diff in reversed(seen) for name, values in diff.items()}
     facts = {"changed": {k: {"check": c, "before": v[0], "after": v[1]} for k, (c, v) in changed.items()},
-             "reseeds": reseeds, "rng_probed": not large}
+             "reseeds": reseeds, "modes": modes, "rng_probed": not large}
     bad = severe(changed)
     if bad:
         return failed("global_state.changed", len(bad), switches=bad, **facts)
+    if modes:
+        return failed("global_state.modes", sum(map(len, modes.values())), **facts)
     if reseeds:
         return failed("global_state.reseeds", sum(map(len, reseeds.values())), **facts)
     if changed:

@@ -288,6 +288,11 @@ MESSAGES = {
     "global_state.reseeds": lambda f: ("a forward reseeds the random stream: from two different states it leaves "
                                        + "; ".join(f"{names(s)} in the same one ({m})" for m, s in f["reseeds"].items())
                                        + " (the same dropout masks at every step, the caller's own draws replayed)"),
+    "global_state.modes": lambda f: ("a forward switches modules between train and eval: "
+                                     + "; ".join(f"{names(s)} in {'an eval' if m == 'eval' else 'a training'} forward"
+                                                for m, s in f["modes"].items())
+                                     + " (their mode is the caller's: after `model.train()` a dropout the forward turned "
+                                       "off stays off, after `model.eval()` one turned on draws at inference)"),
     "global_state.kept": lambda f: ("torch's process-wide switches are as they were after every check"
                                     + ("; no forward reseeds a random stream" if f["rng_probed"] else
                                        " (random streams not probed above the training checks' size)")),
