@@ -71,6 +71,7 @@ from zoo_correct import (  # noqa: F401
 from zoo_forward import (  # noqa: F401
     AllocationFails,
     BrokenForward,
+    ClampedNormAtZero,
     Counter,
     DropoutInEval,
     EpsZero,
@@ -85,6 +86,7 @@ from zoo_forward import (  # noqa: F401
     PrecisionLoss,
     Printing,
     ReturnsDict,
+    RootAtZero,
     TransposedOutput,
     UpcastsOutput,
     WrongShape,
@@ -225,6 +227,7 @@ PLANTED = {
     "PostLNEpsZero": ("finite", {}),
     "NaNForward": ("finite", {}),
     "LargeInputOverflow": ("finite", {}),
+    "RootAtZero": ("finite", {}),
     "WrongShape": ("shape", {}),
     "TransposedOutput": ("shape", {}),
     "NotCausal": ("causal", {"causal": True}),
@@ -284,6 +287,7 @@ CORRECT["ScaledBeforeRotateHalf"] = {"positional": True}
 CORRECT["ConcatenatedQKV"] = {"causal": True}
 CORRECT["ProjectedMemory"] = {"causal": True}
 CORRECT["HandLayerNormBlock"] = {}
+CORRECT["ClampedNormAtZero"] = {}
 
 
 PLANTED_2["UnscaledQKNorm"] = ("attention", {"causal": True})

@@ -44,6 +44,38 @@ class PostLNEpsZero(Good):
         return self.ln2(x + self.ffn(x))
 
 
+class _RootNorm(torch.nn.Module):
+    """RMSNorm divided by the root itself, eps outside it (`x / (sqrt(mean x^2) + eps)`): finite at a zero token, and
+    the root's derivative there infinite (`rooted=True`); or by `F.normalize`'s clamped norm, whose backward at a zero
+    vector is zero (`rooted=False`, nGPT's and many unit-norm blocks' choice)."""
+
+    def __init__(self, d, rooted=True, eps=1e-6):
+        super().__init__()
+        self.rooted, self.eps = rooted, eps
+        self.weight = torch.nn.Parameter(torch.ones(d))
+
+    def forward(self, x):
+        if self.rooted:
+            return x / (x.pow(2).mean(-1, keepdim=True).sqrt() + self.eps) * self.weight
+        return F.normalize(x, dim=-1, eps=self.eps) * x.shape[-1] ** 0.5 * self.weight
+
+
+class RootAtZero(Good):
+    """A padding token's zero embedding: the block's output is finite, its gradient NaN (and so every weight's)."""
+
+    rooted = True
+
+    def __init__(self, d_model=64, n_heads=4, d_ff=None, dropout=0.1, causal=False, eps=1e-6):
+        super().__init__(d_model, n_heads, d_ff, dropout, causal)
+        self.ln1, self.ln2 = _RootNorm(d_model, self.rooted, eps), _RootNorm(d_model, self.rooted, eps)
+
+
+class ClampedNormAtZero(RootAtZero):
+    """Correct: the same norm through `F.normalize`, whose derivative at a zero token is finite."""
+
+    rooted = False
+
+
 class WrongShape(Good):
     def forward(self, x, pad_mask=None):
         return super().forward(x, pad_mask)[:, -1]  # bug: last token only, (B, d)

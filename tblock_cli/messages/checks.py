@@ -105,8 +105,14 @@ MESSAGES = {
     "shape.downcast": lambda f: (f"shape kept, but a {f['input_dtype']} input came out as {f['output_dtype']}: something "
                                  f"downcasts (a .half() or an autocast inside?), and the caller loses precision"),
     # finite
-    "finite.ok": lambda f: f"outputs finite on {names(f['inputs'])} inputs",
+    "finite.ok": lambda f: (f"outputs finite on {names(f['inputs'])} inputs"
+                            + (f", gradients on {names(f['gradients'])}" if f.get("gradients") else "")),
     "finite.nonfinite": _finite,
+    "finite.gradient": lambda f: ("outputs finite, but the gradient at the input is not: "
+                                  + "; ".join(f"{b['input']} input gives {b['got']}" for b in f["inputs"])
+                                  + " (a derivative infinite where the output is finite: a sqrt or a std at zero, "
+                                    "`x / (sqrt(mean x^2) + eps)`; a padding token's zero embedding then turns every "
+                                    "weight's gradient to NaN)"),
     # determinism
     "determinism.identical": "two eval forwards are bit-identical",
     "determinism.rounding": "two eval forwards differ by {diff:.1e}, within rounding: non-deterministic kernels",
