@@ -1,6 +1,6 @@
 """What a family computes with no config field saying it, claimed by the `model_type` a port's config keeps: Qwen3's
 per-head norms on q and k, Gemma's (1 + w) RMSNorm, Cohere's parallel sublayers, Llama's gated FFN, RMSNorm and
-rotate-half pairing. Each planted port leaves one out and fails `spec` naming the entry; each twin passes."""
+rotate-half pairing, Qwen2's q/k/v biases. Each planted port leaves one out and fails `spec` naming the entry; each twin passes."""
 
 from dataclasses import dataclass
 
@@ -149,7 +149,25 @@ class LlamaPortLayerNorm(LlamaPort):
     norm_class = ConfigEpsLayerNorm
 
 
+class Qwen2Port(TrainBlock):
+    """Correct: Qwen2's attention, a bias on q, k and v (none on o, none in the MLP)."""
+
+    rotary_class = HalfRotary  # transformers' layout, as the family's checkpoints pair the channels
+    qkv_bias = True
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
+        super().__init__(d_model, n_heads, dropout, causal)
+        self.config = FamilyConfig(model_type="qwen2")
+        self.q_proj, self.k_proj, self.v_proj = (nn.Linear(d_model, d_model, bias=self.qkv_bias) for _ in range(3))
+
+
+class Qwen2PortWithoutBias(Qwen2Port):
+    """A Qwen2 port written from Llama's layer: q, k and v unbiased (the checkpoint's biases would load nowhere)."""
+
+    qkv_bias = False
+
+
 PLANTED = {"Qwen3PortWithoutQKNorm": "attn.qk_norm", "GemmaPortPlainNorm": "norm.offset",
            "CoherePortSequential": "residual.form", "LlamaPortPlainMLP": "ffn.gated", "LlamaPortLayerNorm": "norm.kind",
-           "LlamaPortInterleaved": "rope.pairing"}
-CORRECT = ["Qwen3Port", "GemmaPort", "CoherePort", "LlamaPort"]
+           "LlamaPortInterleaved": "rope.pairing", "Qwen2PortWithoutBias": "bias.qkv"}
+CORRECT = ["Qwen3Port", "GemmaPort", "CoherePort", "LlamaPort", "Qwen2Port"]
