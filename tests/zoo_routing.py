@@ -309,6 +309,11 @@ class MixtralPort(Qwen2MoePort):
 
     config_class = MixtralConfig
 
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
+        super().__init__(d_model, n_heads, dropout, causal)
+        for expert in self.experts:  # Mixtral's experts add no bias
+            expert[0].bias, expert[2].bias = None, None
+
     def chosen(self, logits, s):
         w, idx = s.topk(self.config.num_experts_per_tok, -1)
         return w / w.sum(-1, keepdim=True), idx

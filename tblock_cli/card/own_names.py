@@ -56,7 +56,7 @@ SIGMOID_SHARED_GATES = ("qwen2_moe", "qwen3_5_moe", "qwen3_next", "qwen3_omni_mo
 # Qwen3's and OLMo 2's norms on q and k (per head, over the whole projection), OLMo 2's norms after each sublayer,
 # Gemma's (1 + w) RMSNorm and Gemma 2's and 3's norms on both sides of each sublayer, Cohere's parallel sublayers,
 # EXAONE 4's, Apertus's and Doge's per-head q/k norms, GLM-4's sandwich, Nemotron's LayerNorm1P, Qwen2's and Phi's
-# biases
+# biases, GPT-J's, CodeGen's and Phi's parallel sublayers
 FAMILY_IMPLIED = {
     "qwen3": {"attn.qk_norm": "head"}, "qwen3_moe": {"attn.qk_norm": "head"},
     "olmo2": {"attn.qk_norm": "width", "norm.placement": "olmo2"}, "olmo3": {"attn.qk_norm": "width", "norm.placement": "olmo2"},
@@ -67,7 +67,16 @@ FAMILY_IMPLIED = {
     "exaone4": {"attn.qk_norm": "head", "norm.placement": "olmo2"}, "apertus": {"attn.qk_norm": "head"},
     "doge": {"attn.qk_norm": "head"}, "glm4": {"norm.placement": "sandwich"}, "nemotron": {"norm.offset": True},
     # biases no config field switches: Qwen2's q, k and v projections (o and the MLP without), Phi's every projection
-    "qwen2": {"bias.qkv": True, "bias.ffn": False}, "phi": {"bias.qkv": True, "bias.ffn": True},
+    # (GPT-2's Conv1D and BLOOM's linears always add one, T5's, Mixtral's and Phi-3's never, GPT-J's and CodeGen's in
+    # the FFN only) ...
+    "qwen2": {"bias.qkv": True, "bias.ffn": False}, "gpt2": {"bias.qkv": True, "bias.ffn": True},
+    "bloom": {"bias.qkv": True, "bias.ffn": True}, "t5": {"bias.qkv": False, "bias.ffn": False},
+    "mixtral": {"bias.qkv": False, "bias.ffn": False}, "phi3": {"bias.qkv": False, "bias.ffn": False},
+    # ... and GPT-J's, CodeGen's and Phi's (phi-1, phi-2) parallel sublayers: attention and FFN read one norm of the
+    # stream, added together (GPT-NeoX's and Falcon's say so in a field)
+    "phi": {"bias.qkv": True, "bias.ffn": True, "residual.form": "parallel"},
+    "gptj": {"bias.qkv": False, "bias.ffn": True, "residual.form": "parallel"},
+    "codegen": {"bias.qkv": False, "bias.ffn": True, "residual.form": "parallel"},
 }
 # ... and whether the FFN is gated (act(gate) * up, Llama's; an act between two projections, GPT-2's), each read so
 FFN_GATED = {**dict.fromkeys(("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "olmo",
