@@ -278,6 +278,26 @@ class StatsKeptInOneDict(TrainBlock):
         return y
 
 
+class GateDroppedInInferenceMode(TrainBlock):
+    """A serving path taken under torch.inference_mode only (`torch.is_inference_mode_enabled()`), written apart from
+    the training one: it forgets the FFN's gate. Under no_grad, as in every eval the battery runs, the path is right."""
+
+    def ffn(self, h):
+        if torch.is_inference_mode_enabled():
+            return self.drop(self.w2(self.w3(h)))
+        return super().ffn(h)
+
+
+class StatsSkippedInInferenceMode(TrainBlock):
+    """Correct: the same serving branch computing the same output; it only skips keeping a statistic."""
+
+    def forward(self, x):
+        y = super().forward(x)
+        if not torch.is_inference_mode_enabled():
+            self.last_rms = float(y.detach().pow(2).mean().sqrt())
+        return y
+
+
 PLANTED = {"AuxListInRecompute": ("train_state", "train_state.recompute_writes"),
            "LoadCountInRecompute": ("train_state", "train_state.recompute_writes"),
            "AuxLossSummedAcrossCalls": ("grad_accumulation", "grad_accumulation.graph_carried"),
@@ -286,6 +306,7 @@ PLANTED = {"AuxListInRecompute": ("train_state", "train_state.recompute_writes")
            "UnbiasedNormBlock": ("norms", "norms.not_unit"),
            "GainFirstNormBlock": ("norms", "norms.gain_inside"),
            "QueryIsKey": ("optimizer_step", "optimizer_step.repeated"),
-           "GateIsUp": ("optimizer_step", "optimizer_step.repeated")}
+           "GateIsUp": ("optimizer_step", "optimizer_step.repeated"),
+           "GateDroppedInInferenceMode": ("train_state", "train_state.inference_path")}
 CORRECT = ["AuxLossPerCall", "BiasedNormBlock", "OldNameKept", "AuxKeptOutsideCheckpoint",
-           "ProbabilitiesKeptUnderCheckpoint", "StatsKeptInOneDict"]
+           "ProbabilitiesKeptUnderCheckpoint", "StatsKeptInOneDict", "StatsSkippedInInferenceMode"]

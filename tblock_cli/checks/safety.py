@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
@@ -12,7 +13,8 @@ from tblock_cli.checks.context import TRAINING_BACKWARD, Context, eval_forward, 
 from tblock_cli.checks.graphs import GRAPH_WALK_MAX, graph_nodes
 from tblock_cli.checks.result import Outcome, failed, passed, warned
 from tblock_cli.errors import is_out_of_memory, one_line
-from tblock_cli.probes import BOOKKEEPING, held_tensors, module_copy, state_key, tensors, train_mode
+from tblock_cli.probes import BOOKKEEPING, held_tensors, module_copy, rel_diff, state_key, tensors, train_mode
+from tblock_cli.report import Status
 
 
 def reaches(grad_fn, inputs: set[int]) -> bool:
@@ -44,7 +46,8 @@ def check_train_state(ctx: Context) -> Outcome:
     after an eval forward under `torch.inference_mode()` (`trainer.validate()` before `fit()`, an eval loop under
     `@torch.inference_mode()`: a cos/sin or mask cache built then is an inference tensor that autograd refuses to
     save) and tensors the module keeps that carry autograd history are a
-    **warning**; parameters that required grad as the block was built and no longer do after the battery's eval() and
+    **warning**; an eval forward under `torch.inference_mode()` that differs from one under `no_grad` (a path taken
+    in inference mode only: `torch.is_inference_mode_enabled()`); parameters that required grad as the block was built and no longer do after the battery's eval() and
     train() switches and forwards (an eval() override that freezes them, a forward that does: the loop after a validation
     trains nothing)"""
     module = ctx.subject.module
@@ -78,9 +81,13 @@ def check_train_state(ctx: Context) -> Outcome:
         return failed("train_state.frozen", len(frozen), frozen=frozen[:8])
     if rewritten:  # a recompute in the backward ran the forward's writes again
         return failed("train_state.recompute_writes", len(rewritten), written=rewritten[:8])
-    poisoned = after_inference(ctx)
-    if poisoned is not None:  # a warning: Lightning's fit() validates under no_grad; validate() first, or one's own
-        return warned("train_state.inference_state", len(poisoned[0]), kept=poisoned[0], error=poisoned[1])
+    run = after_inference(ctx)
+    if run.differs is not None and run.differs > ctx.tol and "deterministic" not in ctx.unmet:  # noise in eval: determinism
+        # the training steps ran: the checks that need them still run
+        return Outcome(Status.FAIL, "train_state.inference_path", run.differs, {"diff": run.differs, "limit": ctx.tol},
+                       unmet=False)
+    if run.kept is not None:  # a warning: Lightning's fit() validates under no_grad; validate() first, or one's own
+        return warned("train_state.inference_state", len(run.kept), kept=run.kept, error=run.error)
     held = held_with_history(module, inputs)
     if held:
         return warned("train_state.history", len(held), held=held)
@@ -152,15 +159,26 @@ def written_twice(forward: dict, after: dict, kept: dict) -> list[str]:
                   and not _same_contents(_contents(after[k]), kept[k]))
 
 
-def after_inference(ctx: Context) -> tuple[list[str], str] | None:
+@dataclass(frozen=True)
+class InferenceRun:
+    """A fresh instance's eval forward under torch.inference_mode and what followed: its largest relative difference
+    from an eval forward of the same instance under no_grad right after (None where not run), and where a training
+    step then raised on an inference tensor, the tensors the module keeps made in inference mode and the error."""
+
+    differs: float | None = None
+    kept: list | None = None
+    error: str | None = None
+
+
+def after_inference(ctx: Context) -> InferenceRun:
     """On a fresh instance (caches a forward builds lazily not yet built; a copy of the block where it was handed over
-    built): an eval forward under torch.inference_mode, then a training forward + backward. Where the second raises on
-    an inference tensor: the names of those the module keeps (buffers and attributes; a cache held elsewhere is not
-    named) and the error. Not above the training checks' size; the caller's random state is put back after."""
+    built): an eval forward under torch.inference_mode, one under no_grad (a path taken under inference mode only
+    shows as their difference), then a training forward + backward. Not above the training checks' size; the
+    caller's random state is put back after."""
     from tblock_cli.checks.training import copied, seeded, too_large
 
     if too_large(ctx) is not None:
-        return None
+        return InferenceRun()
     x = ctx.standard()[0]
     with seeded(ctx.device):
         try:
@@ -168,11 +186,13 @@ def after_inference(ctx: Context) -> tuple[list[str], str] | None:
             twin = rebuild(ctx.cfg.seed + 1, "cpu").to(ctx.device) if rebuild is not None else copied(ctx.subject.module)
             subject = ctx.subject.like(twin)
             with torch.inference_mode(), train_mode(twin, False):
-                subject(x.clone())
+                inferred = subject(x.clone())
+            with torch.no_grad(), train_mode(twin, False):
+                differs = rel_diff(subject(x.clone()), inferred.clone())
         except Exception as e:  # noqa: BLE001 - a block not built again, or not run under inference mode: not this
             if is_out_of_memory(e):
                 raise
-            return None
+            return InferenceRun()
         try:
             with train_mode(twin, True), torch.enable_grad():
                 out = subject(x.clone().requires_grad_(True))
@@ -181,8 +201,8 @@ def after_inference(ctx: Context) -> tuple[list[str], str] | None:
             if is_out_of_memory(e):
                 raise
             if "nference tensor" in str(e):
-                return inference_state(twin), one_line(e)
-    return None
+                return InferenceRun(differs, inference_state(twin), one_line(e))
+    return InferenceRun(differs)
 
 
 def inference_state(module: nn.Module) -> list[str]:

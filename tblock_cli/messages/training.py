@@ -302,6 +302,10 @@ MESSAGES = {
                                               f"written in a training forward carries autograd history"
                                               + (f" ({names(f['held'])})" if f["held"] else "")
                                               + "; detach it, or write it under no_grad"),
+    "train_state.inference_path": lambda f: (f"an eval forward under torch.inference_mode() differs from one under "
+                                             f"no_grad by {f['diff']:.2g} (limit {f['limit']:g}), on a fresh instance: "
+                                             f"a path taken in inference mode only computes something else (a "
+                                             f"branch on torch.is_inference_mode_enabled(), a cache it builds)"),
     "train_state.inference_state": lambda f: (f"after an eval forward under torch.inference_mode() (trainer.validate() before fit(), an "
                                               f"eval loop under @torch.inference_mode()) a training step fails ({f['error']}): "
                                               f"state made then is an inference tensor, which autograd will not save and "
