@@ -22,6 +22,7 @@ TESTS = Path(__file__).resolve().parent.parent / "tests"
 sys.path.insert(0, str(TESTS))
 
 import zoo_accumulation  # noqa: E402
+import zoo_adapters  # noqa: E402
 import zoo_attention  # noqa: E402
 import zoo_autocast  # noqa: E402
 import zoo_backward  # noqa: E402
@@ -36,6 +37,7 @@ import zoo_dropout  # noqa: E402
 import zoo_families  # noqa: E402
 import zoo_float_only  # noqa: E402
 import zoo_framework_names  # noqa: E402
+import zoo_global  # noqa: E402
 import zoo_grids  # noqa: E402
 import zoo_history  # noqa: E402
 import zoo_hooks  # noqa: E402
@@ -98,6 +100,8 @@ CORRECT.update({f"zoo_complex.py:{k}": {"causal": True} for k in zoo_complex.COR
 CORRECT.update({f"zoo_grids.py:{k}": {"seqs": (zoo_grids.TOKENS,)} for k in zoo_grids.CORRECT})  # 2D positions
 CORRECT.update({f"zoo_xpos.py:{k}": {"causal": True} for k in zoo_xpos.CORRECT})  # tables made by an einsum
 CORRECT.update({f"zoo_designs.py:{k}": {"causal": k not in zoo_designs.BIDIRECTIONAL} for k in zoo_designs.CORRECT})  # libraries' designs
+CORRECT.update({f"zoo_adapters.py:{k}": {"causal": True} for k in zoo_adapters.CORRECT})  # LoRA, DoRA, spectral norm
+CORRECT.update({f"zoo_global.py:{k}": {"causal": True} for k in zoo_global.CORRECT})  # switches put back, a train() override
 # logits doubled at init by talking heads started as the identity: told from unscaled ones with heads of 64 or more
 CORRECT["zoo_designs.py:AddedTalkingHeadsBlock"] = {"causal": True, "n_heads": 1}
 # Hugging Face layers, when transformers is installed: every family tblock drives, flags implied.
@@ -192,7 +196,10 @@ def missed_bugs(sizes, device="cpu", part=(1, 1)) -> int:
                **{f"zoo_steps.py:{k}": (check, {"causal": "BatchNorm" not in k}) for k, (check, _) in zoo_steps.PLANTED.items()},
                **{f"zoo_writes.py:{k}": (v, {}) for k, v in zoo_writes.PLANTED.items()},
                **{f"zoo_complex.py:{k}": (v, {"causal": True}) for k, v in zoo_complex.PLANTED.items()},
-               **{f"zoo_grids.py:{k}": (v, {"seq": zoo_grids.TOKENS}) for k, v in zoo_grids.PLANTED.items()}}
+               **{f"zoo_grids.py:{k}": (v, {"seq": zoo_grids.TOKENS}) for k, v in zoo_grids.PLANTED.items()},
+               **{f"zoo_global.py:{k}": ("global_state", {}) for k in zoo_global.PLANTED},
+               **{f"zoo_adapters.py:{k}": (v.split(".")[0], {"causal": True})
+                  for k, v in {**zoo_adapters.PLANTED, **zoo_adapters.WARNED}.items()}}
     missed = runs = 0
     planted = dict(shard(list(planted.items()), part))
     # On an accelerator a block that leaves a tensor on the host fails wherever it meets the device: at load (its

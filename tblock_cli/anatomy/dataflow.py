@@ -32,6 +32,14 @@ from tblock_cli.probes import tensors, train_mode
 OTHER_SHARE_MAX = 0.01
 
 
+def _bottleneck(tr: Tracer, first: str, second: str, d_model: int) -> bool:
+    """Whether two projections with no nonlinearity between narrow through fewer channels than the stream and the
+    second's output have: a low-rank factorisation (a LoRA adapter's A and B beside a frozen projection, a factorised
+    weight), one linear map by design, not an FFN that lost its activation (which widens)."""
+    a, b = tr.counts.out_shape.get(first), tr.counts.out_shape.get(second)
+    return bool(a and b) and a[-1] < d_model and a[-1] < b[-1]
+
+
 @dataclass(frozen=True)
 class Dataflow:
     modules: tuple[ModuleUse, ...]
@@ -115,6 +123,7 @@ def trace(module: nn.Module, call, x: torch.Tensor, d_model: int) -> Dataflow:
     # the width each norm was called at (a norm with no parameters was found at d_model, whatever it normalises)
     norms = {n: (tr.counts.out_shape.get(n) or (w,))[-1] for n, w in norms.items()}
     role, chains = assign_roles(tr)
+    chains = [(a, b) for a, b in chains if not _bottleneck(tr, a, b, d_model)]
     modules = []
     seen: set[int] = set()
     for name, m in module.named_modules():

@@ -24,8 +24,11 @@ def frozen_slips(module: nn.Module) -> list[str]:
     trains. A frozen parameter of another name that no sibling trains is a fixed table (rotary `inv_freq`, MAE's
     sin-cos `pos_embed`) kept as a parameter by design."""
     trained = {(type(m), n) for m in module.modules() for n, p in m.named_parameters(recurse=False) if p.requires_grad}
+    modules = dict(module.named_modules())
     out = []
     for mname, m in module.named_modules():
+        if adapted(m, modules[mname.rpartition(".")[0]] if mname else module):
+            continue  # a frozen base beside its trainable low-rank adapter (LoRA, DoRA): the design
         for n, p in m.named_parameters(recurse=False):
             if p.requires_grad:
                 continue
@@ -33,6 +36,18 @@ def frozen_slips(module: nn.Module) -> list[str]:
             if layer or (type(m), n) in trained:
                 out.append(f"{mname}.{n}" if mname else n)
     return out
+
+
+def adapted(m: nn.Module, parent: nn.Module) -> bool:
+    """Whether m's frozen (out, in) weight has a trainable low-rank pair beside it, in m or its parent's subtree: a
+    matrix (r, in) and one (out, r) with r below both, as LoRA's A and B (loralib's on the layer itself, PEFT's beside
+    its `base_layer`)."""
+    w = getattr(m, "weight", None)
+    if not isinstance(w, nn.Parameter) or w.requires_grad or w.ndim != 2:
+        return False
+    out, inp = w.shape
+    shapes = {tuple(p.shape) for p in parent.parameters() if p.requires_grad and p.ndim == 2}
+    return any(a[1] == inp and a[0] < min(out, inp) and (out, a[0]) in shapes for a in shapes)
 
 
 TIE_MIN_NUMEL = 16

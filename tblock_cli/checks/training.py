@@ -11,6 +11,7 @@ import torch.nn as nn
 from tblock_cli.checks.context import OWN_CLAIMS, Context
 from tblock_cli.checks.graphs import carried_graphs, kept_graphs
 from tblock_cli.checks.result import Outcome, failed, passed, skipped
+from tblock_cli.checks.stopgrad import undetached_grads
 from tblock_cli.errors import is_out_of_memory, one_line
 from tblock_cli.probes import cast, f64, module_copy, reseed, train_mode
 
@@ -137,7 +138,10 @@ def check_derivative(ctx: Context) -> Outcome:
     Where every tensor that disagrees is one along which the block is flat at every step and jumps when it moves by
     half its scale (a rounding: quantisation-aware training's straight-through estimator, a rounded gate), the
     gradient is a surrogate by design and passes; a tensor the forward never reads while the backward gives it a
-    gradient (a custom function's forgotten bias) still fails"""
+    gradient (a custom function's forgotten bias) still fails. Where autograd agrees with the differences once every
+    `.detach()` of a tensor computed from parameters alone is undone (DoRA's weight norm, a quantiser's scale from the
+    weights), the gap is that documented approximation and passes, saying so; a stop-gradient on the data's path (a
+    norm's statistics detached) still fails"""
     if (large := too_large(ctx)) is not None:
         return large
     device = ctx.device if ctx.device.type != "mps" else torch.device("cpu")
@@ -238,7 +242,8 @@ def check_derivative(ctx: Context) -> Outcome:
         return distance > FD_LIMIT and distance > AGREE * spread
 
     ctx.step(f"{FD_DIRECTIONS} finite-difference directions")
-    found = [errors(*direction(None if k % 2 == 0 else {-1})) for k in range(FD_DIRECTIONS)]
+    joint = [direction(None if k % 2 == 0 else {-1}) for k in range(FD_DIRECTIONS)]
+    found = [errors(*d) for d in joint]
     worst = max(errs[0] for errs, _ in found)
     facts = {"error": worst, "errors": [{"distance": errs[0], "spread": errs[1]} for errs, _ in found],
              "steps": list(FD_STEPS), "limit": FD_LIMIT, "agree": AGREE, "dropout": dropout, "directions": FD_DIRECTIONS}
@@ -259,19 +264,33 @@ def check_derivative(ctx: Context) -> Outcome:
                 for d, o in zip(dps, originals)]  # at its tensor's RMS: a scalar's draw may be small
         return any(end != base for end in ends(None, unit, SURROGATE_MOVE))
 
-    wrong, surrogate = [], []
+    wrong, surrogate, apart = [], [], []
     for i in [-1] + list(range(len(params)))[:FD_LOCALISE]:
         dx, dps = direction({i})
         errs, _ = errors(dx, dps, floor=floor)
         if consistent(errs):
             wrong.append(["input" if i < 0 else params[i][0], errs[0]])
+            apart.append((dx, dps))
             if i >= 0 and stepwise(dps):
                 surrogate.append(params[i][0])
     wrong.sort(key=lambda t: -t[1])
     if wrong and len(surrogate) == len(wrong):  # every disagreement a straight-through estimator's surrogate
         return passed("derivative.surrogate", worst, **facts, tensors=surrogate)
+    ctx.step("autograd with stop-gradients on parameters alone undone")
+    undone = undetached_grads(subject, m64, x, w, params, lambda: _seeded_train(m64, device))
+    if undone is not None:  # the differences agree with autograd once they are: a documented approximation
+        gx, grads, count = undone
+        if not any(consistent(errors(*d)[0]) for d in joint) and not any(
+                consistent(errors(dx, dps, floor=floor)[0]) for dx, dps in apart):
+            return passed("derivative.stop_gradient", worst, **facts, tensors=[t for t, _ in wrong], detached=count)
     return failed("derivative.wrong", worst, **facts, tensors=wrong, tensor=wrong[0][0] if wrong else None,
                   tensor_error=wrong[0][1] if wrong else 0.0)
+
+
+@contextmanager
+def _seeded_train(module: nn.Module, device: torch.device):
+    with seeded(device), train_mode(module, True):
+        yield
 
 
 # A tensor along which the block is flat at every finite-difference step is moved by this much of its scale (either

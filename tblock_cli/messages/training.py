@@ -25,7 +25,9 @@ def _checkpointing_differs(f: dict) -> str:
 def _checkpointing_same(f: dict) -> str:
     own = f"; the block's own switch too ({names(f['switches'])})" if f["switches"] else ""
     return (f"non-reentrant checkpointing leaves outputs and gradients as they were (max {max(p['diff'] for p in f['probes'].values()):.1e})"
-            f"{own}; every parameter gets its gradient from an input without grad")
+            f"{own}; every parameter gets its gradient from an input without grad"
+            + (f" (once torch's spectral norm does not run its power iteration again in the recompute: with it, "
+               f"{f['power_iteration']}, torch's own)" if f.get("power_iteration") else ""))
 
 
 def _meta(f: dict) -> str:
@@ -98,6 +100,11 @@ MESSAGES = {
                                        f"{names(f['tensors'])}, where the block is flat at every step and jumps when "
                                        f"they move by half their scale: a rounding whose gradient is a straight-through "
                                        f"estimator's surrogate (quantisation-aware training), by design"),
+    "derivative.stop_gradient": lambda f: (f"autograd's directional derivative differs from finite differences "
+                                           f"(along {names(f['tensors'])}) and agrees once the forward's "
+                                           f"{f['detached']} `.detach()` of tensors computed from parameters alone "
+                                           f"{'is' if f['detached'] == 1 else 'are'} undone: a stop-gradient on the "
+                                           f"weights by design (DoRA's weight norm, a quantiser's scale)"),
     "derivative.no_float64": lambda f: f"a float64 copy does not run: {f['error']}",
     "derivative.layout": lambda f: (f"the backward raises when the gradient reaching the output is not contiguous (laid "
                                     f"out as a transpose after the block leaves it), and runs with the same gradient "

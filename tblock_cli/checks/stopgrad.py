@@ -1,0 +1,63 @@
+"""Stop-gradients on parameters alone: a `.detach()` of a tensor computed from the block's parameters and no input
+(DoRA's weight norm, a quantiser's scale taken from the weights) is an approximation a design documents, where one
+on the data's path (a norm's statistics) changes the gradient of every step. The derivative check asks what autograd
+gives with the former undone, to tell the two apart."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+from torch.overrides import TorchFunctionMode
+
+from tblock_cli.checks.graphs import graph_nodes
+
+# Nodes walked from a detached tensor looking for the input; a walk that stops here counts as reaching it (the
+# tensor is then the data's, and its detach left alone)
+WALK_LIMIT = 2000
+
+
+def reads_input(t: torch.Tensor, inputs: set[int]) -> bool:
+    """Whether t's graph leads back to one of the inputs, or is too large to tell."""
+    nodes = 0
+    for node in graph_nodes(t.grad_fn, WALK_LIMIT):
+        nodes += 1
+        if id(getattr(node, "variable", None)) in inputs:
+            return True
+    return nodes >= WALK_LIMIT
+
+
+class Undetached(TorchFunctionMode):
+    """`detach()` of a tensor with a graph that no path from `inputs` reaches, returned as a copy that keeps the graph
+    (counted in `undone`); every other call as it is."""
+
+    def __init__(self, inputs: set[int]):
+        super().__init__()
+        self.inputs, self.undone = inputs, 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in (torch.Tensor.detach, torch.detach) and args and isinstance(args[0], torch.Tensor):
+            t = args[0]
+            if t.grad_fn is not None and not reads_input(t, self.inputs):
+                self.undone += 1
+                return t.clone()
+        return func(*args, **kwargs)
+
+
+def undetached_grads(call, module: nn.Module, x: torch.Tensor, w: torch.Tensor, params: list,
+                     context) -> tuple[torch.Tensor, list[torch.Tensor], int] | None:
+    """Autograd's gradients of (call(x) * w).sum() at the input and each of params, with every stop-gradient on
+    parameters alone undone, under `context()` (the caller's seed and mode), and how many were; None where the
+    forward detaches none."""
+    with context(), torch.enable_grad():
+        xr = x.clone().requires_grad_(True)
+        mode = Undetached({id(xr)})
+        for _, p in params:
+            p.grad = None
+        with mode:
+            out = call(xr)
+        if not mode.undone:
+            return None
+        (out * w).sum().backward()
+    gx = xr.grad if xr.grad is not None else torch.zeros_like(x)
+    return gx, [p.grad if p.grad is not None else torch.zeros_like(p) for _, p in params], mode.undone

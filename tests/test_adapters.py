@@ -1,0 +1,59 @@
+"""Fine-tuning and reparametrisation designs (tests/zoo_adapters.py): LoRA's frozen bases and linear bottlenecks,
+DoRA, torch's spectral and weight norms pass the whole battery; a frozen projection with no adapter is still warned."""
+
+import pytest
+import torch
+import zoo_adapters
+
+import tblock_cli
+from tblock_cli.checks import Status
+from tblock_cli.checks.optimizer import adapted
+
+from conftest import TESTS
+
+BAD = {Status.FAIL, Status.ERROR, Status.WARN}
+
+
+def run(name, only=None):
+    report = tblock_cli.check(f"{TESTS / 'zoo_adapters.py'}:{name}", d_model=32, n_heads=4, threads=1, causal=True,
+                              only=only)
+    return {c.name: c for c in report.checks}
+
+
+@pytest.mark.parametrize("name", zoo_adapters.CORRECT)
+def test_each_design_raises_no_alarm_in_the_whole_battery(name):
+    by = run(name)
+    assert not [c for c in by.values() if c.status in BAD], [(c.name, c.detail) for c in by.values() if c.status in BAD]
+
+
+@pytest.mark.parametrize("name", sorted(zoo_adapters.WARNED))
+def test_a_frozen_projection_without_an_adapter_is_still_warned(name):
+    c = run(name, only="optimizer_step")["optimizer_step"]
+    assert (c.status, c.kind) == (Status.WARN, zoo_adapters.WARNED[name]) and c.facts["frozen"] == ["o_proj.weight"], c
+
+
+def test_an_adapter_is_a_low_rank_pair_of_the_frozen_weights_widths():
+    base = torch.nn.Linear(16, 8).requires_grad_(False)
+    parent = torch.nn.Module()
+    parent.base = base
+    parent.a, parent.b = torch.nn.Parameter(torch.zeros(2, 16)), torch.nn.Parameter(torch.zeros(8, 2))
+    assert adapted(base, parent)
+    parent.b = torch.nn.Parameter(torch.zeros(16, 2))  # B of another width: no adapter of this weight
+    assert not adapted(base, parent)
+    parent.b = torch.nn.Parameter(torch.zeros(8, 2), requires_grad=False)  # a frozen pair trains nothing
+    assert not adapted(base, parent)
+    parent.a, parent.b = torch.nn.Parameter(torch.zeros(8, 16)), torch.nn.Parameter(torch.zeros(8, 8))  # full rank
+    assert not adapted(base, parent)
+
+
+def test_spectral_norm_iterating_again_in_the_recompute_is_torchs_and_said():
+    c = run("SpectralOut", only="checkpointing")["checkpointing"]
+    assert c.kind == "checkpointing.same" and "o_proj.parametrizations.weight.original" in c.facts["power_iteration"], c
+
+
+def test_a_stop_gradient_on_the_weights_passes_and_one_on_the_data_fails():
+    dora = run("DoraV", only="derivative")["derivative"]
+    assert dora.kind == "derivative.stop_gradient" and dora.facts["detached"] == 1 and "v_B" in dora.facts["tensors"], dora
+    (name, kind), = zoo_adapters.PLANTED.items()
+    c = run(name, only="derivative")["derivative"]
+    assert c.kind == kind and c.status is Status.FAIL, c
