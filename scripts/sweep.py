@@ -46,6 +46,7 @@ import zoo_length  # noqa: E402
 import zoo_numerics  # noqa: E402
 import zoo_paths  # noqa: E402
 import zoo_rates  # noqa: E402
+import zoo_recent  # noqa: E402
 import zoo_routing  # noqa: E402
 import zoo_sizes  # noqa: E402
 import zoo_steps  # noqa: E402
@@ -101,6 +102,7 @@ CORRECT.update({f"zoo_grids.py:{k}": {"seqs": (zoo_grids.TOKENS,)} for k in zoo_
 CORRECT.update({f"zoo_xpos.py:{k}": {"causal": True} for k in zoo_xpos.CORRECT})  # tables made by an einsum
 CORRECT.update({f"zoo_designs.py:{k}": {"causal": k not in zoo_designs.BIDIRECTIONAL} for k in zoo_designs.CORRECT})  # libraries' designs
 CORRECT.update({f"zoo_adapters.py:{k}": {"causal": True} for k in zoo_adapters.CORRECT})  # LoRA, DoRA, spectral norm
+CORRECT.update({f"zoo_recent.py:{k}": {"causal": True} for k in zoo_recent.CORRECT})  # Primer-EZ, differential attention
 CORRECT.update({f"zoo_global.py:{k}": {"causal": True} for k in zoo_global.CORRECT})  # switches put back, a train() override
 # logits doubled at init by talking heads started as the identity: told from unscaled ones with heads of 64 or more
 CORRECT["zoo_designs.py:AddedTalkingHeadsBlock"] = {"causal": True, "n_heads": 1}

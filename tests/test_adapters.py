@@ -1,9 +1,12 @@
 """Fine-tuning and reparametrisation designs (tests/zoo_adapters.py): LoRA's frozen bases and linear bottlenecks,
-DoRA, torch's spectral and weight norms pass the whole battery; a frozen projection with no adapter is still warned."""
+DoRA, torch's spectral and weight norms, Houlsby's adapters, IA3 and an int8 base pass the whole battery, as do two
+recent papers' designs (tests/zoo_recent.py: Primer-EZ, differential attention); a frozen projection with no adapter
+is still warned, a stop-gradient on the data still fails, and the card reads Primer's rotation."""
 
 import pytest
 import torch
 import zoo_adapters
+import zoo_recent
 
 import tblock_cli
 from tblock_cli.checks import Status
@@ -14,15 +17,15 @@ from conftest import TESTS
 BAD = {Status.FAIL, Status.ERROR, Status.WARN}
 
 
-def run(name, only=None):
-    report = tblock_cli.check(f"{TESTS / 'zoo_adapters.py'}:{name}", d_model=32, n_heads=4, threads=1, causal=True,
-                              only=only)
+def run(name, only=None, zoo="zoo_adapters.py"):
+    report = tblock_cli.check(f"{TESTS / zoo}:{name}", d_model=32, n_heads=4, threads=1, causal=True, only=only)
     return {c.name: c for c in report.checks}
 
 
-@pytest.mark.parametrize("name", zoo_adapters.CORRECT)
-def test_each_design_raises_no_alarm_in_the_whole_battery(name):
-    by = run(name)
+@pytest.mark.parametrize("zoo, name", [("zoo_adapters.py", n) for n in zoo_adapters.CORRECT]
+                         + [("zoo_recent.py", n) for n in zoo_recent.CORRECT])
+def test_each_design_raises_no_alarm_in_the_whole_battery(zoo, name):
+    by = run(name, zoo=zoo)
     assert not [c for c in by.values() if c.status in BAD], [(c.name, c.detail) for c in by.values() if c.status in BAD]
 
 
@@ -57,3 +60,9 @@ def test_a_stop_gradient_on_the_weights_passes_and_one_on_the_data_fails():
     (name, kind), = zoo_adapters.PLANTED.items()
     c = run(name, only="derivative")["derivative"]
     assert c.kind == kind and c.status is Status.FAIL, c
+
+
+def test_a_rotation_after_a_short_causal_convolution_is_read_past_its_padding():
+    card = {e.key: e.value for e in tblock_cli.spec(f"{TESTS / 'zoo_recent.py'}:PrimerEZ", d_model=64, n_heads=4,
+                                                    threads=1).card.entries}
+    assert card["pos.kind"] == "rotary" and card["rope.theta"] == pytest.approx(10000, rel=0.02), card

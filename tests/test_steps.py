@@ -11,7 +11,7 @@ import zoo_steps
 
 import tblock_cli
 from tblock_cli.checks import Status
-from tblock_cli.checks.training import carried_graphs, kept_graphs
+from tblock_cli.checks.graphs import carried_graphs, kept_graphs
 
 from conftest import TESTS
 

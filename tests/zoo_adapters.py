@@ -1,7 +1,8 @@
 """Fine-tuning and reparametrisation designs: LoRA (PEFT's layout, a frozen `base_layer` beside its `lora_A` and
 `lora_B`, B started at zero; on q and v alone, and on every projection with the rest frozen), DoRA (a magnitude times the
 direction of the frozen weight plus B A), torch's spectral norm on the output projection (sigma-reparam: a power
-iteration updates its `_u` and `_v` in every training forward) and weight norm on the FFN. Each is a correct twin
+iteration updates its `_u` and `_v` in every training forward), weight norm on the FFN, Houlsby's bottleneck adapters
+after each sublayer, IA3's scaling vectors and an int8 base beside LoRA (QLoRA's shape). Each is a correct twin
 that must pass the whole battery; `FrozenProjection` freezes o_proj's weight with no adapter beside it, a slip that
 is still warned, and `DetachedNormStats` detaches a norm's statistics, a stop-gradient on the data that still fails. Each block is `TrainBlock` with one thing changed; `--block tests/zoo_adapters.py:NAME` builds it."""
 
@@ -88,6 +89,70 @@ class WeightNormFFN(TrainBlock):
         self.w1, self.w2, self.w3 = weight_norm(self.w1), weight_norm(self.w2), weight_norm(self.w3)
 
 
+class Houlsby(TrainBlock):
+    """Correct: Houlsby adapters, a bottleneck MLP (down, GELU, up started at zero) with its own residual after each
+    sublayer's output, the base frozen: the adapter reads a sublayer's output, not the stream (no norm before it), and
+    its down projection follows the FFN's with no activation between, the FFN's output added on its own as well."""
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
+        super().__init__(d_model, n_heads, dropout, causal)
+        self.requires_grad_(False)
+        self.adapter_attn, self.adapter_ffn = self._adapter(d_model), self._adapter(d_model)
+
+    @staticmethod
+    def _adapter(d: int) -> nn.Sequential:
+        a = nn.Sequential(nn.Linear(d, 8), nn.GELU(), nn.Linear(8, d))
+        nn.init.zeros_(a[2].weight)
+        nn.init.zeros_(a[2].bias)
+        return a
+
+    def forward(self, x):
+        a = self.drop(self.attention(self.attn_norm(x)))
+        x = x + a + self.adapter_attn(a)
+        f = self.ffn(self.ffn_norm(x))
+        return x + f + self.adapter_ffn(f)
+
+
+class IA3(TrainBlock):
+    """Correct: IA3, learned vectors scaling k, v and the FFN's hidden units (started at 1), everything else frozen."""
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
+        super().__init__(d_model, n_heads, dropout, causal)
+        self.requires_grad_(False)
+        self.ia3_k, self.ia3_v = nn.Parameter(torch.ones(d_model)), nn.Parameter(torch.ones(d_model))
+        self.ia3_ff = nn.Parameter(torch.ones(self.w1.out_features))
+
+    def attention(self, h):
+        q = heads(self.q_proj(h), self.n_heads)
+        k, v = heads(self.k_proj(h) * self.ia3_k, self.n_heads), heads(self.v_proj(h) * self.ia3_v, self.n_heads)
+        q, k = self.rotary(q), self.rotary(k)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal, dropout_p=self.p if self.training else 0.0)
+        return self.o_proj(merge(y))
+
+    def ffn(self, h):
+        return self.drop(self.w2(F.silu(self.w1(h)) * self.w3(h) * self.ia3_ff))
+
+
+class QuantisedBaseLora(TrainBlock):
+    """Correct: QLoRA's shape, the FFN's down weight kept as int8 rows and a scale (buffers, dequantised in the
+    forward), a LoRA pair beside it."""
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
+        super().__init__(d_model, n_heads, dropout, causal)
+        w = self.w2.weight.detach()
+        scale = w.abs().amax(1, keepdim=True) / 127
+        self.register_buffer("w2_q", torch.round(w / scale).to(torch.int8))
+        self.register_buffer("w2_scale", scale)
+        del self.w2
+        self.lora_A = nn.Parameter(torch.randn(4, w.shape[1]) / math.sqrt(w.shape[1]))
+        self.lora_B = nn.Parameter(torch.zeros(w.shape[0], 4))
+
+    def ffn(self, h):
+        a = F.silu(self.w1(h)) * self.w3(h)
+        w = self.w2_q.to(a.dtype) * self.w2_scale.to(a.dtype)
+        return self.drop(F.linear(a, w) + (a @ self.lora_A.t()) @ self.lora_B.t() * 2.0)
+
+
 class DetachedStatsRMSNorm(RMSNorm):
     def forward(self, x):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps).detach() * self.weight
@@ -108,6 +173,6 @@ class FrozenProjection(TrainBlock):
         self.o_proj.weight.requires_grad_(False)
 
 
-CORRECT = ["LoraQV", "LoraEverywhere", "DoraV", "SpectralOut", "WeightNormFFN"]
+CORRECT = ["LoraQV", "LoraEverywhere", "DoraV", "SpectralOut", "WeightNormFFN", "Houlsby", "IA3", "QuantisedBaseLora"]
 WARNED = {"FrozenProjection": "optimizer_step.frozen"}
 PLANTED = {"DetachedNormStats": "derivative.wrong"}

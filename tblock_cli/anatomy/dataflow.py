@@ -21,7 +21,7 @@ import torch.nn as nn
 
 from tblock_cli.anatomy.attention import AttentionCall
 from tblock_cli.anatomy.norms import find_norms
-from tblock_cli.anatomy.provenance import NORM, Attn, Marker, owns_several_matrices, qualified
+from tblock_cli.anatomy.provenance import NORM, STREAM, Attn, Marker, owns_several_matrices, qualified
 from tblock_cli.anatomy.roles import COND, GROUPS, ModuleUse, assign_roles, mha_rows
 from tblock_cli.anatomy.tracer import Tracer
 from tblock_cli.probes import tensors, train_mode
@@ -95,6 +95,7 @@ def trace(module: nn.Module, call, x: torch.Tensor, d_model: int) -> Dataflow:
     tr = Tracer(module, d_model)
     tr.attn.tokens = x.shape[-2] if x.ndim >= 2 else None
     tr.prov.watch(x)
+    tr.prov.put(x, {STREAM: 0})
     hooks, reads, calls = [], {}, {}
 
     def enter(name: str, args: tuple) -> None:  # the module running now, and where its first call's input comes from
@@ -123,7 +124,9 @@ def trace(module: nn.Module, call, x: torch.Tensor, d_model: int) -> Dataflow:
     # the width each norm was called at (a norm with no parameters was found at d_model, whatever it normalises)
     norms = {n: (tr.counts.out_shape.get(n) or (w,))[-1] for n, w in norms.items()}
     role, chains = assign_roles(tr)
-    chains = [(a, b) for a, b in chains if not _bottleneck(tr, a, b, d_model)]
+    # a chain whose first projection's output also reaches the block's output on its own is a sublayer's output that
+    # an adapter reads too (Houlsby's, after the FFN's down projection), not an FFN that lost its activation
+    chains = [(a, b) for a, b in chains if not _bottleneck(tr, a, b, d_model) and a not in tr.prov.get(out)]
     modules = []
     seen: set[int] = set()
     for name, m in module.named_modules():
@@ -172,8 +175,13 @@ def trace(module: nn.Module, call, x: torch.Tensor, d_model: int) -> Dataflow:
     # a chain reading no tensor of the stream's width is not the block's FFN (x-transformers' dynamic position bias: an
     # MLP over distances, width 1 in)
     stream_width = lambda n: getattr(mods.get(n), "in_features", d_model) == d_model  # noqa: E731
+    # an FFN reading a sublayer's output and not the stream (a Houlsby adapter on attention's output) needs no norm
+    # where the input was not followed to the output or any projection (copied outside torch's calls), any may
+    followed = STREAM in tr.prov.get(out) or any(STREAM in src for src in tr.prov.linear_in.values())
+    # (an input with no provenance at all, the stream written into a view of a buffer, may be the stream too)
+    on_stream = lambda n: not followed or STREAM in tr.prov.linear_in.get(n, {}) or not tr.prov.linear_in.get(n)  # noqa: E731
     placement = (tr.prov.stream_norms, tuple(q for q in queries if not normed(q)),
-                 tuple(n for n in ffn_ins if not normed(n) and stream_width(n)),
+                 tuple(n for n in ffn_ins if not normed(n) and stream_width(n) and on_stream(n)),
                  tuple(split_kv + tr.prov.split_streams), tr.prov.get(out) == {NORM: 0})
     placement += (sublayer_post(tr, role, queries, ffn_ins, normed),)
     return Dataflow(tuple(modules), tuple(tr.attn.calls), tuple(chains), tokens, total, *placement, norms=norms,

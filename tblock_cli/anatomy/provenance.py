@@ -46,7 +46,13 @@ class Attn(Marker):
     call: int
 
 
+@dataclass(frozen=True)
+class Stream(Marker):
+    """The block's input as it came: the residual stream no norm has read since (a norm's output starts again)."""
+
+
 NORM = Norm()
+STREAM = Stream()
 Prov = dict  # str (a projection) | Marker -> ACT | NONLINEAR flags since it
 
 

@@ -34,6 +34,9 @@ VARY = 1e-9
 # Measured: HF rotary (cos/sin computed in float32, cast to float64) <= 1.1e-6 (llama, cohere, gpt_neox); the other
 # pairing of the same q: >= 0.9. Angles rounded to bfloat16 (a block that casts its cos/sin so) stay ~1e-2 under it.
 ROTATION_TOL = 0.05
+# Positions at the start of the sequence a rotation is read again without, where it is not read from the first: a
+# causal convolution of width up to BOUNDARY + 1 before the rotation sees its zero padding there (Mamba's width 4)
+BOUNDARY = 4
 # theta, relative: it is the ratio of neighbouring frequencies to the power dims/2, so their error grows 32x at 64
 # pairs: <= 1e-4 measured; bugs are factors (10000 against 500000 or 1e6).
 THETA_TOL = 0.02
@@ -61,8 +64,19 @@ def pairings(n: int) -> dict[str, list[tuple[int, int]]]:
 
 def rotary_reading(q: torch.Tensor) -> dict | None:
     """(B, H, T, E) q on identical tokens: the rotating channels, their pairing and each pair's frequency; None where q
-    does not vary with position; {"other": why} where it varies but no pairing of the varying channels rotates."""
-    q = q[0]  # (H, T, E)
+    does not vary with position; {"other": why} where it varies but no pairing of the varying channels rotates. Where
+    none rotates from the first token, read again after the first BOUNDARY: a short causal convolution over time before
+    the rotation (Primer's on q, k and v, Canon layers') sees its zero padding there."""
+    got = _rotary_reading(q[0])
+    if got is not None and "other" in got and q.shape[-2] >= BOUNDARY + 8:
+        later = _rotary_reading(q[0, :, BOUNDARY:])
+        if later is not None and "other" not in later:
+            return later
+    return got
+
+
+def _rotary_reading(q: torch.Tensor) -> dict | None:
+    """rotary_reading's, of (H, T, E) q from its first position on."""
     moved = (q - q[:, :1]).abs().amax((0, 1)) > VARY * q.abs().max()
     S = torch.nonzero(moved).flatten().tolist()
     if not S:

@@ -12,6 +12,7 @@ import torch
 
 from tblock_cli import runtime
 from tblock_cli.checks import (
+    accumulation,
     alignment,
     attention,
     batch,
@@ -19,6 +20,7 @@ from tblock_cli.checks import (
     claims,
     device,
     dropout,
+    finite,
     forward,
     globalstate,
     gradients,
@@ -72,7 +74,7 @@ class Check:
 
 REGISTRY: tuple[Check, ...] = (
     Check("shape", forward.check_shape, (), "shape"),
-    Check("finite", forward.check_finite, (), "finite"),
+    Check("finite", finite.check_finite, (), "finite"),
     Check("determinism", forward.check_determinism, ("finite",), "deterministic"),
     Check("input_unchanged", forward.check_input_unchanged, (), "input_kept"),
     Check("grad_input", gradients.check_grad_input, GRADS, None),
@@ -108,7 +110,7 @@ REGISTRY: tuple[Check, ...] = (
     Check("precision", precision.check_precision, ("finite", "deterministic"), None, slow=True),
     Check("optimizer_step", optimizer.check_optimizer_step, GRADS + ("train_safe", "copyable"), None, slow=True,
           as_built=True),
-    Check("grad_accumulation", training.check_grad_accumulation, ("shape",) + GRADS + ("train_safe",), None, slow=True),
+    Check("grad_accumulation", accumulation.check_grad_accumulation, ("shape",) + GRADS + ("train_safe",), None, slow=True),
     Check("history", lifecycle.check_history, ("finite", "deterministic"), None, slow=True),
     Check("device", device.check_device, ("shape",), None),
     Check("global_state", globalstate.check_global_state, (), None),

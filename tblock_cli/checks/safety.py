@@ -172,8 +172,8 @@ class InferenceRun:
 
 def after_inference(ctx: Context) -> InferenceRun:
     """On a fresh instance (caches a forward builds lazily not yet built; a copy of the block where it was handed over
-    built): an eval forward under torch.inference_mode, one under no_grad (a path taken under inference mode only
-    shows as their difference), then a training forward + backward. Not above the training checks' size; the
+    built): an eval forward under torch.inference_mode, one under no_grad and one more under inference mode (a path
+    taken under inference mode only shows as the last two's difference), then a training forward + backward. Not above the training checks' size; the
     caller's random state is put back after."""
     from tblock_cli.checks.training import copied, seeded, too_large
 
@@ -186,9 +186,12 @@ def after_inference(ctx: Context) -> InferenceRun:
             twin = rebuild(ctx.cfg.seed + 1, "cpu").to(ctx.device) if rebuild is not None else copied(ctx.subject.module)
             subject = ctx.subject.like(twin)
             with torch.inference_mode(), train_mode(twin, False):
-                inferred = subject(x.clone())
+                subject(x.clone())
+            # compared after that first call (a data-dependent init, ActNorm's, sets itself in the first forward)
             with torch.no_grad(), train_mode(twin, False):
-                differs = rel_diff(subject(x.clone()), inferred.clone())
+                plain = subject(x.clone())
+            with torch.inference_mode(), train_mode(twin, False):
+                differs = rel_diff(subject(x.clone()), plain)
         except Exception as e:  # noqa: BLE001 - a block not built again, or not run under inference mode: not this
             if is_out_of_memory(e):
                 raise
