@@ -175,10 +175,10 @@ def trace(module: nn.Module, call, x: torch.Tensor, d_model: int) -> Dataflow:
     # a chain reading no tensor of the stream's width is not the block's FFN (x-transformers' dynamic position bias: an
     # MLP over distances, width 1 in)
     stream_width = lambda n: getattr(mods.get(n), "in_features", d_model) == d_model  # noqa: E731
-    # an FFN reading a sublayer's output and not the stream (a Houlsby adapter on attention's output) needs no norm
-    # where the input was not followed to the output or any projection (copied outside torch's calls), any may
+    # An FFN reading a sublayer's output and not the stream (a Houlsby adapter on attention's output) needs no norm.
+    # Any may read the stream where the input was not followed to the output or to any projection (copied outside
+    # torch's calls), and so may one whose input has no provenance at all (the stream written into a view of a buffer)
     followed = STREAM in tr.prov.get(out) or any(STREAM in src for src in tr.prov.linear_in.values())
-    # (an input with no provenance at all, the stream written into a view of a buffer, may be the stream too)
     on_stream = lambda n: not followed or STREAM in tr.prov.linear_in.get(n, {}) or not tr.prov.linear_in.get(n)  # noqa: E731
     placement = (tr.prov.stream_norms, tuple(q for q in queries if not normed(q)),
                  tuple(n for n in ffn_ins if not normed(n) and stream_width(n) and on_stream(n)),

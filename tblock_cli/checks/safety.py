@@ -47,9 +47,9 @@ def check_train_state(ctx: Context) -> Outcome:
     `@torch.inference_mode()`: a cos/sin or mask cache built then is an inference tensor that autograd refuses to
     save) and tensors the module keeps that carry autograd history are a
     **warning**; an eval forward under `torch.inference_mode()` that differs from one under `no_grad` (a path taken
-    in inference mode only: `torch.is_inference_mode_enabled()`); parameters that required grad as the block was built and no longer do after the battery's eval() and
-    train() switches and forwards (an eval() override that freezes them, a forward that does: the loop after a validation
-    trains nothing)"""
+    in inference mode only: `torch.is_inference_mode_enabled()`); parameters that required grad as the block was
+    built and no longer do after the battery's eval() and train() switches and forwards (an eval() override that
+    freezes them, a forward that does: the loop after a validation trains nothing)"""
     module = ctx.subject.module
     saved = {n: p.grad for n, p in module.named_parameters()}
     done = ctx.noted(TRAINING_BACKWARD)  # the gradient checks' training backward, if one ran
@@ -161,9 +161,9 @@ def written_twice(forward: dict, after: dict, kept: dict) -> list[str]:
 
 @dataclass(frozen=True)
 class InferenceRun:
-    """A fresh instance's eval forward under torch.inference_mode and what followed: its largest relative difference
-    from an eval forward of the same instance under no_grad right after (None where not run), and where a training
-    step then raised on an inference tensor, the tensors the module keeps made in inference mode and the error."""
+    """A fresh instance's eval forwards under torch.inference_mode and no_grad: the largest relative difference of the
+    two after the first call (None where not run), and where a training step then raised on an inference tensor, the
+    tensors the module keeps made in inference mode and the error."""
 
     differs: float | None = None
     kept: list | None = None
@@ -173,8 +173,8 @@ class InferenceRun:
 def after_inference(ctx: Context) -> InferenceRun:
     """On a fresh instance (caches a forward builds lazily not yet built; a copy of the block where it was handed over
     built): an eval forward under torch.inference_mode, one under no_grad and one more under inference mode (a path
-    taken under inference mode only shows as the last two's difference), then a training forward + backward. Not above the training checks' size; the
-    caller's random state is put back after."""
+    taken under inference mode only shows as the last two's difference), then a training forward + backward. Not
+    above the training checks' size; the caller's random state is put back after."""
     from tblock_cli.checks.training import copied, seeded, too_large
 
     if too_large(ctx) is not None:

@@ -6,7 +6,6 @@ gives with the former undone, to tell the two apart."""
 from __future__ import annotations
 
 import torch
-import torch.nn as nn
 from torch.overrides import TorchFunctionMode
 
 from tblock_cli.checks.graphs import graph_nodes
@@ -44,7 +43,7 @@ class Undetached(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-def undetached_grads(call, module: nn.Module, x: torch.Tensor, w: torch.Tensor, params: list,
+def undetached_grads(call, x: torch.Tensor, w: torch.Tensor, params: list,
                      context) -> tuple[torch.Tensor, list[torch.Tensor], int] | None:
     """Autograd's gradients of (call(x) * w).sum() at the input and each of params, with every stop-gradient on
     parameters alone undone, under `context()` (the caller's seed and mode), and how many were; None where the

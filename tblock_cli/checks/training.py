@@ -276,7 +276,7 @@ def check_derivative(ctx: Context) -> Outcome:
     if wrong and len(surrogate) == len(wrong):  # every disagreement a straight-through estimator's surrogate
         return passed("derivative.surrogate", worst, **facts, tensors=surrogate)
     ctx.step("autograd with stop-gradients on parameters alone undone")
-    undone = undetached_grads(subject, m64, x, w, params, lambda: _seeded_train(m64, device))
+    undone = undetached_grads(subject, x, w, params, lambda: _seeded_train(m64, device))
     if undone is not None:  # the differences agree with autograd once they are: a documented approximation
         gx, grads, count = undone
         if not any(consistent(errors(*d)[0]) for d in joint) and not any(
