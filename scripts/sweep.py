@@ -103,7 +103,8 @@ CORRECT.update({f"zoo_xpos.py:{k}": {"causal": True} for k in zoo_xpos.CORRECT})
 CORRECT.update({f"zoo_designs.py:{k}": {"causal": k not in zoo_designs.BIDIRECTIONAL} for k in zoo_designs.CORRECT})  # libraries' designs
 CORRECT.update({f"zoo_adapters.py:{k}": {"causal": True} for k in zoo_adapters.CORRECT})  # LoRA, DoRA, spectral norm
 CORRECT.update({f"zoo_recent.py:{k}": {"causal": True} for k in zoo_recent.CORRECT})  # Primer-EZ, differential attention
-CORRECT.update({f"zoo_global.py:{k}": {"causal": True} for k in zoo_global.CORRECT})  # switches put back, a train() override
+# switches put back, a train() override (PythonLayerDrop's checkpointing warning is told: Python's stream redrawn)
+CORRECT.update({f"zoo_global.py:{k}": {"causal": True} for k in zoo_global.CORRECT if k != "PythonLayerDrop"})
 # logits doubled at init by talking heads started as the identity: told from unscaled ones with heads of 64 or more
 CORRECT["zoo_designs.py:AddedTalkingHeadsBlock"] = {"causal": True, "n_heads": 1}
 # Hugging Face layers, when transformers is installed: every family tblock drives, flags implied.
