@@ -30,14 +30,25 @@ class FamilyConfig:
     rms_norm_eps: float = 1e-6
 
 
-class Qwen3Port(TrainBlock):
-    """Correct: Qwen3's attention, an RMSNorm over each head's channels on q and on k before the rotation."""
+class FamilyPort(TrainBlock):
+    """A port keeping its family's config (`family`, the config's model_type), rotating as the family's checkpoints
+    pair the channels (transformers' rotate-half layout unless the family says otherwise)."""
 
-    rotary_class = HalfRotary  # transformers' layout, as the family's checkpoints pair the channels
+    family = "llama"
+    rotary_class = HalfRotary
 
     def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
         super().__init__(d_model, n_heads, dropout, causal)
-        self.config = FamilyConfig()
+        self.config = FamilyConfig(model_type=self.family)
+
+
+class Qwen3Port(FamilyPort):
+    """Correct: Qwen3's attention, an RMSNorm over each head's channels on q and on k before the rotation."""
+
+    family = "qwen3"
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
+        super().__init__(d_model, n_heads, dropout, causal)
         self.q_norm, self.k_norm = RMSNorm(d_model // n_heads), RMSNorm(d_model // n_heads)
 
     def qk(self, q, k):
@@ -62,16 +73,11 @@ class Qwen3PortWithoutQKNorm(Qwen3Port):
         return q, k
 
 
-class GemmaPort(TrainBlock):
+class GemmaPort(FamilyPort):
     """Correct: Gemma's (1 + w) RMSNorms."""
 
-    rotary_class = HalfRotary  # transformers' layout, as the family's checkpoints pair the channels
-
+    family = "gemma"
     norm_class = OffsetRMSNorm
-
-    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
-        super().__init__(d_model, n_heads, dropout, causal)
-        self.config = FamilyConfig(model_type="gemma")
 
 
 class GemmaPortPlainNorm(GemmaPort):
@@ -87,14 +93,15 @@ class CohereLayerNorm(nn.LayerNorm):
         super().__init__(d, eps=eps, bias=False)
 
 
-class CoherePort(TrainBlock):
+class CoherePort(FamilyPort):
     """Correct: Cohere's layer, attention and FFN reading one LayerNorm of the same stream, added together."""
 
+    family = "cohere"
+    rotary_class = Rotary  # Cohere's checkpoints pair the channels interleaved
     norm_class = CohereLayerNorm
 
     def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
         super().__init__(d_model, n_heads, dropout, causal)
-        self.config = FamilyConfig(model_type="cohere")
         del self.ffn_norm
 
     def forward(self, x):
@@ -110,14 +117,8 @@ class CoherePortSequential(CoherePort):
         return x + self.ffn(self.attn_norm(x))
 
 
-class LlamaPort(TrainBlock):
+class LlamaPort(FamilyPort):
     """Correct: Llama's layer (its SwiGLU FFN gated)."""
-
-    rotary_class = HalfRotary  # transformers' layout, as the family's checkpoints pair the channels
-
-    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
-        super().__init__(d_model, n_heads, dropout, causal)
-        self.config = FamilyConfig(model_type="llama")
 
 
 class LlamaPortPlainMLP(LlamaPort):
@@ -149,15 +150,14 @@ class LlamaPortLayerNorm(LlamaPort):
     norm_class = ConfigEpsLayerNorm
 
 
-class Qwen2Port(TrainBlock):
+class Qwen2Port(FamilyPort):
     """Correct: Qwen2's attention, a bias on q, k and v (none on o, none in the MLP)."""
 
-    rotary_class = HalfRotary  # transformers' layout, as the family's checkpoints pair the channels
+    family = "qwen2"
     qkv_bias = True
 
     def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
         super().__init__(d_model, n_heads, dropout, causal)
-        self.config = FamilyConfig(model_type="qwen2")
         self.q_proj, self.k_proj, self.v_proj = (nn.Linear(d_model, d_model, bias=self.qkv_bias) for _ in range(3))
 
 
