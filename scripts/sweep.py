@@ -102,7 +102,7 @@ CORRECT.update({f"zoo_grids.py:{k}": {"seqs": (zoo_grids.TOKENS,)} for k in zoo_
 CORRECT.update({f"zoo_xpos.py:{k}": {"causal": True} for k in zoo_xpos.CORRECT})  # tables made by an einsum
 CORRECT.update({f"zoo_designs.py:{k}": {"causal": k not in zoo_designs.BIDIRECTIONAL} for k in zoo_designs.CORRECT})  # libraries' designs
 CORRECT.update({f"zoo_adapters.py:{k}": {"causal": True} for k in zoo_adapters.CORRECT})  # LoRA, DoRA, spectral norm
-CORRECT.update({f"zoo_recent.py:{k}": {"causal": True} for k in zoo_recent.CORRECT})  # Primer-EZ, differential attention
+CORRECT.update({f"zoo_recent.py:{k}": {"causal": k not in zoo_recent.BIDIRECTIONAL} for k in zoo_recent.CORRECT})  # Primer, Conformer
 # switches put back, a train() override (PythonLayerDrop's checkpointing warning is told: Python's stream redrawn)
 CORRECT.update({f"zoo_global.py:{k}": {"causal": True} for k in zoo_global.CORRECT if k != "PythonLayerDrop"})
 # logits doubled at init by talking heads started as the identity: told from unscaled ones with heads of 64 or more

@@ -18,7 +18,8 @@ BAD = {Status.FAIL, Status.ERROR, Status.WARN}
 
 
 def run(name, only=None, zoo="zoo_adapters.py"):
-    report = tblock_cli.check(f"{TESTS / zoo}:{name}", d_model=32, n_heads=4, threads=1, causal=True, only=only)
+    report = tblock_cli.check(f"{TESTS / zoo}:{name}", d_model=32, n_heads=4, threads=1,
+                              causal=name not in zoo_recent.BIDIRECTIONAL, only=only)
     return {c.name: c for c in report.checks}
 
 
@@ -66,3 +67,12 @@ def test_a_rotation_after_a_short_causal_convolution_is_read_past_its_padding():
     card = {e.key: e.value for e in tblock_cli.spec(f"{TESTS / 'zoo_recent.py'}:PrimerEZ", d_model=64, n_heads=4,
                                                     threads=1).card.entries}
     assert card["pos.kind"] == "rotary" and card["rope.theta"] == pytest.approx(10000, rel=0.02), card
+
+
+def test_a_convolution_over_time_is_positions_and_a_head_scramble_is_not():
+    c = run("Conformer", only="order", zoo="zoo_recent.py")["order"]
+    assert c.kind == "order.positional" and c.facts["outputs"] > 0, c
+    # heads merged without their transpose vary along the whole sequence of identical tokens: still warned
+    scrambled = tblock_cli.check(f"{TESTS / 'zoo.py'}:HeadsNoTransposeNoMask", d_model=32, n_heads=4, threads=1,
+                                 only="order").checks[0]
+    assert scrambled.kind == "order.scrambled", scrambled

@@ -1,7 +1,8 @@
 """Designs of recent papers that earlier versions raised alarms on: Primer-EZ (a causal depthwise convolution of
 width 3 over time after each of q, k and v, before the rotation, and a squared-ReLU FFN), whose rotation the card read
 as none from the first token on, where the convolution sees its zero padding; and differential attention (two softmax
-maps subtracted with a learned lambda, a per-head RMSNorm after). Each must pass the whole battery."""
+maps subtracted with a learned lambda, a per-head RMSNorm after); and Conformer's block, whose convolution over time
+`order` warned as scrambled positions. Each must pass the whole battery."""
 
 import math
 
@@ -62,4 +63,35 @@ class DifferentialAttention(TrainBlock):
         return self.o_proj(y.transpose(1, 2).reshape(B, T, C))
 
 
-CORRECT = ["PrimerEZ", "DifferentialAttention"]
+class Conformer(nn.Module):
+    """Correct: a Conformer block (bidirectional): half-step FFN, self-attention, the convolution module (pointwise
+    GLU, depthwise convolution of width 7 over time, BatchNorm, SiLU, pointwise), half-step FFN, a final LayerNorm. Its
+    convolution gives it positions: permuted tokens are not the same tokens permuted."""
+
+    def __init__(self, d_model=64, n_heads=4, dropout=0.1):
+        super().__init__()
+        self.ff1, self.ff2 = self._ffn(d_model, dropout), self._ffn(d_model, dropout)
+        self.ln_att, self.ln_conv, self.ln_out = nn.LayerNorm(d_model), nn.LayerNorm(d_model), nn.LayerNorm(d_model)
+        self.attn = nn.MultiheadAttention(d_model, n_heads, dropout=dropout, batch_first=True)
+        self.pointwise_in = nn.Conv1d(d_model, 2 * d_model, 1)
+        self.depthwise = nn.Conv1d(d_model, d_model, 7, padding=3, groups=d_model)
+        self.bn = nn.BatchNorm1d(d_model)
+        self.pointwise_out = nn.Conv1d(d_model, d_model, 1)
+        self.drop = nn.Dropout(dropout)
+
+    @staticmethod
+    def _ffn(d: int, dropout: float) -> nn.Sequential:
+        return nn.Sequential(nn.LayerNorm(d), nn.Linear(d, 4 * d), nn.SiLU(), nn.Dropout(dropout), nn.Linear(4 * d, d),
+                             nn.Dropout(dropout))
+
+    def forward(self, x):
+        x = x + 0.5 * self.ff1(x)
+        h = self.ln_att(x)
+        x = x + self.drop(self.attn(h, h, h, need_weights=False)[0])
+        c = F.glu(self.pointwise_in(self.ln_conv(x).transpose(1, 2)), dim=1)
+        x = x + self.drop(self.pointwise_out(F.silu(self.bn(self.depthwise(c)))).transpose(1, 2))
+        return self.ln_out(x + 0.5 * self.ff2(x))
+
+
+CORRECT = ["PrimerEZ", "DifferentialAttention", "Conformer"]
+BIDIRECTIONAL = ["Conformer"]

@@ -1,4 +1,4 @@
-"""Checks of what may reach what: padded positions, later positions, token order (samples in a batch: batch.py)."""
+"""Checks of what may reach what: padded positions, later positions (token order: order.py; samples in a batch: batch.py)."""
 
 from __future__ import annotations
 
@@ -354,30 +354,3 @@ def _prefix_differs(ctx: Context, x: torch.Tensor, out: torch.Tensor) -> Outcome
         t = max(bad, key=lambda t: diffs[t])
         return failed("causal.prefix", diffs[t][0], t=t, diff=diffs[t][0], update_share=diffs[t][1])
     return None
-
-
-def check_order(ctx: Context) -> Outcome:
-    """Self-attention without positions is permutation-equivariant: permuted tokens in, the same outputs permuted out.
-
-    Catches: without `--causal`: permuted tokens in must give the same outputs permuted out; a failure is a
-    **warning** (heads merged without transposing back, a roll or shift)"""
-    if ctx.cfg.causal:
-        return skipped("order.causal")
-    why = positional_reason(ctx)
-    if why:
-        return skipped("order.positional", **why)
-    T = max(ctx.cfg.seq, 3)
-    x = ctx.x(seq=T)
-    if causal_by_itself(ctx, x):
-        return skipped("order.causal_by_itself")
-    perm = torch.randperm(T, generator=ctx.gen)
-    if torch.equal(perm, torch.arange(T)):
-        perm = perm.roll(1)
-    perm = perm.to(ctx.device)
-    diff = rel_diff(eval_forward(ctx, x[:, perm]), eval_forward(ctx, x)[:, perm])
-    if diff > ctx.tol:
-        from tblock_cli.checks.positions import positions_in_scores  # the identical-token probe relative shares
-        if (where := positions_in_scores(ctx)) is not None:
-            return skipped("order.positional", scores=where, diff=diff)
-        return warned("order.scrambled", diff, diff=diff)
-    return passed("order.equivariant", diff)

@@ -171,7 +171,9 @@ MESSAGES = {
     "order.causal": "--causal: token order is the point",
     "order.positional": lambda f: ("--positional declared" if f.get("declared") else
                                    f"attention scores of identical tokens vary with position ({f['scores']}): positions inside"
-                                   if f.get("scores") else f"position machinery found ({f['found']})")
+                                   if f.get("scores") else
+                                   f"outputs of identical tokens vary with position ({f['outputs']:.1e}): positions inside"
+                                   if f.get("outputs") else f"position machinery found ({f['found']})")
     + ": token order matters by design",
     "order.causal_by_itself": "the block is causal by itself (outputs ignore later positions): token order is the point",
     "order.scrambled": ("permuting the tokens changed the outputs by {diff:.2e}, not just their order: positions are scrambled "
