@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from tblock_cli.anatomy.norms import find_norms, with_eps
-from tblock_cli.checks.context import Context, all_finite, eval_forward, input_grad, nonfinite_kind
+from tblock_cli.checks.context import Context, all_finite, eval_forward, forward_together, input_grad, nonfinite_kind
 from tblock_cli.checks.result import Outcome, passed
 from tblock_cli.errors import is_out_of_memory
 from tblock_cli.report import Status
@@ -21,8 +21,9 @@ LARGE_SCALE = {torch.float64: 1e4, torch.float32: 1e4, torch.float16: 1e2, torch
 
 def check_finite(ctx: Context) -> Outcome:
     """Catches: NaN/inf on random, constant-token (zero variance), zero and large inputs; each norm with `eps=0` alone
-    on a zero-variance input; a NaN/inf gradient at the input on constant-token and zero inputs whose outputs are
-    finite (a norm's sqrt at 0: `x / (sqrt(mean x^2) + eps)`, `x.std()`; a padding token's NaN reaches every weight)"""
+    on a zero-variance input; in float32 and float64 runs, a NaN/inf gradient at the input on constant-token and zero
+    inputs whose outputs are finite (a norm's sqrt at 0: `x / (sqrt(mean x^2) + eps)`; a padding token's NaN reaches
+    every weight)"""
     B, T, d = ctx.cfg.batch, ctx.cfg.seq, ctx.cfg.d_model
     scale = LARGE_SCALE[ctx.dtype]
     inputs = {
@@ -35,10 +36,13 @@ def check_finite(ctx: Context) -> Outcome:
     if not torch.isfinite(random_out).all():
         bad.append({"input": "random", "got": nonfinite_kind(random_out)})
     gap = list(ctx.subject.backward_gap)
-    outputs_finite, gradients_finite = side_by_side(ctx, inputs)
+    # gradients judged in float32 and float64 runs: a half-precision one overflows by its range, not by a derivative
+    # (BERT's LayerNorm eps of 1e-12 gives a zero token's gradient 1e6 times the upstream one, past float16's 65504)
+    wide = ctx.dtype in (torch.float32, torch.float64)
+    outputs_finite, gradients_finite = side_by_side(ctx, inputs, gradients=wide)
     # a device that gives this block no gradients (FlexAttention's backward on a CPU): the outputs are still judged
-    no_backward = ctx.subject.backward_gap != gap
-    if no_backward:
+    no_backward = bool(ctx.subject.backward_gap) or not wide
+    if ctx.subject.backward_gap != gap:
         ctx.subject.backward_gap[1] = gap[1] if gap else 0
     if not outputs_finite:
         for label, x in inputs.items():
@@ -78,15 +82,18 @@ def _projection(ctx: Context):
     return lambda out: (out.float() * torch.randn(out.shape, generator=gen).to(out.device)).sum()
 
 
-def side_by_side(ctx: Context, inputs: dict[str, torch.Tensor]) -> tuple[bool, bool | None]:
+def side_by_side(ctx: Context, inputs: dict[str, torch.Tensor], gradients: bool = True) -> tuple[bool, bool | None]:
     """One eval forward of the special inputs side by side (samples need not be known apart: only finiteness is
-    read) and a backward of a random projection of it into the input: (every output finite, the gradient finite at
-    GRADIENT_INPUTS' samples; None where no gradient reaches the input). (False, None) where they cannot run together,
-    or that forward raises or is not finite: each then runs alone."""
+    read) and, with `gradients`, a backward of a random projection of it into the input: (every output finite, the
+    gradient finite at GRADIENT_INPUTS' samples; None where no gradient reaches the input or none was asked). (False,
+    None) where they cannot run together, or that forward raises or is not finite: each then runs alone."""
     xs = list(inputs.values())
     if len(xs) < 2 or not ctx.batched(*xs, apart=False):
         return False, None
     ctx.step("special inputs side by side")
+    if not gradients:
+        out = forward_together(ctx, xs, apart=False)
+        return out is not None and bool(torch.isfinite(out).all()), None
     outs, project = [], _projection(ctx)
     try:
         g = input_grad(ctx, torch.cat(xs), lambda out: project(outs.append(out) or out), train=False)
