@@ -105,6 +105,7 @@ CORRECT.update({f"zoo_adapters.py:{k}": {"causal": True} for k in zoo_adapters.C
 CORRECT.update({f"zoo_recent.py:{k}": {"causal": k not in zoo_recent.BIDIRECTIONAL} for k in zoo_recent.CORRECT})  # Primer, Conformer
 # switches put back, a train() override (PythonLayerDrop's checkpointing warning is told: Python's stream redrawn)
 CORRECT.update({f"zoo_global.py:{k}": {"causal": True} for k in zoo_global.CORRECT if k != "PythonLayerDrop"})
+FLOAT32_ONLY.add("zoo_global.py:ForkedNoise")  # its noise is drawn in float32 and meets the run's dtype: it refuses half
 # logits doubled at init by talking heads started as the identity: told from unscaled ones with heads of 64 or more
 CORRECT["zoo_designs.py:AddedTalkingHeadsBlock"] = {"causal": True, "n_heads": 1}
 # Hugging Face layers, when transformers is installed: every family tblock drives, flags implied.
