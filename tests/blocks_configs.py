@@ -101,8 +101,9 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.eps, self.weight = eps, nn.Parameter(torch.ones(dim))
 
-    def forward(self, x):
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+    def forward(self, x):  # gpt-fast's: normalised in float32, cast back (a float16 square overflows above |x| ~ 256)
+        h = x.float()
+        return (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) * self.weight
 
 
 class TransformerBlock(nn.Module):
