@@ -380,9 +380,8 @@ class _Leaf:
 def test_graph_walks_reach_every_node_when_wrappers_are_made_anew_on_each_read():
     """reached_parameters and the held-graph walk must hold each node they read: keyed by id() alone, a walk over
     fresh wrappers meets a recycled id and stops after a few nodes (train_eval then failed every block on torch 2.11)."""
-    from tblock_cli.checks.graphs import graph_nodes
+    from tblock_cli.checks.graphs import graph_nodes, reaches
     from tblock_cli.checks.paths import reached_parameters
-    from tblock_cli.checks.safety import reaches
 
     leaf = torch.zeros(1, requires_grad=True)
     root = _Node(200, leaf)

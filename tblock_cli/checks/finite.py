@@ -16,6 +16,8 @@ from tblock_cli.report import Status
 # derivative there whose product with a zero is NaN, spread by the backward to every parameter
 GRADIENT_INPUTS = ("constant-token", "zero")
 
+# Input magnitude for the "large" finite probe: 1e4 in float32; 100 in half precision, whose
+# max (65504 fp16) a correct Post-LN block's attention scores would already overflow at 1e3.
 LARGE_SCALE = {torch.float64: 1e4, torch.float32: 1e4, torch.float16: 1e2, torch.bfloat16: 1e2}
 
 

@@ -9,11 +9,7 @@ import torch
 import torch.nn as nn
 
 from tblock_cli.anatomy.mha import attention_modules, attention_weights_bytes, mha_call_arguments
-from tblock_cli.checks.context import (
-    TRAINING_INPUT,
-    Context,
-    eval_forward,
-)
+from tblock_cli.checks.context import TRAINING_INPUT, Context, eval_forward
 from tblock_cli.checks.result import Outcome, failed, passed, skipped, warned
 from tblock_cli.checks.streamed import float64_streamed
 from tblock_cli.errors import is_out_of_memory, one_line
@@ -25,9 +21,6 @@ from tblock_cli.subject.through import raised_before_layer
 # Relative RMS error against a float64 copy that is still "agreeing": measured on the built-in
 # block at d_model 512 as ~2e-7 (float32), ~5e-4 (float16) and ~4e-3 (bfloat16); 10x margin.
 DTYPE_TOLERANCE = {torch.float64: 1e-12, torch.float32: 2e-6, torch.float16: 5e-3, torch.bfloat16: 4e-2}
-
-# Input magnitude for the "large" finite probe: 1e4 in float32; 100 in half precision, whose
-# max (65504 fp16) a correct Post-LN block's attention scores would already overflow at 1e3.
 
 
 def check_shape(ctx: Context) -> Outcome:

@@ -26,6 +26,18 @@ def graph_nodes(grad_fn, limit: int | None = None):
         todo.extend(n for n, _ in getattr(node, "next_functions", ()))
 
 
+def reaches(grad_fn, inputs: set[int], limit: int = GRAPH_WALK_MAX, truncated: bool = False) -> bool:
+    """Whether a graph leads back to one of the inputs (a weight recomputed from parameters, as the old weight_norm
+    keeps it, does not: that is per-step state by design, not a graph of the data); `truncated` where the walk stops at
+    `limit` nodes without finding one (too large to tell)."""
+    nodes = 0
+    for node in graph_nodes(grad_fn, limit):
+        nodes += 1
+        if id(getattr(node, "variable", None)) in inputs:
+            return True
+    return truncated and nodes >= limit
+
+
 def kept_graphs(module: nn.Module) -> list:
     """The autograd node of each tensor the block keeps with one (probes.held_tensors): a step's graph hangs from it."""
     return [t.grad_fn for _, t in held_tensors(module)]

@@ -10,20 +10,11 @@ import torch.nn as nn
 from torch.overrides import TorchFunctionMode
 
 from tblock_cli.checks.context import TRAINING_BACKWARD, Context, eval_forward, projected
-from tblock_cli.checks.graphs import GRAPH_WALK_MAX, graph_nodes
+from tblock_cli.checks.graphs import reaches
 from tblock_cli.checks.result import Outcome, failed, passed, warned
 from tblock_cli.errors import is_out_of_memory, one_line
 from tblock_cli.probes import BOOKKEEPING, held_tensors, module_copy, rel_diff, state_key, tensors, train_mode
 from tblock_cli.report import Status
-
-
-def reaches(grad_fn, inputs: set[int]) -> bool:
-    """Whether a graph leads back to one of the inputs (a weight recomputed from parameters, as the old weight_norm
-    keeps it, does not: that is per-step state by design, not a graph of the data)."""
-    for node in graph_nodes(grad_fn, GRAPH_WALK_MAX):
-        if id(getattr(node, "variable", None)) in inputs:
-            return True
-    return False
 
 
 def held_with_history(module: nn.Module, inputs: set[int]) -> list[str]:

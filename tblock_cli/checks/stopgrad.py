@@ -8,21 +8,11 @@ from __future__ import annotations
 import torch
 from torch.overrides import TorchFunctionMode
 
-from tblock_cli.checks.graphs import graph_nodes
+from tblock_cli.checks.graphs import reaches
 
 # Nodes walked from a detached tensor looking for the input; a walk that stops here counts as reaching it (the
 # tensor is then the data's, and its detach left alone)
 WALK_LIMIT = 2000
-
-
-def reads_input(t: torch.Tensor, inputs: set[int]) -> bool:
-    """Whether t's graph leads back to one of the inputs, or is too large to tell."""
-    nodes = 0
-    for node in graph_nodes(t.grad_fn, WALK_LIMIT):
-        nodes += 1
-        if id(getattr(node, "variable", None)) in inputs:
-            return True
-    return nodes >= WALK_LIMIT
 
 
 class Undetached(TorchFunctionMode):
@@ -37,18 +27,18 @@ class Undetached(TorchFunctionMode):
         kwargs = kwargs or {}
         if func in (torch.Tensor.detach, torch.detach) and args and isinstance(args[0], torch.Tensor):
             t = args[0]
-            if t.grad_fn is not None and not reads_input(t, self.inputs):
+            if t.grad_fn is not None and not reaches(t.grad_fn, self.inputs, WALK_LIMIT, truncated=True):
                 self.undone += 1
                 return t.clone()
         return func(*args, **kwargs)
 
 
-def undetached_grads(call, x: torch.Tensor, w: torch.Tensor, params: list,
-                     context) -> tuple[torch.Tensor, list[torch.Tensor], int] | None:
+def undetached_grads(call, x: torch.Tensor, w: torch.Tensor,
+                     params: list) -> tuple[torch.Tensor, list[torch.Tensor], int] | None:
     """Autograd's gradients of (call(x) * w).sum() at the input and each of params, with every stop-gradient on
-    parameters alone undone, under `context()` (the caller's seed and mode), and how many were; None where the
-    forward detaches none."""
-    with context(), torch.enable_grad():
+    parameters alone undone (in the caller's seed and mode), and how many were; None where the forward detaches
+    none."""
+    with torch.enable_grad():
         xr = x.clone().requires_grad_(True)
         mode = Undetached({id(xr)})
         for _, p in params:

@@ -276,7 +276,8 @@ def check_derivative(ctx: Context) -> Outcome:
     if wrong and len(surrogate) == len(wrong):  # every disagreement a straight-through estimator's surrogate
         return passed("derivative.surrogate", worst, **facts, tensors=surrogate)
     ctx.step("autograd with stop-gradients on parameters alone undone")
-    undone = undetached_grads(subject, x, w, params, lambda: _seeded_train(m64, device))
+    with seeded(device), train_mode(m64, True):
+        undone = undetached_grads(subject, x, w, params)
     if undone is not None:  # the differences agree with autograd once they are: a documented approximation
         gx, grads, count = undone
         if not any(consistent(errors(*d)[0]) for d in joint) and not any(
@@ -284,12 +285,6 @@ def check_derivative(ctx: Context) -> Outcome:
             return passed("derivative.stop_gradient", worst, **facts, tensors=[t for t, _ in wrong], detached=count)
     return failed("derivative.wrong", worst, **facts, tensors=wrong, tensor=wrong[0][0] if wrong else None,
                   tensor_error=wrong[0][1] if wrong else 0.0)
-
-
-@contextmanager
-def _seeded_train(module: nn.Module, device: torch.device):
-    with seeded(device), train_mode(module, True):
-        yield
 
 
 # A tensor along which the block is flat at every finite-difference step is moved by this much of its scale (either
@@ -309,6 +304,3 @@ def _runs_contiguous(subject, module, x: torch.Tensor, w: torch.Tensor, device) 
                 raise
             return False
     return True
-
-
-# ----------------------------------------------------------------------------- gradients accumulate
