@@ -121,8 +121,8 @@ class LlamaPort(FamilyPort):
     """Correct: Llama's layer (its SwiGLU FFN gated)."""
 
 
-class LlamaPortPlainMLP(LlamaPort):
-    """A Llama port with GPT-2's MLP shape, one activation between two projections (no up projection to gate)."""
+class PlainSiLUMLP:
+    """Mixin for a TrainBlock: GPT-2's MLP shape, one SiLU between two projections (the gate's up matrix, w3, removed)."""
 
     def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
         super().__init__(d_model, n_heads, dropout, causal)
@@ -130,6 +130,10 @@ class LlamaPortPlainMLP(LlamaPort):
 
     def ffn(self, h):
         return self.drop(self.w2(F.silu(self.w1(h))))
+
+
+class LlamaPortPlainMLP(PlainSiLUMLP, LlamaPort):
+    """A Llama port with GPT-2's MLP shape, one activation between two projections (no up projection to gate)."""
 
 
 class LlamaPortInterleaved(LlamaPort):

@@ -9,8 +9,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
-from zoo_families import HalfRotary
+from zoo_families import HalfRotary, PlainSiLUMLP
 from zoo_training import TrainBlock
 
 
@@ -184,15 +183,8 @@ class SwiGLUSaid(TrainBlock):
         self.config = DinoConfig()
 
 
-class SwiGLUSaidPlainMLP(SwiGLUSaid):
+class SwiGLUSaidPlainMLP(PlainSiLUMLP, SwiGLUSaid):
     """Says use_swiglu_ffn and runs a plain SiLU MLP (the gate's matrix built and never called: w3 removed)."""
-
-    def __init__(self, d_model=64, n_heads=4, dropout=0.1, causal=True):
-        super().__init__(d_model, n_heads, dropout, causal)
-        del self.w3
-
-    def ffn(self, h):
-        return self.drop(self.w2(F.silu(self.w1(h))))
 
 
 @dataclass
